@@ -1,0 +1,122 @@
+"""Baseline policies: one arriving job at a time, first come first served.
+
+They see the same options as the optimiser (so every one of them respects
+memory, capacity and the requirements of the job and its partner) and differ
+only in the rule that picks one:
+
+* ``first-fit``: the first GPU in fleet order that can take the job. It never
+  compares GPU types, so it stands for a heterogeneity-unaware scheduler.
+* ``random``: a uniformly random feasible option (seeded).
+* ``greedy-fastest``: the option with the highest predicted throughput.
+* ``greedy-min-power``: the option that adds the least power draw.
+* ``greedy-efficiency``: the least energy per step, on a GPU of its own.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+
+from gogh_flows.placement.options import FleetState, JobOptions, options_for, waiting_reason
+from gogh_flows.placement.problem import PlacementProblem
+from gogh_flows.placement.result import Assignment, Choice, Explanation, Placement, Waiting
+
+
+def explain(opts: JobOptions, chosen: Choice | None, note: str = "", top: int = 3) -> Explanation:
+    alternatives = sorted(
+        (c for c in opts.choices if c is not chosen), key=lambda c: (c.energy_j, -c.throughput)
+    )[:top]
+    return Explanation(
+        job_id=opts.job.id, chosen=chosen, alternatives=tuple(alternatives),
+        rejected=dict(opts.rejected), best_throughput=opts.best_throughput, note=note,
+    )
+
+
+@dataclass
+class SequentialPolicy:
+    """Places arriving jobs in order, each with :meth:`choose`, updating occupancy."""
+
+    name: str = "sequential"
+
+    def choose(self, opts: JobOptions, problem: PlacementProblem) -> Choice | None:
+        raise NotImplementedError
+
+    def place(self, problem: PlacementProblem) -> Placement:
+        start = time.perf_counter()
+        state = FleetState(problem)
+        assignments: list[Assignment] = []
+        waiting: list[Waiting] = []
+        explanations: dict[str, Explanation] = {}
+        for job in problem.arriving:
+            opts = options_for(problem, state, job)
+            choice = self.choose(opts, problem) if opts.choices else None
+            explanations[job.id] = explain(opts, choice, note=self.name)
+            if choice is None:
+                waiting.append(Waiting(job.id, waiting_reason(opts), opts.best_throughput))
+                continue
+            state.add(job, choice.gpus)
+            assignments.append(Assignment(
+                job_id=job.id, gpu_type=choice.gpu_type, gpus=choice.gpus,
+                throughput=choice.throughput, energy_j=choice.energy_j,
+                partner=choice.partner, partner_throughput=choice.partner_throughput,
+            ))
+        return Placement(
+            policy=self.name, assignments=tuple(assignments), waiting=tuple(waiting),
+            status="heuristic", gap=math.nan,
+            solve_ms=(time.perf_counter() - start) * 1e3, explanations=explanations,
+        )
+
+
+@dataclass
+class FirstFit(SequentialPolicy):
+    name: str = "first-fit"
+
+    def choose(self, opts: JobOptions, problem: PlacementProblem) -> Choice | None:
+        order = {g.id: i for i, g in enumerate(problem.gpus)}
+        return min(opts.choices, key=lambda c: order[c.gpus[0]])
+
+
+@dataclass
+class RandomPolicy(SequentialPolicy):
+    name: str = "random"
+    seed: int = 0
+    _rng: random.Random = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._rng = random.Random(self.seed)
+
+    def choose(self, opts: JobOptions, problem: PlacementProblem) -> Choice | None:
+        return self._rng.choice(opts.choices)
+
+
+@dataclass
+class GreedyFastest(SequentialPolicy):
+    name: str = "greedy-fastest"
+
+    def choose(self, opts: JobOptions, problem: PlacementProblem) -> Choice | None:
+        return min(opts.choices, key=lambda c: (-c.throughput, c.energy_j))
+
+
+@dataclass
+class GreedyMinPower(SequentialPolicy):
+    name: str = "greedy-min-power"
+
+    def choose(self, opts: JobOptions, problem: PlacementProblem) -> Choice | None:
+        return min(opts.choices, key=lambda c: (c.power_w, c.energy_j))
+
+
+@dataclass
+class GreedyEfficiency(SequentialPolicy):
+    name: str = "greedy-efficiency"
+
+    def choose(self, opts: JobOptions, problem: PlacementProblem) -> Choice | None:
+        alone = [c for c in opts.choices if c.partner is None]
+        return min(alone, key=lambda c: (c.energy_j, -c.throughput)) if alone else None
+
+
+__all__ = [
+    "FirstFit", "GreedyEfficiency", "GreedyFastest", "GreedyMinPower", "RandomPolicy",
+    "SequentialPolicy", "explain",
+]

@@ -1,0 +1,192 @@
+"""Where could a job go, at what predicted cost: the options every policy ranks.
+
+Policies differ only in how they choose among the same options, and every
+option is costed with the same energy model, so comparisons between the
+optimiser and the baselines are like for like.
+
+Three kinds of option for an arriving job:
+
+* *alone* on free GPUs of a type (a gang takes ``num_gpus`` of them);
+* *join* a GPU where one single-GPU job already runs (capacity 2);
+* *pair* with another arriving job on a free GPU (built by the optimiser).
+
+The cost of an option is the change in energy to completion of the GPU(s) it
+touches, so a join also pays for slowing its partner down.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from gogh_flows.energy import Occupant
+from gogh_flows.placement.problem import Gpu, Job, PlacementProblem
+from gogh_flows.placement.result import (
+    FULL,
+    HURTS_PARTNER,
+    NO_MEMORY,
+    NO_SHARING,
+    NOT_ENOUGH_GPUS,
+    TOO_SLOW,
+    Choice,
+)
+
+
+class FleetState:
+    """Occupancy while a decision is being made (baselines place one job at a time)."""
+
+    def __init__(self, problem: PlacementProblem) -> None:
+        self.problem = problem
+        self.occupants: dict[str, list[Job]] = {
+            g.id: list(problem.occupants(g.id)) for g in problem.gpus
+        }
+
+    def add(self, job: Job, gpus: tuple[str, ...]) -> None:
+        for gid in gpus:
+            occ = self.occupants[gid]
+            cap = self.problem.gpu(gid).capacity
+            if len(occ) >= cap:
+                raise RuntimeError(f"GPU {gid} is full; cannot add {job.id}")
+            occ.append(job)
+
+    def free_by_class(self) -> dict[tuple[str, int], list[str]]:
+        """Empty GPUs grouped by (type, capacity), in fleet order."""
+        out: dict[tuple[str, int], list[str]] = defaultdict(list)
+        for g in self.problem.gpus:
+            if not self.occupants[g.id]:
+                out[(g.gpu_type, g.capacity)].append(g.id)
+        return out
+
+    def singles(self) -> list[tuple[Gpu, Job]]:
+        """GPUs of capacity 2 holding exactly one single-GPU job, in fleet order."""
+        out = []
+        for g in self.problem.gpus:
+            occ = self.occupants[g.id]
+            if g.capacity == 2 and len(occ) == 1 and occ[0].num_gpus == 1:
+                out.append((g, occ[0]))
+        return out
+
+    def full_count(self) -> int:
+        return sum(
+            1 for g in self.problem.gpus
+            if self.occupants[g.id]
+            and (len(self.occupants[g.id]) >= g.capacity or self.occupants[g.id][0].num_gpus > 1)
+        )
+
+
+@dataclass
+class JobOptions:
+    job: Job
+    choices: list[Choice]
+    rejected: Counter
+    best_throughput: float  # best isolated prediction on any type of the fleet
+
+
+def _occupant(problem: PlacementProblem, job: Job, gpu_type: str, iso: float,
+              shared: float | None = None) -> Occupant:
+    return Occupant(job.work, iso, problem.throughputs.activity(job, gpu_type), shared)
+
+
+def alone_energy(problem: PlacementProblem, job: Job, gpu_type: str, iso: float) -> float:
+    return problem.energy.energy_alone(
+        gpu_type, _occupant(problem, job, gpu_type, iso), num_gpus=job.num_gpus
+    )
+
+
+def pair_figures(
+    problem: PlacementProblem, job: Job, partner: Job, gpu_type: str
+) -> tuple[str | None, float, float, float, float]:
+    """(rejection reason or None, job tput, partner tput, pair energy, pair power) on one GPU."""
+    thr = problem.throughputs
+    tj, tk = thr.pair(job, partner, gpu_type)
+    if tj <= 0 or tk <= 0:
+        return NO_MEMORY, tj, tk, 0.0, 0.0
+    if tj < job.required_throughput:
+        return TOO_SLOW, tj, tk, 0.0, 0.0
+    if tk < partner.required_throughput:
+        return HURTS_PARTNER, tj, tk, 0.0, 0.0
+    ij, ik = thr.isolated(job, gpu_type), thr.isolated(partner, gpu_type)
+    # A shared rate above the isolated one (noise in measured data) is capped, so
+    # the energy model never sees a job speed up by gaining a partner.
+    ij, ik = max(ij, tj), max(ik, tk)
+    a = _occupant(problem, job, gpu_type, ij, tj)
+    b = _occupant(problem, partner, gpu_type, ik, tk)
+    energy = problem.energy.energy_pair(gpu_type, a, b)
+    power = problem.energy.power_shared(gpu_type, ((a.activity, tj / ij), (b.activity, tk / ik)))
+    return None, tj, tk, energy, power
+
+
+def options_for(problem: PlacementProblem, state: FleetState, job: Job,
+                free: dict[tuple[str, int], list[str]] | None = None,
+                singles: list[tuple[Gpu, Job]] | None = None) -> JobOptions:
+    """Every feasible option of ``job`` on the current state, and why the rest are not."""
+    thr, energy = problem.throughputs, problem.energy
+    free = state.free_by_class() if free is None else free
+    singles = state.singles() if singles is None else singles
+    choices: list[Choice] = []
+    rejected: Counter = Counter()
+    rho = job.required_throughput
+    iso_by_type = {t: thr.isolated(job, t) for t in problem.gpu_types}
+    best = max(iso_by_type.values(), default=0.0)
+
+    for (gtype, _cap), ids in free.items():
+        iso = iso_by_type[gtype]
+        if iso <= 0:
+            rejected[NO_MEMORY] += len(ids)
+        elif iso < rho:
+            rejected[TOO_SLOW] += len(ids)
+        elif len(ids) < job.num_gpus:
+            rejected[NOT_ENOUGH_GPUS] += len(ids)
+        else:
+            occ = _occupant(problem, job, gtype, iso)
+            choices.append(Choice(
+                gpu_type=gtype, gpus=tuple(ids[: job.num_gpus]), throughput=iso,
+                energy_j=energy.energy_alone(gtype, occ, num_gpus=job.num_gpus),
+                power_w=job.num_gpus * energy.power_alone(gtype, occ.activity),
+            ))
+
+    if job.num_gpus > 1:
+        rejected[NO_SHARING] += len(singles)
+    else:
+        for gpu, partner in singles:
+            t = gpu.gpu_type
+            if iso_by_type[t] <= 0:
+                rejected[NO_MEMORY] += 1
+                continue
+            if iso_by_type[t] < rho:  # pairing never makes a job faster than alone
+                rejected[TOO_SLOW] += 1
+                continue
+            reason, tj, tk, e_pair, p_pair = pair_figures(problem, job, partner, t)
+            if reason is not None:
+                rejected[reason] += 1
+                continue
+            k_iso = max(thr.isolated(partner, t), tk)
+            k_occ = _occupant(problem, partner, t, k_iso)
+            choices.append(Choice(
+                gpu_type=t, gpus=(gpu.id,), throughput=tj,
+                energy_j=e_pair - energy.energy_alone(t, k_occ),
+                power_w=p_pair - energy.power_alone(t, k_occ.activity),
+                partner=partner.id, partner_throughput=tk,
+            ))
+    rejected[FULL] += state.full_count()
+    return JobOptions(job, choices, rejected, best)
+
+
+def waiting_reason(opts: JobOptions) -> str:
+    """A sentence a user can act on, for a job no option could take."""
+    job = opts.job
+    if opts.best_throughput <= 0:
+        return "fits no GPU type of the fleet (no memory)"
+    if opts.best_throughput < job.required_throughput:
+        return (
+            f"no GPU type of the fleet reaches {job.required_throughput:.3g} steps/s; "
+            f"the best is {opts.best_throughput:.3g} steps/s"
+        )
+    if opts.choices:
+        return "its feasible slots went to other jobs"
+    return "every GPU that could meet its requirement is busy"
+
+
+__all__ = [
+    "FleetState", "JobOptions", "alone_energy", "options_for", "pair_figures", "waiting_reason",
+]

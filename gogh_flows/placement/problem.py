@@ -1,0 +1,211 @@
+"""What a placement decision is asked: the fleet, the jobs on it, the jobs arriving.
+
+Throughputs come through the small :class:`Throughputs` protocol keyed by
+*job* (not job type), because the GOGH refiner corrects each job's predictions
+individually; :class:`TableThroughputs` serves a ground-truth table (the
+``oracle`` view) by job type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from gogh_flows.energy import DEFAULT_ACTIVITY, EnergyModel
+from gogh_flows.truth.table import ThroughputTable
+
+GANG_SIZES = (1, 2, 4, 8)
+MAX_CAPACITY = 2  # co-location data is pairwise: Gavel measured pairs, not triples
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One GPU of the fleet; ``capacity`` is how many single-GPU jobs may share it."""
+
+    id: str
+    gpu_type: str
+    capacity: int = 2
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise ValueError("Gpu.id must be a non-empty string")
+        if isinstance(self.capacity, bool) or not isinstance(self.capacity, int) or not (
+            1 <= self.capacity <= MAX_CAPACITY
+        ):
+            raise ValueError(
+                f"Gpu.capacity of {self.id!r} must be 1 (exclusive) or 2 (pairs may share), "
+                f"got {self.capacity!r}: throughput data are pairwise, so larger groups "
+                "cannot be predicted"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job to place (``gpus`` empty) or one already running on ``gpus``."""
+
+    id: str
+    job_type: str
+    required_throughput: float  # steps/s the job must get
+    work: float  # remaining steps
+    num_gpus: int = 1
+    gpus: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise ValueError("Job.id must be a non-empty string")
+        if not self.job_type:
+            raise ValueError(f"Job.job_type of {self.id!r} must be a non-empty string")
+        for name in ("required_throughput", "work"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"Job.{name} of {self.id!r} must be a number > 0, got {value!r}")
+        if self.num_gpus not in GANG_SIZES:
+            raise ValueError(
+                f"Job.num_gpus of {self.id!r} must be one of {GANG_SIZES}, got {self.num_gpus!r}"
+            )
+        if self.gpus and len(self.gpus) != self.num_gpus:
+            raise ValueError(
+                f"Job {self.id!r} runs on {len(self.gpus)} GPU(s) {list(self.gpus)} "
+                f"but num_gpus is {self.num_gpus}"
+            )
+        if len(set(self.gpus)) != len(self.gpus):
+            raise ValueError(f"Job {self.id!r} lists a GPU twice: {list(self.gpus)}")
+
+    @property
+    def running(self) -> bool:
+        return bool(self.gpus)
+
+
+@runtime_checkable
+class Throughputs(Protocol):
+    """Predicted (or true) throughputs the optimiser plans with, per job."""
+
+    def isolated(self, job: Job, gpu_type: str) -> float:
+        """Steps/s of ``job`` alone on ``job.num_gpus`` GPUs of ``gpu_type`` (0 = does not fit)."""
+        ...
+
+    def pair(self, job: Job, partner: Job, gpu_type: str) -> tuple[float, float]:
+        """(job, partner) steps/s while sharing one GPU of ``gpu_type``; (0, 0) = does not fit."""
+        ...
+
+    def activity(self, job: Job, gpu_type: str) -> float:
+        """Fraction of the GPU's dynamic power range the job draws alone."""
+        ...
+
+
+@dataclass(frozen=True)
+class TableThroughputs:
+    """A :class:`ThroughputTable` served by job type (the ``oracle`` view)."""
+
+    table: ThroughputTable
+    default_activity: float = DEFAULT_ACTIVITY
+
+    def isolated(self, job: Job, gpu_type: str) -> float:
+        if not self.table.has(job.job_type, gpu_type, job.num_gpus):
+            return 0.0
+        return self.table.isolated(job.job_type, gpu_type, job.num_gpus)
+
+    def pair(self, job: Job, partner: Job, gpu_type: str) -> tuple[float, float]:
+        return self.table.pair(job.job_type, partner.job_type, gpu_type)
+
+    def activity(self, job: Job, gpu_type: str) -> float:
+        value = self.table.activity(job.job_type, gpu_type)
+        return self.default_activity if value is None else value
+
+    def knows(self, job_type: str) -> bool:
+        return job_type in self.table.job_types
+
+
+@dataclass(frozen=True)
+class PlacementProblem:
+    """The fleet, its running jobs and the arriving jobs, plus what to plan with.
+
+    Validation happens here, once, so every policy can trust the problem.
+    """
+
+    gpus: tuple[Gpu, ...]
+    jobs: tuple[Job, ...]
+    throughputs: Throughputs
+    energy: EnergyModel = field(default_factory=EnergyModel)
+    _by_id: Mapping[str, Gpu] = field(init=False, repr=False, compare=False)
+    _occupants: Mapping[str, tuple[Job, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "gpus", tuple(self.gpus))
+        object.__setattr__(self, "jobs", tuple(self.jobs))
+        by_id: dict[str, Gpu] = {}
+        for g in self.gpus:
+            if g.id in by_id:
+                raise ValueError(f"duplicate GPU id {g.id!r} in the fleet")
+            self.energy.gpu(g.gpu_type)  # unknown type -> UnknownGpuTypeError naming it
+            by_id[g.id] = g
+        seen: set[str] = set()
+        occupants: dict[str, list[Job]] = {g: [] for g in by_id}
+        for job in self.jobs:
+            if job.id in seen:
+                raise ValueError(f"duplicate job id {job.id!r}")
+            seen.add(job.id)
+            knows = getattr(self.throughputs, "knows", None)
+            if knows is not None and not knows(job.job_type):
+                raise ValueError(
+                    f"job {job.id!r} has job type {job.job_type!r}, which the throughput "
+                    "source does not know; use a job type from its table or a predictor"
+                )
+            for gid in job.gpus:
+                if gid not in by_id:
+                    raise ValueError(f"running job {job.id!r} is on unknown GPU {gid!r}")
+                occupants[gid].append(job)
+            if job.num_gpus > 1 and job.gpus:
+                types = {by_id[g].gpu_type for g in job.gpus}
+                if len(types) > 1:
+                    raise ValueError(
+                        f"gang job {job.id!r} spans GPU types {sorted(types)}; a gang runs on one type"
+                    )
+        for gid, occ in occupants.items():
+            cap = by_id[gid].capacity
+            if len(occ) > cap:
+                raise ValueError(
+                    f"GPU {gid!r} holds {len(occ)} jobs {[j.id for j in occ]} but its capacity is {cap}"
+                )
+            if len(occ) > 1 and any(j.num_gpus > 1 for j in occ):
+                raise ValueError(
+                    f"GPU {gid!r} is shared by {[j.id for j in occ]}, but gang jobs do not share GPUs"
+                )
+        object.__setattr__(self, "_by_id", by_id)
+        object.__setattr__(self, "_occupants", {g: tuple(v) for g, v in occupants.items()})
+
+    @classmethod
+    def build(
+        cls,
+        gpus: Iterable[Gpu],
+        jobs: Iterable[Job],
+        throughputs: Throughputs | ThroughputTable,
+        energy: EnergyModel | None = None,
+    ) -> PlacementProblem:
+        tp = TableThroughputs(throughputs) if isinstance(throughputs, ThroughputTable) else throughputs
+        return cls(tuple(gpus), tuple(jobs), tp, energy or EnergyModel())
+
+    def gpu(self, gpu_id: str) -> Gpu:
+        return self._by_id[gpu_id]
+
+    def occupants(self, gpu_id: str) -> tuple[Job, ...]:
+        return self._occupants[gpu_id]
+
+    @property
+    def running(self) -> tuple[Job, ...]:
+        return tuple(j for j in self.jobs if j.running)
+
+    @property
+    def arriving(self) -> tuple[Job, ...]:
+        return tuple(j for j in self.jobs if not j.running)
+
+    @property
+    def gpu_types(self) -> tuple[str, ...]:
+        return tuple(sorted({g.gpu_type for g in self.gpus}))
+
+    def job(self, job_id: str) -> Job:
+        for j in self.jobs:
+            if j.id == job_id:
+                return j
+        raise KeyError(f"no job {job_id!r} in the problem")

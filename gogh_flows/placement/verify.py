@@ -1,0 +1,113 @@
+"""Independent checks of a placement against its problem.
+
+These re-derive everything from the final occupancy instead of trusting the
+policy's own bookkeeping, so tests, benchmarks and the simulator can hold any
+policy (the optimiser included) to the same rules and the same energy figure.
+"""
+
+from __future__ import annotations
+
+from gogh_flows.energy import Occupant
+from gogh_flows.placement.problem import Job, PlacementProblem
+from gogh_flows.placement.result import Placement
+
+
+def final_occupancy(problem: PlacementProblem, placement: Placement) -> dict[str, list[Job]]:
+    occ = {g.id: list(problem.occupants(g.id)) for g in problem.gpus}
+    for a in placement.assignments:
+        job = problem.job(a.job_id)
+        for gid in a.gpus:
+            occ[gid].append(job)
+    return occ
+
+
+def violations(problem: PlacementProblem, placement: Placement, rtol: float = 1e-9) -> list[str]:
+    """Every broken rule, as sentences; empty when the placement is valid."""
+    out: list[str] = []
+    thr = problem.throughputs
+    arriving = {j.id for j in problem.arriving}
+    seen: set[str] = set()
+    for a in placement.assignments:
+        if a.job_id not in arriving:
+            out.append(f"{a.job_id}: not an arriving job")
+        if a.job_id in seen:
+            out.append(f"{a.job_id}: placed twice")
+        seen.add(a.job_id)
+        job = problem.job(a.job_id)
+        if len(a.gpus) != job.num_gpus:
+            out.append(f"{a.job_id}: needs {job.num_gpus} GPUs, got {len(a.gpus)}")
+        types = {problem.gpu(g).gpu_type for g in a.gpus}
+        if len(types) != 1:
+            out.append(f"{a.job_id}: gang spans GPU types {sorted(types)}")
+    waiting = {w.job_id for w in placement.waiting}
+    if seen | waiting != arriving or seen & waiting:
+        out.append("every arriving job must be either placed or waiting, exactly once")
+
+    for gid, occ in final_occupancy(problem, placement).items():
+        gpu = problem.gpu(gid)
+        if len(occ) > gpu.capacity:
+            out.append(f"{gid}: {len(occ)} jobs exceed capacity {gpu.capacity}")
+            continue
+        if len(occ) == 2:
+            a, b = occ
+            if a.num_gpus > 1 or b.num_gpus > 1:
+                out.append(f"{gid}: a gang job shares a GPU ({a.id}, {b.id})")
+                continue
+            ta, tb = thr.pair(a, b, gpu.gpu_type)
+            if ta <= 0 or tb <= 0:
+                out.append(f"{gid}: pair ({a.id}, {b.id}) does not fit (pair throughput 0)")
+            for job, t in ((a, ta), (b, tb)):
+                if t < job.required_throughput * (1 - rtol):
+                    out.append(
+                        f"{gid}: {job.id} gets {t:.4g} < required {job.required_throughput:.4g} steps/s"
+                    )
+        elif len(occ) == 1 and occ[0].id in seen:
+            job = occ[0]
+            t = thr.isolated(job, gpu.gpu_type)
+            if t < job.required_throughput * (1 - rtol):
+                out.append(
+                    f"{gid}: {job.id} gets {t:.4g} < required {job.required_throughput:.4g} steps/s"
+                )
+    return out
+
+
+def _gpu_energy(problem: PlacementProblem, gpu_type: str, occ: list[Job]) -> float:
+    thr, energy = problem.throughputs, problem.energy
+    if len(occ) == 1:
+        j = occ[0]
+        iso = thr.isolated(j, gpu_type)
+        return energy.energy_alone(gpu_type, Occupant(j.work, iso, thr.activity(j, gpu_type)))
+    a, b = occ
+    ta, tb = thr.pair(a, b, gpu_type)
+    ia, ib = max(thr.isolated(a, gpu_type), ta), max(thr.isolated(b, gpu_type), tb)
+    return energy.energy_pair(
+        gpu_type,
+        Occupant(a.work, ia, thr.activity(a, gpu_type), ta),
+        Occupant(b.work, ib, thr.activity(b, gpu_type), tb),
+    )
+
+
+def placement_energy(problem: PlacementProblem, placement: Placement) -> float:
+    """Incremental energy to completion (J) of a placement, from the final occupancy.
+
+    A gang's GPUs are counted once per gang (each GPU carries 1/n of it).
+    """
+    touched = {g for a in placement.assignments for g in a.gpus}
+    final = final_occupancy(problem, placement)
+    total = 0.0
+    for gid in touched:
+        gtype = problem.gpu(gid).gpu_type
+        before, after = list(problem.occupants(gid)), final[gid]
+        if len(after) == 1 and after[0].num_gpus > 1:
+            j = after[0]
+            iso = problem.throughputs.isolated(j, gtype)
+            occ = Occupant(j.work, iso, problem.throughputs.activity(j, gtype))
+            total += problem.energy.energy_alone(gtype, occ)  # one GPU's share of the gang
+            continue
+        total += _gpu_energy(problem, gtype, after) - (
+            _gpu_energy(problem, gtype, before) if before else 0.0
+        )
+    return total
+
+
+__all__ = ["final_occupancy", "placement_energy", "violations"]

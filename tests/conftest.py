@@ -1,0 +1,29 @@
+"""Shared fixtures; every test runs offline with state under temp dirs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("DO_NOT_TRACK", "true")
+
+REPO = Path(__file__).resolve().parent.parent
+GAVEL_DIR = Path(os.environ.get("GOGH_GAVEL_DIR", REPO.parent / "shared" / "data" / "gavel"))
+
+
+@pytest.fixture(scope="session")
+def gavel_dir() -> Path:
+    if not (GAVEL_DIR / "simulation_throughputs.json").exists():
+        pytest.skip(f"Gavel data not found in {GAVEL_DIR} (set GOGH_GAVEL_DIR to its folder)")
+    return GAVEL_DIR
+
+
+@pytest.fixture(scope="session")
+def gavel_table(gavel_dir: Path):
+    from gogh_flows.truth.gavel import read_gavel_json
+
+    return read_gavel_json(gavel_dir / "simulation_throughputs.json")

@@ -1,0 +1,179 @@
+import json
+
+import polars as pl
+import pytest
+
+from gogh_flows.catalog import UnknownGpuTypeError, gpu_types
+from gogh_flows.truth.gavel import GavelFormatError, parse_gavel_throughputs, read_gavel_json
+from gogh_flows.truth.synthetic import SyntheticFleet, synthetic_table
+from gogh_flows.truth.table import ThroughputLookupError, ThroughputTable
+from gogh_flows.workloads import DEFAULT_BATCH_SIZES, FAMILIES, job_type_name, zoo_features
+
+
+# -- Gavel reader ------------------------------------------------------------------------
+def test_reads_gavel_measurements(gavel_table):
+    t = gavel_table
+    assert t.gpu_types == ("k80", "p100", "v100")
+    assert len(t.job_types) == 26
+    # 3 worker types x (83 isolated keys + 26 x 26 single-GPU pair entries)
+    assert len(t) == 3 * (83 + 676)
+    assert t.isolated("A3C", "v100") == pytest.approx(7.175767179667988)
+    own, partner = t.pair("A3C", "ResNet-18 (batch size 16)", "v100")
+    assert (own, partner) == pytest.approx((5.573234466541688, 32.353384328946916))
+    # Consistent in both directions, as the data promise.
+    assert t.pair("ResNet-18 (batch size 16)", "A3C", "v100") == pytest.approx((partner, own))
+    assert t.scale_factors("ResNet-50 (batch size 64)") == (1, 2, 4, 8)
+    assert t.scale_factors("A3C") == (1,)
+
+
+def test_gavel_physical_cluster_file_differs_only_in_isolated(gavel_dir):
+    sim = read_gavel_json(gavel_dir, which="simulation")
+    phys = read_gavel_json(gavel_dir, which="physical_cluster")
+    assert sim.pair("LM (batch size 20)", "A3C", "p100") == phys.pair("LM (batch size 20)", "A3C", "p100")
+    assert phys.isolated("ResNet-50 (batch size 128)", "k80") == 0.0
+    assert sim.isolated("ResNet-50 (batch size 128)", "k80") == pytest.approx(0.347, abs=1e-3)
+
+
+def _write(tmp_path, data) -> str:
+    p = tmp_path / "t.json"
+    p.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(p)
+
+
+@pytest.mark.parametrize(
+    "data, match",
+    [
+        ("{not json", "not valid JSON"),
+        ([1, 2], "expected a JSON object"),
+        ({"v100": {"ResNet": {"null": 1.0}}}, "tuple literal"),
+        ({"v100": {"('A', 1)": {"x": 1.0}}}, "'null'"),
+        ({"v100": {"('A', 1)": {"null": -1.0}}}, "throughput >= 0"),
+        ({"v100": {"('A', 1)": {"null": 1.0, "('B', 1)": [1.0]}}}, r"\[own, partner\]"),
+        ({"v100": {"('A', 1)": {"null": "fast"}}}, "throughput >= 0"),
+    ],
+)
+def test_malformed_gavel_file_is_named(tmp_path, data, match):
+    path = _write(tmp_path, data)
+    with pytest.raises(GavelFormatError, match=match) as info:
+        read_gavel_json(path)
+    assert "t.json" in str(info.value)
+
+
+def test_missing_gavel_file_says_where_to_point(tmp_path):
+    with pytest.raises(FileNotFoundError, match="GOGH_GAVEL_DIR"):
+        read_gavel_json(tmp_path / "nope.json")
+
+
+def test_gavel_key_is_never_evaluated_as_code():
+    data = {"v100": {"__import__('os').system('echo hi')": {"null": 1.0}}}
+    with pytest.raises(GavelFormatError, match="tuple literal"):
+        parse_gavel_throughputs(data)
+
+
+# -- table -------------------------------------------------------------------------------
+def test_table_lookups_and_errors():
+    t = ThroughputTable.from_rows([
+        {"job_type": "a", "gpu_type": "v100", "scale_factor": 1, "throughput": 4.0, "activity": 0.7},
+        {"job_type": "a", "gpu_type": "v100", "scale_factor": 1, "partner": "a",
+         "throughput": 3.0, "partner_throughput": 3.0},
+    ])
+    assert t.isolated("a", "v100") == 4.0
+    assert t.activity("a", "v100") == 0.7
+    assert t.pair("a", "a", "v100") == (3.0, 3.0)
+    assert t.pair("a", "b", "v100") == (0.0, 0.0)  # unmeasured pairs never look safe
+    with pytest.raises(ThroughputLookupError, match="'b' is not in the throughput table"):
+        t.isolated("b", "v100")
+    with pytest.raises(ThroughputLookupError, match="GPU type 'k80'"):
+        t.isolated("a", "k80")
+    with pytest.raises(ThroughputLookupError, match="scale factors available"):
+        t.isolated("a", "v100", 4)
+
+
+def test_table_rejects_negative_throughput_and_missing_columns():
+    with pytest.raises(ValueError, match="throughput must be a number >= 0"):
+        ThroughputTable.from_rows([{"job_type": "a", "gpu_type": "v100", "scale_factor": 1, "throughput": -2.0}])
+    with pytest.raises(ValueError, match="missing column"):
+        ThroughputTable(pl.DataFrame({"job_type": ["a"]}))
+
+
+def test_table_parquet_round_trip(tmp_path):
+    t = synthetic_table(["v100", "t4"])
+    t.write_parquet(tmp_path / "t.parquet")
+    back = ThroughputTable.read_parquet(tmp_path / "t.parquet")
+    assert back.frame.equals(t.frame)
+    assert back.pair("A3C", "CycleGAN", "t4") == t.pair("A3C", "CycleGAN", "t4")
+
+
+# -- synthetic fleet ---------------------------------------------------------------------
+def test_synthetic_covers_every_catalog_gpu_and_zoo_job():
+    t = synthetic_table()
+    assert set(t.gpu_types) == {g.name for g in gpu_types()}
+    expected = {job_type_name(f, b) for f in FAMILIES for b in DEFAULT_BATCH_SIZES[f]}
+    assert set(t.job_types) == expected
+
+
+def test_synthetic_is_seeded_and_stable():
+    a = SyntheticFleet(gpu_types=("v100", "t4"), seed=3).table()
+    b = SyntheticFleet(gpu_types=("v100", "t4"), seed=3).table()
+    c = SyntheticFleet(gpu_types=("v100", "t4"), seed=4).table()
+    assert a.frame.equals(b.frame)
+    assert not a.frame.equals(c.frame)
+    # Noise is keyed per entry: adding a GPU type does not change the others.
+    d = SyntheticFleet(gpu_types=("v100", "t4", "h100"), seed=3).table()
+    jt = "ResNet-50 (batch size 64)"
+    assert d.isolated(jt, "v100") == a.isolated(jt, "v100")
+
+
+def test_synthetic_newer_gpus_are_faster_for_big_models():
+    t = synthetic_table()
+    jt = "ResNet-50 (batch size 64)"
+    assert t.isolated(jt, "h100") > t.isolated(jt, "a100") > t.isolated(jt, "v100") > t.isolated(jt, "k80")
+
+
+def test_synthetic_pairs_stay_within_gavels_range():
+    t = synthetic_table()
+    f = t.frame.filter(pl.col("partner").is_not_null() & (pl.col("throughput") > 0))
+    iso = t.isolated_frame().filter(pl.col("scale_factor") == 1)
+    f = (
+        f.join(iso.select("job_type", "gpu_type", pl.col("throughput").alias("iso_a")), on=["job_type", "gpu_type"])
+        .join(iso.select(pl.col("job_type").alias("partner"), "gpu_type", pl.col("throughput").alias("iso_b")),
+              on=["partner", "gpu_type"])
+        .with_columns(combined=pl.col("throughput") / pl.col("iso_a") + pl.col("partner_throughput") / pl.col("iso_b"))
+    )
+    assert f.height > 1000
+    assert f["combined"].min() >= 1.0 - 1e-9
+    assert f["combined"].max() <= 2.0 + 1e-9
+    assert (f["throughput"] <= f["iso_a"] + 1e-9).all()
+
+
+def test_synthetic_memory_limit_gives_zero():
+    big = zoo_features("ResNet-50", 1024)
+    fleet = SyntheticFleet(gpu_types=("k80", "h100"), jobs={"r50-huge": big, "a3c": zoo_features("A3C", 20)}, noise=0)
+    t = fleet.table()
+    assert big.memory_bytes_estimate > 0.9 * 12e9
+    assert t.isolated("r50-huge", "k80") == 0.0
+    assert t.pair("r50-huge", "a3c", "k80") == (0.0, 0.0)
+
+
+def test_synthetic_gangs_are_aggregate_and_sublinear():
+    t = synthetic_table()
+    jt = "ResNet-50 (batch size 64)"
+    one, four = t.isolated(jt, "v100", 1), t.isolated(jt, "v100", 4)
+    assert one < four <= 4 * one * 1.2  # noise is per entry
+
+
+def test_synthetic_any_batch_size_and_user_model():
+    import torch
+
+    from gogh_flows.workloads import extract_features
+
+    user = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    feats = extract_features(user, torch.randn(32, 256))
+    t = SyntheticFleet(gpu_types=("l4",), jobs={"mlp": feats, "r18-48": zoo_features("ResNet-18", 48)}).table()
+    assert t.isolated("mlp", "l4") > 0
+    assert t.isolated("r18-48", "l4") > 0
+
+
+def test_synthetic_rejects_unknown_gpu_type():
+    with pytest.raises(UnknownGpuTypeError, match="x100"):
+        SyntheticFleet(gpu_types=("x100",))
