@@ -67,7 +67,7 @@ def random_problem(
                 continue
         job = _place_running_single(rng, tp, gpus, occ, f"r{i}", jt, work, q_range)
         if job is None:
-            break  # fleet is full
+            continue  # no GPU can take this job type next to what runs now
         jobs.append(job)
 
     for i in range(arrivals):
@@ -85,7 +85,7 @@ def _place_running_single(rng, tp, gpus, occ, jid, jt, work, q_range) -> Job | N
     candidates = [g for g in gpus if len(occ[g.id]) < g.capacity
                   and not any(o.num_gpus > 1 for o in occ[g.id])]
     rng.shuffle(candidates)
-    for g in candidates[:30]:
+    for g in candidates:
         probe = Job(jid, jt, 1.0, 1.0)
         iso = tp.isolated(probe, g.gpu_type)
         if iso <= 0:

@@ -231,6 +231,8 @@ class SyntheticFleet:
         sigma = self.noise / 2
         ra = min(1.0, ra * _noise(self.seed, sigma, a, b, gpu.name, "a"))
         rb = min(1.0, rb * _noise(self.seed, sigma, a, b, gpu.name, "b"))
+        if a == b:  # two copies of one job are interchangeable
+            ra = rb = min(ra, rb)
         if ra + rb < 1.0:  # keep the combined normalised throughput within [1, 2]
             s = 1.0 / (ra + rb)
             ra, rb = min(1.0, ra * s), min(1.0, rb * s)

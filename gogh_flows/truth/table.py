@@ -80,8 +80,13 @@ class ThroughputTable:
                 if act is not None and sf == 1:
                     activity[(job, gpu)] = act
             elif sf == 1:
-                pair[(job, partner, gpu)] = (tput, ptput or 0.0)
-                pair.setdefault((partner, job, gpu), (ptput or 0.0, tput))
+                other = ptput or 0.0
+                if job == partner:
+                    # Two copies of one job type are interchangeable, so a self-pair
+                    # must not depend on which copy is "first": keep the lower value.
+                    tput = other = min(tput, other)
+                pair[(job, partner, gpu)] = (tput, other)
+                pair.setdefault((partner, job, gpu), (other, tput))
         object.__setattr__(self, "_iso", iso)
         object.__setattr__(self, "_pair", pair)
         object.__setattr__(self, "_activity", activity)
