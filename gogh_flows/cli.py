@@ -43,9 +43,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=220, fmt_str_lengths=60,
                    tbl_hide_dataframe_shape=True, float_precision=4):
         print("Placement of one wave of zoo jobs on a mixed synthetic fleet "
-              "(2 x k80, p100, v100, t4, a100, h100; 2 jobs already running)\n")
+              "(3 x k80, p100, v100, t4, a100, h100; 2 jobs already running)\n")
         print(result.explanation)
-        print("\nEnergy to completion of the same wave under each policy (one energy model):\n")
+        print("\nEnergy to completion of the same wave under each policy (one energy model;"
+              " same_jobs = placed the same jobs as the optimiser):\n")
         print(result.comparison)
     return 0
 

@@ -43,5 +43,5 @@ def test_bad_values_name_the_field(kwargs, field):
 
 
 def test_job_that_fits_no_gpu_is_refused_with_the_numbers():
-    with pytest.raises(ValidationError, match=r"needs about .* GB .* largest, h100, has 80 GB"):
+    with pytest.raises(ValidationError, match=r"needs about .* GB .* largest, a100, h100, have 80 GB"):
         JobSpec.from_zoo("ResNet-50", 8192, required_throughput=1.0, work_steps=10)

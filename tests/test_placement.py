@@ -32,7 +32,9 @@ def random_table(seed: int, n_jobs: int, zero_frac: float) -> ThroughputTable:
     for j in jobs:
         base = rng.uniform(0.5, 20.0)
         for t in TYPES:
-            iso = 0.0 if rng.random() < zero_frac else base * speed[t] * rng.uniform(0.7, 1.3)
+            # a100 always fits, so every fleet drawn below can run every job type somewhere.
+            fits = t == "a100" or rng.random() >= zero_frac
+            iso = base * speed[t] * rng.uniform(0.7, 1.3) if fits else 0.0
             act = rng.uniform(0.3, 1.0)
             for n in (1, 2, 4):
                 rows.append({"job_type": j, "gpu_type": t, "scale_factor": n,

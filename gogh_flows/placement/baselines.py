@@ -24,9 +24,14 @@ from gogh_flows.placement.problem import PlacementProblem
 from gogh_flows.placement.result import Assignment, Choice, Explanation, Placement, Waiting
 
 
-def explain(opts: JobOptions, chosen: Choice | None, note: str = "", top: int = 3) -> Explanation:
+def explain(
+    opts: JobOptions, chosen: Choice | None, note: str = "", top: int = 3,
+    option: Choice | None = None,
+) -> Explanation:
+    """``option`` is the enumerated option behind ``chosen`` when a policy re-built it."""
+    taken = option if option is not None else chosen
     alternatives = sorted(
-        (c for c in opts.choices if c is not chosen), key=lambda c: (c.energy_j, -c.throughput)
+        (c for c in opts.choices if c is not taken), key=lambda c: (c.energy_j, -c.throughput)
     )[:top]
     return Explanation(
         job_id=opts.job.id, chosen=chosen, alternatives=tuple(alternatives),

@@ -47,7 +47,12 @@ def random_problem(
     types = tuple(types) if types is not None else tuple(t for t in DEFAULT_MIX if t in table.gpu_types)
     gpus = mixed_fleet(num_gpus, types, capacity)
     tp = TableThroughputs(table)
-    job_types = [j for j in table.job_types if any(table.isolated(j, t) > 0 for t in types)]
+    job_types = [j for j in table.job_types
+                 if any(table.has(j, t) and table.isolated(j, t) > 0 for t in types)]
+    if not job_types:
+        raise ValueError(
+            f"no job type of the throughput table ({table.source}) runs on GPU types {list(types)}"
+        )
     occ: dict[str, list[Job]] = {g.id: [] for g in gpus}
     jobs: list[Job] = []
 

@@ -37,6 +37,7 @@ from gogh_flows.placement.baselines import explain
 from gogh_flows.placement.options import (
     FleetState,
     JobOptions,
+    alone_energy,
     options_for,
     pair_figures,
     waiting_reason,
@@ -139,8 +140,13 @@ class GoghOptimizer:
                     continue
                 if plentiful and energy >= best_alone[a.id] + best_alone[b.id]:
                     continue
-                ca = Choice(t, (), ta, energy / 2, power / 2, b.id, tb, True)
-                cb = Choice(t, (), tb, energy / 2, power / 2, a.id, ta, True)
+                # Each job carries the pair's energy in proportion to what it would
+                # use alone on this type, so its share compares with its solo options.
+                ea = alone_energy(problem, a, t, max(thr.isolated(a, t), ta))
+                eb = alone_energy(problem, b, t, max(thr.isolated(b, t), tb))
+                sa = ea / (ea + eb) if ea + eb > 0 else 0.5
+                ca = Choice(t, (), ta, energy * sa, power * sa, b.id, tb, True)
+                cb = Choice(t, (), tb, energy * (1 - sa), power * (1 - sa), a.id, ta, True)
                 out.append(_Var(None, (a, b), energy, ("class", key, 1), (ca, cb)))
         return out
 
@@ -206,14 +212,17 @@ class GoghOptimizer:
                 gpus = tuple(next(next_free[key]) for _ in range(n))
             else:
                 gpus = (v.resource[1],)
-            for job, c in zip(v.jobs, v.choices, strict=True):
-                c = Choice(c.gpu_type, gpus, c.throughput, c.energy_j, c.power_w,
-                           c.partner, c.partner_throughput, c.partner_is_new)
+            for job, option in zip(v.jobs, v.choices, strict=True):
+                c = Choice(option.gpu_type, gpus, option.throughput, option.energy_j,
+                           option.power_w, option.partner, option.partner_throughput,
+                           option.partner_is_new)
                 assignments.append(Assignment(
                     job_id=job.id, gpu_type=c.gpu_type, gpus=gpus, throughput=c.throughput,
                     energy_j=c.energy_j, partner=c.partner, partner_throughput=c.partner_throughput,
                 ))
-                explanations[job.id] = explain(opts[job.id], c, note=f"{self.name} ({status})")
+                explanations[job.id] = explain(
+                    opts[job.id], c, note=f"{self.name} ({status})", option=option
+                )
         placed = {a.job_id for a in assignments}
         waiting = []
         for jid, o in opts.items():

@@ -39,10 +39,12 @@ class Choice:
 
     @property
     def where(self) -> str:
-        place = ",".join(self.gpus) if self.gpus else f"a free {self.gpu_type}"
+        """Where, in words; a solo option names no GPU id, since any free one of its type will do."""
         if self.partner is None:
-            return f"{place} ({self.gpu_type}, alone)"
-        return f"{place} ({self.gpu_type}, with {self.partner})"
+            n = len(self.gpus)
+            return f"{n} free {self.gpu_type} (gang)" if n > 1 else f"free {self.gpu_type}, alone"
+        place = ",".join(self.gpus) if self.gpus else f"free {self.gpu_type}"
+        return f"{place} ({self.gpu_type}) with {self.partner}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +63,7 @@ class Assignment:
     gpu_type: str
     gpus: tuple[str, ...]
     throughput: float
-    energy_j: float  # for a pair of arriving jobs, each carries half the pair's energy
+    energy_j: float  # a pair of arriving jobs splits its energy by their solo energies
     partner: str | None = None
     partner_throughput: float | None = None
 

@@ -89,11 +89,12 @@ class JobSpec(BaseModel):
 
 def _check_fits_somewhere(spec: JobSpec) -> None:
     need = spec.features.memory_bytes_estimate  # type: ignore[union-attr]
-    biggest = max(catalog.gpu_types(), key=lambda g: g.memory_bytes)
-    if need > MEMORY_HEADROOM * biggest.memory_bytes:
+    most = max(g.memory_bytes for g in catalog.gpu_types())
+    if need > MEMORY_HEADROOM * most:
+        biggest = ", ".join(g.name for g in catalog.gpu_types() if g.memory_bytes == most)
         raise ValueError(
             f"job {spec.name!r} needs about {need / 1e9:.1f} GB of GPU memory at batch_size "
             f"{spec.batch_size}, more than any GPU type in the catalog holds (the largest, "
-            f"{biggest.name}, has {biggest.memory_gb:g} GB); lower batch_size (it is per GPU, "
-            "so a gang does not help)"
+            f"{biggest}, have {most / 1e9:g} GB); lower batch_size (it is per GPU, so a gang "
+            "does not help)"
         )
