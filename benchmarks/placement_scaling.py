@@ -1,7 +1,9 @@
 """Decision time of the GOGH optimiser as the fleet grows (figures for docs/performance.md).
 
-For each fleet size G: G * 1.4 running jobs (most GPUs busy, many shared) and
-either 1 or 64 arriving jobs, on the synthetic fleet of all eight catalog GPU types.
+For each fleet size G: a busy fleet (1.4 G running jobs: every GPU busy, most
+shared, so arrivals can only join half-full GPUs) with 1 or 64 arrivals, and a
+half-loaded fleet (0.5 G running) with 64 arrivals, where free GPUs, joins and
+pairs of arrivals all compete. Synthetic fleet of all eight catalog GPU types.
 Prints a markdown table and saves it with the raw JSON under benchmarks/results/.
 
     .venv/bin/python benchmarks/placement_scaling.py [--repeat 10] [--sizes 64,256,1024,4096]
@@ -32,8 +34,9 @@ def main() -> None:
     cases = [("target: 1 arrival, 256 GPUs, 400 running", 256, 400, 1),
              ("target: 64 arrivals, 1024 GPUs, 1500 running", 1024, 1500, 64)]
     for g in (int(s) for s in args.sizes.split(",")):
-        cases += [(f"scaling: {g} GPUs, 1 arrival", g, int(1.4 * g), 1),
-                  (f"scaling: {g} GPUs, 64 arrivals", g, int(1.4 * g), 64)]
+        cases += [(f"busy fleet: {g} GPUs, 1 arrival", g, int(1.4 * g), 1),
+                  (f"busy fleet: {g} GPUs, 64 arrivals", g, int(1.4 * g), 64),
+                  (f"half-loaded: {g} GPUs, 64 arrivals", g, int(0.5 * g), 64)]
     rows = []
     for label, g, r, a in cases:
         t0 = time.perf_counter()

@@ -222,9 +222,12 @@ def test_large_problem_solves_within_gap():
     from gogh_flows.truth.synthetic import synthetic_table
 
     problem = random_problem(synthetic_table(), num_gpus=128, running=150, arrivals=16, seed=1)
-    p = GoghOptimizer(time_limit_s=5).place(problem)
+    p = GoghOptimizer(time_limit_s=10).place(problem)
     assert violations(problem, p) == []
     assert not math.isnan(p.gap) and p.gap <= 0.01
-    best_base = min(placement_energy(problem, get_policy(n).place(problem)) for n in BASELINES
-                    if len(get_policy(n).place(problem).assignments) == len(p.assignments))
-    assert placement_energy(problem, p) <= best_base * (1 + 1e-4)
+    energy = placement_energy(problem, p)
+    for name in BASELINES:
+        base = get_policy(name).place(problem)
+        assert len(p.assignments) >= len(base.assignments), name
+        if base.placed_ids == p.placed_ids:
+            assert energy <= placement_energy(problem, base) * (1 + 0.01), name

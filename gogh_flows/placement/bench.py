@@ -13,7 +13,7 @@ from gogh_flows.truth.table import ThroughputTable
 
 def bench_placement(
     table: ThroughputTable, *, gpus: int, running: int, arrivals: int, repeat: int = 10,
-    seed: int = 0, time_limit_s: float = 2.0, num_workers: int = 2,
+    seed: int = 0, time_limit_s: float = 2.0, num_workers: int = 1,
 ) -> dict:
     """p50/p99 wall time (ms) of one decision and the worst reported optimality gap.
 

@@ -3,8 +3,10 @@
 Running jobs are put where they really meet their requirement (a requirement
 is a fraction of what the job gets where it runs, shared or not), so a
 generated state is one a correct scheduler could have produced. Arriving jobs
-get ``rho = q * best isolated throughput on the fleet``, ``q ~ U(q_low, q_high)``
-(DESIGN §6), so each can run somewhere, but not everywhere.
+get ``rho = q * basis``, ``q ~ U(q_low, q_high)``, where the basis is the job's
+isolated throughput on the median GPU type of the fleet (default: feasible on
+about half the types, so a decision has real choices) or on its best type
+(``basis="best"``, DESIGN §6: feasible somewhere, often only on the newest).
 """
 
 from __future__ import annotations
@@ -41,8 +43,11 @@ def random_problem(
     q_range: tuple[float, float] = (0.2, 0.9),
     hours: tuple[float, float] = (0.5, 8.0),
     capacity: int = 2,
+    basis: str = "median",
 ) -> PlacementProblem:
     """A seeded problem: ``running`` jobs already placed, ``arrivals`` to place."""
+    if basis not in ("median", "best"):
+        raise ValueError(f"basis must be 'median' or 'best', got {basis!r}")
     rng = random.Random(seed)
     types = tuple(types) if types is not None else tuple(t for t in DEFAULT_MIX if t in table.gpu_types)
     gpus = mixed_fleet(num_gpus, types, capacity)
@@ -80,8 +85,10 @@ def random_problem(
         jt = rng.choice([j for j in job_types if any(table.has(j, t, n) for t in types)] or job_types)
         if not any(table.has(jt, t, n) for t in types):
             n = 1
-        best = max(tp.isolated(Job("x", jt, 1.0, 1.0, n), t) for t in types)
-        rho = rng.uniform(*q_range) * best
+        speeds = sorted(tp.isolated(Job("x", jt, 1.0, 1.0, n), t) for t in types)
+        speeds = [v for v in speeds if v > 0]
+        ref = speeds[-1] if basis == "best" else speeds[len(speeds) // 2]
+        rho = rng.uniform(*q_range) * ref
         jobs.append(Job(f"a{i}", jt, rho, work(rho), n))
     return PlacementProblem(tuple(gpus), tuple(jobs), tp, EnergyModel())
 
