@@ -231,3 +231,16 @@ def test_large_problem_solves_within_gap():
         assert len(p.assignments) >= len(base.assignments), name
         if base.placed_ids == p.placed_ids:
             assert energy <= placement_energy(problem, base) * (1 + 0.01), name
+
+
+def test_job_that_fits_no_gpu_memory_waits_and_says_so():
+    table = ThroughputTable.from_rows([
+        {"job_type": "huge", "gpu_type": "t4", "scale_factor": 1, "throughput": 0.0},
+        {"job_type": "huge", "gpu_type": "h100", "scale_factor": 1, "throughput": 0.0},
+    ])
+    problem = PlacementProblem.build([Gpu("t-0", "t4"), Gpu("h-0", "h100")], [Job("j", "huge", 1.0, 10.0)], table)
+    for name in ("optimizer", *BASELINES):
+        p = get_policy(name).place(problem)
+        assert p.assignments == ()
+        assert "no memory" in p.waiting[0].reason, name
+        assert p.explanations["j"].rejected == {"no memory": 2}

@@ -88,7 +88,8 @@ class GoghOptimizer:
         if len(arrivals) <= 1:
             chosen, status, gap = hint, "optimal", 0.0  # enumeration of one job's options
         else:
-            chosen, status, gap = self._solve(candidates, free, arrivals, hint)
+            deadline = start + self.time_limit_s  # the limit bounds the whole decision
+            chosen, status, gap = self._solve(candidates, free, arrivals, hint, deadline)
         return self._placement(opts, chosen, status, gap, start, free)
 
     # -- model ------------------------------------------------------------------------
@@ -154,7 +155,7 @@ class GoghOptimizer:
 
     def _solve(
         self, cands: list[_Var], free: dict[tuple[str, int], list[str]],
-        arrivals: tuple[Job, ...], hint: list[_Var],
+        arrivals: tuple[Job, ...], hint: list[_Var], deadline: float,
     ) -> tuple[list[_Var], str, float]:
         """Two stages on one model: most jobs placed, then least energy at that count.
 
@@ -163,7 +164,6 @@ class GoghOptimizer:
         """
         if not cands:
             return [], "optimal", 0.0
-        deadline = time.perf_counter() + self.time_limit_s
         model = cp_model.CpModel()
         top = max(abs(v.cost) for v in cands) or 1.0
         unit = top / _RESOLUTION

@@ -168,7 +168,9 @@ def options_for(problem: PlacementProblem, state: FleetState, job: Job,
                 power_w=p_pair - energy.power_alone(t, k_occ.activity),
                 partner=partner.id, partner_throughput=tk,
             ))
-    rejected[FULL] += state.full_count()
+    full = state.full_count()
+    if full:
+        rejected[FULL] += full
     return JobOptions(job, choices, rejected, best)
 
 
