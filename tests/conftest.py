@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", tempfile.mkdtemp(prefix="gogh-hypothesis-"))
 
 REPO = Path(__file__).resolve().parent.parent
 GAVEL_DIR = Path(os.environ.get("GOGH_GAVEL_DIR", REPO.parent / "shared" / "data" / "gavel"))
@@ -27,3 +29,10 @@ def gavel_table(gavel_dir: Path):
     from gogh_flows.truth.gavel import read_gavel_json
 
     return read_gavel_json(gavel_dir / "simulation_throughputs.json")
+
+
+# Hypothesis keeps no example database in the working tree (tests leave no state behind).
+from hypothesis import settings as _hyp_settings  # noqa: E402
+
+_hyp_settings.register_profile("gogh", database=None)
+_hyp_settings.load_profile("gogh")
