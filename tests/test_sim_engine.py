@@ -1,0 +1,118 @@
+from dataclasses import dataclass
+
+import pytest
+
+from gogh_flows.catalog import get_gpu_type
+from gogh_flows.placement import BASELINES, GoghOptimizer, Gpu, get_policy
+from gogh_flows.sim.engine import SimConfig, simulate
+from gogh_flows.truth.table import ThroughputTable
+
+
+@dataclass(frozen=True)
+class J:
+    id: str
+    job_type: str
+    total_steps: float
+    arrival_s: float
+    required_throughput: float | None
+    num_gpus: int = 1
+
+
+def _table() -> ThroughputTable:
+    rows = []
+    for jt, v100, t4, act in (("a", 10.0, 4.0, 0.5), ("b", 20.0, 5.0, 0.8)):
+        rows.append({"job_type": jt, "gpu_type": "v100", "scale_factor": 1, "throughput": v100, "activity": act})
+        rows.append({"job_type": jt, "gpu_type": "t4", "scale_factor": 1, "throughput": t4, "activity": act})
+        rows.append({"job_type": jt, "gpu_type": "v100", "scale_factor": 2, "throughput": 1.8 * v100, "activity": act})
+    rows.append({"job_type": "a", "gpu_type": "v100", "scale_factor": 1, "partner": "b",
+                 "throughput": 6.0, "partner_throughput": 12.0})
+    return ThroughputTable.from_rows(rows)
+
+
+def test_hand_computed_scenario_energy_and_jct():
+    """One V100 and one T4; job 'a' needs 8 steps/s, only the V100 can do it."""
+    v100, t4 = get_gpu_type("v100"), get_gpu_type("t4")
+    res = simulate([J("x", "a", 1000.0, 5.0, 8.0)], [Gpu("v", "v100"), Gpu("t", "t4")], _table(),
+                   GoghOptimizer())
+    rec = res.jobs["x"]
+    assert rec.gpu_type == "v100" and rec.placed_s == 5.0
+    assert rec.finished_s == pytest.approx(105.0)  # 1000 steps at 10 steps/s
+    busy = v100.idle_w + 0.5 * (v100.tdp_w - v100.idle_w)
+    expected = (v100.idle_w + t4.idle_w) * 5.0 + (busy + t4.idle_w) * 100.0
+    assert res.energy_j == pytest.approx(expected)
+    s = res.summary()
+    assert s["avg_jct_s"] == pytest.approx(100.0) and s["avg_queue_s"] == 0.0
+    assert s["sla_attainment"] == 1.0 and s["jobs_completed"] == 1
+    # Parking empty GPUs removes their idle draw.
+    parked = simulate([J("x", "a", 1000.0, 5.0, 8.0)], [Gpu("v", "v100"), Gpu("t", "t4")], _table(),
+                      GoghOptimizer(), config=SimConfig(park_idle=True))
+    assert parked.energy_j == pytest.approx(busy * 100.0)
+
+
+def test_partner_departure_speeds_survivor_back_up():
+    """'a' and 'b' share the V100 (6 and 12 steps/s); when 'b' finishes, 'a' runs at 10."""
+    jobs = [J("a1", "a", 600.0, 0.0, 5.0), J("b1", "b", 120.0, 0.0, 10.0)]
+    res = simulate(jobs, [Gpu("v", "v100")], _table(), GoghOptimizer())
+    assert res.jobs["b1"].finished_s == pytest.approx(10.0)  # 120 / 12
+    # a did 60 steps while sharing, then 540 at 10 steps/s
+    assert res.jobs["a1"].finished_s == pytest.approx(10.0 + 54.0)
+    assert res.summary()["sla_attainment"] == 1.0
+
+
+def _random_stream(n: int, seed: int) -> list[J]:
+    import random
+
+    rng = random.Random(seed)
+    out, t = [], 0.0
+    for i in range(n):
+        t += rng.expovariate(1 / 30.0)
+        jt = rng.choice("ab")
+        gang = 2 if rng.random() < 0.1 else 1
+        best = _table().isolated(jt, "v100", gang)
+        out.append(J(f"j{i}", jt, rng.uniform(200, 3000), t, rng.uniform(0.2, 0.9) * best, gang))
+    return out
+
+
+@pytest.mark.parametrize("policy", ["optimizer", *BASELINES])
+def test_conservation_and_power_integral(policy):
+    jobs = _random_stream(40, seed=3)
+    gpus = [Gpu(f"v{i}", "v100") for i in range(3)] + [Gpu(f"t{i}", "t4") for i in range(3)]
+    res = simulate(jobs, gpus, _table(), get_policy(policy))
+    for j in jobs:  # every job completes, and did exactly its work
+        rec = res.jobs[j.id]
+        assert rec.finished_s is not None, j.id
+        assert rec.steps_done == pytest.approx(j.total_steps, rel=1e-6)
+        assert rec.finished_s >= rec.placed_s >= rec.arrival_s
+    assert res.energy_j == pytest.approx(sum((b - a) * w for a, b, w in res.power_trace))
+    assert all(b2 == pytest.approx(a2) for (_, b2, _), (a2, _, _) in zip(res.power_trace, res.power_trace[1:]))
+
+
+def test_oracle_never_runs_below_requirement():
+    jobs = _random_stream(60, seed=5)
+    gpus = [Gpu(f"v{i}", "v100") for i in range(3)] + [Gpu(f"t{i}", "t4") for i in range(2)]
+    res = simulate(jobs, gpus, _table(), GoghOptimizer())
+    assert res.summary()["sla_attainment"] == pytest.approx(1.0)
+
+
+def test_deterministic_for_a_seed_and_noise_changes_rates():
+    jobs = _random_stream(30, seed=1)
+    gpus = [Gpu("v0", "v100"), Gpu("t0", "t4"), Gpu("t1", "t4")]
+    cfg = SimConfig(seed=2, noise=0.1)
+    a = simulate(jobs, gpus, _table(), GoghOptimizer(), config=cfg).summary()
+    b = simulate(jobs, gpus, _table(), GoghOptimizer(), config=cfg).summary()
+    c = simulate(jobs, gpus, _table(), GoghOptimizer(), config=SimConfig(seed=3, noise=0.1)).summary()
+    drop = ("decision_p50_ms", "decision_p99_ms")
+    assert {k: v for k, v in a.items() if k not in drop} == {k: v for k, v in b.items() if k not in drop}
+    assert a["energy_kwh"] != c["energy_kwh"]
+
+
+def test_unplaceable_job_is_reported_unfinished_not_lost():
+    jobs = [J("ok", "a", 100.0, 0.0, 5.0), J("never", "a", 100.0, 0.0, 50.0)]
+    res = simulate(jobs, [Gpu("v", "v100")], _table(), GoghOptimizer())
+    assert res.unfinished == ["never"]
+    assert res.summary()["jobs_completed"] == 1
+
+
+def test_missing_requirement_is_a_clear_error():
+    with pytest.raises(ValueError, match="assign_requirements"):
+        simulate([J("x", "a", 10.0, 0.0, None)], [Gpu("v", "v100")], _table(), GoghOptimizer())
