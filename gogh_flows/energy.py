@@ -26,7 +26,7 @@ treated as paid anyway (an always-on fleet) and only the draw above idle counts.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gogh_flows.catalog import GpuType, get_gpu_type
 
@@ -66,13 +66,21 @@ class EnergyModel:
 
     count_idle: bool = True
     gpu_types: Mapping[str, GpuType] | None = None
+    # Catalog lookups resolved once per model: this sits on the optimiser's hot path.
+    _resolved: dict[str, GpuType] = field(default_factory=dict, repr=False, compare=False)
 
     def gpu(self, gpu_type: str | GpuType) -> GpuType:
         if isinstance(gpu_type, GpuType):
             return gpu_type
+        hit = self._resolved.get(gpu_type)
+        if hit is not None:
+            return hit
         if self.gpu_types is not None and gpu_type in self.gpu_types:
-            return self.gpu_types[gpu_type]
-        return get_gpu_type(gpu_type)
+            found = self.gpu_types[gpu_type]
+        else:
+            found = get_gpu_type(gpu_type)
+        self._resolved[gpu_type] = found
+        return found
 
     def _levels(self, gpu_type: str | GpuType) -> tuple[float, float]:
         """(charged idle W, dynamic range W) under the idle accounting in force."""

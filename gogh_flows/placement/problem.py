@@ -114,7 +114,7 @@ class TableThroughputs:
         return self.default_activity if value is None else value
 
     def knows(self, job_type: str) -> bool:
-        return job_type in self.table.job_types
+        return self.table.knows(job_type)
 
 
 @dataclass(frozen=True)
@@ -138,8 +138,9 @@ class PlacementProblem:
         for g in self.gpus:
             if g.id in by_id:
                 raise ValueError(f"duplicate GPU id {g.id!r} in the fleet")
-            self.energy.gpu(g.gpu_type)  # unknown type -> UnknownGpuTypeError naming it
             by_id[g.id] = g
+        for gpu_type in {g.gpu_type for g in self.gpus}:
+            self.energy.gpu(gpu_type)  # unknown type -> UnknownGpuTypeError naming it
         seen: set[str] = set()
         occupants: dict[str, list[Job]] = {g: [] for g in by_id}
         for job in self.jobs:

@@ -55,6 +55,9 @@ class ThroughputTable:
         init=False, repr=False, compare=False
     )
     _activity: dict[tuple[str, str], float] = field(init=False, repr=False, compare=False)
+    _job_types: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    _job_set: frozenset[str] = field(init=False, repr=False, compare=False)
+    _gpu_types: tuple[str, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         missing = [c for c in SCHEMA if c not in self.frame.columns]
@@ -90,6 +93,10 @@ class ThroughputTable:
         object.__setattr__(self, "_iso", iso)
         object.__setattr__(self, "_pair", pair)
         object.__setattr__(self, "_activity", activity)
+        jobs = {k[0] for k in iso}
+        object.__setattr__(self, "_job_types", tuple(sorted(jobs)))
+        object.__setattr__(self, "_job_set", frozenset(jobs))
+        object.__setattr__(self, "_gpu_types", tuple(sorted({k[1] for k in iso})))
 
     # -- construction -----------------------------------------------------------------
     @classmethod
@@ -108,11 +115,14 @@ class ThroughputTable:
     # -- queries ----------------------------------------------------------------------
     @property
     def job_types(self) -> tuple[str, ...]:
-        return tuple(sorted({k[0] for k in self._iso}))
+        return self._job_types
 
     @property
     def gpu_types(self) -> tuple[str, ...]:
-        return tuple(sorted({k[1] for k in self._iso}))
+        return self._gpu_types
+
+    def knows(self, job_type: str) -> bool:
+        return job_type in self._job_set
 
     def scale_factors(self, job_type: str) -> tuple[int, ...]:
         return tuple(sorted({sf for (j, _, sf) in self._iso if j == job_type}))
@@ -165,13 +175,13 @@ class ThroughputTable:
         )
 
     def _missing(self, job_type: str, gpu_type: str, scale_factor: int) -> str:
-        if job_type not in {k[0] for k in self._iso}:
+        if job_type not in self._job_set:
             known = ", ".join(self.job_types[:8]) + (" ..." if len(self.job_types) > 8 else "")
             return (
                 f"job type {job_type!r} is not in the throughput table ({self.source}); "
                 f"known job types include: {known}"
             )
-        if gpu_type not in {k[1] for k in self._iso}:
+        if gpu_type not in self._gpu_types:
             return (
                 f"GPU type {gpu_type!r} is not in the throughput table ({self.source}); "
                 f"it covers: {', '.join(self.gpu_types)}"
