@@ -1,0 +1,84 @@
+"""Run several policies on one identical job stream and compare them.
+
+Every policy sees the same jobs, the same fleet, the same truth and the same
+seed, in one process, so differences between them are the policies' alone.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from gogh_flows.catalog import get_gpu_type
+from gogh_flows.placement import POLICIES, GoghOptimizer, Gpu, get_policy
+from gogh_flows.placement.problem import TableThroughputs, Throughputs
+from gogh_flows.sim.engine import SimConfig, SimJob, SimResult, simulate
+from gogh_flows.truth.table import ThroughputTable
+
+#: Policies the simulator knows: ``oracle`` is the optimiser planning with the
+#: true throughputs (the reference); the others are the placement baselines.
+SIM_POLICIES = ("oracle", "greedy-fastest", "greedy-min-power", "greedy-efficiency", "first-fit", "random")
+
+
+def parse_cluster(spec: str, capacity: int = 2) -> list[Gpu]:
+    """``"v100=8,p100=16,k80=24"`` -> 48 GPUs with ids ``v100-0`` ... ``k80-23``."""
+    gpus: list[Gpu] = []
+    seen: set[str] = set()
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        m = re.fullmatch(r"([A-Za-z0-9_]+)\s*=\s*(\d+)", part)
+        if not m or int(m.group(2)) < 1:
+            raise ValueError(
+                f"bad cluster entry {part!r} in {spec!r}: write TYPE=COUNT with COUNT >= 1, "
+                "e.g. v100=8,p100=16,k80=24"
+            )
+        name = get_gpu_type(m.group(1)).name  # unknown type -> error naming it
+        if name in seen:
+            raise ValueError(f"GPU type {name!r} appears twice in cluster {spec!r}")
+        seen.add(name)
+        gpus += [Gpu(f"{name}-{i}", name, capacity) for i in range(int(m.group(2)))]
+    if not gpus:
+        raise ValueError(f"cluster {spec!r} declares no GPUs; e.g. v100=8,p100=16,k80=24")
+    return gpus
+
+
+@dataclass(frozen=True)
+class SimPolicy:
+    name: str
+    policy: object
+    planning: Throughputs
+
+
+def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
+                time_limit_s: float = 2.0) -> SimPolicy:
+    if name == "oracle":
+        return SimPolicy(name, GoghOptimizer(time_limit_s=time_limit_s, name="oracle"),
+                         TableThroughputs(truth))
+    if name in POLICIES and name != "optimizer":
+        policy = get_policy(name, seed=seed) if name == "random" else get_policy(name)
+        return SimPolicy(name, policy, TableThroughputs(truth))
+    raise ValueError(f"unknown simulation policy {name!r}; choose from: {', '.join(SIM_POLICIES)}")
+
+
+def run_policies(
+    jobs: Sequence[SimJob],
+    gpus: Sequence[Gpu],
+    truth: ThroughputTable,
+    names: Sequence[str],
+    *,
+    config: SimConfig = SimConfig(),
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict[str, SimResult]:
+    """Simulate each named policy on the identical stream; results keyed by policy name."""
+    if not names:
+        raise ValueError(f"name at least one policy: {', '.join(SIM_POLICIES)}")
+    policies = [make_policy(n, truth, config.seed) for n in names]  # validate all first
+    out: dict[str, SimResult] = {}
+    for p in policies:
+        cb = (lambda done, total, name=p.name: progress(name, done, total)) if progress else None
+        out[p.name] = simulate(jobs, gpus, truth, p.policy, planning=p.planning,
+                               config=config, progress=cb)
+    return out
+
+
+__all__ = ["SIM_POLICIES", "SimPolicy", "make_policy", "parse_cluster", "run_policies"]
