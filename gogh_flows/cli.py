@@ -59,6 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=cmd_demo)
 
+    from gogh_flows.sim.cli import add_parser as add_simulate
+
+    add_simulate(sub)
+
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     bp = bench_sub.add_parser("placement", help="decision time of the optimiser")

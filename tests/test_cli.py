@@ -26,3 +26,39 @@ def test_demo_prints_explanations_and_every_policy(capsys):
 def test_cli_reports_bad_input_without_a_traceback(capsys):
     assert main(["bench", "placement", "--gpus", "0"]) == 2
     assert "num_gpus must be >= 1" in capsys.readouterr().err
+
+
+def test_simulate_on_gavel_trace_writes_every_policy(gavel_dir, tmp_path, capsys):
+    out, png = tmp_path / "sim.json", tmp_path / "sim.png"
+    rc = main(["simulate", "--truth", str(gavel_dir / "simulation_throughputs.json"),
+               "--trace", str(gavel_dir / "traces" / "physical_cluster" / "small_test.trace"),
+               "--cluster", "v100=2,p100=2,k80=4", "--policy", "oracle,greedy-fastest,first-fit",
+               "--seed", "1", "--json", str(out), "--plot", str(png)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    keys = {"energy_kwh", "sla_attainment", "avg_jct_s", "makespan_s", "avg_queue_s", "migrations",
+            "jobs_completed", "decision_p50_ms", "decision_p99_ms"}
+    assert set(data["policies"]) == {"oracle", "greedy-fastest", "first-fit"}
+    for figures in data["policies"].values():
+        assert keys <= set(figures)
+        assert 0.0 <= figures["sla_attainment"] <= 1.0
+        assert figures["jobs_completed"] == data["jobs"]
+    assert data["policies"]["oracle"]["sla_attainment"] == 1.0
+    assert png.stat().st_size > 10_000
+
+
+def test_simulate_generated_arrivals_on_synthetic_fleet(gavel_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("GOGH_GAVEL_DIR", str(gavel_dir))  # for the Philly duration distribution
+    out = tmp_path / "gen.json"
+    rc = main(["simulate", "--trace", "generate:25", "--rate", "20", "--cluster", "h100=2,a100=2,t4=4",
+               "--policy", "oracle,random", "--json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["jobs"] == 25 and set(data["policies"]) == {"oracle", "random"}
+
+
+def test_simulate_rejects_a_cluster_type_the_truth_lacks(gavel_dir, capsys):
+    rc = main(["simulate", "--truth", str(gavel_dir / "simulation_throughputs.json"),
+               "--trace", "generate:5", "--cluster", "h100=2"])
+    assert rc == 2
+    assert "not in the truth table" in capsys.readouterr().err

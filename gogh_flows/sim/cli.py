@@ -1,0 +1,118 @@
+"""``gogh simulate``: every named policy on one identical job stream.
+
+Kept apart from ``gogh_flows/cli.py`` so the main command stays a thin router.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+
+from gogh_flows.sim.run import SIM_POLICIES, parse_cluster, run_policies
+from gogh_flows.sim.traces import (
+    assign_requirements,
+    generate_arrivals,
+    load_philly_distribution,
+    read_trace,
+)
+from gogh_flows.truth.gavel import gavel_dir, read_gavel_json
+from gogh_flows.truth.synthetic import synthetic_table
+from gogh_flows.truth.table import ThroughputTable
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("simulate", help="compare placement policies on a trace")
+    p.add_argument("--truth", default="synthetic", help="'synthetic' or a Gavel throughput JSON")
+    p.add_argument("--trace", required=True, help="a .trace file, or generate:N for N Poisson arrivals")
+    p.add_argument("--cluster", required=True, help="e.g. v100=8,p100=16,k80=24")
+    p.add_argument("--policy", default=",".join(SIM_POLICIES), help="comma-separated policy names")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rate", type=float, default=6.0, help="arrivals per hour for generate:N")
+    p.add_argument("--noise", type=float, default=0.0, help="log-normal sigma on true throughputs")
+    p.add_argument("--json", help="write the figures to this file")
+    p.add_argument("--plot", help="write a PNG: energy vs SLA attainment, and JCT CDF")
+    p.set_defaults(func=cmd_simulate)
+
+
+def _truth(spec: str) -> ThroughputTable:
+    return synthetic_table() if spec == "synthetic" else read_gavel_json(spec)
+
+
+def _jobs(args: argparse.Namespace, truth: ThroughputTable, types: list[str]):
+    def best(job_type: str, n: int) -> float:
+        return max((truth.isolated(job_type, t, n) for t in types if truth.has(job_type, t, n)),
+                   default=0.0)
+
+    if args.trace.startswith("generate:"):
+        try:
+            n = int(args.trace.split(":", 1)[1])
+        except ValueError:
+            raise ValueError(f"--trace generate:N needs an integer N, got {args.trace!r}") from None
+        dist = load_philly_distribution(gavel_dir() / "traces" / "philly_job_distribution.csv")
+        runnable = [j for j in truth.job_types if best(j, 1) > 0]
+        ref = "v100" if "v100" in truth.gpu_types else types[0]
+
+        def reference(job_type: str, gpus: int) -> float:
+            return truth.isolated(job_type, ref, gpus) if truth.has(job_type, ref, gpus) else 0.0
+
+        jobs = generate_arrivals(n, rate_per_hour=args.rate, job_types=runnable, distribution=dist,
+                                 seed=args.seed, throughput_of=reference)
+    else:
+        jobs = read_trace(args.trace, max_gpus=8)
+    unknown = sorted({j.job_type for j in jobs if not truth.knows(j.job_type)})
+    if unknown:
+        raise ValueError(f"trace job types missing from the truth table: {unknown}")
+    keep = [j for j in jobs if best(j.job_type, j.num_gpus) > 0]
+    if len(keep) < len(jobs):
+        warnings.warn(f"dropped {len(jobs) - len(keep)} of {len(jobs)} jobs that no GPU type of "
+                      "the cluster can run at their GPU count", stacklevel=2)
+    return assign_requirements(keep, best, seed=args.seed)
+
+
+def _bar(name: str, done: int, total: int) -> None:
+    """A progress bar on stderr: live on a terminal, every 5% in a log."""
+    if sys.stderr.isatty() or done == total or done % max(1, total // 20) == 0:
+        width = 30
+        filled = int(width * done / max(total, 1))
+        end = "\n" if done == total else "\r"
+        print(f"{name:18s} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}",
+              end=end, file=sys.stderr, flush=True)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    import polars as pl
+
+    from gogh_flows.sim.engine import SimConfig
+
+    truth = _truth(args.truth)
+    gpus = parse_cluster(args.cluster)
+    types = sorted({g.gpu_type for g in gpus})
+    missing = [t for t in types if t not in truth.gpu_types]
+    if missing:
+        raise ValueError(f"cluster GPU types {missing} are not in the truth table "
+                         f"({truth.source}); it covers {list(truth.gpu_types)}")
+    names = [n.strip() for n in args.policy.split(",") if n.strip()]
+    jobs = _jobs(args, truth, types)
+    results = run_policies(jobs, gpus, truth, names,
+                           config=SimConfig(seed=args.seed, noise=args.noise), progress=_bar)
+    figures = {"policies": {name: r.summary() for name, r in results.items()},
+               "jobs": len(jobs), "gpus": len(gpus), "seed": args.seed,
+               "truth": truth.source, "trace": args.trace, "cluster": args.cluster}
+    table = pl.DataFrame([{"policy": n, **s} for n, s in figures["policies"].items()])
+    with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=200, float_precision=3,
+                   tbl_hide_dataframe_shape=True):
+        print(table)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
+    if args.plot:
+        from gogh_flows.sim.plots import plot_comparison
+
+        plot_comparison(results, args.plot)
+    return 0
+
+
+__all__ = ["add_parser", "cmd_simulate"]
