@@ -149,12 +149,13 @@ def simulate(
     policy: Policy,
     *,
     planning: Throughputs | None = None,
-    config: SimConfig = SimConfig(),
+    config: SimConfig | None = None,
     energy: EnergyModel | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> SimResult:
     """Run ``policy`` on the job stream; ``planning`` is what it predicts with (default: truth)."""
     energy = energy or EnergyModel()
+    config = config or SimConfig()
     rates = TrueRates(truth, config.noise, config.seed)
     planning = planning or rates.view
     by_id = {g.id: g for g in gpus}

@@ -66,12 +66,13 @@ def run_policies(
     truth: ThroughputTable,
     names: Sequence[str],
     *,
-    config: SimConfig = SimConfig(),
+    config: SimConfig | None = None,
     progress: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, SimResult]:
     """Simulate each named policy on the identical stream; results keyed by policy name."""
     if not names:
         raise ValueError(f"name at least one policy: {', '.join(SIM_POLICIES)}")
+    config = config or SimConfig()
     policies = [make_policy(n, truth, config.seed) for n in names]  # validate all first
     out: dict[str, SimResult] = {}
     for p in policies:
