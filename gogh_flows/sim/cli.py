@@ -32,6 +32,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rate", type=float, default=6.0, help="arrivals per hour for generate:N")
     p.add_argument("--noise", type=float, default=0.0, help="log-normal sigma on true throughputs")
+    p.add_argument("--capacity", type=int, default=2, help="jobs per GPU: 1 exclusive, 2 pairs may share")
+    p.add_argument("--requirement-q", default="0.2,0.9",
+                   help="LOW,HIGH: requirement = q * best isolated throughput, q ~ U(LOW, HIGH)")
     p.add_argument("--json", help="write the figures to this file")
     p.add_argument("--plot", help="write a PNG: energy vs SLA attainment, and JCT CDF")
     p.set_defaults(func=cmd_simulate)
@@ -69,7 +72,11 @@ def _jobs(args: argparse.Namespace, truth: ThroughputTable, types: list[str]):
     if len(keep) < len(jobs):
         warnings.warn(f"dropped {len(jobs) - len(keep)} of {len(jobs)} jobs that no GPU type of "
                       "the cluster can run at their GPU count", stacklevel=2)
-    return assign_requirements(keep, best, seed=args.seed)
+    try:
+        q_low, q_high = (float(x) for x in args.requirement_q.split(","))
+    except ValueError:
+        raise ValueError(f"--requirement-q must be LOW,HIGH, got {args.requirement_q!r}") from None
+    return assign_requirements(keep, best, seed=args.seed, q_low=q_low, q_high=q_high)
 
 
 def _bar(name: str, done: int, total: int) -> None:
@@ -88,7 +95,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from gogh_flows.sim.engine import SimConfig
 
     truth = _truth(args.truth)
-    gpus = parse_cluster(args.cluster)
+    gpus = parse_cluster(args.cluster, capacity=args.capacity)
     types = sorted({g.gpu_type for g in gpus})
     missing = [t for t in types if t not in truth.gpu_types]
     if missing:
