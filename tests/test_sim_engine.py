@@ -116,3 +116,15 @@ def test_unplaceable_job_is_reported_unfinished_not_lost():
 def test_missing_requirement_is_a_clear_error():
     with pytest.raises(ValueError, match="assign_requirements"):
         simulate([J("x", "a", 10.0, 0.0, None)], [Gpu("v", "v100")], _table(), GoghOptimizer())
+
+
+def test_occupancy_counts_busy_gpus_per_type():
+    jobs = [J("a1", "a", 600.0, 0.0, 5.0), J("b1", "b", 120.0, 0.0, 10.0), J("g", "a", 100.0, 50.0, 2.0, 2)]
+    gpus = [Gpu("v0", "v100"), Gpu("v1", "v100"), Gpu("v2", "v100"), Gpu("t0", "t4")]
+    res = simulate(jobs, gpus, _table(), GoghOptimizer())
+    assert res.fleet == {"v100": 3, "t4": 1}
+    assert res.occupancy[0] == (0.0, {"v100": 0, "t4": 0})
+    for _, counts in res.occupancy:
+        assert 0 <= counts["v100"] <= 3 and 0 <= counts["t4"] <= 1
+    assert res.occupancy[-1][1] == {"v100": 0, "t4": 0}  # everything finished
+    assert max(c["v100"] for _, c in res.occupancy) >= 2  # the gang took two V100s

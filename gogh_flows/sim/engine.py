@@ -100,6 +100,9 @@ class SimResult:
     migrations: int = 0
     end_s: float = 0.0
     unfinished: list[str] = field(default_factory=list)
+    # (time s, busy GPUs per type) after every event that changed occupancy
+    occupancy: list[tuple[float, dict[str, int]]] = field(default_factory=list)
+    fleet: dict[str, int] = field(default_factory=dict)  # GPUs per type
 
     def summary(self) -> dict[str, float | int]:
         done = [r for r in self.jobs.values() if r.finished_s is not None]
@@ -175,6 +178,12 @@ def simulate(
     decision_ms: list[float] = []
     total_j, now, nxt = 0.0, 0.0, 0
     done_count = 0
+    fleet: dict[str, int] = {}
+    for g in gpus:
+        fleet[g.gpu_type] = fleet.get(g.gpu_type, 0) + 1
+    busy = {t: 0 for t in fleet}
+    busy_ids: set[str] = set()
+    occupancy: list[tuple[float, dict[str, int]]] = [(0.0, dict(busy))]
 
     while nxt < len(pending) or running:
         t_arrival = pending[nxt].arrival_s if nxt < len(pending) else math.inf
@@ -216,6 +225,12 @@ def simulate(
         for gid in changed:
             _update_rates(by_id[gid], occupants[gid], rates)
             power[gid] = _gpu_power(energy, by_id[gid], occupants[gid], rates, config)
+            now_busy = bool(occupants[gid])
+            if now_busy != (gid in busy_ids):
+                busy[by_id[gid].gpu_type] += 1 if now_busy else -1
+                (busy_ids.add if now_busy else busy_ids.discard)(gid)
+        if changed:
+            occupancy.append((now, dict(busy)))
         if progress is not None:
             progress(done_count, len(pending))
 
@@ -223,7 +238,8 @@ def simulate(
         rec = records[r.job.id]
         rec.ok_s, rec.run_s, rec.steps_done = r.ok_s, r.run_s, r.done
     unfinished = [s.id for s in pending if records[s.id].finished_s is None]
-    return SimResult(policy.name, total_j, records, decision_ms, trace, 0, now, unfinished)
+    return SimResult(policy.name, total_j, records, decision_ms, trace, 0, now, unfinished,
+                     occupancy, fleet)
 
 
 def _decide(policy, planning, energy, gpus, running, occupants, queue, records, now,

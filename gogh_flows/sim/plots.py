@@ -11,13 +11,16 @@ from gogh_flows.sim.engine import SimResult
 
 
 def plot_comparison(results: Mapping[str, SimResult], path: str | Path) -> Path:
-    """Energy against SLA attainment per policy, and the JCT CDF of each policy."""
+    """Energy against SLA attainment, JCT CDF, and GPU occupancy by type over time.
+
+    Occupancy is drawn for the first policy given (the reference, usually ``oracle``).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.2))
     for name, res in results.items():
         s = res.summary()
         ax1.scatter(s["sla_attainment"], s["energy_kwh"], s=40)
@@ -34,6 +37,15 @@ def plot_comparison(results: Mapping[str, SimResult], path: str | Path) -> Path:
     ax2.set_ylabel("fraction of jobs")
     ax2.set_title("JCT CDF")
     ax2.legend(fontsize=8)
+    ref_name, ref = next(iter(results.items()))
+    times = np.array([t for t, _ in ref.occupancy]) / 3600
+    for gpu_type, total in sorted(ref.fleet.items()):
+        frac = [counts.get(gpu_type, 0) / total for _, counts in ref.occupancy]
+        ax3.step(times, frac, where="post", label=f"{gpu_type} ({total})")
+    ax3.set_xlabel("time (h)")
+    ax3.set_ylabel("fraction of GPUs busy")
+    ax3.set_title(f"GPU occupancy by type ({ref_name})")
+    ax3.legend(fontsize=8)
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
