@@ -128,3 +128,36 @@ def test_occupancy_counts_busy_gpus_per_type():
         assert 0 <= counts["v100"] <= 3 and 0 <= counts["t4"] <= 1
     assert res.occupancy[-1][1] == {"v100": 0, "t4": 0}  # everything finished
     assert max(c["v100"] for _, c in res.occupancy) >= 2  # the gang took two V100s
+
+
+def _planning_and_truth():
+    """Planning believes 'a' barely slows next to 'b'; in truth it drops to 3 steps/s."""
+    base = [r for r in _table().frame.iter_rows(named=True) if r["partner"] is None]
+    plan = ThroughputTable.from_rows(base + [{"job_type": "a", "gpu_type": "v100", "scale_factor": 1,
+                                              "partner": "b", "throughput": 9.5, "partner_throughput": 19.0}])
+    truth = ThroughputTable.from_rows(base + [{"job_type": "a", "gpu_type": "v100", "scale_factor": 1,
+                                               "partner": "b", "throughput": 3.0, "partner_throughput": 19.0}])
+    return plan, truth
+
+
+def test_job_below_requirement_is_migrated_once_with_its_cost():
+    from gogh_flows.placement import TableThroughputs
+
+    plan, truth = _planning_and_truth()
+    jobs = [J("b1", "b", 1e5, 0.0, 10.0), J("a1", "a", 5000.0, 10.0, 5.0)]
+    gpus = [Gpu("v0", "v100"), Gpu("v1", "v100")]
+    cfg = SimConfig(observe_after_s=100.0, migration_s=60.0)
+    res = simulate(jobs, gpus, truth, GoghOptimizer(), planning=TableThroughputs(plan), config=cfg)
+    assert res.migrations == 1
+    rec = res.jobs["a1"]
+    # 100 s shared at 3 steps/s, evicted at t=110, paused 60 s on the free V100, then 10 steps/s.
+    assert rec.finished_s == pytest.approx(110.0 + 60.0 + (5000.0 - 300.0) / 10.0)
+    assert rec.steps_done == pytest.approx(5000.0)
+    # Running time below requirement: the 100 s shared and the 60 s restart.
+    assert rec.run_s - rec.ok_s == pytest.approx(160.0)
+    # Without re-placement the job would stay below its requirement until it finishes.
+    stuck = simulate(jobs, gpus, truth, GoghOptimizer(), planning=TableThroughputs(plan),
+                     config=SimConfig(replace_below_requirement=False))
+    assert stuck.migrations == 0
+    assert stuck.jobs["a1"].finished_s == pytest.approx(10.0 + 5000.0 / 3.0)
+    assert res.summary()["sla_attainment"] > stuck.summary()["sla_attainment"]

@@ -21,7 +21,7 @@ import math
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 import numpy as np
@@ -56,8 +56,16 @@ class SimConfig:
     noise: float = 0.0  # sigma of per-(job, GPU type, partner) log-normal noise on true rates
     park_idle: bool = False  # empty GPUs draw 0 W instead of their idle power
     horizon_s: float = math.inf  # stop integrating here; later jobs are reported unfinished
+    # Monitoring: a job's rate is observed this long after it changes; a job seen below its
+    # requirement is re-placed (a migration when it lands elsewhere).
+    replace_below_requirement: bool = True
+    observe_after_s: float = 300.0
+    migration_s: float = 60.0  # no progress while a migrated job restarts; its GPU still draws
 
     def __post_init__(self) -> None:
+        for name in ("observe_after_s", "migration_s"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0 seconds, got {getattr(self, name)!r}")
         if not 0 <= self.noise < 1:
             raise ValueError(f"noise must be a log-normal sigma in [0, 1), got {self.noise!r}")
         if not self.horizon_s > 0:
@@ -75,6 +83,8 @@ class _Running:
     ok_s: float = 0.0  # running time at or above the requirement
     run_s: float = 0.0
     done: float = 0.0  # steps done
+    paused_until: float = 0.0  # migration restart: no progress before this time
+    observe_at: float = math.inf  # next monitoring observation
 
 
 @dataclass
@@ -145,6 +155,41 @@ class TrueRates:
         return own * self._factor(job.id, gpu_type, partner.job_type)
 
 
+class ObservedThroughputs:
+    """A planning view where what was measured replaces what was predicted.
+
+    Keyed by (job id, GPU type, partner job type or None): a job re-placed after
+    running below its requirement is not sent back to the same kind of slot on
+    the strength of the prediction that was just proven wrong. (The learned
+    refiner of GOGH generalises observations to unobserved types and partners;
+    this overlay only remembers them.)
+    """
+
+    def __init__(self, base: Throughputs) -> None:
+        self.base = base
+        self.seen: dict[tuple[str, str, str | None], float] = {}
+
+    def observe(self, job: Job, gpu_type: str, partner: Job | None, rate: float) -> None:
+        self.seen[(job.id, gpu_type, partner.job_type if partner else None)] = rate
+
+    def isolated(self, job: Job, gpu_type: str) -> float:
+        hit = self.seen.get((job.id, gpu_type, None))
+        return self.base.isolated(job, gpu_type) if hit is None else hit
+
+    def pair(self, job: Job, partner: Job, gpu_type: str) -> tuple[float, float]:
+        own, other = self.base.pair(job, partner, gpu_type)
+        own = self.seen.get((job.id, gpu_type, partner.job_type), own)
+        other = self.seen.get((partner.id, gpu_type, job.job_type), other)
+        return own, other
+
+    def activity(self, job: Job, gpu_type: str) -> float:
+        return self.base.activity(job, gpu_type)
+
+    def knows(self, job_type: str) -> bool:
+        knows = getattr(self.base, "knows", None)
+        return True if knows is None else knows(job_type)
+
+
 def simulate(
     jobs: Sequence[SimJob],
     gpus: Sequence[Gpu],
@@ -160,7 +205,7 @@ def simulate(
     energy = energy or EnergyModel()
     config = config or SimConfig()
     rates = TrueRates(truth, config.noise, config.seed)
-    planning = planning or rates.view
+    planning = ObservedThroughputs(planning or rates.view)
     by_id = {g.id: g for g in gpus}
     for spec in jobs:
         if spec.required_throughput is None or not spec.required_throughput > 0:
@@ -172,7 +217,8 @@ def simulate(
     records = {s.id: JobRecord(s.id, s.job_type, s.arrival_s) for s in pending}
     occupants: dict[str, list[_Running]] = {g.id: [] for g in gpus}
     running: dict[str, _Running] = {}
-    queue: list[SimJob] = []
+    queue: list[SimJob | _Running] = []  # arrivals, and evicted jobs waiting to be re-placed
+    migrations = 0
     power = {g.id: _gpu_power(energy, by_id[g.id], [], rates, config) for g in gpus}
     trace: list[tuple[float, float, float]] = []
     decision_ms: list[float] = []
@@ -187,8 +233,12 @@ def simulate(
 
     while nxt < len(pending) or running:
         t_arrival = pending[nxt].arrival_s if nxt < len(pending) else math.inf
-        t_done = min((now + r.remaining / r.rate for r in running.values() if r.rate > 0), default=math.inf)
-        t_next = min(t_arrival, t_done, config.horizon_s)
+        t_done = min((now + r.remaining / r.rate for r in running.values()
+                      if r.rate > 0 and r.paused_until <= now), default=math.inf)
+        t_resume = min((r.paused_until for r in running.values() if r.paused_until > now),
+                       default=math.inf)
+        t_observe = min((r.observe_at for r in running.values()), default=math.inf)
+        t_next = min(t_arrival, t_done, t_resume, t_observe, config.horizon_s)
         if t_next == math.inf:
             break  # queued jobs that no GPU can ever take: reported unfinished
         dt = t_next - now
@@ -197,10 +247,11 @@ def simulate(
             trace.append((now, t_next, watts))
             total_j += watts * dt
             for r in running.values():
-                r.remaining -= r.rate * dt
-                r.done += r.rate * dt
+                rate = 0.0 if r.paused_until > now else r.rate
+                r.remaining -= rate * dt
+                r.done += rate * dt
                 r.run_s += dt
-                if r.rate >= r.job.required_throughput * (1 - 1e-9):
+                if rate >= r.job.required_throughput * (1 - 1e-9):
                     r.ok_s += dt
         now = t_next
         if now >= config.horizon_s:
@@ -214,16 +265,32 @@ def simulate(
                 occupants[gid].remove(r)
                 changed.add(gid)
             done_count += 1
+        for r in [r for r in running.values() if r.observe_at <= now]:
+            r.observe_at = math.inf
+            gpu_type = by_id[r.gpus[0]].gpu_type
+            partners = [o for o in occupants[r.gpus[0]] if o is not r]
+            planning.observe(r.job, gpu_type, partners[0].job if partners else None, r.rate)
+            if r.rate < r.job.required_throughput * (1 - 1e-9):
+                del running[r.job.id]  # evicted: re-placed first, ahead of new arrivals
+                for gid in r.gpus:
+                    occupants[gid].remove(r)
+                    changed.add(gid)
+                queue.insert(0, r)
         arrived = False
         while nxt < len(pending) and pending[nxt].arrival_s <= now:
             queue.append(pending[nxt])
             nxt += 1
             arrived = True
         if queue and (arrived or changed):
-            changed |= _decide(policy, planning, energy, gpus, running, occupants, queue,
-                               records, now, decision_ms)
+            moved, placed_on = _decide(policy, planning, energy, gpus, running, occupants, queue,
+                                       records, now, decision_ms, config.migration_s)
+            migrations += moved
+            changed |= placed_on
         for gid in changed:
             _update_rates(by_id[gid], occupants[gid], rates)
+            if config.replace_below_requirement:
+                for r in occupants[gid]:
+                    r.observe_at = max(now, r.paused_until) + config.observe_after_s
             power[gid] = _gpu_power(energy, by_id[gid], occupants[gid], rates, config)
             now_busy = bool(occupants[gid])
             if now_busy != (gid in busy_ids):
@@ -234,42 +301,57 @@ def simulate(
         if progress is not None:
             progress(done_count, len(pending))
 
-    for r in running.values():  # horizon reached: keep what was measured
+    # Horizon reached or nothing left that can run: keep what was measured.
+    for r in [*running.values(), *(q for q in queue if isinstance(q, _Running))]:
         rec = records[r.job.id]
         rec.ok_s, rec.run_s, rec.steps_done = r.ok_s, r.run_s, r.done
     unfinished = [s.id for s in pending if records[s.id].finished_s is None]
-    return SimResult(policy.name, total_j, records, decision_ms, trace, 0, now, unfinished,
-                     occupancy, fleet)
+    return SimResult(policy.name, total_j, records, decision_ms, trace, migrations, now,
+                     unfinished, occupancy, fleet)
 
 
 def _decide(policy, planning, energy, gpus, running, occupants, queue, records, now,
-            decision_ms) -> set[str]:
+            decision_ms, migration_s) -> tuple[int, set[str]]:
+    """One placement decision; returns (migrations, GPUs whose occupants changed)."""
     run_jobs = [
         Job(r.job.id, r.job.job_type, r.job.required_throughput, max(r.remaining, _EPS_STEPS),
             r.job.num_gpus, r.gpus)
         for r in running.values()
     ]
-    waiting = [Job(s.id, s.job_type, float(s.required_throughput), float(s.total_steps), s.num_gpus)
-               for s in queue]
+    waiting = []
+    for q in queue:
+        if isinstance(q, _Running):  # evicted: re-placed with the work it has left
+            waiting.append(replace(q.job, work=max(q.remaining, _EPS_STEPS), gpus=()))
+        else:
+            waiting.append(Job(q.id, q.job_type, float(q.required_throughput),
+                               float(q.total_steps), q.num_gpus))
     problem = PlacementProblem(tuple(gpus), tuple(run_jobs + waiting), planning, energy)
     t0 = time.perf_counter()
     placement = policy.place(problem)
     decision_ms.append((time.perf_counter() - t0) * 1e3)
-    by_id = {s.id: s for s in queue}
+    by_id = {(q.job.id if isinstance(q, _Running) else q.id): q for q in queue}
     placed_job = {j.id: j for j in waiting}
     changed: set[str] = set()
+    moved = 0
     for a in placement.assignments:
-        spec = by_id[a.job_id]
-        r = _Running(placed_job[a.job_id], spec, a.gpus, float(spec.total_steps), placed_s=now)
+        item = by_id[a.job_id]
+        if isinstance(item, _Running):
+            r = item
+            if set(a.gpus) != set(r.gpus):
+                r.paused_until = now + migration_s
+                moved += 1
+            r.gpus = a.gpus
+        else:
+            r = _Running(placed_job[a.job_id], item, a.gpus, float(item.total_steps), placed_s=now)
+            records[a.job_id].placed_s = now
         running[a.job_id] = r
         for gid in a.gpus:
             occupants[gid].append(r)
             changed.add(gid)
-        rec = records[a.job_id]
-        rec.placed_s, rec.gpu_type = now, a.gpu_type
+        records[a.job_id].gpu_type = a.gpu_type
     placed = {a.job_id for a in placement.assignments}
-    queue[:] = [s for s in queue if s.id not in placed]
-    return changed
+    queue[:] = [q for q in queue if (q.job.id if isinstance(q, _Running) else q.id) not in placed]
+    return moved, changed
 
 
 def _update_rates(gpu: Gpu, occ: list[_Running], rates: TrueRates) -> None:
@@ -295,4 +377,4 @@ def _gpu_power(energy: EnergyModel, gpu: Gpu, occ: list[_Running], rates: TrueRa
     return energy.power_shared(gpu.gpu_type, (loads[0], loads[1]))
 
 
-__all__ = ["JobRecord", "SimConfig", "SimJob", "SimResult", "TrueRates", "simulate"]
+__all__ = ["JobRecord", "ObservedThroughputs", "SimConfig", "SimJob", "SimResult", "TrueRates", "simulate"]
