@@ -161,3 +161,19 @@ def test_job_below_requirement_is_migrated_once_with_its_cost():
     assert stuck.migrations == 0
     assert stuck.jobs["a1"].finished_s == pytest.approx(10.0 + 5000.0 / 3.0)
     assert res.summary()["sla_attainment"] > stuck.summary()["sla_attainment"]
+
+
+@pytest.mark.parametrize("window", [1, 2, 64])
+def test_decision_window_does_not_leave_free_gpus_idle(window):
+    """Five jobs arrive at once; with any window, all five start at t=0 on five free GPUs."""
+    jobs = [J(f"j{i}", "a", 100.0, 0.0, 8.0) for i in range(5)]
+    gpus = [Gpu(f"v{i}", "v100", capacity=1) for i in range(5)] + [Gpu("t", "t4", capacity=1)]
+    res = simulate(jobs, gpus, _table(), GoghOptimizer(), config=SimConfig(decision_window=window))
+    assert all(res.jobs[j.id].placed_s == 0.0 for j in jobs)
+    # The arrival event takes ceil(5 / window) chunks; no later event has anything queued.
+    assert len(res.decision_ms) == -(-5 // window)
+
+
+def test_decision_window_is_validated():
+    with pytest.raises(ValueError, match="decision_window"):
+        SimConfig(decision_window=0)

@@ -61,8 +61,13 @@ class SimConfig:
     replace_below_requirement: bool = True
     observe_after_s: float = 300.0
     migration_s: float = 60.0  # no progress while a migrated job restarts; its GPU still draws
+    # A decision looks at this many queued jobs at a time (FIFO chunks, until a chunk places
+    # nothing), so a long backlog costs linear time rather than one huge solve.
+    decision_window: int = 64
 
     def __post_init__(self) -> None:
+        if self.decision_window < 1:
+            raise ValueError(f"decision_window must be >= 1 job, got {self.decision_window!r}")
         for name in ("observe_after_s", "migration_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0 seconds, got {getattr(self, name)!r}")
@@ -282,10 +287,17 @@ def simulate(
             nxt += 1
             arrived = True
         if queue and (arrived or changed):
-            moved, placed_on = _decide(policy, planning, energy, gpus, running, occupants, queue,
-                                       records, now, decision_ms, config.migration_s)
-            migrations += moved
-            changed |= placed_on
+            start = 0
+            while start < len(queue):
+                before = len(queue)
+                moved, placed_on = _decide(policy, planning, energy, gpus, running, occupants,
+                                           queue, records, now, decision_ms, config.migration_s,
+                                           start, config.decision_window)
+                migrations += moved
+                changed |= placed_on
+                if len(queue) == before:
+                    break  # this chunk placed nothing: the fleet is full for now
+                start += config.decision_window - (before - len(queue))
         for gid in changed:
             _update_rates(by_id[gid], occupants[gid], rates)
             if config.replace_below_requirement:
@@ -311,15 +323,16 @@ def simulate(
 
 
 def _decide(policy, planning, energy, gpus, running, occupants, queue, records, now,
-            decision_ms, migration_s) -> tuple[int, set[str]]:
-    """One placement decision; returns (migrations, GPUs whose occupants changed)."""
+            decision_ms, migration_s, start, window) -> tuple[int, set[str]]:
+    """Place queue[start:start + window]; returns (migrations, GPUs whose occupants changed)."""
     run_jobs = [
         Job(r.job.id, r.job.job_type, r.job.required_throughput, max(r.remaining, _EPS_STEPS),
             r.job.num_gpus, r.gpus)
         for r in running.values()
     ]
+    chunk = queue[start:start + window]
     waiting = []
-    for q in queue:
+    for q in chunk:
         if isinstance(q, _Running):  # evicted: re-placed with the work it has left
             waiting.append(replace(q.job, work=max(q.remaining, _EPS_STEPS), gpus=()))
         else:
@@ -329,7 +342,7 @@ def _decide(policy, planning, energy, gpus, running, occupants, queue, records, 
     t0 = time.perf_counter()
     placement = policy.place(problem)
     decision_ms.append((time.perf_counter() - t0) * 1e3)
-    by_id = {(q.job.id if isinstance(q, _Running) else q.id): q for q in queue}
+    by_id = {(q.job.id if isinstance(q, _Running) else q.id): q for q in chunk}
     placed_job = {j.id: j for j in waiting}
     changed: set[str] = set()
     moved = 0
