@@ -17,7 +17,7 @@ import time
 import warnings
 from pathlib import Path
 
-from gogh_flows.sim.run import parse_cluster, run_policies
+from gogh_flows.sim.run import best_isolated, parse_cluster, run_policies
 from gogh_flows.sim.traces import (
     assign_requirements,
     generate_arrivals,
@@ -39,10 +39,7 @@ def main() -> None:
     data = gavel_dir()
     truth = read_gavel_json(data / "simulation_throughputs.json")
     gpus = parse_cluster(CLUSTER)
-    types = sorted({g.gpu_type for g in gpus})
-
-    def best(jt: str, n: int) -> float:
-        return max((truth.isolated(jt, t, n) for t in types if truth.has(jt, t, n)), default=0.0)
+    best = best_isolated(truth, gpus)
 
     def runnable(jobs, notes: list[str]):
         keep = [j for j in jobs if best(j.job_type, j.num_gpus) > 0]

@@ -11,7 +11,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from gogh_flows.sim.run import SIM_POLICIES, parse_cluster, run_policies
+from gogh_flows.sim.run import SIM_POLICIES, best_isolated, parse_cluster, run_policies
 from gogh_flows.sim.traces import (
     assign_requirements,
     generate_arrivals,
@@ -44,10 +44,9 @@ def _truth(spec: str) -> ThroughputTable:
     return synthetic_table() if spec == "synthetic" else read_gavel_json(spec)
 
 
-def _jobs(args: argparse.Namespace, truth: ThroughputTable, types: list[str]):
-    def best(job_type: str, n: int) -> float:
-        return max((truth.isolated(job_type, t, n) for t in types if truth.has(job_type, t, n)),
-                   default=0.0)
+def _jobs(args: argparse.Namespace, truth: ThroughputTable, gpus: list):
+    types = sorted({g.gpu_type for g in gpus})
+    best = best_isolated(truth, gpus)
 
     if args.trace.startswith("generate:"):
         try:
@@ -71,7 +70,8 @@ def _jobs(args: argparse.Namespace, truth: ThroughputTable, types: list[str]):
     keep = [j for j in jobs if best(j.job_type, j.num_gpus) > 0]
     if len(keep) < len(jobs):
         warnings.warn(f"dropped {len(jobs) - len(keep)} of {len(jobs)} jobs that no GPU type of "
-                      "the cluster can run at their GPU count", stacklevel=2)
+                      "the cluster can run at their GPU count (too few GPUs of a type that "
+                      "can, or no throughput entry)", stacklevel=2)
     try:
         q_low, q_high = (float(x) for x in args.requirement_q.split(","))
     except ValueError:
@@ -102,7 +102,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise ValueError(f"cluster GPU types {missing} are not in the truth table "
                          f"({truth.source}); it covers {list(truth.gpu_types)}")
     names = [n.strip() for n in args.policy.split(",") if n.strip()]
-    jobs = _jobs(args, truth, types)
+    jobs = _jobs(args, truth, gpus)
     results = run_policies(jobs, gpus, truth, names,
                            config=SimConfig(seed=args.seed, noise=args.noise), progress=_bar)
     figures = {"policies": {name: r.summary() for name, r in results.items()},

@@ -42,6 +42,23 @@ def parse_cluster(spec: str, capacity: int = 2) -> list[Gpu]:
     return gpus
 
 
+def best_isolated(truth: ThroughputTable, gpus: Sequence[Gpu]) -> Callable[[str, int], float]:
+    """Best isolated throughput of (job type, GPU count) on the GPU types of this fleet.
+
+    A type counts only when the fleet has at least that many GPUs of it, so a
+    requirement derived from it (DESIGN §6) can be met somewhere in this fleet.
+    """
+    counts: dict[str, int] = {}
+    for g in gpus:
+        counts[g.gpu_type] = counts.get(g.gpu_type, 0) + 1
+
+    def best(job_type: str, num_gpus: int) -> float:
+        return max((truth.isolated(job_type, t, num_gpus) for t, n in counts.items()
+                    if n >= num_gpus and truth.has(job_type, t, num_gpus)), default=0.0)
+
+    return best
+
+
 @dataclass(frozen=True)
 class SimPolicy:
     name: str
@@ -82,4 +99,4 @@ def run_policies(
     return out
 
 
-__all__ = ["SIM_POLICIES", "SimPolicy", "make_policy", "parse_cluster", "run_policies"]
+__all__ = ["SIM_POLICIES", "SimPolicy", "best_isolated", "make_policy", "parse_cluster", "run_policies"]
