@@ -50,11 +50,24 @@ def test_simulate_on_gavel_trace_writes_every_policy(gavel_dir, tmp_path, capsys
 def test_simulate_generated_arrivals_on_synthetic_fleet(gavel_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("GOGH_GAVEL_DIR", str(gavel_dir))  # for the Philly duration distribution
     out = tmp_path / "gen.json"
-    rc = main(["simulate", "--trace", "generate:25", "--rate", "20", "--cluster", "h100=2,a100=2,t4=4",
+    rc = main(["simulate", "--trace", "generate:25", "--rate", "20", "--cluster", "h100=8,a100=8,t4=8",
                "--policy", "oracle,random", "--json", str(out)])
     assert rc == 0
     data = json.loads(out.read_text())
     assert data["jobs"] == 25 and set(data["policies"]) == {"oracle", "random"}
+
+
+def test_simulate_announces_jobs_the_fleet_cannot_gang(gavel_dir, tmp_path, monkeypatch):
+    """Too few GPUs of any type for the 4- and 8-GPU gangs: they are dropped, never silently."""
+    import pytest
+
+    monkeypatch.setenv("GOGH_GAVEL_DIR", str(gavel_dir))
+    out = tmp_path / "small.json"
+    with pytest.warns(UserWarning, match=r"dropped \d+ of 25 jobs"):
+        rc = main(["simulate", "--trace", "generate:25", "--rate", "20", "--cluster", "h100=2,a100=2,t4=2",
+                   "--policy", "oracle", "--json", str(out)])
+    assert rc == 0
+    assert json.loads(out.read_text())["jobs"] < 25
 
 
 def test_simulate_rejects_a_cluster_type_the_truth_lacks(gavel_dir, capsys):
