@@ -89,6 +89,11 @@ def scenarios() -> list[Scenario]:
     return out
 
 
+def winner(results: dict, key: str) -> str:
+    """The policy with the lowest value of a summary figure."""
+    return min(SIM_POLICIES, key=lambda name: results[name].summary()[key])
+
+
 def fmt(x: float, digits: int = 3) -> str:
     return f"{x:.{digits}f}"
 
@@ -139,9 +144,6 @@ def main() -> None:
                 f"{fmt(s['avg_queue_s'] / 3600, 2)} | {s['migrations']} | {s['jobs_completed']} | "
                 f"{s['jobs_unfinished']} | "
                 f"{fmt(s['decision_p99_ms'], 1)} |")
-        def winner(results, key):
-            return min(SIM_POLICIES, key=lambda n: results[n].summary()[key])
-
         lines += ["", f"Least energy, GPUs parked: **{winner(parked, 'energy_kwh')}**; always on: "
                   f"**{winner(on, 'energy_kwh')}**; shortest average JCT: **{winner(on, 'avg_jct_s')}**; "
                   f"shortest makespan: **{winner(on, 'makespan_s')}**.",
