@@ -19,9 +19,14 @@ from pathlib import Path
 
 from gogh_flows.sim.engine import SimConfig
 from gogh_flows.sim.plots import plot_comparison
-from gogh_flows.sim.run import SIM_POLICIES, best_isolated, parse_cluster, run_policies
+from gogh_flows.sim.run import (
+    SIM_POLICIES,
+    parse_cluster,
+    prepare_jobs,
+    reference_throughput,
+    run_policies,
+)
 from gogh_flows.sim.traces import (
-    assign_requirements,
     generate_arrivals,
     load_philly_distribution,
     read_trace,
@@ -46,12 +51,12 @@ class Scenario:
 
 
 def _prepare(truth, cluster: str, jobs: list, notes: list[str]) -> list:
-    best = best_isolated(truth, parse_cluster(cluster))
-    keep = [j for j in jobs if best(j.job_type, j.num_gpus) > 0]
-    if len(keep) < len(jobs):
-        notes.append(f"{len(jobs) - len(keep)} jobs dropped: no GPU type of the fleet can run "
-                     "them at their GPU count")
-    return assign_requirements(keep, best, seed=SEED)
+    """Requirements for this fleet; the count of jobs it cannot host goes into the notes."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ready = prepare_jobs(jobs, truth, parse_cluster(cluster), seed=SEED)
+    notes += [str(w.message) for w in caught]
+    return ready
 
 
 def scenarios() -> list[Scenario]:
@@ -64,8 +69,7 @@ def scenarios() -> list[Scenario]:
     dist = load_philly_distribution(data / "traces" / "philly_job_distribution.csv")
     runnable = [j for j in synth.job_types if synth.isolated(j, "v100") > 0]
     gen = generate_arrivals(300, rate_per_hour=0.3, job_types=runnable, distribution=dist, seed=SEED,
-                            throughput_of=lambda jt, g: synth.isolated(jt, "v100", g)
-                            if synth.has(jt, "v100", g) else 0.0)
+                            throughput_of=reference_throughput(synth, "v100"))
     notes: list[str] = []
     out.append(Scenario("synthetic", "(a) Synthetic fleet, 300 generated jobs (Poisson, 0.3/h, "
                         "Philly durations)", synth, cluster, _prepare(synth, cluster, gen, notes), notes))

@@ -17,9 +17,14 @@ import time
 import warnings
 from pathlib import Path
 
-from gogh_flows.sim.run import best_isolated, parse_cluster, run_policies
+from gogh_flows.sim.run import (
+    best_isolated,
+    parse_cluster,
+    prepare_jobs,
+    reference_throughput,
+    run_policies,
+)
 from gogh_flows.sim.traces import (
-    assign_requirements,
     generate_arrivals,
     load_philly_distribution,
     read_trace,
@@ -41,12 +46,13 @@ def main() -> None:
     gpus = parse_cluster(CLUSTER)
     best = best_isolated(truth, gpus)
 
-    def runnable(jobs, notes: list[str]):
-        keep = [j for j in jobs if best(j.job_type, j.num_gpus) > 0]
-        if len(keep) < len(jobs):
-            notes.append(f"dropped {len(jobs) - len(keep)} jobs whose type has no measured "
-                         "throughput at their GPU count")
-        return keep
+    def ready(jobs, notes: list[str]):
+        """Requirements for this fleet; every warning (jobs dropped, and why) becomes a note."""
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = prepare_jobs(jobs, truth, gpus, seed=0)
+        notes += [str(w.message) for w in caught]
+        return out
 
     cases = []
     msr = max(sorted((data / "traces" / "msr").rglob("*.trace")), key=lambda p: p.stat().st_size)
@@ -54,19 +60,17 @@ def main() -> None:
         warnings.simplefilter("always")
         raw = read_trace(msr, max_gpus=8)
     notes = [str(w.message) for w in caught]
-    cases.append((f"MSR trace {msr.name}", runnable(raw, notes), notes))
+    cases.append((f"MSR trace {msr.name}", ready(raw, notes), notes))
     dist = load_philly_distribution(data / "traces" / "philly_job_distribution.csv")
     types_ok = [j for j in truth.job_types if best(j, 1) > 0]
     for n in (int(s) for s in args.sizes.split(",")):
         gen = generate_arrivals(n, rate_per_hour=args.rate, job_types=types_ok, distribution=dist,
-                                seed=0, throughput_of=lambda jt, g: truth.isolated(jt, "v100", g)
-                                if truth.has(jt, "v100", g) else 0.0)
+                                seed=0, throughput_of=reference_throughput(truth, "v100"))
         notes = []
-        cases.append((f"generated {n} jobs ({args.rate:g}/h)", runnable(gen, notes), notes))
+        cases.append((f"generated {n} jobs ({args.rate:g}/h)", ready(gen, notes), notes))
 
     rows = []
     for label, jobs, notes in cases:
-        jobs = assign_requirements(jobs, best, seed=0)
         t0 = time.perf_counter()
         res = run_policies(jobs, gpus, truth, ["oracle"])["oracle"]
         wall = time.perf_counter() - t0

@@ -66,13 +66,6 @@ class FleetState:
                 out.append((g, occ[0]))
         return out
 
-    def full_count(self) -> int:
-        return sum(
-            1 for g in self.problem.gpus
-            if self.occupants[g.id]
-            and (len(self.occupants[g.id]) >= g.capacity or self.occupants[g.id][0].num_gpus > 1)
-        )
-
 
 @dataclass
 class JobOptions:
@@ -168,7 +161,8 @@ def options_for(problem: PlacementProblem, state: FleetState, job: Job,
                 power_w=p_pair - energy.power_alone(t, k_occ.activity),
                 partner=partner.id, partner_throughput=tk,
             ))
-    full = state.full_count()
+    # Every other GPU is occupied and cannot take one more job.
+    full = len(problem.gpus) - sum(len(ids) for ids in free.values()) - len(singles)
     if full:
         rejected[FULL] += full
     return JobOptions(job, choices, rejected, best)

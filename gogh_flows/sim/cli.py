@@ -8,12 +8,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import warnings
 from pathlib import Path
 
-from gogh_flows.sim.run import SIM_POLICIES, best_isolated, parse_cluster, run_policies
+from gogh_flows.sim.run import (
+    SIM_POLICIES,
+    best_isolated,
+    parse_cluster,
+    prepare_jobs,
+    reference_throughput,
+    run_policies,
+)
 from gogh_flows.sim.traces import (
-    assign_requirements,
     generate_arrivals,
     load_philly_distribution,
     read_trace,
@@ -45,38 +50,27 @@ def _truth(spec: str) -> ThroughputTable:
 
 
 def _jobs(args: argparse.Namespace, truth: ThroughputTable, gpus: list):
-    types = sorted({g.gpu_type for g in gpus})
-    best = best_isolated(truth, gpus)
-
     if args.trace.startswith("generate:"):
         try:
             n = int(args.trace.split(":", 1)[1])
         except ValueError:
             raise ValueError(f"--trace generate:N needs an integer N, got {args.trace!r}") from None
         dist = load_philly_distribution(gavel_dir() / "traces" / "philly_job_distribution.csv")
+        best = best_isolated(truth, gpus)
         runnable = [j for j in truth.job_types if best(j, 1) > 0]
-        ref = "v100" if "v100" in truth.gpu_types else types[0]
-
-        def reference(job_type: str, gpus: int) -> float:
-            return truth.isolated(job_type, ref, gpus) if truth.has(job_type, ref, gpus) else 0.0
-
+        ref = "v100" if "v100" in truth.gpu_types else sorted({g.gpu_type for g in gpus})[0]
         jobs = generate_arrivals(n, rate_per_hour=args.rate, job_types=runnable, distribution=dist,
-                                 seed=args.seed, throughput_of=reference)
+                                 seed=args.seed, throughput_of=reference_throughput(truth, ref))
     else:
         jobs = read_trace(args.trace, max_gpus=8)
     unknown = sorted({j.job_type for j in jobs if not truth.knows(j.job_type)})
     if unknown:
         raise ValueError(f"trace job types missing from the truth table: {unknown}")
-    keep = [j for j in jobs if best(j.job_type, j.num_gpus) > 0]
-    if len(keep) < len(jobs):
-        warnings.warn(f"dropped {len(jobs) - len(keep)} of {len(jobs)} jobs that no GPU type of "
-                      "the cluster can run at their GPU count (too few GPUs of a type that "
-                      "can, or no throughput entry)", stacklevel=2)
     try:
         q_low, q_high = (float(x) for x in args.requirement_q.split(","))
     except ValueError:
         raise ValueError(f"--requirement-q must be LOW,HIGH, got {args.requirement_q!r}") from None
-    return assign_requirements(keep, best, seed=args.seed, q_low=q_low, q_high=q_high)
+    return prepare_jobs(jobs, truth, gpus, seed=args.seed, q_low=q_low, q_high=q_high)
 
 
 def _bar(name: str, done: int, total: int) -> None:

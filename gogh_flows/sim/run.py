@@ -7,6 +7,7 @@ seed, in one process, so differences between them are the policies' alone.
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ from gogh_flows.catalog import get_gpu_type
 from gogh_flows.placement import POLICIES, GoghOptimizer, Gpu, get_policy
 from gogh_flows.placement.problem import TableThroughputs, Throughputs
 from gogh_flows.sim.engine import SimConfig, SimJob, SimResult, simulate
+from gogh_flows.sim.traces import assign_requirements
 from gogh_flows.truth.table import ThroughputTable
 
 #: Policies the simulator knows: ``oracle`` is the optimiser planning with the
@@ -59,6 +61,33 @@ def best_isolated(truth: ThroughputTable, gpus: Sequence[Gpu]) -> Callable[[str,
     return best
 
 
+def reference_throughput(truth: ThroughputTable, gpu_type: str) -> Callable[[str, int], float]:
+    """Isolated steps/s of (job type, GPU count) on one type: how Gavel sizes a job's work."""
+
+    def tput(job_type: str, num_gpus: int) -> float:
+        has = truth.has(job_type, gpu_type, num_gpus)
+        return truth.isolated(job_type, gpu_type, num_gpus) if has else 0.0
+
+    return tput
+
+
+def prepare_jobs(jobs: Sequence, truth: ThroughputTable, gpus: Sequence[Gpu], *, seed: int,
+                 q_low: float = 0.2, q_high: float = 0.9) -> list:
+    """Jobs with requirements for this fleet (DESIGN §6).
+
+    A job that no GPU type of the fleet can run at its GPU count (too few GPUs
+    of a type that can, or no throughput entry) could never start: it is
+    dropped with a warning that counts it, never silently.
+    """
+    best = best_isolated(truth, gpus)
+    keep = [j for j in jobs if best(j.job_type, j.num_gpus) > 0]
+    if len(keep) < len(jobs):
+        warnings.warn(f"dropped {len(jobs) - len(keep)} of {len(jobs)} jobs that no GPU type of "
+                      "the cluster can run at their GPU count (too few GPUs of a type that "
+                      "can, or no throughput entry)", stacklevel=2)
+    return assign_requirements(keep, best, seed=seed, q_low=q_low, q_high=q_high)
+
+
 @dataclass(frozen=True)
 class SimPolicy:
     name: str
@@ -99,4 +128,4 @@ def run_policies(
     return out
 
 
-__all__ = ["SIM_POLICIES", "SimPolicy", "best_isolated", "make_policy", "parse_cluster", "run_policies"]
+__all__ = ["SIM_POLICIES", "SimPolicy", "best_isolated", "prepare_jobs", "reference_throughput", "make_policy", "parse_cluster", "run_policies"]
