@@ -10,20 +10,12 @@ from pathlib import Path
 __all__ = ["main"]
 
 
-def _truth(spec: str, gpu_types: list[str] | None = None):
-    from gogh_flows.truth.gavel import read_gavel_json
-    from gogh_flows.truth.synthetic import synthetic_table
-
-    if spec == "synthetic":
-        return synthetic_table(gpu_types)
-    return read_gavel_json(spec)
-
-
 def cmd_bench_placement(args: argparse.Namespace) -> int:
     from gogh_flows.placement.bench import bench_placement
+    from gogh_flows.truth import load_truth
 
     result = bench_placement(
-        _truth(args.truth), gpus=args.gpus, running=args.running, arrivals=args.arrivals,
+        load_truth(args.truth), gpus=args.gpus, running=args.running, arrivals=args.arrivals,
         repeat=args.repeat, seed=args.seed, time_limit_s=args.time_limit,
     )
     text = json.dumps(result, indent=2)

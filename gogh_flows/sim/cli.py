@@ -23,8 +23,8 @@ from gogh_flows.sim.traces import (
     load_philly_distribution,
     read_trace,
 )
-from gogh_flows.truth.gavel import gavel_dir, read_gavel_json
-from gogh_flows.truth.synthetic import synthetic_table
+from gogh_flows.truth import load_truth
+from gogh_flows.truth.gavel import gavel_dir
 from gogh_flows.truth.table import ThroughputTable
 
 
@@ -43,10 +43,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", help="write the figures to this file")
     p.add_argument("--plot", help="write a PNG: energy vs SLA attainment, and JCT CDF")
     p.set_defaults(func=cmd_simulate)
-
-
-def _truth(spec: str) -> ThroughputTable:
-    return synthetic_table() if spec == "synthetic" else read_gavel_json(spec)
 
 
 def _jobs(args: argparse.Namespace, truth: ThroughputTable, gpus: list):
@@ -88,7 +84,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     from gogh_flows.sim.engine import SimConfig
 
-    truth = _truth(args.truth)
+    truth = load_truth(args.truth)
     gpus = parse_cluster(args.cluster, capacity=args.capacity)
     types = sorted({g.gpu_type for g in gpus})
     missing = [t for t in types if t not in truth.gpu_types]
