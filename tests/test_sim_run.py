@@ -1,7 +1,7 @@
 import pytest
 
 from gogh_flows.catalog import UnknownGpuTypeError
-from gogh_flows.sim.run import SIM_POLICIES, parse_cluster, run_policies
+from gogh_flows.sim.run import SIM_POLICIES, make_policy, parse_cluster, run_policies
 from test_sim_engine import _random_stream, _table
 
 
@@ -41,3 +41,53 @@ def test_every_policy_runs_on_the_identical_stream():
 def test_unknown_policy_is_named_before_anything_runs():
     with pytest.raises(ValueError, match="unknown simulation policy 'fastest'"):
         run_policies([], parse_cluster("v100=1"), _table(), ["oracle", "fastest"])
+
+
+def test_interleaved_first_fit_alternates_gpu_types():
+    from gogh_flows.placement import Job, PlacementProblem, get_policy
+    from gogh_flows.placement.baselines import interleaved_order
+
+    gpus = parse_cluster("v100=2,t4=3", capacity=1)
+    order = [g.id for g in interleaved_order(gpus)]
+    assert order == ["v100-0", "t4-0", "v100-1", "t4-1", "t4-2"]
+    assert sorted(order) == sorted(g.id for g in gpus)
+    # On an idle fleet listed V100 first, plain first-fit fills the V100s first; the
+    # interleaved variant takes one GPU of each type in turn.
+    jobs = [Job(f"j{i}", "a", 1.0, 100.0) for i in range(4)]
+    problem = PlacementProblem.build(gpus, jobs, _table())
+    plain = {a.job_id: a.gpus[0] for a in get_policy("first-fit").place(problem).assignments}
+    mixed = {a.job_id: a.gpus[0] for a in get_policy("first-fit-interleaved").place(problem).assignments}
+    assert [plain[f"j{i}"] for i in range(4)] == ["v100-0", "v100-1", "t4-0", "t4-1"]
+    assert [mixed[f"j{i}"] for i in range(4)] == ["v100-0", "t4-0", "v100-1", "t4-1"]
+
+
+def test_rebalancing_follows_each_policy_objective():
+    from gogh_flows.sim.engine import rebalance_objective
+
+    table = _table()
+    expected = {"oracle": "energy", "greedy-fastest": "time", "greedy-efficiency": "energy",
+                "greedy-min-power": None, "first-fit": None, "first-fit-interleaved": None,
+                "random": None}
+    assert set(expected) == set(SIM_POLICIES)
+    for name, objective in expected.items():
+        assert rebalance_objective(make_policy(name, table).policy) == objective, name
+
+
+def test_simulate_cli_knows_the_interleaved_policy_and_rebalance_options(gavel_dir, tmp_path):
+    import json
+
+    from gogh_flows.cli import main
+
+    args = ["simulate", "--truth", str(gavel_dir / "simulation_throughputs.json"),
+            "--trace", str(gavel_dir / "traces" / "physical_cluster" / "small_test.trace"),
+            "--cluster", "v100=2,p100=2,k80=4", "--capacity", "1",
+            "--policy", "greedy-fastest,first-fit-interleaved", "--seed", "1"]
+    on, off = tmp_path / "on.json", tmp_path / "off.json"
+    assert main([*args, "--migration-s", "30", "--rebalance-gain", "0.3", "--json", str(on)]) == 0
+    assert main([*args, "--no-rebalance", "--json", str(off)]) == 0
+    data_on, data_off = json.loads(on.read_text()), json.loads(off.read_text())
+    assert set(data_on["policies"]) == {"greedy-fastest", "first-fit-interleaved"}
+    assert (data_on["rebalance"], data_on["rebalance_gain"], data_on["migration_s"]) == (True, 0.3, 30.0)
+    assert data_off["rebalance"] is False
+    assert all(p["rebalances"] == 0 for p in data_off["policies"].values())
+    assert data_on["policies"]["first-fit-interleaved"]["rebalances"] == 0

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from gogh_flows.placement.baselines import (
     FirstFit,
+    FirstFitInterleaved,
     GreedyEfficiency,
     GreedyFastest,
     GreedyMinPower,
@@ -25,6 +26,7 @@ from gogh_flows.placement.verify import final_occupancy, placement_energy, viola
 POLICIES: dict[str, Callable[..., object]] = {
     "optimizer": GoghOptimizer,
     "first-fit": FirstFit,
+    "first-fit-interleaved": FirstFitInterleaved,
     "random": RandomPolicy,
     "greedy-fastest": GreedyFastest,
     "greedy-min-power": GreedyMinPower,
@@ -45,7 +47,7 @@ def get_policy(name: str, **options: object):
 
 
 __all__ = [
-    "Assignment", "BASELINES", "Choice", "Explanation", "FirstFit", "GoghOptimizer", "Gpu",
+    "Assignment", "BASELINES", "Choice", "Explanation", "FirstFit", "FirstFitInterleaved", "GoghOptimizer", "Gpu",
     "GreedyEfficiency", "GreedyFastest", "GreedyMinPower", "Job", "POLICIES", "Placement",
     "PlacementProblem", "RandomPolicy", "TableThroughputs", "Throughputs", "Waiting",
     "final_occupancy", "get_policy", "placement_energy", "violations",

@@ -5,11 +5,20 @@ memory, capacity and the requirements of the job and its partner) and differ
 only in the rule that picks one:
 
 * ``first-fit``: the first GPU in fleet order that can take the job. It never
-  compares GPU types, so it stands for a heterogeneity-unaware scheduler.
+  compares GPU types, so it stands for a heterogeneity-unaware scheduler; but a
+  fleet listed fastest type first is then filled fastest type first.
+* ``first-fit-interleaved``: first fit over the GPUs with their types
+  interleaved (one GPU of each type in turn), so fleet order says nothing about
+  speed: the fairer heterogeneity-unaware baseline.
 * ``random``: a uniformly random feasible option (seeded).
 * ``greedy-fastest``: the option with the highest predicted throughput.
 * ``greedy-min-power``: the option that adds the least power draw.
 * ``greedy-efficiency``: the least energy per step, on a GPU of its own.
+
+``rebalance_objective`` says what a policy would move a *running* job to a
+freed slot for in the simulator (docs/simulation.md): ``"time"``, ``"energy"``,
+or None (never: first-fit and random do not compare GPU types, and
+greedy-min-power ranks instantaneous power, which weighs no remaining work).
 """
 
 from __future__ import annotations
@@ -17,10 +26,12 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from gogh_flows.placement.options import FleetState, JobOptions, options_for, waiting_reason
-from gogh_flows.placement.problem import PlacementProblem
+from gogh_flows.placement.problem import Gpu, PlacementProblem
 from gogh_flows.placement.result import Assignment, Choice, Explanation, Placement, Waiting
 
 
@@ -44,6 +55,7 @@ class SequentialPolicy:
     """Places arriving jobs in order, each with :meth:`choose`, updating occupancy."""
 
     name: str = "sequential"
+    rebalance_objective: ClassVar[str | None] = None
 
     def choose(self, opts: JobOptions, problem: PlacementProblem) -> Choice | None:
         raise NotImplementedError
@@ -74,13 +86,42 @@ class SequentialPolicy:
         )
 
 
+def interleaved_order(gpus: Sequence[Gpu]) -> list[Gpu]:
+    """The GPUs with their types interleaved: the first of each type, then the second, ...
+
+    Types take turns in the order they first appear in the fleet; a type that runs
+    out drops from the rotation, and GPUs of one type keep their fleet order.
+    """
+    by_type: dict[str, list[Gpu]] = {}
+    for g in gpus:
+        by_type.setdefault(g.gpu_type, []).append(g)
+    out: list[Gpu] = []
+    for i in range(max((len(v) for v in by_type.values()), default=0)):
+        out += [v[i] for v in by_type.values() if i < len(v)]
+    return out
+
+
 @dataclass
 class FirstFit(SequentialPolicy):
     name: str = "first-fit"
+    _order: tuple = field(default=((), {}), init=False, repr=False, compare=False)
+
+    def gpu_order(self, gpus: Sequence[Gpu]) -> Sequence[Gpu]:
+        return gpus
 
     def choose(self, opts: JobOptions, problem: PlacementProblem) -> Choice | None:
-        order = {g.id: i for i, g in enumerate(problem.gpus)}
+        if self._order[0] is not problem.gpus:  # one ranking per decision, not per job
+            self._order = (problem.gpus, {g.id: i for i, g in enumerate(self.gpu_order(problem.gpus))})
+        order = self._order[1]
         return min(opts.choices, key=lambda c: order[c.gpus[0]])
+
+
+@dataclass
+class FirstFitInterleaved(FirstFit):
+    name: str = "first-fit-interleaved"
+
+    def gpu_order(self, gpus: Sequence[Gpu]) -> Sequence[Gpu]:
+        return interleaved_order(gpus)
 
 
 @dataclass
@@ -99,6 +140,7 @@ class RandomPolicy(SequentialPolicy):
 @dataclass
 class GreedyFastest(SequentialPolicy):
     name: str = "greedy-fastest"
+    rebalance_objective: ClassVar[str | None] = "time"
 
     def choose(self, opts: JobOptions, problem: PlacementProblem) -> Choice | None:
         return min(opts.choices, key=lambda c: (-c.throughput, c.energy_j))
@@ -115,6 +157,7 @@ class GreedyMinPower(SequentialPolicy):
 @dataclass
 class GreedyEfficiency(SequentialPolicy):
     name: str = "greedy-efficiency"
+    rebalance_objective: ClassVar[str | None] = "energy"
 
     def choose(self, opts: JobOptions, problem: PlacementProblem) -> Choice | None:
         alone = [c for c in opts.choices if c.partner is None]
@@ -122,6 +165,6 @@ class GreedyEfficiency(SequentialPolicy):
 
 
 __all__ = [
-    "FirstFit", "GreedyEfficiency", "GreedyFastest", "GreedyMinPower", "RandomPolicy",
-    "SequentialPolicy", "explain",
+    "FirstFit", "FirstFitInterleaved", "GreedyEfficiency", "GreedyFastest", "GreedyMinPower", "RandomPolicy",
+    "SequentialPolicy", "explain", "interleaved_order",
 ]

@@ -33,13 +33,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--truth", default="synthetic", help="'synthetic' or a Gavel throughput JSON")
     p.add_argument("--trace", required=True, help="a .trace file, or generate:N for N Poisson arrivals")
     p.add_argument("--cluster", required=True, help="e.g. v100=8,p100=16,k80=24")
-    p.add_argument("--policy", default=",".join(SIM_POLICIES), help="comma-separated policy names")
+    p.add_argument("--policy", default=",".join(SIM_POLICIES),
+                   help=f"comma-separated policy names, from: {', '.join(SIM_POLICIES)}")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rate", type=float, default=6.0, help="arrivals per hour for generate:N")
     p.add_argument("--noise", type=float, default=0.0, help="log-normal sigma on true throughputs")
     p.add_argument("--capacity", type=int, default=2, help="jobs per GPU: 1 exclusive, 2 pairs may share")
     p.add_argument("--requirement-q", default="0.2,0.9",
                    help="LOW,HIGH: requirement = q * best isolated throughput, q ~ U(LOW, HIGH)")
+    p.add_argument("--no-rebalance", action="store_true",
+                   help="never move a running job to a freed, clearly better GPU")
+    p.add_argument("--rebalance-gain", type=float, default=0.2,
+                   help="a move must cut the job's predicted remaining time (or energy) by this fraction")
+    p.add_argument("--migration-s", type=float, default=60.0,
+                   help="seconds without progress after a running job moves")
     p.add_argument("--json", help="write the figures to this file")
     p.add_argument("--plot", help="write a PNG: energy vs SLA attainment, and JCT CDF")
     p.set_defaults(func=cmd_simulate)
@@ -93,11 +100,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                          f"({truth.source}); it covers {list(truth.gpu_types)}")
     names = [n.strip() for n in args.policy.split(",") if n.strip()]
     jobs = _jobs(args, truth, gpus)
-    results = run_policies(jobs, gpus, truth, names,
-                           config=SimConfig(seed=args.seed, noise=args.noise), progress=_bar)
+    config = SimConfig(seed=args.seed, noise=args.noise, rebalance=not args.no_rebalance,
+                       rebalance_gain=args.rebalance_gain, migration_s=args.migration_s)
+    results = run_policies(jobs, gpus, truth, names, config=config, progress=_bar)
     figures = {"policies": {name: r.summary() for name, r in results.items()},
                "jobs": len(jobs), "gpus": len(gpus), "seed": args.seed,
-               "truth": truth.source, "trace": args.trace, "cluster": args.cluster}
+               "truth": truth.source, "trace": args.trace, "cluster": args.cluster,
+               "capacity": args.capacity, "requirement_q": args.requirement_q,
+               "noise": args.noise, "rebalance": not args.no_rebalance,
+               "rebalance_gain": args.rebalance_gain, "migration_s": args.migration_s}
     table = pl.DataFrame([{"policy": n, **s} for n, s in figures["policies"].items()])
     with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=200, float_precision=3,
                    tbl_hide_dataframe_shape=True):

@@ -9,14 +9,22 @@ The policy plans with its own view of throughputs (``oracle`` = the truth
 table); jobs progress at the *true* rates, with seeded measurement noise, so a
 policy that mispredicts pays for it in energy and requirement misses.
 
+Re-placement of running jobs (docs/simulation.md): a job observed below its
+requirement is evicted and re-placed; and when GPUs free up, a running job of a
+heterogeneity-aware policy moves to an empty GPU when that is *clearly better*
+for the policy's own objective (remaining time or remaining energy, migration
+included). Waiting jobs always get free GPUs first.
+
 Metrics (see ``SimResult``): energy integrates every GPU's power over time,
 idle GPUs included (or parked at 0 W); SLA attainment is the fraction of
-running job-time at or above the job's requirement (queueing is reported
-separately as ``avg_queue_s``); JCT is completion minus arrival.
+running job-time at or above the job's requirement (queueing and the restarts
+after migrations are reported separately, as ``avg_queue_s`` and
+``restart_h``); JCT is completion minus arrival.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 import zlib
@@ -26,7 +34,8 @@ from typing import Protocol
 
 import numpy as np
 
-from gogh_flows.energy import EnergyModel, kwh
+from gogh_flows.energy import EnergyModel, Occupant, kwh
+from gogh_flows.placement.optimizer import GoghOptimizer
 from gogh_flows.placement.problem import Gpu, Job, PlacementProblem, TableThroughputs, Throughputs
 from gogh_flows.truth.table import ThroughputTable
 
@@ -64,10 +73,22 @@ class SimConfig:
     # A decision looks at this many queued jobs at a time (FIFO chunks, until a chunk places
     # nothing), so a long backlog costs linear time rather than one huge solve.
     decision_window: int = 64
+    # "Clearly better slot": when GPUs free up, a running job moves to empty GPUs if that cuts
+    # its predicted remaining time (speed-seeking policies) or remaining energy (energy-
+    # minimising ones) by at least ``rebalance_gain``, the migration's ``migration_s``
+    # included. At most ``rebalance_candidates`` running jobs are weighed per empty GPU.
+    rebalance: bool = True
+    rebalance_gain: float = 0.2
+    rebalance_candidates: int = 4
 
     def __post_init__(self) -> None:
         if self.decision_window < 1:
             raise ValueError(f"decision_window must be >= 1 job, got {self.decision_window!r}")
+        if not 0 <= self.rebalance_gain < 1:
+            raise ValueError(f"rebalance_gain must be a fraction in [0, 1), got {self.rebalance_gain!r}")
+        if self.rebalance_candidates < 1:
+            raise ValueError(
+                f"rebalance_candidates must be >= 1 job per free GPU, got {self.rebalance_candidates!r}")
         for name in ("observe_after_s", "migration_s"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0 seconds, got {getattr(self, name)!r}")
@@ -86,10 +107,12 @@ class _Running:
     rate: float = 0.0
     placed_s: float = 0.0
     ok_s: float = 0.0  # running time at or above the requirement
-    run_s: float = 0.0
+    run_s: float = 0.0  # time on GPUs, restarts after a migration excluded
+    restart_s: float = 0.0  # time restarting after migrations (no progress)
     done: float = 0.0  # steps done
     paused_until: float = 0.0  # migration restart: no progress before this time
     observe_at: float = math.inf  # next monitoring observation
+    slot_s: float = 0.0  # when it landed on its current GPUs
 
 
 @dataclass
@@ -102,6 +125,7 @@ class JobRecord:
     gpu_type: str | None = None
     ok_s: float = 0.0
     run_s: float = 0.0
+    restart_s: float = 0.0
     steps_done: float = 0.0
 
 
@@ -112,12 +136,14 @@ class SimResult:
     jobs: dict[str, JobRecord]
     decision_ms: list[float]
     power_trace: list[tuple[float, float, float]]  # (start s, end s, fleet watts)
-    migrations: int = 0
+    migrations: int = 0  # every move of a running job: below requirement, or rebalanced
     end_s: float = 0.0
     unfinished: list[str] = field(default_factory=list)
     # (time s, busy GPUs per type) after every event that changed occupancy
     occupancy: list[tuple[float, dict[str, int]]] = field(default_factory=list)
     fleet: dict[str, int] = field(default_factory=dict)  # GPUs per type
+    rebalances: int = 0  # the migrations that moved a job to a clearly better free slot
+    rebalance_ms: list[float] = field(default_factory=list)  # time of each rebalancing pass
 
     def summary(self) -> dict[str, float | int]:
         done = [r for r in self.jobs.values() if r.finished_s is not None]
@@ -132,10 +158,13 @@ class SimResult:
             "makespan_s": (max(r.finished_s for r in done) - min(arrivals)) if done else math.nan,
             "avg_queue_s": float(np.mean([r.placed_s - r.arrival_s for r in placed])) if placed else math.nan,
             "migrations": self.migrations,
+            "rebalances": self.rebalances,
+            "restart_h": sum(r.restart_s for r in self.jobs.values()) / 3600,
             "jobs_completed": len(done),
             "jobs_unfinished": len(self.unfinished),
             "decision_p50_ms": float(np.percentile(self.decision_ms, 50)) if self.decision_ms else 0.0,
             "decision_p99_ms": float(np.percentile(self.decision_ms, 99)) if self.decision_ms else 0.0,
+            "rebalance_p99_ms": float(np.percentile(self.rebalance_ms, 99)) if self.rebalance_ms else 0.0,
         }
 
 
@@ -176,6 +205,9 @@ class ObservedThroughputs:
 
     def observe(self, job: Job, gpu_type: str, partner: Job | None, rate: float) -> None:
         self.seen[(job.id, gpu_type, partner.job_type if partner else None)] = rate
+        forward = getattr(self.base, "observe", None)
+        if forward is not None:  # a learned predictor refines itself from what was measured
+            forward(job, gpu_type, partner, rate)
 
     def isolated(self, job: Job, gpu_type: str) -> float:
         hit = self.seen.get((job.id, gpu_type, None))
@@ -205,10 +237,25 @@ def simulate(
     config: SimConfig | None = None,
     energy: EnergyModel | None = None,
     progress: Callable[[int, int], None] | None = None,
+    rebalance_by: str | None = "auto",
 ) -> SimResult:
-    """Run ``policy`` on the job stream; ``planning`` is what it predicts with (default: truth)."""
+    """Run ``policy`` on the job stream; ``planning`` is what it predicts with (default: truth).
+
+    ``rebalance_by`` is the objective by which running jobs move to clearly better
+    free slots: ``"time"``, ``"energy"``, ``None`` (never), or ``"auto"``: the
+    policy's own (:func:`rebalance_objective`).
+    """
     energy = energy or EnergyModel()
     config = config or SimConfig()
+    objective = rebalance_objective(policy) if rebalance_by == "auto" else rebalance_by
+    if objective not in REBALANCE_OBJECTIVES:
+        raise ValueError(f"rebalance_by must be 'auto', 'time', 'energy' or None, got {rebalance_by!r}")
+    if not config.rebalance:
+        objective = None
+    # What a move changes in the fleet's energy: with GPUs always on, the idle draw of the
+    # GPUs it leaves and takes is paid either way, so only dynamic power counts.
+    move_energy = EnergyModel(count_idle=energy.count_idle and config.park_idle,
+                              gpu_types=energy.gpu_types)
     rates = TrueRates(truth, config.noise, config.seed)
     planning = ObservedThroughputs(planning or rates.view)
     by_id = {g.id: g for g in gpus}
@@ -223,7 +270,9 @@ def simulate(
     occupants: dict[str, list[_Running]] = {g.id: [] for g in gpus}
     running: dict[str, _Running] = {}
     queue: list[SimJob | _Running] = []  # arrivals, and evicted jobs waiting to be re-placed
-    migrations = 0
+    migrations = rebalanced = 0
+    rebalance_ms: list[float] = []
+    fleet_index = {g.id: i for i, g in enumerate(gpus)}
     power = {g.id: _gpu_power(energy, by_id[g.id], [], rates, config) for g in gpus}
     trace: list[tuple[float, float, float]] = []
     decision_ms: list[float] = []
@@ -252,24 +301,29 @@ def simulate(
             trace.append((now, t_next, watts))
             total_j += watts * dt
             for r in running.values():
-                rate = 0.0 if r.paused_until > now else r.rate
-                r.remaining -= rate * dt
-                r.done += rate * dt
+                if r.paused_until > now:  # restarting after a migration: no progress
+                    r.restart_s += dt
+                    continue
+                r.remaining -= r.rate * dt
+                r.done += r.rate * dt
                 r.run_s += dt
-                if rate >= r.job.required_throughput * (1 - 1e-9):
+                if r.rate >= r.job.required_throughput * (1 - 1e-9):
                     r.ok_s += dt
         now = t_next
         if now >= config.horizon_s:
             break
         changed: set[str] = set()
+        vacated = False  # a completion or an eviction left GPUs to other jobs
         for r in [r for r in running.values() if r.remaining <= _EPS_STEPS * max(1.0, r.spec.total_steps)]:
             rec = records[r.job.id]
             rec.finished_s, rec.ok_s, rec.run_s, rec.steps_done = now, r.ok_s, r.run_s, r.done
+            rec.restart_s = r.restart_s
             del running[r.job.id]
             for gid in r.gpus:
                 occupants[gid].remove(r)
                 changed.add(gid)
             done_count += 1
+            vacated = True
         for r in [r for r in running.values() if r.observe_at <= now]:
             r.observe_at = math.inf
             gpu_type = by_id[r.gpus[0]].gpu_type
@@ -281,23 +335,35 @@ def simulate(
                     occupants[gid].remove(r)
                     changed.add(gid)
                 queue.insert(0, r)
+                vacated = True
         arrived = False
         while nxt < len(pending) and pending[nxt].arrival_s <= now:
             queue.append(pending[nxt])
             nxt += 1
             arrived = True
         if queue and (arrived or changed):
-            start = 0
-            while start < len(queue):
-                before = len(queue)
-                moved, placed_on = _decide(policy, planning, energy, gpus, running, occupants,
-                                           queue, records, now, decision_ms, config.migration_s,
-                                           start, config.decision_window)
-                migrations += moved
-                changed |= placed_on
-                if len(queue) == before:
-                    break  # this chunk placed nothing: the fleet is full for now
-                start += config.decision_window - (before - len(queue))
+            moved, placed_on = _serve_queue(policy, planning, energy, gpus, running, occupants,
+                                            queue, records, now, decision_ms, config)
+            migrations += moved
+            changed |= placed_on
+        freed = [gid for gid in changed if not occupants[gid]] if vacated else []
+        if objective is not None and freed:
+            t0 = time.perf_counter()
+            moves, touched, weighed = _rebalance(objective, planning, move_energy, gpus, by_id,
+                                                 fleet_index, occupants, running, queue, records,
+                                                 now, config, len(freed))
+            if weighed:
+                rebalance_ms.append((time.perf_counter() - t0) * 1e3)
+            if moves:
+                migrations += moves
+                rebalanced += moves
+                changed |= touched
+                if queue:  # GPUs the moved jobs left go to waiting jobs first
+                    moved, placed_on = _serve_queue(policy, planning, energy, gpus, running,
+                                                    occupants, queue, records, now, decision_ms,
+                                                    config)
+                    migrations += moved
+                    changed |= placed_on
         for gid in changed:
             _update_rates(by_id[gid], occupants[gid], rates)
             if config.replace_below_requirement:
@@ -316,10 +382,27 @@ def simulate(
     # Horizon reached or nothing left that can run: keep what was measured.
     for r in [*running.values(), *(q for q in queue if isinstance(q, _Running))]:
         rec = records[r.job.id]
-        rec.ok_s, rec.run_s, rec.steps_done = r.ok_s, r.run_s, r.done
+        rec.ok_s, rec.run_s, rec.steps_done, rec.restart_s = r.ok_s, r.run_s, r.done, r.restart_s
     unfinished = [s.id for s in pending if records[s.id].finished_s is None]
     return SimResult(policy.name, total_j, records, decision_ms, trace, migrations, now,
-                     unfinished, occupancy, fleet)
+                     unfinished, occupancy, fleet, rebalanced, rebalance_ms)
+
+
+def _serve_queue(policy, planning, energy, gpus, running, occupants, queue, records, now,
+                 decision_ms, config: SimConfig) -> tuple[int, set[str]]:
+    """Decide on the queue in FIFO chunks until a chunk places nothing."""
+    moved, changed = 0, set()
+    start = 0
+    while start < len(queue):
+        before = len(queue)
+        m, placed_on = _decide(policy, planning, energy, gpus, running, occupants, queue, records,
+                               now, decision_ms, config.migration_s, start, config.decision_window)
+        moved += m
+        changed |= placed_on
+        if len(queue) == before:
+            break  # this chunk placed nothing: the fleet is full for now
+        start += config.decision_window - (before - len(queue))
+    return moved, changed
 
 
 def _decide(policy, planning, energy, gpus, running, occupants, queue, records, now,
@@ -353,9 +436,10 @@ def _decide(policy, planning, energy, gpus, running, occupants, queue, records, 
             if set(a.gpus) != set(r.gpus):
                 r.paused_until = now + migration_s
                 moved += 1
-            r.gpus = a.gpus
+            r.gpus, r.slot_s = a.gpus, now
         else:
-            r = _Running(placed_job[a.job_id], item, a.gpus, float(item.total_steps), placed_s=now)
+            r = _Running(placed_job[a.job_id], item, a.gpus, float(item.total_steps), placed_s=now,
+                         slot_s=now)
             records[a.job_id].placed_s = now
         running[a.job_id] = r
         for gid in a.gpus:
@@ -365,6 +449,148 @@ def _decide(policy, planning, energy, gpus, running, occupants, queue, records, 
     placed = {a.job_id for a in placement.assignments}
     queue[:] = [q for q in queue if (q.job.id if isinstance(q, _Running) else q.id) not in placed]
     return moved, changed
+
+
+REBALANCE_OBJECTIVES = (None, "time", "energy")
+_UNDECLARED = object()
+
+
+def rebalance_objective(policy: Policy) -> str | None:
+    """What ``policy`` moves a running job to a free slot for: ``"time"``, ``"energy"`` or None.
+
+    A policy declares it with a ``rebalance_objective`` attribute (the baselines
+    do); the GOGH optimiser minimises energy. None means never: a
+    heterogeneity-unaware policy has no reason to prefer another GPU type.
+    """
+    declared = getattr(policy, "rebalance_objective", _UNDECLARED)
+    if declared is not _UNDECLARED:
+        return declared
+    return "energy" if isinstance(policy, GoghOptimizer) else None
+
+
+def _queued_job(q: SimJob | _Running) -> Job:
+    if isinstance(q, _Running):
+        return q.job
+    return Job(q.id, q.job_type, float(q.required_throughput), float(q.total_steps), q.num_gpus)
+
+
+def _partner(r: _Running, occupants: dict[str, list[_Running]]) -> _Running | None:
+    others = [o for o in occupants[r.gpus[0]] if o is not r]
+    return others[0] if others else None
+
+
+def _cost_here(objective: str, planning: Throughputs, energy: EnergyModel, r: _Running,
+               gpu_type: str, partner: _Running | None) -> float:
+    """The job's predicted remaining time (s) or energy (J) where it runs now."""
+    job, work = r.job, max(r.remaining, 0.0)
+    if partner is None:
+        rate = planning.isolated(job, gpu_type)
+        if not rate > 0:
+            return math.inf
+        if objective == "time":
+            return work / rate
+        return energy.energy_alone(gpu_type, Occupant(work, rate, planning.activity(job, gpu_type)),
+                                   num_gpus=job.num_gpus)
+    own, other = planning.pair(job, partner.job, gpu_type)
+    if not (own > 0 and other > 0):
+        return math.inf
+    if objective == "time":
+        return work / own
+    # As the optimiser costs a join: what the pair uses beyond the partner alone.
+    iso_j = max(planning.isolated(job, gpu_type), own)
+    iso_k = max(planning.isolated(partner.job, gpu_type), other)
+    act_j, act_k = planning.activity(job, gpu_type), planning.activity(partner.job, gpu_type)
+    work_k = max(partner.remaining, 0.0)
+    pair = energy.energy_pair(gpu_type, Occupant(work, iso_j, act_j, own),
+                              Occupant(work_k, iso_k, act_k, other))
+    return pair - energy.energy_alone(gpu_type, Occupant(work_k, iso_k, act_k))
+
+
+def _cost_moved(objective: str, planning: Throughputs, energy: EnergyModel, r: _Running,
+                gpu_type: str, migration_s: float) -> float:
+    """Predicted remaining time or energy alone on empty GPUs of ``gpu_type``, restart included."""
+    job, work = r.job, max(r.remaining, 0.0)
+    rate = planning.isolated(job, gpu_type)
+    if not rate > 0 or rate < job.required_throughput:
+        return math.inf
+    if objective == "time":
+        return migration_s + work / rate
+    # The restart draws the new GPUs' busy power for migration_s, as in the simulation.
+    occ = Occupant(work + migration_s * rate, rate, planning.activity(job, gpu_type))
+    return energy.energy_alone(gpu_type, occ, num_gpus=job.num_gpus)
+
+
+def _rebalance(objective, planning, energy, gpus, by_id, fleet_index, occupants, running, queue,
+               records, now, config: SimConfig, freed: int) -> tuple[int, set[str], bool]:
+    """Move running jobs to empty GPUs that are clearly better for ``objective``.
+
+    ``freed``: GPUs this event emptied that are still free after the queue was
+    served; at most ``config.rebalance_candidates`` jobs are weighed per such GPU.
+
+    Returns (moves, GPUs whose occupants changed, whether any job was weighed).
+    Deterministic: candidates in order of remaining time at their measured rate
+    (longest first, then job id), free GPUs in fleet order.
+    """
+    free: dict[str, list[str]] = {}
+    count: dict[str, int] = {}
+    for g in gpus:
+        count[g.gpu_type] = count.get(g.gpu_type, 0) + 1
+        if not occupants[g.id]:
+            free.setdefault(g.gpu_type, []).append(g.id)
+    # Waiting jobs first: a GPU type a job at the head of the queue could run on stays
+    # free for it (a gang waiting for enough GPUs of one type is not overtaken).
+    for q in queue[:config.decision_window]:
+        job = _queued_job(q)
+        for t in [t for t in free if count[t] >= job.num_gpus]:
+            if planning.isolated(job, t) >= job.required_throughput:
+                del free[t]
+        if not free:
+            break
+    n_free = sum(len(ids) for ids in free.values())
+    if not n_free:
+        return 0, set(), False
+    # Candidates: the longest remaining time at the rate the job is measured running at (what
+    # monitoring reports), skipping jobs restarting after a move or placed at this very event.
+    # One pass over the running jobs, no predictions: the predictions are for candidates only.
+    keyed = [(-(r.remaining / r.rate) if r.rate > 0 else -math.inf, r.job.id, r)
+             for r in running.values() if r.paused_until <= now and r.slot_s < now]
+    if not keyed:
+        return 0, set(), False
+    candidates = heapq.nsmallest(config.rebalance_candidates * min(freed, n_free), keyed,
+                                 key=lambda x: (x[0], x[1]))
+    keep = 1.0 - config.rebalance_gain
+    moves, touched = 0, set()
+    for _, _, r in candidates:
+        n = r.job.num_gpus
+        here = by_id[r.gpus[0]].gpu_type
+        partner = _partner(r, occupants)
+        cost_here = _cost_here(objective, planning, energy, r, here, partner)
+        best: tuple[float, str] | None = None
+        for t, ids in free.items():
+            if len(ids) < n or (t == here and partner is None):
+                continue  # the same type alone again gains nothing
+            cost = _cost_moved(objective, planning, energy, r, t, config.migration_s)
+            if cost <= keep * cost_here and (best is None or cost < best[0]):
+                best = (cost, t)
+        if best is None:
+            continue
+        t = best[1]
+        old, new = r.gpus, tuple(free[t][:n])
+        del free[t][:n]
+        for gid in old:
+            occupants[gid].remove(r)
+            touched.add(gid)
+        for gid in new:
+            occupants[gid].append(r)
+            touched.add(gid)
+        r.gpus, r.slot_s, r.paused_until = new, now, now + config.migration_s
+        records[r.job.id].gpu_type = t
+        moves += 1
+        if not queue:  # with jobs waiting, what a move leaves is theirs (served next)
+            left = [gid for gid in old if not occupants[gid]]
+            if left:
+                free[here] = sorted([*free.get(here, []), *left], key=fleet_index.__getitem__)
+    return moves, touched, True
 
 
 def _update_rates(gpu: Gpu, occ: list[_Running], rates: TrueRates) -> None:
@@ -390,4 +616,7 @@ def _gpu_power(energy: EnergyModel, gpu: Gpu, occ: list[_Running], rates: TrueRa
     return energy.power_shared(gpu.gpu_type, (loads[0], loads[1]))
 
 
-__all__ = ["JobRecord", "ObservedThroughputs", "SimConfig", "SimJob", "SimResult", "TrueRates", "simulate"]
+__all__ = [
+    "REBALANCE_OBJECTIVES", "JobRecord", "ObservedThroughputs", "SimConfig", "SimJob", "SimResult",
+    "TrueRates", "rebalance_objective", "simulate",
+]

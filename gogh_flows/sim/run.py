@@ -20,7 +20,8 @@ from gogh_flows.truth.table import ThroughputTable
 
 #: Policies the simulator knows: ``oracle`` is the optimiser planning with the
 #: true throughputs (the reference); the others are the placement baselines.
-SIM_POLICIES = ("oracle", "greedy-fastest", "greedy-min-power", "greedy-efficiency", "first-fit", "random")
+SIM_POLICIES = ("oracle", "greedy-fastest", "greedy-min-power", "greedy-efficiency", "first-fit",
+                "first-fit-interleaved", "random")
 
 
 def parse_cluster(spec: str, capacity: int = 2) -> list[Gpu]:
