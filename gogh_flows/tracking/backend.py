@@ -1,0 +1,118 @@
+"""Talking to an MLflow backend: reachability, experiments, artifact locations.
+
+MLflow's HTTP client retries a dead server with exponential back-off for minutes before it
+gives up, and a SQLite URI in a missing folder fails with an opaque SQLAlchemy message. Both
+are bad at the moment a flow run finishes, so we probe first (one short HTTP request, or a
+look at the file system) and fail fast with a message that says what to do.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from pathlib import Path
+from urllib.parse import urlparse
+
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from gogh_flows.tracking.errors import TrackingUnavailableError
+
+START_HINT = (
+    "start one with `mlflow server --host 127.0.0.1 --port 5000 "
+    "--backend-store-uri sqlite:///mlflow.db --artifacts-destination ./mlartifacts` "
+    "and point gogh at http://127.0.0.1:5000, or use a local store such as sqlite:///path/to/mlflow.db"
+)
+
+
+def is_http(uri: str) -> bool:
+    return urlparse(uri).scheme in {"http", "https"}
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a `sqlite:///...` URI (None for other schemes or in-memory)."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    path = uri[len("sqlite:///"):]
+    if not path or path == ":memory:":
+        return None
+    # sqlite:////abs/path keeps its leading slash after the prefix; sqlite:///rel/path is relative.
+    return Path(path)
+
+
+def check_reachable(uri: str, *, timeout: float = 3.0) -> None:
+    """Raise TrackingUnavailableError unless the backend behind `uri` can be used now.
+
+    For HTTP(S) servers this is one GET of /health; for SQLite it makes sure the folder of
+    the database exists (creating it, as MLflow would create the file itself).
+    """
+    if is_http(uri):
+        url = uri.rstrip("/") + "/health"
+        try:
+            with urllib.request.urlopen(url, timeout=timeout) as resp:  # noqa: S310 (http(s) only)
+                if resp.status != 200:
+                    raise TrackingUnavailableError(
+                        f"MLflow tracking server at {uri} answered /health with HTTP {resp.status}; {START_HINT}"
+                    )
+        except TrackingUnavailableError:
+            raise
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise TrackingUnavailableError(
+                f"MLflow tracking server at {uri} is unreachable ({reason}); {START_HINT}"
+            ) from exc
+        return
+    db = sqlite_path(uri)
+    if db is not None:
+        try:
+            db.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise TrackingUnavailableError(
+                f"cannot create the folder {db.parent} for the MLflow database of {uri} ({exc}); {START_HINT}"
+            ) from exc
+
+
+def default_artifact_location(tracking_uri: str, experiment: str) -> str | None:
+    """Where a new experiment keeps its artifacts when the caller does not say.
+
+    For a SQLite store we keep artifacts next to the database (`<db folder>/mlartifacts/`),
+    because MLflow's own default is `./mlruns` relative to whatever the current directory
+    happens to be. For a server we return None: the server decides (and may proxy them).
+    """
+    db = sqlite_path(tracking_uri)
+    if db is None:
+        return None
+    return (db.parent.resolve() / "mlartifacts" / experiment).as_uri()
+
+
+def get_or_create_experiment(client: MlflowClient, name: str, artifact_location: str | None) -> str:
+    """Experiment id of `name`, creating it once (safe when several processes race)."""
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            raise MlflowException(
+                f"MLflow experiment {name!r} exists but is deleted; restore it "
+                f"(`mlflow experiments restore --experiment-id {exp.experiment_id}`) or remove it for good "
+                "(`mlflow gc`) so gogh can recreate it"
+            )
+        return exp.experiment_id
+    try:
+        return client.create_experiment(name, artifact_location=artifact_location)
+    except MlflowException as exc:
+        if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+        exp = client.get_experiment_by_name(name)
+        if exp is None:  # pragma: no cover - vanished between the two calls
+            raise
+        return exp.experiment_id
+
+
+def as_uri(location: str | Path | None) -> str | None:
+    """Accept a path or a URI for an artifact location; MLflow wants a URI."""
+    if location is None:
+        return None
+    text = str(location)
+    scheme = urlparse(text).scheme
+    if isinstance(location, Path) or len(scheme) <= 1:  # a path (a one-letter scheme is a Windows drive)
+        return Path(location).resolve().as_uri()
+    return text

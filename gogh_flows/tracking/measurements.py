@@ -1,0 +1,405 @@
+"""Measurements of placed flow runs: a local parquet table first, MLflow second, nothing lost.
+
+Every measurement is what the refiner (P2) learns from, so losing one silently would bias
+retraining toward whatever happened to be logged. Hence the order of writes:
+
+1. the parquet table under `root` (the source of truth for retraining): rewritten as a
+   whole into a temporary file and renamed over the old one, under an inter-process file
+   lock, so a crash leaves the old or the new table (never half of one) and concurrent
+   writers (threads or processes) never drop each other's rows;
+2. one MLflow run (for people: UI, comparison, search). If MLflow fails for any reason the
+   measurement is written as JSON into `root/spool/` and retried by `flush_spool`.
+
+Each measurement has a key, `run_id:gpu_id`, stored in the table and as an MLflow tag; it
+makes logging and flushing idempotent, so a retried hook never produces duplicates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from filelock import FileLock
+from mlflow import MlflowClient
+from mlflow.entities import Metric, Param, RunTag
+
+from gogh_flows.tracking.backend import (
+    as_uri,
+    check_reachable,
+    default_artifact_location,
+    get_or_create_experiment,
+)
+
+log = logging.getLogger(__name__)
+
+MEASUREMENTS_EXPERIMENT = "gogh-measurements"
+TABLE_NAME = "measurements.parquet"
+SPOOL_DIR = "spool"
+STATUSES = ("completed", "failed")
+TELEMETRY = ("nvml", "emulated")
+KEY_TAG = "gogh.measurement_key"
+COMPLETE_TAG = "gogh.logged"  # set in the same batch as the metrics: marks a whole run
+_LOCK_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One flow run on one GPU, as measured (a gang run spanning GPUs gives one per GPU)."""
+
+    run_id: str  # the Prefect flow run id
+    flow_name: str
+    job_type: str
+    family: str | None
+    batch_size: int | None
+    gpu_id: str
+    gpu_type: str
+    device: str
+    partners: tuple[str, ...]  # job types co-located on the GPU during the run
+    required_throughput: float
+    predicted_throughput: float | None
+    steps: float
+    duration_s: float
+    throughput: float
+    mean_power_w: float | None
+    energy_j: float | None
+    status: str  # "completed" | "failed"
+    telemetry: str  # "nvml" | "emulated"
+    started_at: float  # epoch seconds
+    flow_run_url: str | None = None
+    extra: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        for name in ("run_id", "flow_name", "job_type", "gpu_id", "gpu_type", "device"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"Measurement.{name} must be a non-empty string, got {value!r}")
+        if self.status not in STATUSES:
+            raise ValueError(f"Measurement.status must be one of {STATUSES}, got {self.status!r}")
+        if self.telemetry not in TELEMETRY:
+            raise ValueError(f"Measurement.telemetry must be one of {TELEMETRY}, got {self.telemetry!r}")
+        if isinstance(self.partners, str):
+            raise ValueError(f"Measurement.partners must be a sequence of job types, got the string {self.partners!r}")
+        object.__setattr__(self, "partners", tuple(str(p) for p in self.partners))
+        object.__setattr__(self, "extra", {str(k): str(v) for k, v in dict(self.extra or {}).items()})
+        if self.batch_size is not None and (not isinstance(self.batch_size, int) or self.batch_size < 1):
+            raise ValueError(f"Measurement.batch_size must be a positive int or None, got {self.batch_size!r}")
+        for name in ("required_throughput", "steps", "duration_s", "throughput", "started_at"):
+            _check_number(name, getattr(self, name), optional=False)
+        for name in ("predicted_throughput", "mean_power_w", "energy_j"):
+            _check_number(name, getattr(self, name), optional=True)
+
+    @property
+    def key(self) -> str:
+        """Identity of a measurement: one flow run on one GPU."""
+        return f"{self.run_id}:{self.gpu_id}"
+
+    def to_row(self) -> dict[str, Any]:
+        row = dataclasses.asdict(self)
+        row["partners"] = list(self.partners)
+        row["extra"] = json.dumps(dict(self.extra), sort_keys=True)
+        row["key"] = self.key
+        return row
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Measurement:
+        """Inverse of to_row (accepts a parquet row or a spooled JSON record)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in row.items() if k in names}
+        extra = values.get("extra") or {}
+        values["extra"] = json.loads(extra) if isinstance(extra, str) else dict(extra)
+        values["partners"] = tuple(values.get("partners") or ())
+        return cls(**values)
+
+
+def _check_number(name: str, value: Any, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"Measurement.{name} must be a finite number{' or None' if optional else ''}, got {value!r}")
+    if value < 0:
+        raise ValueError(f"Measurement.{name} must be >= 0, got {value!r}")
+
+
+SCHEMA: dict[str, pl.DataType] = {
+    "key": pl.String,
+    "run_id": pl.String,
+    "flow_name": pl.String,
+    "job_type": pl.String,
+    "family": pl.String,
+    "batch_size": pl.Int64,
+    "gpu_id": pl.String,
+    "gpu_type": pl.String,
+    "device": pl.String,
+    "partners": pl.List(pl.String),
+    "required_throughput": pl.Float64,
+    "predicted_throughput": pl.Float64,
+    "steps": pl.Float64,
+    "duration_s": pl.Float64,
+    "throughput": pl.Float64,
+    "mean_power_w": pl.Float64,
+    "energy_j": pl.Float64,
+    "status": pl.String,
+    "telemetry": pl.String,
+    "started_at": pl.Float64,
+    "flow_run_url": pl.String,
+    "extra": pl.String,  # JSON object (keys vary between flows)
+    "logged_at": pl.Float64,
+}
+
+
+def empty_table() -> pl.DataFrame:
+    return pl.DataFrame(schema=SCHEMA)
+
+
+class MeasurementLog:
+    """Append-only measurement log: parquet table under `root`, mirrored to MLflow runs."""
+
+    def __init__(
+        self,
+        tracking_uri: str,
+        root: Path,
+        experiment: str = MEASUREMENTS_EXPERIMENT,
+        *,
+        artifact_location: str | Path | None = None,
+    ):
+        if not tracking_uri:
+            raise ValueError("tracking_uri is required, e.g. sqlite:///mlflow.db or http://127.0.0.1:5000")
+        self.tracking_uri = str(tracking_uri)
+        self.root = Path(root)
+        self.experiment = experiment
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.spool_dir.mkdir(exist_ok=True)
+        self._artifact_location = as_uri(artifact_location)
+        self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        self._experiment_id: str | None = None
+
+    @property
+    def table_path(self) -> Path:
+        return self.root / TABLE_NAME
+
+    @property
+    def spool_dir(self) -> Path:
+        return self.root / SPOOL_DIR
+
+    def _lock(self, name: str = ".measurements.lock") -> FileLock:
+        # A fresh FileLock per use: flock() on separate descriptors excludes threads of this
+        # process as well as other processes.
+        return FileLock(str(self.root / name), timeout=_LOCK_TIMEOUT_S)
+
+    # -- the parquet table ---------------------------------------------------------------
+    def _append(self, m: Measurement) -> bool:
+        """Add `m` to the table; False when its key is already there (a retried log)."""
+        row = {**m.to_row(), "logged_at": time.time()}
+        with self._lock():
+            old = pl.read_parquet(self.table_path) if self.table_path.exists() else empty_table()
+            if old.height and old.filter(pl.col("key") == m.key).height:
+                return False
+            new = pl.concat([old, pl.DataFrame([row], schema=SCHEMA)], how="vertical")
+            tmp = self.root / f".{TABLE_NAME}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
+            try:
+                new.write_parquet(tmp)
+                with open(tmp, "rb") as fh:
+                    os.fsync(fh.fileno())
+                os.replace(tmp, self.table_path)
+            finally:
+                tmp.unlink(missing_ok=True)
+        return True
+
+    def read(self, since: float | None = None) -> pl.DataFrame:
+        """Every measurement, one row each, sorted by started_at (then key).
+
+        No lock needed: the table is only ever replaced by rename, so a reader sees a whole
+        old or a whole new file.
+        """
+        frame = pl.read_parquet(self.table_path) if self.table_path.exists() else empty_table()
+        if since is not None:
+            frame = frame.filter(pl.col("started_at") >= since)
+        return frame.sort(["started_at", "key"])
+
+    def measurements(self, since: float | None = None) -> list[Measurement]:
+        """The table as Measurement objects (for code that wants typed records)."""
+        return [Measurement.from_row(r) for r in self.read(since).iter_rows(named=True)]
+
+    # -- MLflow -------------------------------------------------------------------------
+    def _experiment_id_or_create(self) -> str:
+        if self._experiment_id is None:
+            location = self._artifact_location or default_artifact_location(self.tracking_uri, self.experiment)
+            self._experiment_id = get_or_create_experiment(self._client, self.experiment, location)
+        return self._experiment_id
+
+    def _find_logged(self, m: Measurement) -> str | None:
+        """MLflow run id already holding measurement `m`; partial leftovers are deleted."""
+        runs = self._client.search_runs(
+            [self._experiment_id_or_create()], filter_string=f"tags.`{KEY_TAG}` = '{_quote(m.key)}'", max_results=50
+        )
+        found = None
+        for run in runs:
+            if run.data.tags.get(COMPLETE_TAG) == "true" and found is None:
+                found = run
+            else:
+                try:  # a run whose metrics never landed (the write failed half-way)
+                    self._client.delete_run(run.info.run_id)
+                except Exception as exc:  # noqa: BLE001 - leftovers are harmless, just untidy
+                    log.debug("could not delete partial MLflow run %s: %s", run.info.run_id, exc)
+        if found is None:
+            return None
+        if found.info.status == "RUNNING":  # metrics landed, termination did not
+            self._terminate(found.info.run_id, m)
+        return found.info.run_id
+
+    def _terminate(self, run_id: str, m: Measurement) -> None:
+        """End the MLflow run as the flow run ended (FAILED mirrors a failed flow run)."""
+        status = "FAILED" if m.status == "failed" else "FINISHED"
+        self._client.set_terminated(run_id, status, end_time=int((m.started_at + m.duration_s) * 1000))
+
+    def _write_mlflow(self, m: Measurement, *, check_existing: bool) -> str:
+        check_reachable(self.tracking_uri)
+        experiment_id = self._experiment_id_or_create()
+        if check_existing:
+            existing = self._find_logged(m)
+            if existing is not None:
+                return existing
+        client = self._client
+        run = client.create_run(
+            experiment_id,
+            start_time=int(m.started_at * 1000),
+            run_name=f"{m.flow_name}:{m.job_type}@{m.gpu_type}",
+            tags={KEY_TAG: m.key},
+        )
+        run_id = run.info.run_id
+        client.log_batch(run_id, metrics=_metrics(m), params=_params(m), tags=_tags(m))
+        self._terminate(run_id, m)
+        return run_id
+
+    # -- spool --------------------------------------------------------------------------
+    def _spool(self, m: Measurement, error: BaseException) -> Path:
+        record = {**m.to_row(), "spooled_at": time.time(), "error": f"{type(error).__name__}: {error}"}
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in m.key)[:120]
+        name = f"{int(m.started_at * 1000):015d}-{safe}-{uuid.uuid4().hex[:8]}.json"
+        tmp = self.spool_dir / f".{name}.tmp"
+        tmp.write_text(json.dumps(record, sort_keys=True, indent=1), encoding="utf-8")
+        os.replace(tmp, self.spool_dir / name)
+        return self.spool_dir / name
+
+    def spooled(self) -> list[Path]:
+        """Spooled measurements waiting for MLflow, oldest first."""
+        return sorted(self.spool_dir.glob("*.json"))
+
+    def flush_spool(self) -> int:
+        """Write spooled measurements to MLflow; remove each once written. Returns how many.
+
+        Stops at the first failure (the backend is probably still down) and leaves the rest
+        for the next call. Unreadable spool files are renamed `*.json.bad`, never deleted.
+        """
+        if not self.spooled():
+            return 0
+        try:
+            check_reachable(self.tracking_uri)
+        except ConnectionError as exc:
+            log.warning("MLflow still unreachable; %d measurement(s) stay spooled in %s: %s",
+                        len(self.spooled()), self.spool_dir, exc)
+            return 0
+        written = 0
+        with self._lock(".spool.lock"):
+            for path in self.spooled():
+                try:
+                    m = Measurement.from_row(json.loads(path.read_text(encoding="utf-8")))
+                except (OSError, ValueError, TypeError) as exc:
+                    bad = path.with_suffix(".json.bad")
+                    os.replace(path, bad)
+                    log.error("spooled measurement %s is unreadable (%s); kept as %s for inspection", path, exc, bad)
+                    continue
+                try:
+                    self._write_mlflow(m, check_existing=True)
+                except Exception as exc:  # noqa: BLE001 - any failure: keep it spooled
+                    log.warning("MLflow write of spooled measurement %s failed again (%s); %d left in %s",
+                                m.key, exc, len(self.spooled()), self.spool_dir)
+                    break
+                path.unlink()
+                written += 1
+        return written
+
+    # -- the entry point ----------------------------------------------------------------
+    def log(self, m: Measurement) -> str | None:
+        """Record `m`: parquet table first, then MLflow; returns the MLflow run id, or None if spooled.
+
+        An error writing the parquet table is raised (nothing has been recorded then). Any
+        MLflow error is not: the measurement goes to the spool with a warning.
+        """
+        if not isinstance(m, Measurement):
+            raise TypeError(f"MeasurementLog.log expects a Measurement, got {type(m).__name__}")
+        appended = self._append(m)
+        if not appended:
+            log.info("measurement %s is already in %s; making sure MLflow has it too", m.key, self.table_path)
+        try:
+            run_id = self._write_mlflow(m, check_existing=not appended)
+        except Exception as exc:  # noqa: BLE001 - MLflow must never lose a measurement
+            path = self._spool(m, exc)
+            log.warning("MLflow logging of measurement %s failed (%s: %s); spooled to %s, retry with flush_spool()",
+                        m.key, type(exc).__name__, exc, path)
+            return None
+        if self.spooled():
+            try:
+                self.flush_spool()
+            except Exception as exc:  # noqa: BLE001 - the measurement itself is safe already
+                log.warning("flushing the measurement spool failed: %s", exc)
+        return run_id
+
+
+def _quote(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("'", "\\'")
+
+
+def _metrics(m: Measurement) -> list[Metric]:
+    ts = int((m.started_at + m.duration_s) * 1000)
+    values: dict[str, float | None] = {
+        "throughput": m.throughput,
+        "mean_power_w": m.mean_power_w,
+        "energy_j": m.energy_j,
+        "duration_s": m.duration_s,
+        "steps": m.steps,
+    }
+    if m.predicted_throughput is not None and m.throughput > 0:
+        # Signed relative error of the placement's prediction: what P2 retraining reduces.
+        values["prediction_rel_error"] = (m.predicted_throughput - m.throughput) / m.throughput
+    return [Metric(k, float(v), ts, 0) for k, v in values.items() if v is not None]
+
+
+def _params(m: Measurement) -> list[Param]:
+    values = {
+        "flow_name": m.flow_name,
+        "job_type": m.job_type,
+        "family": m.family if m.family is not None else "",
+        "batch_size": "" if m.batch_size is None else str(m.batch_size),
+        "gpu_type": m.gpu_type,
+        "gpu_id": m.gpu_id,
+        "device": m.device,
+        "partners": ",".join(m.partners),
+        "required_throughput": repr(m.required_throughput),
+        "predicted_throughput": "" if m.predicted_throughput is None else repr(m.predicted_throughput),
+        "telemetry": m.telemetry,
+    }
+    values.update({f"extra.{k}": v for k, v in m.extra.items()})
+    return [Param(k, v) for k, v in values.items()]
+
+
+def _tags(m: Measurement) -> list[RunTag]:
+    values = {
+        "prefect.flow_run_id": m.run_id,
+        "gogh.status": m.status,
+        "gogh.telemetry": m.telemetry,
+        COMPLETE_TAG: "true",
+    }
+    if m.flow_run_url:
+        values["prefect.flow_run_url"] = m.flow_run_url
+    return [RunTag(k, v) for k, v in values.items()]
