@@ -1,0 +1,184 @@
+"""Leave-one-family-out evaluation of P1, P2 and the baselines (DESIGN section 7).
+
+For each held-out family: P1 and P2 are trained *here* on the other families only (the
+held-out family's jobs and every pair involving them are removed by
+:meth:`MeasuredSet.without` before anything is fitted), then every method predicts the
+held-out jobs. ``_Nobs`` metrics reveal N measured entries of a held-out job (isolated
+entries for the isolated metrics, co-located entries for the co-located one), drawn at
+random ``repeats`` times, and score only the entries that stayed hidden.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from gogh_flows.predict.baselines import MatrixCompletion, NearestJob
+from gogh_flows.predict.data import MeasuredSet
+from gogh_flows.predict.encoding import job_summary
+from gogh_flows.predict.layout import Layout
+from gogh_flows.predict.p1 import P1Config, P1Model, train_p1
+from gogh_flows.predict.p2 import P2Config, P2Model, train_p2
+from gogh_flows.workloads.features import WorkloadFeatures
+
+METHODS = ("p1", "p2", "matrix_completion", "nearest")
+METRICS = ("isolated_mape", "colocated_mape", "isolated_mape_1obs", "isolated_mape_2obs", "colocated_mape_1obs")
+# metric -> (kind of entries revealed and scored, number revealed)
+_PROTOCOL = {
+    "isolated_mape": ("isolated", 0), "colocated_mape": ("pair", 0),
+    "isolated_mape_1obs": ("isolated", 1), "isolated_mape_2obs": ("isolated", 2),
+    "colocated_mape_1obs": ("pair", 1),
+}
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    p1: P1Config = field(default_factory=P1Config)
+    p2: P2Config = field(default_factory=P2Config)
+    repeats: int = 5
+    seed: int = 0
+
+
+def p1_vectors(model: P1Model, layout: Layout, names: Sequence[str],
+               features: Mapping[str, WorkloadFeatures]) -> np.ndarray:
+    pred = model.predict({n: features[n] for n in names}, layout.gpus,
+                         partners={p: features[p] for p in layout.partners})
+    return layout.from_prediction(pred)
+
+
+def out_of_family_p1(data: MeasuredSet, layout: Layout, features: Mapping[str, WorkloadFeatures],
+                     config: P1Config, log: Callable[[str], None] | None = None) -> np.ndarray:
+    """P1 vectors for every job of ``data``, each from a P1 that never saw the job's family.
+
+    P2 learns how to correct P1's errors on *new* models; in-sample P1 predictions would
+    teach it that P1 is nearly always right.
+    """
+    if len(data.families) < 2:
+        raise ValueError("out-of-family P1 predictions need measurements from at least two families")
+    out = np.full((len(data.names), layout.size), np.nan)
+    row = {n: i for i, n in enumerate(data.names)}
+    for fam in data.families:
+        model = train_p1(data.without([fam]), config)
+        names = data.of_family(fam)
+        out[[row[n] for n in names]] = p1_vectors(model, layout, names, features)
+        if log:
+            log(f"  out-of-family P1 for {fam} ({len(names)} jobs)")
+    return out
+
+
+def _mape_entries(pred_log: np.ndarray, true_log: np.ndarray, where: np.ndarray) -> list[float]:
+    m = where & np.isfinite(true_log) & np.isfinite(pred_log)
+    return list(np.abs(np.exp(pred_log[m] - true_log[m]) - 1.0))
+
+
+def score(complete: Callable[[int, np.ndarray], np.ndarray], truth: np.ndarray, layout: Layout,
+          repeats: int, seed: int) -> dict[str, float]:
+    """Every metric of one method; ``complete(i, observed_row)`` returns job i's full log row."""
+    is_pair = layout.is_pair()
+    out: dict[str, float] = {}
+    for metric, (kind, n) in _PROTOCOL.items():
+        rng = np.random.default_rng([seed, n, kind == "pair"])
+        pool_mask = is_pair if kind == "pair" else ~is_pair
+        errs: list[float] = []
+        for i, row in enumerate(truth):
+            known = np.flatnonzero(np.isfinite(row) & pool_mask)
+            if n == 0:
+                pred = complete(i, np.full_like(row, np.nan))
+                errs += _mape_entries(pred, row, pool_mask)
+                continue
+            if len(known) <= n:
+                continue
+            for _ in range(repeats):
+                shown = rng.choice(known, size=n, replace=False)
+                obs = np.full_like(row, np.nan)
+                obs[shown] = row[shown]
+                hidden = pool_mask.copy()
+                hidden[shown] = False
+                errs += _mape_entries(complete(i, obs), row, hidden)
+        out[metric] = float(np.mean(errs)) if errs else math.nan
+    return out
+
+
+@dataclass
+class HoldoutResult:
+    family: str
+    metrics: dict[str, dict[str, float]]
+    seconds: float
+    p1: P1Model | None = None
+    p2: P2Model | None = None
+
+
+def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalConfig(),
+                     log: Callable[[str], None] | None = None) -> HoldoutResult:
+    start = time.perf_counter()
+    train = full.without([holdout])
+    test = full.of_family(holdout)
+    if not test:
+        raise ValueError(f"family {holdout!r} has no jobs; families here: {list(full.families)}")
+    # the layout names every job as a potential partner; entries with held-out partners
+    # are unknown in training (removed by without()) and scored in the test
+    layout = Layout(full.gpus, full.names)
+    features = dict(full.jobs)
+    guard_no_leak(train, holdout)
+    p1 = train_p1(train, config.p1)
+    p1_test = p1_vectors(p1, layout, test, features)
+    truth_train = layout.truth(train, train.names)
+    truth_test = layout.truth(full, test)
+    oof = out_of_family_p1(train, layout, features, config.p1, log)
+    p2 = train_p2(layout, oof, truth_train, config.p2)
+    mc = MatrixCompletion(seed=config.seed).fit(truth_train)
+    nearest = NearestJob(
+        np.stack([job_summary(full.jobs[n]) for n in train.names]), truth_train,
+        np.log([full.jobs[n].step_flops for n in train.names]),
+    )
+    test_summary = [job_summary(full.jobs[n]) for n in test]
+    test_flops = [math.log(full.jobs[n].step_flops) for n in test]
+    methods: dict[str, Callable[[int, np.ndarray], np.ndarray]] = {
+        "p1": lambda i, obs: np.where(np.isfinite(obs), obs, p1_test[i]),
+        "p2": lambda i, obs: p2.refine(p1_test[i], obs)[0],
+        "matrix_completion": lambda i, obs: mc.complete(obs)[0],
+        "nearest": lambda i, obs: nearest.complete(test_summary[i], test_flops[i], obs),
+    }
+    metrics = {name: score(fn, truth_test, layout, config.repeats, config.seed) for name, fn in methods.items()}
+    secs = time.perf_counter() - start
+    if log:
+        log(f"{holdout}: " + ", ".join(
+            f"{m} iso {v['isolated_mape']:.3f} iso1 {v['isolated_mape_1obs']:.3f} co1 {v['colocated_mape_1obs']:.3f}"
+            for m, v in metrics.items()) + f" ({secs:.0f} s)")
+    return HoldoutResult(holdout, metrics, secs, p1, p2)
+
+
+def guard_no_leak(train: MeasuredSet, holdout: str) -> None:
+    """Fail loudly if anything of the held-out family is still in a training set."""
+    leaked = [n for n in train.jobs if train.family[n] == holdout]
+    partners = set(train.pairs["partner"].to_list()) | set(train.pairs["job"].to_list())
+    leaked += [n for n in partners if n not in train.jobs]
+    if leaked:
+        raise AssertionError(f"held-out family {holdout!r} leaked into training data: {leaked[:5]}")
+
+
+def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = None,
+                         config: EvalConfig = EvalConfig(),
+                         log: Callable[[str], None] | None = None) -> dict:
+    """The report ``gogh predictors evaluate`` writes: per family, then the mean over families."""
+    holdouts = tuple(holdouts) if holdouts else full.families
+    unknown = [h for h in holdouts if h not in full.families]
+    if unknown:
+        raise ValueError(f"unknown holdout family {unknown}; families in this data: {list(full.families)}")
+    start = time.perf_counter()
+    families = {}
+    for h in holdouts:
+        families[h] = evaluate_holdout(full, h, config, log).metrics
+    mean = {
+        m: {k: float(np.nanmean([families[h][m][k] for h in holdouts])) for k in METRICS} for m in METHODS
+    }
+    return {
+        "families": families, "mean": mean,
+        "config": {"p1": asdict(config.p1), "p2": asdict(config.p2), "repeats": config.repeats,
+                   "seed": config.seed},
+        "seconds": round(time.perf_counter() - start, 1),
+    }

@@ -1,0 +1,316 @@
+"""P1, the initial estimator: throughput of a job nobody has measured, alone and in a pair.
+
+A job is read as its layer-token sequence (recurrent, attention or -- for comparison -- a
+feed-forward network over whole-step aggregates); a GPU type as its catalog vector.
+
+The output is shaped like the physics rather than a free regression, so that it
+extrapolates sanely to models and GPU types outside the training set:
+
+    step time = roofline kernel time * exp(a) + exp(o)        throughput = 1 / step time
+
+``a`` (how far the kernels fall short of the roofline) and ``o`` (the per-step host
+overhead: data loading, Python, launches) are learned from the job and GPU encodings.
+A pair head gives each partner's slowdown ``r in (0, 1]`` on a shared GPU, so a shared
+throughput never exceeds the isolated one by construction.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from gogh_flows.catalog import get_gpu_type
+from gogh_flows.predict.data import MeasuredSet
+from gogh_flows.predict.encoding import (
+    GPU_DIM, ROOFLINE_DIM, SUMMARY_DIM, TOKEN_DIM, EncodedJobs, fits, gpu_vector, roofline,
+)
+from gogh_flows.workloads.features import WorkloadFeatures
+
+ENCODERS = ("gru", "ff", "transformer")
+
+
+@dataclass(frozen=True)
+class P1Config:
+    encoder: str = "gru"
+    hidden: int = 32
+    epochs: int = 300
+    lr: float = 3e-3
+    weight_decay: float = 1e-4
+    pair_rows_per_epoch: int = 2048
+    pair_weight: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.encoder not in ENCODERS:
+            raise ValueError(f"P1 encoder must be one of {ENCODERS}, got {self.encoder!r}")
+        if self.hidden < 4 or self.epochs < 1 or self.lr <= 0:
+            raise ValueError("P1 hidden must be >= 4, epochs >= 1 and lr > 0")
+
+
+def _mlp(i: int, h: int, o: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(i, h), nn.GELU(), nn.Linear(h, h), nn.GELU(), nn.Linear(h, o))
+
+
+class _Encoder(nn.Module):
+    """Job tokens + summary -> one embedding per job."""
+
+    def __init__(self, kind: str, hidden: int) -> None:
+        super().__init__()
+        self.kind = kind
+        self.summary = _mlp(SUMMARY_DIM, hidden, hidden)
+        if kind == "gru":
+            self.seq = nn.GRU(TOKEN_DIM, hidden, batch_first=True)
+        elif kind == "transformer":
+            self.proj = nn.Linear(TOKEN_DIM, hidden)
+            self.pos = nn.Parameter(torch.zeros(1, 64, hidden))
+            layer = nn.TransformerEncoderLayer(hidden, nhead=2, dim_feedforward=2 * hidden,
+                                               dropout=0.0, batch_first=True)
+            self.seq = nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False)
+        self.out = nn.Linear(hidden * (1 if kind == "ff" else 2), hidden)
+
+    def forward(self, tokens: torch.Tensor, lengths: torch.Tensor, summary: torch.Tensor) -> torch.Tensor:
+        parts = [self.summary(summary)]
+        if self.kind == "gru":
+            packed = nn.utils.rnn.pack_padded_sequence(tokens, lengths.cpu(), batch_first=True,
+                                                       enforce_sorted=False)
+            _, h = self.seq(packed)
+            parts.append(h[-1])
+        elif self.kind == "transformer":
+            t = tokens.shape[1]
+            x = self.proj(tokens) + self.pos[:, :t]
+            pad = torch.arange(t)[None, :] >= lengths[:, None]
+            y = self.seq(x, src_key_padding_mask=pad)
+            keep = (~pad).unsqueeze(-1).float()
+            parts.append((y * keep).sum(1) / keep.sum(1))
+        return torch.tanh(self.out(torch.cat(parts, dim=-1)))
+
+
+class P1Net(nn.Module):
+    def __init__(self, encoder: str, hidden: int) -> None:
+        super().__init__()
+        self.encoder = _Encoder(encoder, hidden)
+        self.gpu = nn.Sequential(nn.Linear(GPU_DIM, hidden), nn.GELU())
+        self.iso_head = _mlp(2 * hidden + ROOFLINE_DIM, hidden, 2)
+        self.pair_head = _mlp(3 * hidden + 2 * ROOFLINE_DIM, hidden, 1)
+
+    def log_isolated(self, z: torch.Tensor, g: torch.Tensor, roof: torch.Tensor) -> torch.Tensor:
+        """log steps/s for rows of (job embedding, gpu embedding, raw roofline features)."""
+        a, o = self.iso_head(torch.cat([z, g, _scale_roof(roof)], dim=-1)).unbind(-1)
+        log_kernel = roof[..., 0]
+        return -torch.logaddexp(log_kernel + a, o - 6.0)
+
+    def log_ratio(self, zj: torch.Tensor, zp: torch.Tensor, g: torch.Tensor,
+                  rj: torch.Tensor, rp: torch.Tensor) -> torch.Tensor:
+        """log(shared / isolated) of job j next to p, <= 0."""
+        x = torch.cat([zj, zp, g, _scale_roof(rj), _scale_roof(rp)], dim=-1)
+        return -nn.functional.softplus(self.pair_head(x).squeeze(-1) + 1.0)
+
+
+def _scale_roof(roof: torch.Tensor) -> torch.Tensor:
+    # log seconds are around -9..0; bring them near unit scale for the MLPs
+    return torch.cat([(roof[..., :2] + 6.0) / 3.0, roof[..., 2:4], roof[..., 4:] / 3.0], dim=-1)
+
+
+@dataclass
+class _Prepared:
+    """Tensors for one set of jobs and GPU types (encoder inputs, per-pair roofline)."""
+
+    names: tuple[str, ...]
+    gpus: tuple[str, ...]
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    summary: torch.Tensor
+    gpu_x: torch.Tensor  # [G, GPU_DIM]
+    roof: torch.Tensor  # [J, G, ROOFLINE_DIM]
+    fits: np.ndarray  # [J, G]
+
+
+@dataclass
+class P1Model:
+    """A trained P1 with the normalisation it was trained with; predicts for any jobs."""
+
+    net: P1Net
+    config: P1Config
+    summary_mean: np.ndarray
+    summary_std: np.ndarray
+    gpu_mean: np.ndarray
+    gpu_std: np.ndarray
+    trained_on: dict = field(default_factory=dict)
+
+    def prepare(self, jobs: Mapping[str, WorkloadFeatures], gpus: Sequence[str]) -> _Prepared:
+        enc = EncodedJobs.build(dict(jobs))
+        gtypes = [get_gpu_type(g) for g in gpus]
+        gx = np.stack([gpu_vector(g) for g in gtypes])
+        roof = np.stack([[roofline(jobs[n], g) for g in gtypes] for n in enc.names])
+        ok = np.asarray([[fits(jobs[n], g) for g in gtypes] for n in enc.names])
+        return _Prepared(
+            names=enc.names, gpus=tuple(gpus), tokens=torch.from_numpy(enc.tokens),
+            lengths=torch.from_numpy(enc.lengths),
+            summary=torch.from_numpy((enc.summary - self.summary_mean) / self.summary_std).float(),
+            gpu_x=torch.from_numpy((gx - self.gpu_mean) / self.gpu_std).float(),
+            roof=torch.from_numpy(roof).float(), fits=ok,
+        )
+
+    def _embed(self, prep: _Prepared) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.net.encoder(prep.tokens, prep.lengths, prep.summary), self.net.gpu(prep.gpu_x)
+
+    @torch.no_grad()
+    def predict(self, jobs: Mapping[str, WorkloadFeatures], gpus: Sequence[str],
+                partners: Mapping[str, WorkloadFeatures] | None = None) -> Prediction:
+        """Isolated ``[J, G]`` and shared ``[J, P, G]`` throughputs (0 where memory does not fit)."""
+        self.net.eval()
+        allj = dict(jobs)
+        partners = dict(partners) if partners is not None else {}
+        for n, w in partners.items():
+            allj.setdefault(n, w)
+        prep = self.prepare(allj, gpus)
+        z, g = self._embed(prep)
+        jn = tuple(jobs)
+        pn = tuple(partners)
+        idx = {n: i for i, n in enumerate(prep.names)}
+        ji = torch.tensor([idx[n] for n in jn], dtype=torch.long)
+        J, G = len(jn), len(gpus)
+        zj = z[ji][:, None, :].expand(J, G, -1)
+        gg = g[None, :, :].expand(J, G, -1)
+        log_iso = self.net.log_isolated(zj, gg, prep.roof[ji])  # [J, G]
+        iso = np.exp(log_iso.numpy()) * prep.fits[ji.numpy()]
+        pair = np.zeros((J, len(pn), G))
+        if pn:
+            pi = torch.tensor([idx[n] for n in pn], dtype=torch.long)
+            P = len(pn)
+            zj4 = z[ji][:, None, None, :].expand(J, P, G, -1)
+            zp4 = z[pi][None, :, None, :].expand(J, P, G, -1)
+            g4 = g[None, None, :, :].expand(J, P, G, -1)
+            rj = prep.roof[ji][:, None, :, :].expand(J, P, G, -1)
+            rp = prep.roof[pi][None, :, :, :].expand(J, P, G, -1)
+            lr = self.net.log_ratio(zj4, zp4, g4, rj, rp).numpy()
+            pair = iso[:, None, :] * np.exp(lr)
+            gtypes = [get_gpu_type(x) for x in gpus]
+            for a, na in enumerate(jn):
+                for b, nb in enumerate(pn):
+                    for k, gt in enumerate(gtypes):
+                        if not fits(allj[na], gt, allj[nb]):
+                            pair[a, b, k] = 0.0
+        return Prediction(jobs=jn, partners=pn, gpus=tuple(gpus), isolated=iso, pair=pair)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        st = {f"net.{k}": v.detach().clone().contiguous() for k, v in self.net.state_dict().items()}
+        st["norm.summary_mean"] = torch.from_numpy(self.summary_mean.astype(np.float32))
+        st["norm.summary_std"] = torch.from_numpy(self.summary_std.astype(np.float32))
+        st["norm.gpu_mean"] = torch.from_numpy(self.gpu_mean.astype(np.float32))
+        st["norm.gpu_std"] = torch.from_numpy(self.gpu_std.astype(np.float32))
+        return st
+
+    def config_dict(self) -> dict:
+        return {"p1": asdict(self.config), "trained_on": self.trained_on}
+
+    @classmethod
+    def from_state(cls, config: Mapping, state: Mapping[str, torch.Tensor]) -> P1Model:
+        cfg = P1Config(**config["p1"])
+        net = P1Net(cfg.encoder, cfg.hidden)
+        net.load_state_dict({k[4:]: v for k, v in state.items() if k.startswith("net.")})
+        return cls(
+            net=net, config=cfg,
+            summary_mean=state["norm.summary_mean"].numpy().astype(np.float64),
+            summary_std=state["norm.summary_std"].numpy().astype(np.float64),
+            gpu_mean=state["norm.gpu_mean"].numpy().astype(np.float64),
+            gpu_std=state["norm.gpu_std"].numpy().astype(np.float64),
+            trained_on=dict(config.get("trained_on", {})),
+        )
+
+
+@dataclass(frozen=True)
+class Prediction:
+    jobs: tuple[str, ...]
+    partners: tuple[str, ...]
+    gpus: tuple[str, ...]
+    isolated: np.ndarray  # [J, G]
+    pair: np.ndarray  # [J, P, G]: job j's own throughput next to partner p
+
+
+def _norm_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    mean = x.mean(axis=0)
+    std = x.std(axis=0)
+    return mean, np.where(std > 1e-6, std, 1.0)
+
+
+def train_p1(data: MeasuredSet, config: P1Config = P1Config(), *, init: P1Model | None = None,
+             log=None) -> P1Model:
+    """Fit P1 on every isolated and pair measurement of ``data`` (log-space squared error).
+
+    ``init`` continues from an existing model (fine-tuning) and keeps its normalisation.
+    """
+    if not data.jobs or data.iso.height == 0:
+        raise ValueError("P1 needs at least one job with an isolated measurement to train on")
+    torch.manual_seed(config.seed)
+    rng = np.random.default_rng(config.seed)
+    if init is None:
+        enc = EncodedJobs.build(dict(data.jobs))
+        gx = np.stack([gpu_vector(get_gpu_type(g)) for g in data.gpus])
+        sm, ss = _norm_stats(enc.summary)
+        gm, gs = _norm_stats(gx)
+        model = P1Model(P1Net(config.encoder, config.hidden), config, sm, ss, gm, gs)
+    else:
+        model = P1Model(init.net, config, init.summary_mean, init.summary_std, init.gpu_mean, init.gpu_std,
+                        dict(init.trained_on))
+        model.net.load_state_dict(init.net.state_dict())
+    prep = model.prepare(data.jobs, data.gpus)
+    idx = {n: i for i, n in enumerate(prep.names)}
+    gidx = {g: i for i, g in enumerate(prep.gpus)}
+    iso_j = torch.tensor([idx[j] for j in data.iso["job"]], dtype=torch.long)
+    iso_g = torch.tensor([gidx[g] for g in data.iso["gpu"]], dtype=torch.long)
+    iso_y = torch.tensor(np.log(data.iso["throughput"].to_numpy()), dtype=torch.float32)
+    pr = data.pairs
+    has_pairs = pr.height > 0
+    if has_pairs:
+        pj = np.asarray([idx[j] for j in pr["job"]])
+        pp = np.asarray([idx[p] for p in pr["partner"]])
+        pg = np.asarray([gidx[g] for g in pr["gpu"]])
+        py = np.log(pr["throughput"].to_numpy())
+    opt = torch.optim.AdamW(model.net.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=config.epochs)
+    model.net.train()
+    start = time.perf_counter()
+    history: list[float] = []
+    for epoch in range(config.epochs):
+        z, g = model._embed(prep)
+        pred = model.net.log_isolated(z[iso_j], g[iso_g], prep.roof[iso_j, iso_g])
+        loss = nn.functional.mse_loss(pred, iso_y)
+        if has_pairs:
+            take = rng.choice(len(py), size=min(config.pair_rows_per_epoch, len(py)), replace=False)
+            tj, tp, tg = (torch.from_numpy(a[take]) for a in (pj, pp, pg))
+            iso_pred = model.net.log_isolated(z[tj], g[tg], prep.roof[tj, tg])
+            lr = model.net.log_ratio(z[tj], z[tp], g[tg], prep.roof[tj, tg], prep.roof[tp, tg])
+            ploss = nn.functional.mse_loss(iso_pred + lr, torch.from_numpy(py[take]).float())
+            loss = loss + config.pair_weight * ploss
+        opt.zero_grad()
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.net.parameters(), 5.0)
+        opt.step()
+        sched.step()
+        history.append(float(loss.detach()))
+        if log is not None and (epoch + 1) % max(1, config.epochs // 5) == 0:
+            log(f"P1[{config.encoder}] epoch {epoch + 1}/{config.epochs} loss {history[-1]:.4f}")
+    model.net.eval()
+    model.trained_on = {
+        "jobs": len(data.jobs), "families": list(data.families), "gpus": list(data.gpus),
+        "isolated_rows": data.iso.height, "pair_rows": data.pairs.height,
+        "final_loss": history[-1], "first_loss": history[0],
+        "seconds": round(time.perf_counter() - start, 2),
+        **({"init": init.trained_on} if init is not None else {}),
+    }
+    return model
+
+
+def mape(pred: np.ndarray, true: np.ndarray) -> float:
+    """Mean absolute percentage error as a fraction, over entries where the truth is known and > 0."""
+    m = np.isfinite(true) & (true > 0) & np.isfinite(pred)
+    if not m.any():
+        return math.nan
+    return float(np.mean(np.abs(pred[m] - true[m]) / true[m]))
