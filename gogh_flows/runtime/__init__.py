@@ -1,0 +1,31 @@
+"""Runtime adapter: a GPU pool on Dask, run telemetry, and a placement ledger.
+
+This is an adapter layer (it imports ``distributed``); the pure core never
+imports it. ``dask_cuda`` and ``pynvml`` are imported only when a real GPU is
+used.
+"""
+
+from gogh_flows.runtime.context import GpuContext, current_gpu
+from gogh_flows.runtime.devices import GpuDevice, fleet_devices, parse_fleet
+from gogh_flows.runtime.ledger import PlacementLedger, Reservation
+from gogh_flows.runtime.outcome import RunOutcome
+from gogh_flows.runtime.pool import GpuPool, emulated_pool, local_cuda_pool, open_pool, remote_pool
+from gogh_flows.runtime.telemetry import TelemetryReading, telemetry_for
+
+__all__ = [
+    "GpuContext",
+    "GpuDevice",
+    "GpuPool",
+    "PlacementLedger",
+    "Reservation",
+    "RunOutcome",
+    "TelemetryReading",
+    "current_gpu",
+    "emulated_pool",
+    "fleet_devices",
+    "local_cuda_pool",
+    "open_pool",
+    "parse_fleet",
+    "remote_pool",
+    "telemetry_for",
+]

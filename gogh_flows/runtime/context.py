@@ -1,0 +1,69 @@
+"""What a body running on a pool GPU can see of where it runs.
+
+The pool's worker-side wrapper sets a :class:`GpuContext` in a context variable
+around the body, so user code (a Prefect flow body, a training loop) asks
+``current_gpu()`` instead of being handed extra arguments: the same function
+runs unchanged outside a pool, where ``current_gpu()`` is ``None``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from gogh_flows.runtime.devices import GpuDevice
+from gogh_flows.runtime.telemetry import Meter
+
+__all__ = ["GpuContext", "current_gpu", "use_gpu"]
+
+_CURRENT: contextvars.ContextVar[GpuContext | None] = contextvars.ContextVar("gogh_gpu", default=None)
+
+
+@dataclass
+class GpuContext:
+    """The GPU a body runs on and the handle it reports progress through.
+
+    ``torch_device`` is ``"cuda:0"`` on a real GPU (each worker sees only its
+    own board) and ``"cpu"`` when emulated. ``mode`` is the pool's mode;
+    ``emulated`` says whether this device is emulated (a remote pool may mix).
+    """
+
+    device: GpuDevice
+    torch_device: str
+    mode: str
+    job_type: str | None = None
+    run_id: str | None = None
+    emulated: bool = True
+    meter: Meter | None = field(default=None, repr=False, compare=False)
+
+    def report(self, steps: float = 1.0) -> None:
+        """Count ``steps`` of progress (thread-safe); throughput = steps / duration."""
+        if self.meter is not None:
+            self.meter.report(steps)
+
+    def advance(self, steps: float) -> None:
+        """Emulated: run ``steps`` at the true throughput for the current partners. Real GPU: report them."""
+        if self.meter is not None:
+            self.meter.advance(steps)
+
+    @property
+    def partners(self) -> tuple[str, ...]:
+        """Job types sharing this GPU right now."""
+        return self.meter.partners if self.meter is not None else ()
+
+
+def current_gpu() -> GpuContext | None:
+    """The GPU the calling body runs on, or ``None`` outside a pool run."""
+    return _CURRENT.get()
+
+
+@contextmanager
+def use_gpu(ctx: GpuContext) -> Iterator[GpuContext]:
+    """Make ``ctx`` the current GPU for the duration of the block."""
+    token = _CURRENT.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _CURRENT.reset(token)

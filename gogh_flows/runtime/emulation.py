@@ -1,0 +1,232 @@
+"""Emulated GPUs: what a run would have achieved and drawn on a given GPU type.
+
+The emulator lets the whole loop (placement, execution, telemetry, retraining)
+run on a laptop or in CI with the same code paths as a real fleet. Its answers
+come from the same two sources the optimiser is judged by, so an emulated
+measurement is exactly what the truth says:
+
+* throughput: the truth table's isolated figure, or the paired figure for the
+  partner sharing the GPU *at that moment*;
+* power: :class:`~gogh_flows.energy.EnergyModel` with the job's activity
+  (``power_alone``), or both occupants' loads when shared (``power_shared``).
+
+Time: ``advance(n)`` "runs" ``n`` steps and counts ``n / throughput`` emulated
+seconds, sleeping ``time_scale`` times that in wall time (0 = no sleep, so tests
+are instant). A body that only calls ``report()`` is measured over wall time,
+with the power integrated piecewise as partners come and go.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from gogh_flows.energy import DEFAULT_ACTIVITY, EnergyModel
+from gogh_flows.runtime.devices import GpuDevice
+from gogh_flows.runtime.telemetry import TelemetryReading
+from gogh_flows.truth.table import ThroughputTable
+
+__all__ = ["EmulatedMeter", "EmulationError", "device_power"]
+
+#: Shared/isolated ratio assumed when the truth has no pair entry for power
+#: purposes (each job gets half the GPU); throughput never uses it.
+UNKNOWN_PAIR_RATIO = 0.5
+
+
+class EmulationError(RuntimeError):
+    """The emulator cannot run this job here (no truth for it, or it does not fit)."""
+
+
+def _activity(truth: ThroughputTable | None, job_type: str | None, gpu_type: str) -> float:
+    value = truth.activity(job_type, gpu_type) if truth is not None and job_type else None
+    return DEFAULT_ACTIVITY if value is None else value
+
+
+def _ratios(truth: ThroughputTable | None, job: str | None, partner: str | None,
+            gpu_type: str) -> tuple[float, float]:
+    """(r_job, r_partner) = shared / isolated throughput of each, for the power model."""
+    if truth is not None and job and partner and truth.has(job, gpu_type) and truth.has(partner, gpu_type):
+        iso_j, iso_k = truth.isolated(job, gpu_type), truth.isolated(partner, gpu_type)
+        tj, tk = truth.pair(job, partner, gpu_type)
+        if iso_j > 0 and iso_k > 0 and tj > 0 and tk > 0:
+            return min(1.0, tj / iso_j), min(1.0, tk / iso_k)
+    return UNKNOWN_PAIR_RATIO, UNKNOWN_PAIR_RATIO
+
+
+def device_power(energy: EnergyModel, truth: ThroughputTable | None, gpu_type: str,
+                 job_type: str | None, partners: Sequence[str]) -> tuple[float, float]:
+    """(device watts, this job's share of them) with ``partners`` on the same GPU.
+
+    The share splits the device's power in proportion to each job's load
+    ``activity * shared/isolated``, the same quantity the energy model adds up.
+    """
+    if len(partners) > 1:
+        raise EmulationError(
+            f"the emulator models at most one co-located partner (pairwise data), got {list(partners)}"
+        )
+    a_j = _activity(truth, job_type, gpu_type)
+    if not partners:
+        return energy.power_alone(gpu_type, a_j), 1.0
+    partner = partners[0]
+    a_k = _activity(truth, partner, gpu_type)
+    r_j, r_k = _ratios(truth, job_type, partner, gpu_type)
+    load_j, load_k = a_j * r_j, a_k * r_k
+    watts = energy.power_shared(gpu_type, ((a_j, r_j), (a_k, r_k)))
+    share = load_j / (load_j + load_k) if load_j + load_k > 0 else 0.5
+    return watts, share
+
+
+class EmulatedMeter:
+    """Emulated progress, time and energy of one run on one emulated GPU.
+
+    Thread-safe: the body reports from its own thread while the pool's
+    occupancy tracking calls :meth:`set_partners` from others' threads.
+    ``partners`` may be a callable returning the partner job types; it then
+    overrides the tracked occupants (for partners the pool does not run).
+    """
+
+    source = "emulated"
+
+    def __init__(self, device: GpuDevice, *, job_type: str | None, truth: ThroughputTable | None,
+                 time_scale: float = 0.0, energy: EnergyModel | None = None,
+                 partners: Callable[[], Sequence[str]] | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        if not time_scale >= 0:
+            raise ValueError(f"time_scale must be >= 0 (0 = do not sleep), got {time_scale!r}")
+        self.device = device
+        self.gpu_type = device.gpu_type
+        self.job_type = job_type
+        self.truth = truth
+        self.time_scale = float(time_scale)
+        self.energy = energy or EnergyModel()
+        self._override = partners
+        self._clock, self._sleep = clock, sleep
+        self._lock = threading.RLock()
+        self._partners: tuple[str, ...] = ()
+        self._seen: list[str] = []
+        self._steps = 0.0
+        self._emulated_s = 0.0
+        self._emulated_j = 0.0
+        self._emulated_attr_j = 0.0
+        self._wall_j = 0.0
+        self._wall_attr_j = 0.0
+        self._t0: float | None = None
+        self._seg_t = 0.0
+        self._seg_power = (0.0, 1.0)
+
+    # -- partners ------------------------------------------------------------------
+    @property
+    def partners(self) -> tuple[str, ...]:
+        return self._partners
+
+    @property
+    def seen_partners(self) -> tuple[str, ...]:
+        """Partner job types seen during an overridden run, in order of first sighting."""
+        return tuple(self._seen)
+
+    def _refresh_override(self) -> None:
+        if self._override is not None:
+            self._set(tuple(self._override()))
+
+    def set_partners(self, partners: tuple[str, ...]) -> None:
+        if self._override is None:
+            self._set(tuple(partners))
+
+    def _set(self, partners: tuple[str, ...]) -> None:
+        with self._lock:
+            if partners == self._partners and self._t0 is not None:
+                return
+            self._close_segment()
+            self._partners = partners
+            for p in partners:
+                if p not in self._seen:
+                    self._seen.append(p)
+            self._seg_power = device_power(self.energy, self.truth, self.gpu_type, self.job_type, partners)
+
+    def _close_segment(self) -> None:
+        if self._t0 is None:
+            return
+        now = self._clock()
+        watts, share = self._seg_power
+        self._wall_j += watts * (now - self._seg_t)
+        self._wall_attr_j += watts * share * (now - self._seg_t)
+        self._seg_t = now
+
+    # -- the run -------------------------------------------------------------------
+    def start(self) -> None:
+        with self._lock:
+            self._t0 = self._seg_t = self._clock()
+            self._seg_power = device_power(self.energy, self.truth, self.gpu_type, self.job_type, self._partners)
+        self._refresh_override()
+
+    def report(self, steps: float = 1.0) -> None:
+        with self._lock:
+            self._steps += float(steps)
+
+    def throughput(self) -> float:
+        """True steps/s of this job on this GPU type with its current partners."""
+        if self.job_type is None:
+            raise EmulationError("advance() needs the run's job type: pass job_type=... to GpuPool.submit")
+        if self.truth is None:
+            raise EmulationError("advance() needs a truth table; the pool was created without one")
+        gpu = self.gpu_type
+        if not self._partners:
+            tput = self.truth.isolated(self.job_type, gpu)  # unknown -> ThroughputLookupError, clear
+            if tput <= 0:
+                raise EmulationError(
+                    f"job type {self.job_type!r} does not fit on a {gpu} (truth {self.truth.source}: "
+                    "throughput 0, e.g. out of memory)"
+                )
+            return tput
+        if len(self._partners) > 1:
+            raise EmulationError(f"at most one co-located partner is modelled, got {list(self._partners)}")
+        self.truth.isolated(self.job_type, gpu)  # a clear error if the job type is unknown
+        tput = self.truth.pair(self.job_type, self._partners[0], gpu)[0]
+        if tput <= 0:
+            raise EmulationError(
+                f"{self.job_type!r} and {self._partners[0]!r} do not fit together on a {gpu} "
+                f"(truth {self.truth.source} has no positive paired throughput for them)"
+            )
+        return tput
+
+    def advance(self, steps: float) -> None:
+        if not steps >= 0:
+            raise ValueError(f"advance() takes a number of steps >= 0, got {steps!r}")
+        self._refresh_override()
+        with self._lock:
+            tput = self.throughput()
+            dt = steps / tput
+            watts, share = self._seg_power
+            self._emulated_s += dt
+            self._emulated_j += watts * dt
+            self._emulated_attr_j += watts * share * dt
+            self._steps += float(steps)
+        if self.time_scale > 0 and dt > 0:
+            self._sleep(dt * self.time_scale)
+
+    def stop(self) -> TelemetryReading:
+        with self._lock:
+            if self._t0 is None:
+                raise RuntimeError("EmulatedMeter.stop() called before start()")
+            self._close_segment()
+            wall = self._seg_t - self._t0
+            if self._emulated_s > 0:
+                duration, energy, attr = self._emulated_s, self._emulated_j, self._emulated_attr_j
+            else:
+                duration, energy, attr = wall, self._wall_j, self._wall_attr_j
+            mean_power = energy / duration if duration > 0 else self._seg_power[0]
+            return TelemetryReading(
+                source="emulated",
+                duration_s=duration,
+                steps=self._steps,
+                throughput=self._steps / duration if duration > 0 else 0.0,
+                mean_power_w=mean_power,
+                energy_j=energy,
+                max_memory_bytes=None,
+                mean_utilisation=None,
+                wall_s=wall,
+                attributed_energy_j=attr,
+                energy_method="model",
+            )

@@ -1,0 +1,381 @@
+"""A pool of GPUs on Dask: one worker per GPU, runs pinned to the chosen one.
+
+Three modes share one interface, so the flow layer never branches on where the
+GPUs are:
+
+* ``emulated``: a Dask cluster on this machine with one worker per *declared*
+  GPU (``"v100=2,t4=1"``); bodies run on CPU and telemetry comes from the truth
+  table and energy model. Threads by default: process workers would each start
+  their own ephemeral Prefect server (DESIGN s8).
+* ``local-cuda``: ``dask_cuda.LocalCUDACluster``, one worker process per board
+  found by NVML, each seeing only its own board (``cuda:0``).
+* ``remote``: an existing scheduler whose workers each advertise one GPU by
+  name and resources (see docs/runtime.md for the worker command line).
+
+Capacity is enforced by Dask itself: each worker offers ``slot=capacity`` and
+every run asks for ``slot=1``, so no more than ``capacity`` bodies ever run on
+one GPU even if the caller's bookkeeping is wrong.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from distributed import Client, Future
+
+from gogh_flows.catalog import UnknownGpuTypeError, get_gpu_type
+from gogh_flows.energy import EnergyModel
+from gogh_flows.runtime.devices import GpuDevice, device_id, fleet_devices, split_device_id
+from gogh_flows.runtime.outcome import RunOutcome
+from gogh_flows.runtime.worker import PLUGIN_NAME, RunSpec, RuntimeConfig, describe_worker, execute
+from gogh_flows.truth.table import ThroughputTable
+
+__all__ = [
+    "MODES",
+    "GpuPool",
+    "UnknownDeviceError",
+    "emulated_pool",
+    "local_cuda_pool",
+    "open_pool",
+    "remote_pool",
+]
+
+log = logging.getLogger("gogh_flows.runtime")
+MODES = ("emulated", "local-cuda", "remote")
+CUDA_HINT = "install gogh-flows[cuda] (pip install 'gogh-flows[cuda]') on a machine with an NVIDIA GPU and driver"
+
+
+class UnknownDeviceError(KeyError, ValueError):
+    """A gpu_id the pool does not have."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class GpuPool:
+    """GPUs on a Dask cluster; a context manager that closes what it owns.
+
+    Build one with :func:`emulated_pool`, :func:`local_cuda_pool`,
+    :func:`remote_pool` or :func:`open_pool`. ``pins`` maps a device id to the
+    worker name object Dask knows (an ``int`` for dask-cuda workers), which may
+    differ from the string kept in ``GpuDevice.worker``.
+    """
+
+    def __init__(self, *, mode: str, devices: Sequence[GpuDevice], client: Client, cluster: Any = None,
+                 owns_client: bool = True, emulated: frozenset[str] | None = None,
+                 pins: Mapping[str, Any] | None = None) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown pool mode {mode!r}; choose one of {', '.join(MODES)}")
+        if not devices:
+            raise ValueError("a GPU pool needs at least one device")
+        self.mode = mode
+        self.devices: tuple[GpuDevice, ...] = tuple(devices)
+        self.client = client
+        self.cluster = cluster
+        self._owns = owns_client
+        self._by_id = {d.id: d for d in self.devices}
+        if len(self._by_id) != len(self.devices):
+            raise ValueError(f"duplicate device ids in {[d.id for d in self.devices]}")
+        self._emulated = frozenset(self._by_id) if emulated is None else frozenset(emulated)
+        self._pins = {d.id: (pins or {}).get(d.id, d.worker) for d in self.devices}
+        self._closed = False
+
+    # -- lookups ---------------------------------------------------------------------
+    @property
+    def address(self) -> str:
+        """The scheduler's address (``inproc://`` for a threaded emulated pool)."""
+        return self.client.scheduler.address
+
+    @property
+    def gpu_ids(self) -> tuple[str, ...]:
+        return tuple(self._by_id)
+
+    def device(self, gpu_id: str) -> GpuDevice:
+        try:
+            return self._by_id[gpu_id]
+        except KeyError:
+            raise UnknownDeviceError(
+                f"no GPU {gpu_id!r} in this {self.mode} pool; its GPUs are: {', '.join(self._by_id)}"
+            ) from None
+
+    def is_emulated(self, gpu_id: str) -> bool:
+        return self.device(gpu_id).id in self._emulated
+
+    def fleet(self) -> dict[str, int]:
+        """GPU count per type, e.g. ``{"v100": 2, "t4": 1}``."""
+        out: dict[str, int] = {}
+        for d in self.devices:
+            out[d.gpu_type] = out.get(d.gpu_type, 0) + 1
+        return out
+
+    # -- running ---------------------------------------------------------------------
+    def submit(self, fn: Callable[..., Any], *args: Any, gpu_id: str, job_type: str | None = None,
+               partners: Sequence[str] | Callable[[], Sequence[str]] | None = None,
+               run_id: str | None = None, **kwargs: Any) -> Future:
+        """Run ``fn(*args, **kwargs)`` on the worker pinned to ``gpu_id``; a Future of :class:`RunOutcome`.
+
+        ``job_type`` names the workload for the emulator and the outcome;
+        ``partners`` overrides the co-located job types the worker tracks (for
+        partners this pool does not run); ``run_id`` is carried into the
+        outcome and the Dask key. These names are taken by ``submit``: pass a
+        body keyword argument with the same name through ``functools.partial``.
+        """
+        if self._closed:
+            raise RuntimeError("this GPU pool is closed; open a new one")
+        device = self.device(gpu_id)
+        key = f"gogh-{device.id}-{run_id or getattr(fn, '__name__', 'run')}-{uuid.uuid4().hex[:12]}"
+        spec = RunSpec(device=device, mode=self.mode, emulated=device.id in self._emulated, run_key=key,
+                       job_type=job_type, run_id=run_id, partners=partners)
+        return self.client.submit(
+            execute, fn, args, kwargs, spec, key=key, workers=[self._pins[device.id]],
+            allow_other_workers=False, resources={"slot": 1}, pure=False,
+        )
+
+    def run(self, fn: Callable[..., Any], *args: Any, gpu_id: str, **kwargs: Any) -> RunOutcome:
+        """:meth:`submit` and wait: the :class:`RunOutcome` (the body's error stays inside it)."""
+        return self.submit(fn, *args, gpu_id=gpu_id, **kwargs).result()
+
+    def configure(self, *, truth: ThroughputTable | None = None, time_scale: float = 0.0,
+                  energy: EnergyModel | None = None) -> None:
+        """Ship emulator settings to every worker (replaces earlier settings)."""
+        if not time_scale >= 0:
+            raise ValueError(f"time_scale must be >= 0 (0 = do not sleep), got {time_scale!r}")
+        self.client.register_plugin(RuntimeConfig(truth, time_scale, energy), name=PLUGIN_NAME)
+
+    # -- lifetime --------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the client; and the cluster when this pool started it (not a remote one)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns:
+            self.client.close()
+            if self.cluster is not None:
+                self.cluster.close()
+
+    def __enter__(self) -> GpuPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"GpuPool(mode={self.mode!r}, devices={list(self._by_id)}, address={self.address!r})"
+
+
+def _check_truth_covers(truth: ThroughputTable, types: Sequence[str]) -> None:
+    missing = sorted(set(types) - set(truth.gpu_types))
+    if missing:
+        raise ValueError(
+            f"the truth table ({truth.source}) has no data for GPU type(s) {missing}; it covers "
+            f"{', '.join(truth.gpu_types)}. Pass a truth table that covers the fleet, or leave truth=None "
+            "for the synthetic one."
+        )
+
+
+def emulated_pool(fleet: Mapping[str, int] | str, *, truth: ThroughputTable | None = None, capacity: int = 2,
+                  time_scale: float = 0.0, processes: bool = False, seed: int = 0,
+                  energy: EnergyModel | None = None, silence_logs: int = logging.ERROR) -> GpuPool:
+    """A local Dask cluster emulating ``fleet``: one worker per GPU, named by its device id.
+
+    ``truth`` (default: the synthetic fleet over the declared types, seeded by
+    ``seed``) gives the emulated throughputs; ``time_scale`` is wall seconds
+    slept per emulated second (0 = none). ``processes=True`` runs each worker in
+    its own process behind a nanny (tcp); never do that against an ephemeral
+    Prefect server.
+    """
+    from distributed import Nanny, Scheduler, SpecCluster, Worker
+
+    if not time_scale >= 0:
+        raise ValueError(f"time_scale must be >= 0 (0 = do not sleep), got {time_scale!r}")
+    devices = fleet_devices(fleet, capacity=capacity)
+    types = sorted({d.gpu_type for d in devices})
+    if truth is None:
+        from gogh_flows.truth.synthetic import synthetic_table
+
+        truth = synthetic_table(types, seed=seed)
+    _check_truth_covers(truth, types)
+    protocol = "tcp" if processes else "inproc"
+    worker_cls = Nanny if processes else Worker
+    workers = {
+        d.worker: {"cls": worker_cls, "options": {"name": d.worker, "nthreads": capacity,
+                                                   "resources": {"slot": capacity}, "protocol": protocol,
+                                                   **({"host": "127.0.0.1"} if processes else {})}}
+        for d in devices
+    }
+    scheduler = {"cls": Scheduler, "options": {"protocol": protocol, "dashboard": False,
+                                               "dashboard_address": ":0",
+                                               **({"host": "127.0.0.1"} if processes else {})}}
+    cluster = SpecCluster(workers=workers, scheduler=scheduler, silence_logs=silence_logs,
+                          name="gogh-emulated")
+    try:
+        client = Client(cluster, set_as_default=False)
+        try:
+            client.wait_for_workers(len(devices), timeout=60)
+            pool = GpuPool(mode="emulated", devices=devices, client=client, cluster=cluster)
+            pool.configure(truth=truth, time_scale=time_scale, energy=energy)
+        except BaseException:
+            client.close()
+            raise
+    except BaseException:
+        cluster.close()
+        raise
+    return pool
+
+
+def _visible_index(cluster: Any, client: Client) -> dict[Any, str]:
+    """Worker name -> first CUDA_VISIBLE_DEVICES entry (its own board)."""
+    out: dict[Any, str] = {}
+    for name, spec in getattr(cluster, "worker_spec", {}).items():
+        env = (spec.get("options") or {}).get("env") or {}
+        visible = env.get("CUDA_VISIBLE_DEVICES")
+        if visible:
+            out[name] = str(visible).split(",")[0].strip()
+    if out:
+        return out
+    info = client.scheduler_info()["workers"]
+    env = client.run(describe_worker)
+    return {info[a]["name"]: (e["cuda_visible_devices"] or "").split(",")[0].strip()
+            for a, e in env.items() if a in info}
+
+
+def local_cuda_pool(*, capacity: int = 2, interval_s: float = 0.1, silence_logs: int = logging.ERROR,
+                    **cluster_options: Any) -> GpuPool:
+    """One ``LocalCUDACluster`` worker per local NVIDIA board, matched to the catalog by NVML name.
+
+    Extra keyword arguments go to ``LocalCUDACluster``.
+    """
+    try:
+        from dask_cuda import LocalCUDACluster
+    except ImportError as exc:
+        raise RuntimeError(f"local-cuda mode needs dask-cuda, which is not importable ({exc}): {CUDA_HINT}") from exc
+    from gogh_flows.catalog import from_nvml_name
+    from gogh_flows.runtime.nvml import NvmlUnavailable, discover
+
+    try:
+        boards = discover()
+    except NvmlUnavailable as exc:
+        raise RuntimeError(f"local-cuda mode cannot list GPUs: {exc}. {CUDA_HINT}") from exc
+    if not boards:
+        raise RuntimeError(f"local-cuda mode found no NVIDIA GPU (check CUDA_VISIBLE_DEVICES); {CUDA_HINT}")
+    types = [from_nvml_name(b.name).name for b in boards]  # unknown boards -> clear UnknownGpuTypeError
+    cluster = LocalCUDACluster(
+        CUDA_VISIBLE_DEVICES=[b.index for b in boards], n_workers=len(boards), threads_per_worker=capacity,
+        resources={"slot": capacity}, dashboard_address=None, silence_logs=silence_logs, **cluster_options,
+    )
+    try:
+        client = Client(cluster, set_as_default=False)
+        client.wait_for_workers(len(boards), timeout=120)
+        first = _visible_index(cluster, client)
+        counters: dict[str, int] = {}
+        devices, pins = [], {}
+        for name, visible in sorted(first.items(), key=lambda kv: str(kv[0])):
+            match = [i for i, b in enumerate(boards) if visible in (str(b.index), b.uuid)]
+            if not match:
+                raise RuntimeError(f"dask-cuda worker {name!r} sees board {visible!r}, which NVML did not list")
+            b, t = boards[match[0]], types[match[0]]
+            gid = device_id(t, counters.setdefault(t, 0))
+            counters[t] += 1
+            devices.append(GpuDevice(id=gid, gpu_type=t, worker=str(name), capacity=capacity,
+                                     cuda_index=b.index, uuid=b.uuid, host="localhost"))
+            pins[gid] = name
+        devices.sort(key=lambda d: d.cuda_index or 0)
+        return GpuPool(mode="local-cuda", devices=devices, client=client, cluster=cluster, pins=pins,
+                       emulated=frozenset())
+    except BaseException:
+        cluster.close()
+        raise
+
+
+def _remote_device(address: str, name: Any, info: Mapping[str, Any], env: Mapping[str, Any]) -> GpuDevice:
+    label = str(name)
+    declared = env.get("gpu_type")
+    parsed = split_device_id(label)
+    gpu_type = declared or (parsed[0] if parsed else None)
+    if not gpu_type:
+        raise ValueError(
+            f"worker {label!r} ({address}) advertises no GPU type: name it <type>-<n> (e.g. --name v100-0) "
+            "or set GOGH_GPU_TYPE in its environment (see docs/runtime.md)"
+        )
+    try:
+        gpu_type = get_gpu_type(gpu_type).name
+    except UnknownGpuTypeError as exc:
+        raise UnknownGpuTypeError(f"worker {label!r} ({address}) advertises an unknown GPU type: {exc}") from None
+    slots = (info.get("resources") or {}).get("slot")
+    if slots is None:
+        raise ValueError(
+            f"worker {label!r} ({address}) advertises no 'slot' resource; start it with "
+            "--resources slot=2 (or slot=1 for an exclusive GPU)"
+        )
+    visible = (env.get("cuda_visible_devices") or "").split(",")[0].strip()
+    return GpuDevice(
+        id=label, gpu_type=gpu_type, worker=label, capacity=int(slots),
+        cuda_index=int(visible) if visible.isdigit() else None,
+        uuid=visible if visible.startswith(("GPU-", "MIG-")) else None,
+        host=info.get("host"),
+    )
+
+
+def remote_pool(address: str, *, timeout: float = 10.0, min_workers: int = 1,
+                truth: ThroughputTable | None = None, time_scale: float | None = None,
+                energy: EnergyModel | None = None) -> GpuPool:
+    """Connect to a running scheduler whose workers each advertise one GPU.
+
+    A worker's GPU type comes from ``GOGH_GPU_TYPE`` in its environment, else
+    from its name ``<type>-<n>``; its capacity from its ``slot`` resource; it is
+    emulated when ``GOGH_EMULATED=1``. The scheduler and its workers are left
+    running on close. ``truth``/``time_scale`` (emulated workers only), when
+    given, are shipped to the workers for every client of this scheduler.
+    """
+    try:
+        client = Client(address, timeout=timeout, set_as_default=False)
+    except (OSError, TimeoutError) as exc:
+        raise ConnectionError(
+            f"cannot reach the Dask scheduler at {address!r} within {timeout:g}s ({type(exc).__name__}: {exc}); "
+            "check the address and that `dask scheduler` is running there"
+        ) from None
+    try:
+        try:
+            client.wait_for_workers(min_workers, timeout=timeout)
+        except TimeoutError:
+            raise RuntimeError(
+                f"the scheduler at {address!r} has fewer than {min_workers} worker(s) after {timeout:g}s; "
+                "start one per GPU (see docs/runtime.md)"
+            ) from None
+        info = client.scheduler_info()["workers"]
+        envs = client.run(describe_worker)
+        workers = sorted(info.items(), key=lambda aw: str(aw[1]["name"]))
+        devices, pins, emulated = [], {}, set()
+        for addr, w in workers:
+            d = _remote_device(addr, w["name"], w, envs.get(addr, {}))
+            devices.append(d)
+            pins[d.id] = w["name"]
+            if envs.get(addr, {}).get("emulated"):
+                emulated.add(d.id)
+        pool = GpuPool(mode="remote", devices=devices, client=client, pins=pins, emulated=frozenset(emulated))
+        if truth is not None or time_scale is not None or energy is not None:
+            if truth is not None:
+                _check_truth_covers(truth, sorted({d.gpu_type for d in devices if d.id in emulated}))
+            pool.configure(truth=truth, time_scale=time_scale or 0.0, energy=energy)
+        return pool
+    except BaseException:
+        client.close()
+        raise
+
+
+def open_pool(mode: str, **options: Any) -> GpuPool:
+    """The pool for ``mode``: ``emulated`` (needs ``fleet=``), ``local-cuda``, ``remote`` (needs ``address=``)."""
+    if mode == "emulated":
+        if "fleet" not in options:
+            raise ValueError("open_pool('emulated', ...) needs fleet=, e.g. fleet='v100=2,t4=1'")
+        return emulated_pool(**options)
+    if mode == "local-cuda":
+        return local_cuda_pool(**options)
+    if mode == "remote":
+        if "address" not in options:
+            raise ValueError("open_pool('remote', ...) needs address=, e.g. address='tcp://10.0.0.5:8786'")
+        return remote_pool(**options)
+    raise ValueError(f"unknown pool mode {mode!r}; choose one of {', '.join(MODES)}")

@@ -1,0 +1,220 @@
+"""What runs on the Dask worker around each body: context, occupancy, telemetry.
+
+Occupancy (which runs share which GPU right now) is kept in the worker's own
+process, because only the worker sees its runs start and stop as they happen;
+the emulator needs it to know a run's partner at every moment, and every
+outcome reports the partners it saw. It is a module-level registry keyed by
+device id rather than state on a plugin, so re-registering the configuration
+plugin (another client connecting to a shared scheduler) cannot lose it.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from gogh_flows.energy import EnergyModel
+from gogh_flows.runtime.context import GpuContext, use_gpu
+from gogh_flows.runtime.devices import GpuDevice
+from gogh_flows.runtime.outcome import RunOutcome
+from gogh_flows.runtime.telemetry import Meter, TelemetryReading, telemetry_for
+from gogh_flows.truth.table import ThroughputTable
+
+__all__ = ["PLUGIN_NAME", "RunSpec", "RuntimeConfig", "execute", "occupancy"]
+
+PLUGIN_NAME = "gogh-runtime"
+TIME_SCALE_ENV = "GOGH_TIME_SCALE"
+
+
+class RuntimeConfig(WorkerPlugin):
+    """Emulator settings shipped once to every worker (instead of with every task)."""
+
+    name = PLUGIN_NAME
+    idempotent = False
+
+    def __init__(self, truth: ThroughputTable | None = None, time_scale: float = 0.0,
+                 energy: EnergyModel | None = None) -> None:
+        self.truth = truth
+        self.time_scale = float(time_scale)
+        self.energy = energy
+
+
+_default_lock = threading.Lock()
+_default_truth: dict[tuple[str, ...], ThroughputTable] = {}
+
+
+def _config() -> RuntimeConfig:
+    """This worker's configuration, or the defaults when no pool registered one.
+
+    A remote worker started by hand gets the synthetic truth for its own GPU
+    type and ``GOGH_TIME_SCALE`` (default 0) from its environment.
+    """
+    try:
+        from distributed import get_worker
+
+        plugin = get_worker().plugins.get(PLUGIN_NAME)
+    except ValueError:  # not on a worker (direct call in tests)
+        plugin = None
+    if isinstance(plugin, RuntimeConfig):
+        return plugin
+    return RuntimeConfig(None, float(os.environ.get(TIME_SCALE_ENV, "0") or 0))
+
+
+def _default_truth_for(gpu_type: str) -> ThroughputTable:
+    with _default_lock:
+        key = (gpu_type,)
+        if key not in _default_truth:
+            from gogh_flows.truth.synthetic import synthetic_table
+
+            _default_truth[key] = synthetic_table(key)
+        return _default_truth[key]
+
+
+@dataclass
+class _Occupant:
+    run_key: str
+    job_type: str
+    meter: Meter
+    seen: dict[str, str]
+
+
+class Occupancy:
+    """Runs executing on each GPU of this process, and who met whom."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._by_gpu: dict[str, dict[str, _Occupant]] = {}
+
+    def join(self, gpu_id: str, run_key: str, job_type: str, meter: Meter) -> None:
+        with self._lock:
+            runs = self._by_gpu.setdefault(gpu_id, {})
+            new = _Occupant(run_key, job_type, meter, {})
+            for other in runs.values():
+                other.seen[run_key] = job_type
+                new.seen[other.run_key] = other.job_type
+            runs[run_key] = new
+            self._notify(runs)
+
+    def leave(self, gpu_id: str, run_key: str) -> tuple[str, ...]:
+        with self._lock:
+            runs = self._by_gpu.get(gpu_id, {})
+            gone = runs.pop(run_key, None)
+            self._notify(runs)
+            if not runs:
+                self._by_gpu.pop(gpu_id, None)
+            return tuple(gone.seen.values()) if gone else ()
+
+    @staticmethod
+    def _notify(runs: dict[str, _Occupant]) -> None:
+        for occ in runs.values():
+            occ.meter.set_partners(tuple(o.job_type for k, o in runs.items() if k != occ.run_key))
+
+    def snapshot(self) -> dict[str, list[tuple[str, str]]]:
+        """gpu_id -> [(run key, job type)] running now in this process."""
+        with self._lock:
+            return {g: [(k, o.job_type) for k, o in runs.items()] for g, runs in self._by_gpu.items()}
+
+
+#: The process-wide registry (one per worker process; in-process workers share it, keyed by device).
+occupancy = Occupancy()
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything the worker needs to know about one run besides the body."""
+
+    device: GpuDevice
+    mode: str
+    emulated: bool
+    run_key: str
+    job_type: str | None = None
+    run_id: str | None = None
+    partners: Sequence[str] | Callable[[], Sequence[str]] | None = None
+    check_worker: bool = True
+
+
+def _shippable(exc: BaseException) -> BaseException | None:
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - an exception that cannot travel comes back as text
+        return None
+    return exc
+
+
+def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) -> RunOutcome:
+    """Run ``fn`` on this worker's GPU, measured, and return its :class:`RunOutcome`."""
+    device = spec.device
+    worker_name = None
+    if spec.check_worker:
+        from distributed import get_worker
+
+        worker_name = str(get_worker().name)
+        if worker_name != device.worker:
+            # The scheduler restrictions make this impossible; if it ever
+            # happens the measurements would be filed under the wrong GPU.
+            raise RuntimeError(
+                f"run {spec.run_key} for GPU {device.id!r} landed on worker {worker_name!r}, "
+                f"not on its pinned worker {device.worker!r}"
+            )
+    config = _config()
+    truth = config.truth
+    if spec.emulated and truth is None:
+        truth = _default_truth_for(device.gpu_type)
+    override = spec.partners
+    if override is not None and not callable(override):
+        fixed = tuple(override)
+        override = lambda: fixed  # noqa: E731
+    meter = telemetry_for(
+        device, "emulated" if spec.emulated else spec.mode, job_type=spec.job_type, truth=truth,
+        time_scale=config.time_scale, energy=config.energy, partners=override,
+    )
+    emulated = meter.source == "emulated"
+    ctx = GpuContext(
+        device=device, torch_device="cpu" if emulated else "cuda:0", mode=spec.mode,
+        job_type=spec.job_type, run_id=spec.run_id, emulated=emulated, meter=meter,
+    )
+    job_label = spec.job_type or "unknown"
+    value: Any = None
+    error = tb = None
+    exc_out: BaseException | None = None
+    meter.start()
+    occupancy.join(device.id, spec.run_key, job_label, meter)
+    seen: tuple[str, ...] = ()
+    try:
+        with use_gpu(ctx):
+            value = fn(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - measured, then handed back in the outcome
+        error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        tb = traceback.format_exc()
+        exc_out = _shippable(exc)
+    finally:
+        seen = occupancy.leave(device.id, spec.run_key)
+        reading: TelemetryReading = meter.stop()
+    if override is not None and emulated:
+        seen = meter.seen_partners  # type: ignore[attr-defined]
+    return RunOutcome(
+        value=value, telemetry=reading, partners=seen, error=error, gpu_id=device.id,
+        gpu_type=device.gpu_type, job_type=spec.job_type, run_id=spec.run_id, worker=worker_name,
+        traceback=tb, exception=exc_out,
+    )
+
+
+def describe_worker() -> dict[str, Any]:
+    """What a remote worker advertises about its GPU (run on every worker by ``remote_pool``)."""
+    import socket
+
+    return {
+        "gpu_type": os.environ.get("GOGH_GPU_TYPE") or None,
+        "emulated": os.environ.get("GOGH_EMULATED", "").strip().lower() in ("1", "true", "yes", "on"),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "hostname": socket.gethostname(),
+        "time": time.time(),
+    }

@@ -1,0 +1,354 @@
+"""The Dask GPU pool: pinning, emulated telemetry, outcomes, the three modes' set-up."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import types
+
+import pytest
+from distributed import Scheduler, SpecCluster, Worker, get_worker
+
+from gogh_flows.catalog import UnknownGpuTypeError
+from gogh_flows.energy import EnergyModel
+from gogh_flows.runtime import (
+    GpuDevice,
+    current_gpu,
+    emulated_pool,
+    local_cuda_pool,
+    open_pool,
+    parse_fleet,
+    remote_pool,
+)
+from gogh_flows.runtime import telemetry as telemetry_mod
+from gogh_flows.runtime.devices import fleet_devices
+from gogh_flows.runtime.emulation import EmulatedMeter, EmulationError
+from gogh_flows.runtime.pool import UnknownDeviceError, _remote_device
+from gogh_flows.truth.table import ThroughputTable
+
+# A small hand-written truth: two job types on three GPU types, so expected
+# figures can be computed by hand below.
+ISO = {("a", "v100"): 100.0, ("a", "t4"): 50.0, ("a", "k80"): 20.0,
+       ("b", "v100"): 40.0, ("b", "t4"): 30.0, ("b", "k80"): 10.0}
+ACT = {"a": 0.6, "b": 0.5}
+PAIR = {"v100": (60.0, 30.0), "t4": (30.0, 20.0), "k80": (12.0, 6.0)}  # (a, b) while sharing
+
+
+def small_truth() -> ThroughputTable:
+    rows = [{"job_type": j, "gpu_type": g, "scale_factor": 1, "throughput": t, "activity": ACT[j]}
+            for (j, g), t in ISO.items()]
+    rows += [{"job_type": "a", "gpu_type": g, "scale_factor": 1, "partner": "b", "throughput": ta,
+              "partner_throughput": tb} for g, (ta, tb) in PAIR.items()]
+    return ThroughputTable.from_rows(rows, source="hand-made")
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with emulated_pool({"v100": 2, "t4": 2, "k80": 2}, truth=small_truth()) as p:
+        yield p
+
+
+# -- fleets and devices --------------------------------------------------------------
+def test_parse_fleet_accepts_strings_and_mappings():
+    assert parse_fleet("v100=2, T4=1,t4=1") == {"v100": 2, "t4": 2}
+    assert parse_fleet({"k80": 1, "a100": 0}) == {"k80": 1}
+    ids = [d.id for d in fleet_devices("v100=2,t4=1", capacity=1)]
+    assert ids == ["v100-0", "v100-1", "t4-0"]
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("v100", "TYPE=COUNT"), ("v100=two", "whole numbers"), ("v100=0", "declares no GPUs"),
+    ({"v100": -1}, ">= 0"), ("", "declares no GPUs"),
+])
+def test_parse_fleet_rejects_bad_specs(spec, match):
+    with pytest.raises(ValueError, match=match):
+        parse_fleet(spec)
+
+
+def test_unknown_gpu_type_lists_known_types():
+    with pytest.raises(UnknownGpuTypeError, match="known types: .*v100"):
+        parse_fleet("x100=1")
+    with pytest.raises(UnknownGpuTypeError, match="x100"):
+        emulated_pool("x100=1")
+    with pytest.raises(UnknownGpuTypeError, match="known types"):
+        GpuDevice(id="x", gpu_type="nope", worker="x")
+    with pytest.raises(ValueError, match="capacity must be 1"):
+        GpuDevice(id="x", gpu_type="v100", worker="x", capacity=3)
+
+
+def test_truth_must_cover_the_fleet():
+    with pytest.raises(ValueError, match=r"no data for GPU type\(s\) \['a100'\]"):
+        emulated_pool("a100=1,v100=1", truth=small_truth())
+
+
+def test_open_pool_checks_mode_and_options():
+    with pytest.raises(ValueError, match="choose one of emulated, local-cuda, remote"):
+        open_pool("cloud")
+    with pytest.raises(ValueError, match="needs fleet="):
+        open_pool("emulated")
+    with pytest.raises(ValueError, match="needs address="):
+        open_pool("remote")
+
+
+# -- the emulated pool ---------------------------------------------------------------
+def _where() -> tuple[str, str, str, str]:
+    ctx = current_gpu()
+    return str(get_worker().name), ctx.device.id, ctx.torch_device, ctx.mode
+
+
+def test_each_run_executes_on_the_worker_pinned_to_its_gpu(pool):
+    assert len(pool.devices) == 6 and pool.fleet() == {"v100": 2, "t4": 2, "k80": 2}
+    futures = {g: [pool.submit(_where, gpu_id=g, job_type="a") for _ in range(3)] for g in pool.gpu_ids}
+    for gpu_id, fs in futures.items():
+        for f in fs:
+            outcome = f.result()
+            assert outcome.ok and outcome.gpu_id == gpu_id and outcome.worker == gpu_id
+            assert outcome.value == (gpu_id, gpu_id, "cpu", "emulated")
+    assert current_gpu() is None  # only bodies see a GPU context
+
+
+def test_unknown_gpu_id_is_a_clear_error(pool):
+    with pytest.raises(UnknownDeviceError, match="no GPU 'v100-9'.*v100-0, v100-1"):
+        pool.submit(_where, gpu_id="v100-9")
+
+
+def _advance(steps: float) -> float:
+    current_gpu().advance(steps)
+    return steps
+
+
+def test_emulated_energy_is_power_times_emulated_time_alone(pool):
+    outcome = pool.run(_advance, 500, gpu_id="v100-1", job_type="a")
+    t = outcome.telemetry
+    # By hand: a alone on a V100 runs 100 steps/s, so 500 steps take 5 s; it draws
+    # idle + activity * (TDP - idle) = 40 + 0.6 * (300 - 40) = 196 W -> 980 J.
+    assert t.source == "emulated" and t.energy_method == "model"
+    assert t.duration_s == pytest.approx(5.0)
+    assert t.throughput == pytest.approx(100.0)
+    assert t.mean_power_w == pytest.approx(196.0)
+    assert t.energy_j == pytest.approx(980.0)
+    assert t.attributed_energy_j == pytest.approx(980.0)
+    assert outcome.partners == () and outcome.value == 500
+
+
+def test_emulated_meter_shared_segment_by_hand():
+    truth = small_truth()
+    meter = EmulatedMeter(GpuDevice("v100-0", "v100", "v100-0"), job_type="a", truth=truth)
+    meter.start()
+    meter.advance(500)  # alone: 5 s at 196 W = 980 J
+    meter.set_partners(("b",))
+    meter.advance(120)  # shared: 60 steps/s -> 2 s
+    reading = meter.stop()
+    # Shared power: r_a = 60/100, r_b = 30/40; load = 0.6*0.6 + 0.5*0.75 = 0.735;
+    # 40 + 0.735 * 260 = 231.1 W for 2 s = 462.2 J.
+    shared_w = EnergyModel().power_shared("v100", ((0.6, 0.6), (0.5, 0.75)))
+    assert shared_w == pytest.approx(231.1)
+    assert reading.duration_s == pytest.approx(7.0)
+    assert reading.steps == 620
+    assert reading.energy_j == pytest.approx(980.0 + 462.2)
+    assert reading.attributed_energy_j == pytest.approx(980.0 + 462.2 * 0.36 / 0.735)
+
+
+def test_emulated_meter_sleeps_scaled_time():
+    slept: list[float] = []
+    meter = EmulatedMeter(GpuDevice("t4-0", "t4", "t4-0"), job_type="b", truth=small_truth(),
+                          time_scale=0.01, sleep=slept.append)
+    meter.start()
+    meter.advance(60)  # 2 emulated seconds on a T4
+    assert slept == [pytest.approx(0.02)]
+    assert meter.stop().duration_s == pytest.approx(2.0)
+
+
+_meet = threading.Barrier(2)
+
+
+def _together(steps: float) -> tuple[str, ...]:
+    _meet.wait(timeout=30)  # both runs are on the GPU before either advances
+    ctx = current_gpu()
+    partners = ctx.partners
+    ctx.advance(steps)
+    _meet.wait(timeout=30)
+    return partners
+
+
+def test_co_located_runs_see_each_other_and_run_at_paired_speed(pool):
+    fa = pool.submit(_together, 60, gpu_id="t4-1", job_type="a", run_id="run-a")
+    fb = pool.submit(_together, 40, gpu_id="t4-1", job_type="b", run_id="run-b")
+    a, b = fa.result(), fb.result()
+    assert a.value == ("b",) and b.value == ("a",)
+    assert a.partners == ("b",) and b.partners == ("a",)
+    assert a.run_id == "run-a"
+    assert a.telemetry.throughput == pytest.approx(30.0)  # a's paired rate on a T4
+    assert b.telemetry.throughput == pytest.approx(20.0)
+    assert a.telemetry.energy_j == pytest.approx(b.telemetry.mean_power_w * 2.0)  # same device power
+
+
+def test_partners_override_uses_the_given_partner(pool):
+    outcome = pool.run(_advance, 12, gpu_id="k80-0", job_type="a", partners=["b"])
+    assert outcome.partners == ("b",)
+    assert outcome.telemetry.throughput == pytest.approx(12.0)
+
+
+_live = {"now": 0, "max": 0}
+_live_lock = threading.Lock()
+
+
+def _occupy() -> None:
+    with _live_lock:
+        _live["now"] += 1
+        _live["max"] = max(_live["max"], _live["now"])
+    time.sleep(0.2)
+    with _live_lock:
+        _live["now"] -= 1
+
+
+def test_dask_never_runs_more_bodies_than_capacity(pool):
+    for f in [pool.submit(_occupy, gpu_id="k80-1", job_type="a") for _ in range(5)]:
+        f.result()
+    assert 1 <= _live["max"] <= pool.device("k80-1").capacity
+
+
+def _fail() -> None:
+    current_gpu().report(3)
+    raise ValueError("body broke")
+
+
+def test_failed_body_still_yields_telemetry_and_unwrap_reraises(pool):
+    outcome = pool.run(_fail, gpu_id="t4-0", job_type="b")
+    assert not outcome.ok and outcome.error == "ValueError: body broke"
+    assert "body broke" in outcome.traceback
+    assert outcome.telemetry.steps == 3 and outcome.telemetry.energy_j >= 0
+    with pytest.raises(ValueError, match="body broke"):
+        outcome.unwrap()
+    assert pool.run(_advance, 1, gpu_id="t4-0", job_type="b").unwrap() == 1
+
+
+def test_advance_needs_a_job_type_the_truth_knows(pool):
+    outcome = pool.run(_advance, 1, gpu_id="v100-0")
+    assert "needs the run's job type" in outcome.error
+    with pytest.raises(EmulationError):
+        outcome.unwrap()
+    outcome = pool.run(_advance, 1, gpu_id="v100-0", job_type="zzz")
+    assert "'zzz' is not in the throughput table" in outcome.error
+
+
+def test_report_only_body_is_measured_over_wall_time(pool):
+    def body():
+        current_gpu().report(10)
+        time.sleep(0.05)
+
+    t = pool.run(body, gpu_id="v100-0", job_type="b").telemetry
+    assert t.steps == 10 and t.duration_s == t.wall_s and t.duration_s > 0
+    assert t.mean_power_w == pytest.approx(40 + 0.5 * 260)
+    assert t.energy_j == pytest.approx(t.mean_power_w * t.duration_s)
+
+
+def test_closed_pool_refuses_work():
+    with emulated_pool("k80=1", truth=small_truth(), capacity=1) as p:
+        assert p.device("k80-0").capacity == 1
+        assert p.run(_where, gpu_id="k80-0").value[0] == "k80-0"
+    with pytest.raises(RuntimeError, match="closed"):
+        p.submit(_where, gpu_id="k80-0")
+
+
+# -- remote --------------------------------------------------------------------------
+def _cluster(workers: dict[str, dict]) -> SpecCluster:
+    spec = {name: {"cls": Worker, "options": {"name": name, "nthreads": 2, **opts}}
+            for name, opts in workers.items()}
+    return SpecCluster(workers=spec, scheduler={"cls": Scheduler, "options": {
+        "dashboard": False, "dashboard_address": ":0", "host": "127.0.0.1"}}, silence_logs=40)
+
+
+def test_remote_pool_discovers_gpus_from_worker_names_and_resources(monkeypatch):
+    monkeypatch.setenv("GOGH_EMULATED", "1")
+    with _cluster({"v100-0": {"resources": {"slot": 2}}, "t4-0": {"resources": {"slot": 1}}}) as cluster:
+        with remote_pool(cluster.scheduler_address, truth=small_truth()) as p:
+            assert p.mode == "remote" and p.address == cluster.scheduler_address
+            assert {d.id: (d.gpu_type, d.capacity) for d in p.devices} == {
+                "v100-0": ("v100", 2), "t4-0": ("t4", 1)}
+            assert p.is_emulated("t4-0")
+            outcome = p.run(_advance, 50, gpu_id="t4-0", job_type="a")
+            assert outcome.worker == "t4-0" and outcome.telemetry.duration_s == pytest.approx(1.0)
+            assert p.run(_where, gpu_id="v100-0").value == ("v100-0", "v100-0", "cpu", "remote")
+        # Closing a remote pool leaves the scheduler and workers running.
+        assert len(cluster.scheduler_info["workers"]) == 2
+
+
+def test_remote_worker_with_unknown_gpu_type_is_refused(monkeypatch):
+    monkeypatch.setenv("GOGH_EMULATED", "1")
+    with _cluster({"x100-0": {"resources": {"slot": 2}}}) as cluster:
+        with pytest.raises(UnknownGpuTypeError, match="worker 'x100-0'.*unknown GPU type 'x100'"):
+            remote_pool(cluster.scheduler_address)
+
+
+def test_remote_worker_advertisement_errors():
+    with pytest.raises(ValueError, match="advertises no GPU type.*--name v100-0"):
+        _remote_device("tcp://h:1", "box", {"resources": {"slot": 2}}, {})
+    with pytest.raises(ValueError, match="no 'slot' resource.*--resources slot=2"):
+        _remote_device("tcp://h:1", "v100-0", {"resources": {}}, {})
+    d = _remote_device("tcp://h:1", "box", {"resources": {"slot": 1}, "host": "h"},
+                       {"gpu_type": "A100", "cuda_visible_devices": "3,0"})
+    assert (d.id, d.gpu_type, d.capacity, d.cuda_index, d.host) == ("box", "a100", 1, 3, "h")
+
+
+def test_remote_pool_unreachable_scheduler_is_a_clear_error():
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ConnectionError, match=f"cannot reach the Dask scheduler at 'tcp://127.0.0.1:{port}'"):
+        remote_pool(f"tcp://127.0.0.1:{port}", timeout=1)
+
+
+# -- local CUDA ----------------------------------------------------------------------
+def test_local_cuda_pool_without_dask_cuda_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "dask_cuda", None)
+    with pytest.raises(RuntimeError, match=r"needs dask-cuda.*install gogh-flows\[cuda\]"):
+        local_cuda_pool()
+
+
+def test_local_cuda_pool_without_driver_says_so(monkeypatch):
+    from test_runtime_telemetry import fake_pynvml
+
+    monkeypatch.setitem(sys.modules, "dask_cuda", types.SimpleNamespace(LocalCUDACluster=object))
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(init_error="NVMLError_LibraryNotFound"))
+    with pytest.raises(RuntimeError, match="cannot list GPUs: nvmlInit failed.*LibraryNotFound"):
+        local_cuda_pool()
+
+
+class FakeLocalCUDACluster(SpecCluster):
+    """dask-cuda's shape: integer worker names, CUDA_VISIBLE_DEVICES rotated per worker."""
+
+    def __init__(self, *, CUDA_VISIBLE_DEVICES, n_workers, threads_per_worker, resources, **_):
+        visible = [str(i) for i in CUDA_VISIBLE_DEVICES]
+        workers = {i: {"cls": Worker, "options": {"name": i, "nthreads": threads_per_worker,
+                                                   "resources": resources}} for i in range(n_workers)}
+        super().__init__(workers=workers, scheduler={"cls": Scheduler, "options": {
+            "dashboard": False, "dashboard_address": ":0", "protocol": "inproc"}}, silence_logs=40)
+        for i in range(n_workers):
+            self.worker_spec[i]["options"]["env"] = {"CUDA_VISIBLE_DEVICES": ",".join(visible[i:] + visible[:i])}
+
+
+def test_local_cuda_pool_maps_boards_to_workers_and_samples_nvml(monkeypatch):
+    from test_runtime_telemetry import fake_pynvml
+
+    nvml = fake_pynvml(names=["Tesla V100-SXM2-16GB", "Tesla T4"], power_w=70.0)
+    monkeypatch.setitem(sys.modules, "dask_cuda", types.SimpleNamespace(LocalCUDACluster=FakeLocalCUDACluster))
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    with local_cuda_pool(capacity=2) as p:
+        assert p.mode == "local-cuda"
+        assert [(d.id, d.worker, d.cuda_index, d.uuid) for d in p.devices] == [
+            ("v100-0", "0", 0, "GPU-0"), ("t4-0", "1", 1, "GPU-1")]
+
+        def body():
+            ctx = current_gpu()
+            ctx.advance(5)  # real GPU: counted, not emulated
+            return str(get_worker().name), ctx.torch_device
+
+        outcome = p.run(body, gpu_id="t4-0", job_type="a")
+        assert outcome.value == ("1", "cuda:0")
+        t = outcome.telemetry
+        assert t.source == "nvml" and t.steps == 5 and t.mean_power_w == pytest.approx(70.0)
+        assert t.max_memory_bytes == 2 * 2**30 and t.mean_utilisation == pytest.approx(0.75)
