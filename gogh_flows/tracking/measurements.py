@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import threading
 import time
 import uuid
 from collections.abc import Mapping
@@ -50,6 +51,17 @@ TELEMETRY = ("nvml", "emulated")
 KEY_TAG = "gogh.measurement_key"
 COMPLETE_TAG = "gogh.logged"  # set in the same batch as the metrics: marks a whole run
 _LOCK_TIMEOUT_S = 120.0
+# MLflow's SQLAlchemy store has a pool of 5 (+10 overflow) connections and makes a caller
+# wait 30 s for one; dozens of threads finishing at once would time out and spool. A few
+# writers per tracking URI at a time keep every write fast and nothing has to be retried.
+MAX_CONCURRENT_MLFLOW_WRITES = 4
+_gates: dict[str, threading.BoundedSemaphore] = {}
+_gates_lock = threading.Lock()
+
+
+def _gate(uri: str) -> threading.BoundedSemaphore:
+    with _gates_lock:
+        return _gates.setdefault(uri, threading.BoundedSemaphore(MAX_CONCURRENT_MLFLOW_WRITES))
 
 
 @dataclass(frozen=True)
@@ -264,6 +276,10 @@ class MeasurementLog:
 
     def _write_mlflow(self, m: Measurement, *, check_existing: bool) -> str:
         check_reachable(self.tracking_uri)
+        with _gate(self.tracking_uri):
+            return self._write_mlflow_now(m, check_existing=check_existing)
+
+    def _write_mlflow_now(self, m: Measurement, *, check_existing: bool) -> str:
         experiment_id = self._experiment_id_or_create()
         if check_existing:
             existing = self._find_logged(m)
