@@ -352,3 +352,24 @@ def test_local_cuda_pool_maps_boards_to_workers_and_samples_nvml(monkeypatch):
         t = outcome.telemetry
         assert t.source == "nvml" and t.steps == 5 and t.mean_power_w == pytest.approx(70.0)
         assert t.max_memory_bytes == 2 * 2**30 and t.mean_utilisation == pytest.approx(0.75)
+
+
+def test_remote_gpu_worker_without_nvml_falls_back_to_emulated_telemetry(monkeypatch):
+    monkeypatch.delenv("GOGH_EMULATED", raising=False)
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML on this "GPU" host
+    monkeypatch.setattr(telemetry_mod, "_warned", False)
+    with _cluster({"v100-0": {"resources": {"slot": 2}}}) as cluster:
+        with remote_pool(cluster.scheduler_address, truth=small_truth()) as p:
+            assert not p.is_emulated("v100-0")
+            outcome = p.run(_advance, 100, gpu_id="v100-0", job_type="a")
+    assert outcome.telemetry.source == "emulated" and outcome.telemetry.duration_s == pytest.approx(1.0)
+    assert telemetry_mod.nvml_fallback_warned()
+
+
+@pytest.mark.slow
+def test_emulated_pool_with_process_workers():
+    with emulated_pool("t4=1", truth=small_truth(), processes=True, capacity=1) as p:
+        assert p.address.startswith("tcp://127.0.0.1:")
+        outcome = p.run(_advance, 100, gpu_id="t4-0", job_type="a")
+    # a alone on a T4: 50 steps/s -> 2 s at 10 + 0.6 * 60 = 46 W -> 92 J
+    assert outcome.worker == "t4-0" and outcome.telemetry.energy_j == pytest.approx(92.0)
