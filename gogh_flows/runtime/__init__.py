@@ -7,12 +7,26 @@ used.
 
 from gogh_flows.runtime.context import GpuContext, current_gpu
 from gogh_flows.runtime.devices import GpuDevice, fleet_devices, parse_fleet
-from gogh_flows.runtime.ledger import PlacementLedger, Reservation
-from gogh_flows.runtime.outcome import RunOutcome
-from gogh_flows.runtime.pool import GpuPool, emulated_pool, local_cuda_pool, open_pool, remote_pool
+from gogh_flows.runtime.emulation import EmulationError
+from gogh_flows.runtime.ledger import LedgerError, PlacementLedger, Reservation
+from gogh_flows.runtime.outcome import RunFailed, RunOutcome
+from gogh_flows.runtime.pool import (
+    MODES,
+    GpuPool,
+    UnknownDeviceError,
+    emulated_pool,
+    local_cuda_pool,
+    open_pool,
+    remote_pool,
+)
 from gogh_flows.runtime.telemetry import TelemetryReading, telemetry_for
 
 __all__ = [
+    "MODES",
+    "EmulationError",
+    "LedgerError",
+    "RunFailed",
+    "UnknownDeviceError",
     "GpuContext",
     "GpuDevice",
     "GpuPool",
