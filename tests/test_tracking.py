@@ -318,7 +318,8 @@ def test_read_since_and_order(mlog: MeasurementLog):
     ("field", "value", "expected"),
     [("status", "done", "status"), ("telemetry", "guess", "telemetry"), ("throughput", float("nan"), "finite"),
      ("duration_s", -1.0, ">= 0"), ("gpu_id", "", "non-empty"), ("partners", "lm", "sequence"),
-     ("batch_size", 0, "positive int")],
+     ("batch_size", 0, "positive int"), ("extra", {"k": "v" * 6000}, "MLflow param rules"),
+     ("extra", {"bad@key": "v"}, "MLflow param rules")],
 )
 def test_measurement_validation(field: str, value, expected: str):
     with pytest.raises(ValueError, match=expected):

@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import re
 import threading
 import time
 import uuid
@@ -51,6 +52,9 @@ TELEMETRY = ("nvml", "emulated")
 KEY_TAG = "gogh.measurement_key"
 COMPLETE_TAG = "gogh.logged"  # set in the same batch as the metrics: marks a whole run
 _LOCK_TIMEOUT_S = 120.0
+_MAX_EXTRA_KEY = 200
+_MAX_EXTRA_VALUE = 5000
+_EXTRA_KEY_RE = re.compile(r"^[A-Za-z0-9_\-. /:]+$")
 # MLflow's SQLAlchemy store has a pool of 5 (+10 overflow) connections and makes a caller
 # wait 30 s for one; dozens of threads finishing at once would time out and spool. A few
 # writers per tracking URI at a time keep every write fast and nothing has to be retried.
@@ -103,6 +107,13 @@ class Measurement:
             raise ValueError(f"Measurement.partners must be a sequence of job types, got the string {self.partners!r}")
         object.__setattr__(self, "partners", tuple(str(p) for p in self.partners))
         object.__setattr__(self, "extra", {str(k): str(v) for k, v in dict(self.extra or {}).items()})
+        for k, v in self.extra.items():  # MLflow param limits: a record it refuses would sit in the spool
+            if not _EXTRA_KEY_RE.match(k) or len(k) > _MAX_EXTRA_KEY or len(v) > _MAX_EXTRA_VALUE:
+                raise ValueError(
+                    f"Measurement.extra[{k[:40]!r}]: keys must be 1-{_MAX_EXTRA_KEY} characters among letters, "
+                    f"digits, '_', '-', '.', ' ', '/', ':' and values at most {_MAX_EXTRA_VALUE} characters "
+                    f"(MLflow param rules); got a key of {len(k)} and a value of {len(v)} characters"
+                )
         if self.batch_size is not None and (not isinstance(self.batch_size, int) or self.batch_size < 1):
             raise ValueError(f"Measurement.batch_size must be a positive int or None, got {self.batch_size!r}")
         for name in ("required_throughput", "steps", "duration_s", "throughput", "started_at"):
@@ -314,8 +325,8 @@ class MeasurementLog:
     def flush_spool(self) -> int:
         """Write spooled measurements to MLflow; remove each once written. Returns how many.
 
-        Stops at the first failure (the backend is probably still down) and leaves the rest
-        for the next call. Unreadable spool files are renamed `*.json.bad`, never deleted.
+        A refused record stays spooled and the others are still tried; if the backend goes
+        away again it stops and leaves the rest for the next call. Unreadable spool files are renamed `*.json.bad`, never deleted.
         """
         if not self.spooled():
             return 0
@@ -340,7 +351,9 @@ class MeasurementLog:
                 except Exception as exc:  # noqa: BLE001 - any failure: keep it spooled
                     log.warning("MLflow write of spooled measurement %s failed again (%s); %d left in %s",
                                 m.key, exc, len(self.spooled()), self.spool_dir)
-                    break
+                    if isinstance(exc, ConnectionError):
+                        break  # the backend is down again: the rest would fail the same way
+                    continue  # this record alone was refused: do not let it block the others
                 path.unlink()
                 written += 1
         return written

@@ -14,6 +14,7 @@ retraining flow registers a `challenger` and moves `champion` when it wins.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -221,10 +222,9 @@ class ModelRegistry:
                 now = int(time.time() * 1000)
                 client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in clean_metrics.items()])
         except BaseException:
-            try:
+            with contextlib.suppress(Exception):  # keep the original error, not a follow-up one
                 client.set_terminated(run_id, "FAILED")
-            finally:
-                raise
+            raise
         client.set_terminated(run_id, "FINISHED")
         self._ensure_model(name)
         version = client.create_model_version(
