@@ -98,11 +98,10 @@ class MeasuredSet:
 
     def subset(self, names: Iterable[str]) -> MeasuredSet:
         keep = [n for n in names if n in self.jobs]
-        ks = pl.Series(keep, dtype=pl.String)
         return MeasuredSet(
             jobs={n: self.jobs[n] for n in keep}, gpus=self.gpus,
-            iso=self.iso.filter(pl.col("job").is_in(ks)),
-            pairs=self.pairs.filter(pl.col("job").is_in(ks) & pl.col("partner").is_in(ks)),
+            iso=self.iso.filter(pl.col("job").is_in(keep)),
+            pairs=self.pairs.filter(pl.col("job").is_in(keep) & pl.col("partner").is_in(keep)),
             family={n: self.family[n] for n in keep},
         )
 

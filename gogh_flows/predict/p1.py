@@ -28,8 +28,10 @@ from torch import nn
 from gogh_flows.catalog import get_gpu_type
 from gogh_flows.predict.data import MeasuredSet
 from gogh_flows.predict.encoding import (
-    GPU_DIM, ROOFLINE_DIM, SUMMARY_DIM, TOKEN_DIM, EncodedJobs, fits, gpu_vector, roofline,
+    GPU_DIM, ROOFLINE_DIM, SUMMARY_DIM, TOKEN_DIM, EncodedJobs, fits, gpu_vector, job_summary,
+    layer_tokens, roofline,
 )
+from gogh_flows.truth.synthetic import MEMORY_HEADROOM
 from gogh_flows.workloads.features import WorkloadFeatures
 
 ENCODERS = ("gru", "ff", "transformer")
@@ -129,6 +131,8 @@ class _Prepared:
     gpu_x: torch.Tensor  # [G, GPU_DIM]
     roof: torch.Tensor  # [J, G, ROOFLINE_DIM]
     fits: np.ndarray  # [J, G]
+    memory: np.ndarray  # [J] estimated footprint, bytes
+    gpu_memory: np.ndarray  # [G] bytes
 
 
 @dataclass
@@ -142,20 +146,61 @@ class P1Model:
     gpu_mean: np.ndarray
     gpu_std: np.ndarray
     trained_on: dict = field(default_factory=dict)
+    _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def prepare(self, jobs: Mapping[str, WorkloadFeatures], gpus: Sequence[str]) -> _Prepared:
-        enc = EncodedJobs.build(dict(jobs))
+        names = tuple(jobs)
         gtypes = [get_gpu_type(g) for g in gpus]
+        parts = [self._job_parts(n, jobs[n], tuple(gpus), gtypes) for n in names]
+        t = max(len(p[0]) for p in parts)
+        tokens = np.zeros((len(names), t, TOKEN_DIM), dtype=np.float32)
+        for i, p in enumerate(parts):
+            tokens[i, : len(p[0])] = p[0]
+        summary = np.stack([p[1] for p in parts])
         gx = np.stack([gpu_vector(g) for g in gtypes])
-        roof = np.stack([[roofline(jobs[n], g) for g in gtypes] for n in enc.names])
-        ok = np.asarray([[fits(jobs[n], g) for g in gtypes] for n in enc.names])
         return _Prepared(
-            names=enc.names, gpus=tuple(gpus), tokens=torch.from_numpy(enc.tokens),
-            lengths=torch.from_numpy(enc.lengths),
-            summary=torch.from_numpy((enc.summary - self.summary_mean) / self.summary_std).float(),
+            names=names, gpus=tuple(gpus), tokens=torch.from_numpy(tokens),
+            lengths=torch.tensor([len(p[0]) for p in parts], dtype=torch.long),
+            summary=torch.from_numpy((summary - self.summary_mean) / self.summary_std).float(),
             gpu_x=torch.from_numpy((gx - self.gpu_mean) / self.gpu_std).float(),
-            roof=torch.from_numpy(roof).float(), fits=ok,
+            roof=torch.from_numpy(np.stack([p[2] for p in parts])).float(),
+            fits=np.stack([p[3] for p in parts]),
+            memory=np.asarray([p[4] for p in parts], dtype=float),
+            gpu_memory=np.asarray([g.memory_bytes for g in gtypes], dtype=float),
         )
+
+    def _job_parts(self, name: str, w: WorkloadFeatures, gpus: tuple[str, ...], gtypes: list) -> tuple:
+        """Tokens, summary, roofline and memory of one job; cached because walking a model's
+        layers (hundreds of them) is what makes a prediction slow, and the same jobs come back
+        at every placement. Keyed by identity: an equal but new features object is recomputed."""
+        key = (name, id(w), gpus)
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] is w:
+            return hit[1]
+        parts = (
+            layer_tokens(w), job_summary(w),
+            np.stack([roofline(w, g) for g in gtypes]),
+            np.asarray([fits(w, g) for g in gtypes]),
+            float(w.memory_bytes_estimate),
+        )
+        if len(self._cache) > 4096:
+            self._cache.clear()
+        self._cache[key] = (w, parts)
+        return parts
+
+    def _embed_cached(self, prep: _Prepared, jobs: Mapping[str, WorkloadFeatures]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Job embeddings, reusing those of jobs seen before (a trained model never changes;
+        :func:`train_p1` always returns a new model)."""
+        keys = [("z", n, id(jobs[n])) for n in prep.names]
+        todo = [i for i, k in enumerate(keys) if (hit := self._cache.get(k)) is None or hit[0] is not jobs[prep.names[i]]]
+        if todo:
+            t = torch.tensor(todo, dtype=torch.long)
+            lengths = prep.lengths[t]
+            z_new = self.net.encoder(prep.tokens[t][:, : int(lengths.max())], lengths, prep.summary[t])
+            for r, i in enumerate(todo):
+                self._cache[keys[i]] = (jobs[prep.names[i]], z_new[r])
+        z = torch.stack([self._cache[k][1] for k in keys])
+        return z, self.net.gpu(prep.gpu_x)
 
     def _embed(self, prep: _Prepared) -> tuple[torch.Tensor, torch.Tensor]:
         return self.net.encoder(prep.tokens, prep.lengths, prep.summary), self.net.gpu(prep.gpu_x)
@@ -170,7 +215,7 @@ class P1Model:
         for n, w in partners.items():
             allj.setdefault(n, w)
         prep = self.prepare(allj, gpus)
-        z, g = self._embed(prep)
+        z, g = self._embed_cached(prep, allj)
         jn = tuple(jobs)
         pn = tuple(partners)
         idx = {n: i for i, n in enumerate(prep.names)}
@@ -191,12 +236,8 @@ class P1Model:
             rp = prep.roof[pi][None, :, :, :].expand(J, P, G, -1)
             lr = self.net.log_ratio(zj4, zp4, g4, rj, rp).numpy()
             pair = iso[:, None, :] * np.exp(lr)
-            gtypes = [get_gpu_type(x) for x in gpus]
-            for a, na in enumerate(jn):
-                for b, nb in enumerate(pn):
-                    for k, gt in enumerate(gtypes):
-                        if not fits(allj[na], gt, allj[nb]):
-                            pair[a, b, k] = 0.0
+            need = prep.memory[ji.numpy()][:, None, None] + prep.memory[pi.numpy()][None, :, None]
+            pair[need > MEMORY_HEADROOM * prep.gpu_memory[None, None, :]] = 0.0
         return Prediction(jobs=jn, partners=pn, gpus=tuple(gpus), isolated=iso, pair=pair)
 
     def state(self) -> dict[str, torch.Tensor]:
@@ -257,9 +298,15 @@ def train_p1(data: MeasuredSet, config: P1Config = P1Config(), *, init: P1Model 
         gm, gs = _norm_stats(gx)
         model = P1Model(P1Net(config.encoder, config.hidden), config, sm, ss, gm, gs)
     else:
-        model = P1Model(init.net, config, init.summary_mean, init.summary_std, init.gpu_mean, init.gpu_std,
+        if (config.encoder, config.hidden) != (init.config.encoder, init.config.hidden):
+            raise ValueError(
+                f"fine-tuning keeps the architecture: init is {init.config.encoder}/{init.config.hidden}, "
+                f"config asks for {config.encoder}/{config.hidden}"
+            )
+        net = P1Net(init.config.encoder, init.config.hidden)
+        net.load_state_dict(init.net.state_dict())  # a copy: fine-tuning leaves ``init`` as it was
+        model = P1Model(net, config, init.summary_mean, init.summary_std, init.gpu_mean, init.gpu_std,
                         dict(init.trained_on))
-        model.net.load_state_dict(init.net.state_dict())
     prep = model.prepare(data.jobs, data.gpus)
     idx = {n: i for i, n in enumerate(prep.names)}
     gidx = {g: i for i, g in enumerate(prep.gpus)}

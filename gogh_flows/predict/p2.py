@@ -89,9 +89,11 @@ class P2Model:
             )
         valid = np.isfinite(p1_log)
         mask = np.isfinite(observed_log)
+        use = mask & valid  # a residual needs both: an observation where P1 has no value is kept as is
         p1 = torch.from_numpy(np.where(valid, p1_log, 0.0)).float()
-        obs = torch.from_numpy(np.where(mask, observed_log, 0.0)).float()
-        out = self.net(p1, obs, torch.from_numpy(mask).float()).double().numpy()
+        obs = torch.from_numpy(np.where(use, observed_log, 0.0)).float()
+        out = self.net(p1, obs, torch.from_numpy(use).float()).double().numpy()
+        out = np.where(mask, observed_log, out)
         return np.where(valid | mask, out, np.nan)
 
     def state(self) -> dict[str, torch.Tensor]:
@@ -118,18 +120,16 @@ def _sample_masks(known: np.ndarray, rng: np.random.Generator, max_observed: int
     Half the rows reveal only isolated entries, a quarter only pair entries, a quarter a mix,
     so P2 learns each direction of transfer (isolated -> pairs and back).
     """
-    b, d = known.shape
-    mask = np.zeros((b, d), dtype=bool)
-    for i in range(b):
-        mode = rng.random()
-        pool = known[i] & (~is_pair if mode < 0.5 else is_pair if mode < 0.75 else True)
-        cand = np.flatnonzero(pool)
-        if len(cand) <= 1:
-            continue
-        k = int(rng.integers(0, min(max_observed, len(cand) - 1) + 1))
-        if k:
-            mask[i, rng.choice(cand, size=k, replace=False)] = True
-    return mask
+    b, _ = known.shape
+    mode = rng.random(b)[:, None]
+    pool = known & np.where(mode < 0.5, ~is_pair[None, :], np.where(mode < 0.75, is_pair[None, :], True))
+    n_cand = pool.sum(axis=1)
+    hi = np.minimum(max_observed, np.maximum(n_cand - 1, 0))
+    k = np.where(n_cand > 1, np.floor(rng.random(b) * (hi + 1)).astype(int), 0)
+    # a random order of each row's candidates; the first k of them are revealed
+    keys = np.where(pool, rng.random(pool.shape), np.inf)
+    rank = np.argsort(np.argsort(keys, axis=1), axis=1)
+    return pool & (rank < k[:, None])
 
 
 def train_p2(layout: Layout, p1_log: np.ndarray, truth_log: np.ndarray, config: P2Config = P2Config(),

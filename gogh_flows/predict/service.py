@@ -1,0 +1,327 @@
+"""What the placement layer calls: predicted throughput tables, refined by what was measured.
+
+Why a table: the optimiser, the simulator and the policies all read a
+:class:`~gogh_flows.truth.table.ThroughputTable`. The predictor therefore answers in the
+same type, so a placement can run on measured truth, synthetic truth or predictions
+without knowing which.
+
+How an entry is filled, in order of trust:
+
+1. **observed** -- a logged measurement of exactly that entry (mean of log throughput
+   when it was measured several times); an observed 0.0 means "did not run there";
+2. **refined** -- P2's correction of P1, for the GPU types and partners in P2's layout,
+   using every observation of the job (on any type, with any partner);
+3. **P1** -- everything else. A pair whose partner is outside P2's layout keeps P1's
+   slowdown ratio, applied to the job's (refined) isolated value, so one observation of
+   a job moves all of its entries consistently.
+
+A predicted entry is 0.0 where the memory estimate says the job (or the pair) does not
+fit, as in measured tables.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+import polars as pl
+
+from gogh_flows.catalog import get_gpu_type
+from gogh_flows.predict.data import MeasuredSet, UnknownJobFeaturesError, zoo_jobs
+from gogh_flows.predict.evaluate import out_of_family_p1, p1_vectors
+from gogh_flows.predict.layout import Layout
+from gogh_flows.predict.p1 import P1Model
+from gogh_flows.predict.p2 import P2Config, P2Model, train_p2
+from gogh_flows.truth.table import SCHEMA, ThroughputTable
+from gogh_flows.workloads.features import WorkloadFeatures
+
+OBSERVATION_SCHEMA: dict[str, pl.DataType] = {
+    "job_type": pl.String(), "gpu_type": pl.String(), "partner": pl.String(), "throughput": pl.Float64(),
+}
+
+
+def observations_frame(rows: Iterable[Mapping] | pl.DataFrame = ()) -> pl.DataFrame:
+    """Measurements as the predictors read them: one row per (job, GPU type, partner or null).
+
+    ``throughput`` is the job's own steps/s (alone when ``partner`` is null); 0.0 records
+    that it did not run there. Rows may repeat an entry (several runs): they are averaged
+    in log space when used.
+    """
+    if isinstance(rows, pl.DataFrame):
+        missing = [c for c in ("job_type", "gpu_type", "throughput") if c not in rows.columns]
+        if missing:
+            raise ValueError(f"observations lack column(s) {missing}; expected {list(OBSERVATION_SCHEMA)}")
+        if "partner" not in rows.columns:
+            rows = rows.with_columns(partner=pl.lit(None, dtype=pl.String))
+        frame = rows.select(list(OBSERVATION_SCHEMA)).cast(OBSERVATION_SCHEMA)  # type: ignore[arg-type]
+    else:
+        recs = []
+        for i, r in enumerate(rows):
+            missing = [k for k in ("job_type", "gpu_type", "throughput") if r.get(k) is None]
+            if missing:
+                raise ValueError(f"observation {i} lacks {missing}: {dict(r)!r}")
+            recs.append({k: r.get(k) for k in OBSERVATION_SCHEMA})
+        frame = pl.DataFrame(recs, schema=OBSERVATION_SCHEMA)
+    bad = frame.filter(
+        pl.col("job_type").is_null() | pl.col("gpu_type").is_null() | pl.col("throughput").is_null()
+        | ~pl.col("throughput").is_finite() | (pl.col("throughput") < 0)
+    )
+    if bad.height:
+        raise ValueError(
+            f"observation throughput must be a finite number >= 0 with a job type and GPU type; "
+            f"got {bad.row(0, named=True)}"
+        )
+    return frame
+
+
+def _aggregate(obs: pl.DataFrame) -> dict[tuple[str, str | None, str], float]:
+    """(job, partner, gpu) -> mean log throughput; -inf when it did not run there."""
+    if obs.height == 0:
+        return {}
+    g = (
+        obs.with_columns(lt=pl.when(pl.col("throughput") > 0).then(pl.col("throughput").log()))
+        .group_by("job_type", "partner", "gpu_type")
+        .agg(lt=pl.col("lt").mean(), ran=(pl.col("throughput") > 0).any())
+    )
+    return {(j, p, gt): (lt if ran else -math.inf) for j, p, gt, lt, ran in g.iter_rows()}
+
+
+class ThroughputPredictor:
+    """P1 (+ optional P2) behind a table-valued call; cheap enough to run at every placement."""
+
+    def __init__(self, p1: P1Model, p2: P2Model | None = None) -> None:
+        if not isinstance(p1, P1Model):
+            raise TypeError(f"p1 must be a P1Model, got {type(p1).__name__}")
+        if p2 is not None and not isinstance(p2, P2Model):
+            raise TypeError(f"p2 must be a P2Model or None, got {type(p2).__name__}")
+        self.p1 = p1
+        self.p2 = p2
+        self._zoo: dict[str, WorkloadFeatures | None] = {}
+
+    # -- public ------------------------------------------------------------------------------
+    def predict_table(self, jobs: Mapping[str, WorkloadFeatures], gpu_types: Sequence[str],
+                      observations: pl.DataFrame | None = None) -> ThroughputTable:
+        """Isolated rows for every job x type, pair rows for every pair of ``jobs`` (a job with
+        itself included) x type; scale factor 1."""
+        names = tuple(jobs)
+        if not names:
+            raise ValueError("predict_table needs at least one job")
+        gpus = tuple(dict.fromkeys(gpu_types))
+        if not gpus:
+            raise ValueError("predict_table needs at least one GPU type")
+        for g in gpus:
+            get_gpu_type(g)  # unknown type -> error naming it
+        obs = _aggregate(observations_frame(observations)) if observations is not None else {}
+        iso, pair = self._predict(dict(jobs), gpus, obs)
+        return _table(names, gpus, iso, pair)
+
+    def refine_error(self, features: Mapping[str, WorkloadFeatures], train_obs: pl.DataFrame,
+                     test_obs: pl.DataFrame) -> dict:
+        """MAPE of every test observation predicted from P1 + P2 with ``train_obs`` only.
+
+        What the retraining flow compares a new refiner against the champion with.
+        """
+        test = observations_frame(test_obs).filter(pl.col("throughput") > 0)
+        out = {"mape": math.nan, "n": 0, "isolated_mape": math.nan, "isolated_n": 0,
+               "colocated_mape": math.nan, "colocated_n": 0}
+        if test.height == 0:
+            return out
+        needed = set(test["job_type"].to_list()) | {p for p in test["partner"].to_list() if p is not None}
+        missing = sorted(n for n in needed if n not in features)
+        if missing:
+            raise ValueError(f"refine_error: no features for job type(s) {missing}; pass them in `features`")
+        gpus = tuple(sorted(set(test["gpu_type"].to_list())))
+        names = tuple(sorted(needed))
+        obs = _aggregate(observations_frame(train_obs))
+        iso, pair = self._predict({n: features[n] for n in names}, gpus, obs)
+        ji = {n: i for i, n in enumerate(names)}
+        gi = {g: i for i, g in enumerate(gpus)}
+        errs: dict[bool, list[float]] = {False: [], True: []}
+        for j, g, p, t in test.iter_rows():
+            pred = iso[ji[j], gi[g]] if p is None else pair[ji[j], ji[p], gi[g]]
+            errs[p is not None].append(abs(pred - t) / t)
+        both = errs[False] + errs[True]
+        out.update(mape=float(np.mean(both)), n=len(both))
+        if errs[False]:
+            out.update(isolated_mape=float(np.mean(errs[False])), isolated_n=len(errs[False]))
+        if errs[True]:
+            out.update(colocated_mape=float(np.mean(errs[True])), colocated_n=len(errs[True]))
+        return out
+
+    # -- internals ---------------------------------------------------------------------------
+    def _partner_features(self, jobs: Mapping[str, WorkloadFeatures]) -> dict[str, WorkloadFeatures]:
+        """P2's layout partners with features: the given jobs first, else the zoo (cached)."""
+        out: dict[str, WorkloadFeatures] = {}
+        for n in self.p2.layout.partners if self.p2 is not None else ():
+            if n in jobs:
+                out[n] = jobs[n]
+                continue
+            if n not in self._zoo:
+                try:
+                    self._zoo[n] = zoo_jobs([n])[n]
+                except UnknownJobFeaturesError:
+                    self._zoo[n] = None  # a logged job of another team: its column stays unknown
+            if self._zoo[n] is not None:
+                out[n] = self._zoo[n]
+        return out
+
+    def _predict(self, jobs: dict[str, WorkloadFeatures], gpus: tuple[str, ...],
+                 obs: Mapping[tuple[str, str | None, str], float]) -> tuple[np.ndarray, np.ndarray]:
+        """``iso [J, G]`` and ``pair [J, J, G]`` steps/s for the requested jobs and types."""
+        names = tuple(jobs)
+        J, G = len(names), len(gpus)
+        extra_p = self._partner_features(jobs)
+        partners = dict(jobs)
+        for n, w in extra_p.items():
+            partners.setdefault(n, w)
+        lay = self.p2.layout if self.p2 is not None else None
+        all_gpus = gpus + tuple(g for g in (lay.gpus if lay else ()) if g not in gpus)
+        pred = self.p1.predict(jobs, all_gpus, partners=partners)
+        pnames = pred.partners
+        p_idx = {n: i for i, n in enumerate(pnames)}
+        g_idx = {g: i for i, g in enumerate(all_gpus)}
+        p1_iso = pred.isolated  # [J, Gall]
+        p1_pair = pred.pair  # [J, Pall, Gall]
+        iso = p1_iso[:, :G].copy()
+        pair = p1_pair[:, :J, :G].copy()  # partners start with the jobs themselves, in order
+        if lay is not None:
+            lg = [g_idx[g] for g in lay.gpus]
+            lp = [p_idx.get(p, -1) for p in lay.partners]
+            lay_pair = np.full((J, len(lay.partners), len(lay.gpus)), np.nan)
+            have = [k for k, i in enumerate(lp) if i >= 0]
+            lay_pair[:, have, :] = p1_pair[:, [lp[k] for k in have], :][:, :, lg]
+            with np.errstate(divide="ignore"):
+                vec = np.log(lay.pack(p1_iso[:, lg], lay_pair))
+            vec[~np.isfinite(vec)] = np.nan
+            seen = np.full_like(vec, np.nan)
+            lay_g = {g: i for i, g in enumerate(lay.gpus)}
+            lay_p = {p: i for i, p in enumerate(lay.partners)}
+            row = {n: i for i, n in enumerate(names)}
+            for (j, p, g), v in obs.items():
+                if j in row and g in lay_g and math.isfinite(v) and (p is None or p in lay_p):
+                    k = lay.isolated_index(g) if p is None else lay.pair_index(p, g)
+                    seen[row[j], k] = v
+            # P2 corrects P1 even without observations (the prior shift it learned)
+            ref = self.p2.refine(vec, seen)
+            r_iso, r_pair = lay.unpack(ref)
+            for gi, g in enumerate(gpus):
+                if g not in lay_g:
+                    continue
+                c = lay_g[g]
+                fit = p1_iso[:, gi] > 0
+                new = np.where(np.isfinite(r_iso[:, c]), np.exp(r_iso[:, c]), iso[:, gi])
+                scale = np.where(fit & (iso[:, gi] > 0), new / np.where(iso[:, gi] > 0, iso[:, gi], 1), 1.0)
+                iso[:, gi] = np.where(fit, new, 0.0)
+                # partners outside the layout: P1's slowdown, on the refined isolated value
+                pair[:, :, gi] *= scale[:, None]
+                for b, n in enumerate(names):
+                    if n in lay_p:
+                        v = r_pair[:, lay_p[n], c]
+                        ok = np.isfinite(v) & (p1_pair[:, b, gi] > 0)
+                        pair[:, b, gi] = np.where(ok, np.exp(np.where(ok, v, 0.0)), pair[:, b, gi])
+        # observed entries win, whatever the models say
+        row = {n: i for i, n in enumerate(names)}
+        col = {g: i for i, g in enumerate(gpus)}
+        for (j, p, g), v in obs.items():
+            if j not in row or g not in col:
+                continue
+            val = math.exp(v) if math.isfinite(v) else 0.0
+            if p is None:
+                iso[row[j], col[g]] = val
+            elif p in row:
+                pair[row[j], row[p], col[g]] = val
+        return iso, pair
+
+
+def _table(names: tuple[str, ...], gpus: tuple[str, ...], iso: np.ndarray, pair: np.ndarray) -> ThroughputTable:
+    J, G = len(names), len(gpus)
+    jj, gg = np.meshgrid(np.arange(J), np.arange(G), indexing="ij")
+    a, b = np.triu_indices(J)
+    n_pairs = len(a)
+    pa = np.repeat(a, G)
+    pb = np.repeat(b, G)
+    pg = np.tile(np.arange(G), n_pairs)
+    nm = np.asarray(names, dtype=object)
+    gp = np.asarray(gpus, dtype=object)
+    iso_rows = pl.DataFrame({
+        "job_type": nm[jj.ravel()].tolist(), "gpu_type": gp[gg.ravel()].tolist(),
+        "partner": [None] * (J * G), "throughput": iso.ravel().astype(float),
+        "partner_throughput": [None] * (J * G),
+    }, schema={k: SCHEMA[k] for k in ("job_type", "gpu_type", "partner", "throughput", "partner_throughput")})
+    pair_rows = pl.DataFrame({
+        "job_type": nm[pa].tolist(), "gpu_type": gp[pg].tolist(), "partner": nm[pb].tolist(),
+        "throughput": pair[pa, pb, pg].astype(float), "partner_throughput": pair[pb, pa, pg].astype(float),
+    }, schema={k: SCHEMA[k] for k in ("job_type", "gpu_type", "partner", "throughput", "partner_throughput")})
+    frame = pl.concat([iso_rows, pair_rows]).with_columns(
+        scale_factor=pl.lit(1, dtype=pl.Int32), activity=pl.lit(None, dtype=pl.Float64),
+    )
+    return ThroughputTable(frame, source="predicted")
+
+
+def fit_refiner(p1: P1Model, features: Mapping[str, WorkloadFeatures], observations: pl.DataFrame, *,
+                base: MeasuredSet | None = None, config: P2Config = P2Config(),
+                gpu_types: Sequence[str] | None = None, out_of_family: bool = False) -> P2Model:
+    """Train a P2 on logged measurements (plus ``base`` data, e.g. the synthetic fleet).
+
+    The refiner learns how P1's errors on a job spread across GPU types and partners, so it
+    must see P1 vectors with realistic errors: logged jobs are usually new to P1 and are
+    fine as they are; ``base`` jobs were mostly in P1's own training set, and
+    ``out_of_family=True`` replaces their vectors with predictions of P1s trained without
+    their family (one P1 per family: slower, better).
+    """
+    obs = observations_frame(observations)
+    feats: dict[str, WorkloadFeatures] = dict(base.jobs) if base is not None else {}
+    feats.update(features)
+    named = list(dict.fromkeys(
+        obs["job_type"].to_list() + [p for p in obs["partner"].to_list() if p is not None]))
+    unknown = [n for n in named if n not in feats]
+    if unknown:
+        try:
+            feats.update(zoo_jobs(unknown))
+        except UnknownJobFeaturesError as exc:
+            raise ValueError(f"fit_refiner: {exc}") from None
+    # every measurement, base first, as (job, partner, gpu) -> mean log throughput
+    vals: dict[tuple[str, str | None, str], list[float]] = {}
+    if base is not None:
+        for j, g, t in base.iso.iter_rows():
+            vals.setdefault((j, None, g), []).append(math.log(t))
+        for j, p, g, t, _ in base.pairs.iter_rows():
+            vals.setdefault((j, p, g), []).append(math.log(t))
+    for (j, p, g), v in _aggregate(obs).items():
+        if math.isfinite(v):
+            vals.setdefault((j, p, g), []).append(v)
+    if not vals:
+        raise ValueError("fit_refiner needs at least some positive measurements (observations or base)")
+    names = tuple(dict.fromkeys([*(base.names if base is not None else ()), *named]))
+    if gpu_types is not None:
+        gpus = tuple(gpu_types)
+    else:
+        first = base.gpus if base is not None else ()
+        gpus = tuple(first) + tuple(sorted({k[2] for k in vals} - set(first)))
+    for g in gpus:
+        get_gpu_type(g)
+    layout = Layout(gpus, names)
+    truth = np.full((len(names), layout.size), np.nan)
+    row = {n: i for i, n in enumerate(names)}
+    gset, pset = set(gpus), set(names)
+    for (j, p, g), v in vals.items():
+        if g in gset and (p is None or p in pset):
+            k = layout.isolated_index(g) if p is None else layout.pair_index(p, g)
+            truth[row[j], k] = float(np.mean(v))
+    vectors = p1_vectors(p1, layout, names, feats)
+    if out_of_family and base is not None and len(base.families) >= 2:
+        oof = out_of_family_p1(base, layout, feats, p1.config)
+        vectors[[row[n] for n in base.names]] = oof
+    keep = np.isfinite(truth).any(axis=1)
+    if keep.sum() < 2:
+        raise ValueError("fit_refiner needs measurements of at least two job types")
+    model = train_p2(layout, vectors[keep], truth[keep], config)
+    model.trained_on.update({
+        "observations": obs.height, "base_jobs": len(base.names) if base is not None else 0,
+        "gpus": list(gpus), "out_of_family": bool(out_of_family and base is not None),
+    })
+    return model
+
+
+__all__ = ["OBSERVATION_SCHEMA", "ThroughputPredictor", "fit_refiner", "observations_frame"]

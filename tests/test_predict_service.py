@@ -1,0 +1,149 @@
+"""ThroughputPredictor: the table the placement layer reads, and the refiner's training."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+
+from gogh_flows.predict.data import MeasuredSet
+from gogh_flows.predict.p1 import P1Config, train_p1
+from gogh_flows.predict.p2 import P2Config
+from gogh_flows.predict.service import ThroughputPredictor, fit_refiner, observations_frame
+from gogh_flows.truth.synthetic import synthetic_table
+from gogh_flows.truth.table import ThroughputTable
+
+GPUS = ("k80", "v100", "a100")
+TRAIN_JOBS = (
+    "A3C", "LM (batch size 20)", "Recommendation (batch size 1024)", "ResNet-18 (batch size 64)",
+    "ResNet-50 (batch size 128)", "ResNet-50 (batch size 32)", "Transformer (batch size 64)",
+)
+NEW = "CycleGAN"  # never seen by P1 or P2 here
+
+
+@pytest.fixture(scope="module")
+def setup():
+    full = MeasuredSet.from_table(synthetic_table(GPUS))
+    data = full.subset(TRAIN_JOBS)
+    p1 = train_p1(data, P1Config(hidden=8, epochs=40, pair_rows_per_epoch=256))
+    p2 = fit_refiner(p1, {}, observations_frame(), base=data, config=P2Config(hidden=8, epochs=60))
+    return full, data, p1, p2
+
+
+def _truth_rows(full: MeasuredSet, job: str) -> dict[str, float]:
+    return dict(zip(full.iso.filter(pl.col("job") == job)["gpu"], full.iso.filter(pl.col("job") == job)["throughput"]))
+
+
+def test_observations_frame_schema_and_validation():
+    f = observations_frame([{"job_type": "A3C", "gpu_type": "k80", "throughput": 2.0},
+                            {"job_type": "A3C", "gpu_type": "k80", "partner": "A3C", "throughput": 1.0}])
+    assert f.columns == ["job_type", "gpu_type", "partner", "throughput"]
+    assert f["partner"].to_list() == [None, "A3C"]
+    assert observations_frame().height == 0
+    assert observations_frame(f.drop("partner"))["partner"].null_count() == 2
+    with pytest.raises(ValueError, match="lacks"):
+        observations_frame([{"job_type": "A3C", "throughput": 1.0}])
+    with pytest.raises(ValueError, match=">= 0"):
+        observations_frame([{"job_type": "A3C", "gpu_type": "k80", "throughput": -1.0}])
+
+
+def test_table_has_every_job_type_and_pair_with_zero_where_it_does_not_fit(setup):
+    full, data, p1, p2 = setup
+    jobs = {n: full.jobs[n] for n in (*TRAIN_JOBS[:4], "ResNet-50 (batch size 128)", NEW)}
+    table = ThroughputPredictor(p1, p2).predict_table(jobs, GPUS)
+    assert isinstance(table, ThroughputTable)
+    j, g = len(jobs), len(GPUS)
+    assert len(table) == j * g + j * (j + 1) // 2 * g
+    assert set(table.job_types) == set(jobs) and set(table.gpu_types) == set(GPUS)
+    assert table.isolated("ResNet-50 (batch size 128)", "k80") == 0.0  # 12 GB is too little
+    assert table.pair("ResNet-50 (batch size 128)", "A3C", "k80") == (0.0, 0.0)
+    assert table.isolated("A3C", "a100") > 0
+    assert all(v > 0 for v in table.pair("A3C", "A3C", "v100"))
+
+
+def test_observed_entries_come_back_as_observed(setup):
+    full, _, p1, p2 = setup
+    jobs = {n: full.jobs[n] for n in ("A3C", "ResNet-18 (batch size 64)", NEW)}
+    obs = observations_frame([
+        {"job_type": "A3C", "gpu_type": "v100", "throughput": 2.0},
+        {"job_type": "A3C", "gpu_type": "v100", "throughput": 8.0},  # geometric mean 4.0
+        {"job_type": NEW, "gpu_type": "k80", "partner": "A3C", "throughput": 0.5},
+        {"job_type": "ResNet-18 (batch size 64)", "gpu_type": "a100", "throughput": 0.0},
+    ])
+    for pred in (ThroughputPredictor(p1, p2), ThroughputPredictor(p1)):
+        table = pred.predict_table(jobs, GPUS, obs)
+        assert table.isolated("A3C", "v100") == pytest.approx(4.0)
+        assert table.pair(NEW, "A3C", "k80")[0] == pytest.approx(0.5)
+        assert table.isolated("ResNet-18 (batch size 64)", "a100") == 0.0
+
+
+def test_without_p2_the_table_is_p1(setup):
+    full, _, p1, _ = setup
+    jobs = {n: full.jobs[n] for n in ("A3C", NEW)}
+    table = ThroughputPredictor(p1).predict_table(jobs, GPUS)
+    pred = p1.predict(jobs, GPUS, partners=jobs)
+    for a, na in enumerate(jobs):
+        for k, g in enumerate(GPUS):
+            assert table.isolated(na, g) == pytest.approx(pred.isolated[a, k], rel=1e-6)
+            for b, nb in enumerate(jobs):
+                assert table.pair(na, nb, g)[0] == pytest.approx(
+                    min(pred.pair[a, b, k], pred.pair[b, a, k]) if na == nb else pred.pair[a, b, k], rel=1e-6)
+
+
+def test_a_job_outside_p2s_layout_still_gets_p1_values(setup):
+    full, _, p1, p2 = setup
+    assert NEW not in p2.layout.partners
+    jobs = {n: full.jobs[n] for n in ("A3C", NEW)}
+    table = ThroughputPredictor(p1, p2).predict_table(jobs, GPUS)
+    pred = p1.predict(jobs, GPUS, partners=jobs)
+    for k, g in enumerate(GPUS):
+        iso = table.isolated(NEW, g)
+        assert iso > 0 and math.isfinite(iso)
+        # next to another job P2 never saw as a partner: P1's slowdown on the refined isolated value
+        ratio = pred.pair[1, 1, k] / pred.isolated[1, k]
+        assert table.pair(NEW, NEW, g)[0] == pytest.approx(iso * ratio, rel=1e-5)
+    # GPU types P2 was not trained for are pure P1
+    t4 = ThroughputPredictor(p1, p2).predict_table(jobs, ("t4",))
+    assert t4.isolated(NEW, "t4") == pytest.approx(p1.predict(jobs, ("t4",)).isolated[1, 0], rel=1e-6)
+
+
+def test_one_observation_moves_the_other_types_toward_the_truth(setup):
+    full, _, p1, p2 = setup
+    pred = ThroughputPredictor(p1, p2)
+    truth = _truth_rows(full, NEW)
+    jobs = {NEW: full.jobs[NEW]}
+    before = ThroughputPredictor(p1).predict_table(jobs, GPUS)  # P1 alone
+    after = pred.predict_table(jobs, GPUS, observations_frame(
+        [{"job_type": NEW, "gpu_type": "v100", "throughput": truth["v100"]}]))
+    err = lambda t, g: abs(math.log(t.isolated(NEW, g) / truth[g]))  # noqa: E731
+    others = [g for g in GPUS if g != "v100" and truth.get(g, 0) > 0]
+    assert sum(err(after, g) for g in others) < sum(err(before, g) for g in others)
+
+
+def test_refine_error_scores_held_out_measurements(setup):
+    full, _, p1, p2 = setup
+    rows = full.iso.filter(pl.col("job") == NEW)
+    train = observations_frame([{"job_type": NEW, "gpu_type": rows["gpu"][0], "throughput": rows["throughput"][0]}])
+    test = observations_frame(
+        [{"job_type": NEW, "gpu_type": g, "throughput": t} for g, t in zip(rows["gpu"][1:], rows["throughput"][1:])]
+        + [{"job_type": NEW, "gpu_type": "v100", "partner": "A3C", "throughput": 1.0}])
+    res = ThroughputPredictor(p1, p2).refine_error(full.jobs, train, test)
+    assert res["n"] == test.height and res["isolated_n"] == test.height - 1 and res["colocated_n"] == 1
+    assert 0 <= res["isolated_mape"] < 10 and res["mape"] >= 0
+    with pytest.raises(ValueError, match="no features"):
+        ThroughputPredictor(p1, p2).refine_error({}, train, test)
+
+
+def test_fit_refiner_learns_from_logged_observations_of_a_new_job(setup):
+    full, data, p1, _ = setup
+    rows = [{"job_type": NEW, "gpu_type": g, "throughput": t}
+            for g, t in _truth_rows(full, NEW).items() if t > 0]
+    rows += [{"job_type": "A3C", "gpu_type": "v100", "partner": NEW, "throughput": 1.5}]
+    p2 = fit_refiner(p1, {NEW: full.jobs[NEW]}, observations_frame(rows), base=data,
+                     config=P2Config(hidden=8, epochs=5))
+    assert NEW in p2.layout.partners and p2.layout.gpus == data.gpus
+    assert p2.trained_on["observations"] == len(rows)
+    with pytest.raises(ValueError, match="no layer features"):
+        fit_refiner(p1, {}, observations_frame([{"job_type": "my-model", "gpu_type": "k80", "throughput": 1.0}]))
