@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     from gogh_flows.sim.cli import add_parser as add_simulate
 
     add_simulate(sub)
+    from gogh_flows.predict.cli import add_parser as add_predictors; add_predictors(sub)  # noqa: E702
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)

@@ -152,6 +152,25 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
     return HoldoutResult(holdout, metrics, secs, p1, p2)
 
 
+def in_sample_metrics(p1: P1Model, p2: P2Model, data: MeasuredSet, layout: Layout, oof_p1: np.ndarray,
+                      *, repeats: int = 3, seed: int = 0) -> dict[str, float]:
+    """Training-set figures for a model card: P1's fit, and P2's correction of out-of-family P1.
+
+    Not a measure of generalisation (that is :func:`leave_one_family_out`); it shows the
+    models learned what they were given.
+    """
+    truth = layout.truth(data, data.names)
+    own = p1_vectors(p1, layout, data.names, dict(data.jobs))
+    s_p1 = score(lambda i, obs: np.where(np.isfinite(obs), obs, own[i]), truth, layout, 1, seed)
+    s_oof = score(lambda i, obs: np.where(np.isfinite(obs), obs, oof_p1[i]), truth, layout, 1, seed)
+    s_p2 = score(lambda i, obs: p2.refine(oof_p1[i], obs)[0], truth, layout, repeats, seed)
+    return {
+        "p1_isolated_mape": s_p1["isolated_mape"], "p1_colocated_mape": s_p1["colocated_mape"],
+        "oof_p1_isolated_mape": s_oof["isolated_mape"], "oof_p1_colocated_mape": s_oof["colocated_mape"],
+        "p2_isolated_mape_1obs": s_p2["isolated_mape_1obs"], "p2_colocated_mape_1obs": s_p2["colocated_mape_1obs"],
+    }
+
+
 def guard_no_leak(train: MeasuredSet, holdout: str) -> None:
     """Fail loudly if anything of the held-out family is still in a training set."""
     leaked = [n for n in train.jobs if train.family[n] == holdout]

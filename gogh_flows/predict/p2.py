@@ -35,6 +35,9 @@ from torch import nn
 from gogh_flows.predict.layout import Layout
 
 
+MIX_BOUND = 0.7
+
+
 @dataclass(frozen=True)
 class P2Config:
     hidden: int = 64
@@ -65,7 +68,9 @@ class P2Net(nn.Module):
         den = mask @ w
         avg = torch.where(den > 1e-6, num / den.clamp_min(1e-6), torch.zeros_like(num))
         centred = p1 - p1.mean(dim=1, keepdim=True)
-        out = p1 + avg + self.mix(torch.cat([centred, r, mask], dim=1))
+        # bounded (|.| < MIX_BOUND in log space): a P1 vector unlike any seen in training must not
+        # send the free-form part anywhere; the observed residuals carry the large corrections
+        out = p1 + avg + MIX_BOUND * torch.tanh(self.mix(torch.cat([centred, r, mask], dim=1)) / MIX_BOUND)
         return torch.where(mask > 0, obs, out)
 
 

@@ -1,0 +1,195 @@
+"""``gogh predictors train|evaluate``: shipped priors and the leave-one-family-out report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["add_parser", "cmd_evaluate", "cmd_train", "format_report"]
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("predictors", help="train and evaluate the throughput predictors (P1, P2)")
+    ps = p.add_subparsers(dest="predictors", required=True)
+
+    def common(x: argparse.ArgumentParser) -> None:
+        x.add_argument("--truth", default="synthetic", help="'synthetic' or a Gavel throughput JSON")
+        x.add_argument("--encoder", default="gru", choices=("gru", "ff", "transformer"), help="P1 job encoder")
+        x.add_argument("--seed", type=int, default=0)
+        x.add_argument("--gpu-types", help="comma-separated GPU types to keep (default: all in the truth)")
+        x.add_argument("--p1-epochs", type=int, help="P1 epochs (default: P1Config's)")
+        x.add_argument("--p2-epochs", type=int, help="P2 epochs (default: P2Config's)")
+
+    t = ps.add_parser("train", help="train P1 and P2 on all data and write DIR/p1 and DIR/p2")
+    common(t)
+    t.add_argument("--out", required=True, help="directory to write p1/ and p2/ into")
+    t.add_argument("--exclude-family", action="append", default=[],
+                   help="leave this model family out of training entirely (repeatable)")
+    t.set_defaults(func=cmd_train)
+
+    e = ps.add_parser("evaluate", help="leave-one-family-out MAPE of P1, P2 and the baselines")
+    common(e)
+    e.add_argument("--holdout-family", default="all", help="a family name, or 'all' (every family in turn)")
+    e.add_argument("--repeats", type=int, default=5, help="random draws of the observed entries per job")
+    e.add_argument("--json", help="write the report to this file")
+    e.set_defaults(func=cmd_evaluate)
+
+
+def _configs(args: argparse.Namespace):
+    from dataclasses import replace
+
+    from gogh_flows.predict.p1 import P1Config
+    from gogh_flows.predict.p2 import P2Config
+
+    p1 = P1Config(encoder=args.encoder, seed=args.seed)
+    if args.p1_epochs is not None:
+        p1 = replace(p1, epochs=args.p1_epochs)
+    p2 = P2Config(seed=args.seed)
+    if args.p2_epochs is not None:
+        p2 = replace(p2, epochs=args.p2_epochs)
+    return p1, p2
+
+
+def _data(args: argparse.Namespace):
+    from gogh_flows.predict.data import MeasuredSet
+    from gogh_flows.truth import load_truth
+
+    table = load_truth(args.truth)
+    if args.gpu_types:
+        keep = [g.strip() for g in args.gpu_types.split(",") if g.strip()]
+        missing = [g for g in keep if g not in table.gpu_types]
+        if missing:
+            raise ValueError(f"--gpu-types {missing} not in the truth ({', '.join(table.gpu_types)})")
+        table = table.restrict(gpu_types=keep)
+    return table, MeasuredSet.from_table(table)
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command that reproduces this run, rebuilt from the parsed options (not sys.argv)."""
+    parts = ["gogh", "predictors", "train", "--truth", args.truth, "--out", args.out,
+             "--encoder", args.encoder, "--seed", str(args.seed)]
+    for flag, value in (("--gpu-types", args.gpu_types), ("--p1-epochs", args.p1_epochs),
+                        ("--p2-epochs", args.p2_epochs)):
+        if value is not None:
+            parts += [flag, str(value)]
+    for fam in args.exclude_family:
+        parts += ["--exclude-family", fam]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import torch
+
+    from gogh_flows.predict.evaluate import in_sample_metrics, out_of_family_p1
+    from gogh_flows.predict.io import save_model
+    from gogh_flows.predict.layout import Layout
+    from gogh_flows.predict.p1 import train_p1
+    from gogh_flows.predict.p2 import train_p2
+
+    torch.set_num_threads(1)  # tiny networks: threads only add contention
+    p1_cfg, p2_cfg = _configs(args)
+    table, full = _data(args)
+    data = full.without(args.exclude_family) if args.exclude_family else full
+    start = time.perf_counter()
+    log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
+    p1 = train_p1(data, p1_cfg, log=log)
+    layout = Layout(data.gpus, data.names)
+    oof = out_of_family_p1(data, layout, dict(data.jobs), p1_cfg, log)
+    truth = layout.truth(data, data.names)
+    p2 = train_p2(layout, oof, truth, p2_cfg, log=log)
+    metrics = in_sample_metrics(p1, p2, data, layout, oof, seed=args.seed)
+    secs = time.perf_counter() - start
+    source = table.source
+    excluded = ", ".join(args.exclude_family) if args.exclude_family else "none"
+    command = _command(args)
+    data_lines = (
+        f"- truth: `{args.truth}` ({source}); GPU types: {', '.join(data.gpus)}\n"
+        f"- {len(data.names)} job types from families {', '.join(data.families)}; "
+        f"{data.iso.height} isolated and {data.pairs.height} co-located measurements (one per side)\n"
+        f"- families left out of training entirely: **{excluded}**\n"
+    )
+    out = Path(args.out)
+    p1_card = (
+        f"# P1 throughput estimator ({p1_cfg.encoder})\n\n"
+        "Predicts a job's isolated throughput on every GPU type and its throughput next to any "
+        "partner, from the job's layer features and the GPU type's catalog figures.\n\n"
+        f"## Data\n\n{data_lines}\n## Command\n\n```\n{command}\n```\n\n"
+        f"## Training metrics (on its own training data; see docs/predictors.md for held-out figures)\n\n"
+        f"- loss (log-space MSE): first epoch {p1.trained_on['first_loss']:.4f}, last {p1.trained_on['final_loss']:.4f}\n"
+        f"- in-sample isolated MAPE {metrics['p1_isolated_mape']:.1%}, co-located MAPE {metrics['p1_colocated_mape']:.1%}\n"
+        f"- training time {secs:.0f} s (P1 + P2 together)\n\n"
+        f"## Configuration\n\n```json\n{json.dumps(p1.config_dict()['p1'], indent=2)}\n```\n\n"
+        "Load with `gogh_flows.predict.io.load_p1(path)` (safetensors + JSON, no pickle).\n"
+    )
+    p2_card = (
+        "# P2 refiner\n\n"
+        "Corrects P1's prediction vector of a job (every GPU type, every partner below) with "
+        "whatever has been measured for it. Layout: "
+        f"{len(layout.gpus)} GPU types x (1 + {len(layout.partners)} partners) = {layout.size} entries.\n\n"
+        f"## Data\n\n{data_lines}"
+        "- inputs: out-of-family P1 predictions (each job's vector from a P1 trained without its "
+        "family), so the refiner learns P1's errors on unseen models\n\n"
+        f"## Command\n\n```\n{command}\n```\n\n"
+        "## Training metrics (jobs it was trained on; held-out figures are in docs/predictors.md)\n\n"
+        f"- loss: first epoch {p2.trained_on['first_loss']:.4f}, last {p2.trained_on['final_loss']:.4f}\n"
+        f"- isolated MAPE after 1 observation {metrics['p2_isolated_mape_1obs']:.1%} "
+        f"(out-of-family P1 alone: {metrics['oof_p1_isolated_mape']:.1%})\n"
+        f"- co-located MAPE after 1 observation {metrics['p2_colocated_mape_1obs']:.1%} "
+        f"(out-of-family P1 alone: {metrics['oof_p1_colocated_mape']:.1%})\n\n"
+        f"## Configuration\n\n```json\n{json.dumps(p2.config_dict()['p2'], indent=2)}\n```\n\n"
+        "Load with `gogh_flows.predict.io.load_p2(path)` (safetensors + JSON, no pickle).\n"
+    )
+    p1.trained_on.update({"truth": args.truth, "excluded_families": list(args.exclude_family)})
+    p2.trained_on.update({"truth": args.truth, "excluded_families": list(args.exclude_family),
+                          "metrics": {k: v for k, v in metrics.items() if math.isfinite(v)}})
+    save_model(p1, out / "p1", p1_card)
+    save_model(p2, out / "p2", p2_card)
+    print(json.dumps({"out": str(out), "seconds": round(secs, 1), **{k: round(v, 4) for k, v in metrics.items()}},
+                     indent=2))
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    import torch
+
+    from gogh_flows.predict.evaluate import EvalConfig, leave_one_family_out
+
+    torch.set_num_threads(1)
+    p1_cfg, p2_cfg = _configs(args)
+    _, full = _data(args)
+    holdouts = None if args.holdout_family == "all" else [args.holdout_family]
+    report = leave_one_family_out(
+        full, holdouts, EvalConfig(p1=p1_cfg, p2=p2_cfg, repeats=args.repeats, seed=args.seed),
+        log=lambda s: print(s, file=sys.stderr, flush=True),
+    )
+    report["truth"] = args.truth
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    print(format_report(report))
+    return 0
+
+
+def format_report(report: dict) -> str:
+    """Per-family and mean MAPEs, in percent, one row per (family, method)."""
+    from gogh_flows.predict.evaluate import METHODS, METRICS
+
+    head = ["family", "method", *METRICS]
+    rows = [head]
+    for fam, by_method in [*report["families"].items(), ("MEAN", report["mean"])]:
+        for m in METHODS:
+            rows.append([fam, m, *(_pct(by_method[m][k]) for k in METRICS)])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines) + f"\n(MAPE in %; {report.get('seconds', '?')} s)"
+
+
+def _pct(v: float) -> str:
+    return "n/a" if v is None or not math.isfinite(v) else f"{100 * v:.1f}"

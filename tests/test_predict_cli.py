@@ -1,0 +1,42 @@
+"""``gogh predictors train|evaluate`` end to end, with tiny epochs on a three-type synthetic fleet."""
+
+from __future__ import annotations
+
+import json
+
+from gogh_flows.cli import main
+from gogh_flows.predict.io import load_p1, load_p2, read_card
+from gogh_flows.predict.evaluate import METHODS, METRICS
+
+TINY = ["--truth", "synthetic", "--gpu-types", "k80,v100,a100", "--p1-epochs", "3", "--p2-epochs", "3"]
+
+
+def test_train_writes_two_model_directories_with_cards(tmp_path, capsys):
+    out = tmp_path / "prior"
+    assert main(["predictors", "train", *TINY, "--out", str(out), "--exclude-family", "CycleGAN"]) == 0
+    p1, p2 = load_p1(out / "p1"), load_p2(out / "p2")
+    assert "CycleGAN" not in p2.layout.partners and set(p2.layout.gpus) == {"k80", "v100", "a100"}
+    assert p1.trained_on["excluded_families"] == ["CycleGAN"]
+    for d in ("p1", "p2"):
+        card = read_card(out / d)
+        assert "**CycleGAN**" in card and "gogh predictors train" in card and "MAPE" in card
+    assert json.loads(capsys.readouterr().out)["out"] == str(out)
+
+
+def test_evaluate_writes_every_method_and_metric(tmp_path, capsys):
+    target = tmp_path / "eval.json"
+    assert main(["predictors", "evaluate", *TINY, "--holdout-family", "A3C", "--repeats", "1",
+                 "--json", str(target)]) == 0
+    report = json.loads(target.read_text())
+    assert list(report["families"]) == ["A3C"]
+    for m in METHODS:
+        assert set(report["mean"][m]) == set(METRICS)
+        assert report["families"]["A3C"][m] == report["mean"][m]
+    printed = capsys.readouterr().out
+    assert "MEAN" in printed and "matrix_completion" in printed
+
+
+def test_evaluate_names_the_families_when_one_is_unknown(capsys):
+    assert main(["predictors", "evaluate", *TINY, "--holdout-family", "VGG"]) == 2
+    err = capsys.readouterr().err
+    assert "VGG" in err and "ResNet-50" in err
