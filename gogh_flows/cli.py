@@ -27,6 +27,11 @@ def cmd_bench_placement(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if not args.wave_only:
+        from gogh_flows.demo import run_product_demo
+
+        run_product_demo(seed=args.seed, out=Path(args.out), waves=args.waves, wave_size=args.wave_size)
+        return 0
     import polars as pl
 
     from gogh_flows.placement_demo import run_demo
@@ -43,13 +48,49 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_blocks_apply(args: argparse.Namespace) -> int:
+    from gogh_flows.flows.blocks import apply_block_documents
+
+    for kind, name in apply_block_documents(Path(args.folder)):
+        print(f"saved {kind}/{name}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from gogh_flows.flows.retrain import serve_refiner
+
+    params = {"registry": args.registry} if args.registry else {}
+    serve_refiner(args.name, cron=args.cron, interval_s=args.interval, parameters=params)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gogh", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="place a wave of zoo jobs and compare policies")
+    demo = sub.add_parser("demo", help="the whole loop: placed flow runs on an emulated fleet, "
+                          "measurements, retraining, and the energy against greedy-fastest")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--out", default=".gogh/demo", help="folder for summary.json and the plot")
+    demo.add_argument("--waves", type=int, default=3)
+    demo.add_argument("--wave-size", type=int, default=8)
+    demo.add_argument("--wave-only", action="store_true",
+                      help="only place one wave with the optimiser and every baseline (no Prefect)")
     demo.set_defaults(func=cmd_demo)
+
+    blocks = sub.add_parser("blocks", help="Prefect blocks of gogh-flows")
+    blocks_sub = blocks.add_subparsers(dest="blocks", required=True)
+    ba = blocks_sub.add_parser("apply", help="validate and save every block document (*.json) of a folder")
+    ba.add_argument("folder", nargs="?", default="blocks")
+    ba.set_defaults(func=cmd_blocks_apply)
+
+    serve = sub.add_parser("serve", help="serve the refiner-retraining flow as a scheduled deployment")
+    when = serve.add_mutually_exclusive_group(required=True)
+    when.add_argument("--cron", help="cron schedule, e.g. '0 * * * *'")
+    when.add_argument("--interval", type=float, help="seconds between runs")
+    serve.add_argument("--name", default="gogh-refine")
+    serve.add_argument("--registry", help="name of a saved PredictorRegistry block (default: embedded)")
+    serve.set_defaults(func=cmd_serve)
 
     from gogh_flows.sim.cli import add_parser as add_simulate
 

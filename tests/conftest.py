@@ -36,3 +36,51 @@ from hypothesis import settings as _hyp_settings  # noqa: E402
 
 _hyp_settings.register_profile("gogh", database=None)
 _hyp_settings.load_profile("gogh")
+
+
+# -- the Prefect layer --------------------------------------------------------------------
+# One Prefect test server for the whole session (about 12 s to start, DESIGN §8), started
+# only by tests that ask for it; its database lives in a temp dir.
+@pytest.fixture(scope="session")
+def prefect_server():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="session")
+def gogh_models(tmp_path_factory) -> Path:
+    """The shipped priors (models/), or a tiny one trained here when they are absent."""
+    shipped = REPO / "models"
+    if (shipped / "synthetic" / "p1" / "config.json").exists():
+        return shipped
+    from gogh_flows.predict.data import MeasuredSet
+    from gogh_flows.predict.evaluate import p1_vectors
+    from gogh_flows.predict.io import save_model
+    from gogh_flows.predict.layout import Layout
+    from gogh_flows.predict.p1 import P1Config, train_p1
+    from gogh_flows.predict.p2 import P2Config, train_p2
+    from gogh_flows.truth.synthetic import synthetic_table
+
+    out = tmp_path_factory.mktemp("models")
+    data = MeasuredSet.from_table(synthetic_table(["k80", "v100", "t4", "a100"]))
+    p1 = train_p1(data, P1Config(epochs=20, hidden=16))
+    layout = Layout(data.gpus, data.names)
+    p2 = train_p2(layout, p1_vectors(p1, layout, data.names, data.jobs), layout.truth(data, data.names),
+                  P2Config(epochs=20, hidden=16))
+    save_model(p1, out / "synthetic" / "p1")
+    save_model(p2, out / "synthetic" / "p2")
+    return out
+
+
+@pytest.fixture
+def gogh_home(tmp_path, monkeypatch, gogh_models) -> Path:
+    """A fresh $GOGH_HOME (MLflow SQLite, ledger, measurements) per test; pools closed after."""
+    from gogh_flows.flows.environment import close_all
+
+    home = tmp_path / "gogh"
+    monkeypatch.setenv("GOGH_HOME", str(home))
+    monkeypatch.setenv("GOGH_MODELS_DIR", str(gogh_models))
+    yield home
+    close_all()

@@ -359,15 +359,20 @@ class MeasurementLog:
         return written
 
     # -- the entry point ----------------------------------------------------------------
-    def log(self, m: Measurement) -> str | None:
+    def log(self, m: Measurement, *, defer: bool = False) -> str | None:
         """Record `m`: parquet table first, then MLflow; returns the MLflow run id, or None if spooled.
 
         An error writing the parquet table is raised (nothing has been recorded then). Any
         MLflow error is not: the measurement goes to the spool with a warning.
+        ``defer=True`` spools the MLflow write on purpose (durable, ~10 ms) for a background
+        ``flush_spool()``: what a flow run does so MLflow is off its critical path.
         """
         if not isinstance(m, Measurement):
             raise TypeError(f"MeasurementLog.log expects a Measurement, got {type(m).__name__}")
         appended = self._append(m)
+        if defer:
+            self._spool(m, DeferredWrite("written to MLflow in the background"))
+            return None
         if not appended:
             log.info("measurement %s is already in %s; making sure MLflow has it too", m.key, self.table_path)
         try:
@@ -383,6 +388,10 @@ class MeasurementLog:
             except Exception as exc:  # noqa: BLE001 - the measurement itself is safe already
                 log.warning("flushing the measurement spool failed: %s", exc)
         return run_id
+
+
+class DeferredWrite(Exception):
+    """Reason recorded on a measurement spooled on purpose (``log(defer=True)``)."""
 
 
 def _quote(text: str) -> str:

@@ -6,14 +6,20 @@ from gogh_flows.truth.table import ThroughputTable
 
 
 def load_truth(spec: str) -> ThroughputTable:
-    """``"synthetic"`` (the built-in fleet) or the path of a Gavel throughput JSON file.
+    """``"synthetic"`` (the built-in fleet), ``"gavel"`` (Gavel's measured
+    ``simulation_throughputs.json`` in ``$GOGH_GAVEL_DIR``, default ../shared/data/gavel)
+    or the path of a Gavel throughput JSON file.
 
     The one place the CLI's ``--truth`` option is interpreted.
     """
-    from gogh_flows.truth.gavel import read_gavel_json
+    from gogh_flows.truth.gavel import gavel_dir, read_gavel_json
     from gogh_flows.truth.synthetic import synthetic_table
 
-    return synthetic_table() if spec == "synthetic" else read_gavel_json(spec)
+    if spec == "synthetic":
+        return synthetic_table()
+    if spec == "gavel":
+        return read_gavel_json(gavel_dir() / "simulation_throughputs.json")
+    return read_gavel_json(spec)
 
 
 __all__ = ["ThroughputTable", "load_truth"]

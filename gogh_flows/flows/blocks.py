@@ -1,0 +1,193 @@
+"""Prefect Blocks: where a team declares its fleet, its model registry and its placement rules.
+
+Blocks live on the Prefect server next to the flows that use them, so a fleet is declared
+once (in the UI, with ``gogh blocks apply blocks/``, or in code) and every decorated flow
+refers to it by name. Each block validates its fields when it is built, so a typo in a
+fleet (an unknown GPU type, a capacity of 3) fails where it is written, not at run time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from prefect.blocks.core import Block
+from pydantic import Field, field_validator, model_validator
+
+from gogh_flows.catalog import get_gpu_type
+from gogh_flows.placement import POLICIES
+
+#: The embedded default fleet: four generations of the synthetic fleet, two of each.
+DEFAULT_FLEET: dict[str, int] = {"k80": 2, "v100": 2, "t4": 2, "a100": 2}
+
+
+def state_dir() -> Path:
+    """Where local state lives (MLflow SQLite, the ledger, measurements): ``$GOGH_HOME`` or ./.gogh."""
+    return Path(os.environ.get("GOGH_HOME", ".gogh")).resolve()
+
+
+class GpuCluster(Block):
+    """A GPU fleet as a Dask pool: emulated (a laptop or CI), local CUDA GPUs, or a remote scheduler."""
+
+    _block_type_name: ClassVar[str] = "GOGH GPU Cluster"
+    _block_type_slug: ClassVar[str] = "gogh-gpu-cluster"
+    _description: ClassVar[str] = "A mixed GPU fleet that @gogh_placed flow runs are placed on."
+
+    mode: Literal["emulated", "local-cuda", "remote"] = Field(
+        default="emulated", description="emulated: one Dask worker per declared GPU on this machine; "
+        "local-cuda: one worker per local NVIDIA GPU (dask-cuda); remote: an existing Dask scheduler")
+    fleet: dict[str, int] = Field(
+        default_factory=lambda: dict(DEFAULT_FLEET),
+        description="emulated mode: GPU type -> count, e.g. {'v100': 2, 't4': 4}")
+    address: str | None = Field(default=None, description="remote mode: scheduler address, tcp://host:8786")
+    capacity: int = Field(default=2, ge=1, le=2, description="jobs per GPU: 1 exclusive, 2 may share")
+    truth: str = Field(default="synthetic", description="emulated mode: 'synthetic', 'gavel' or a Gavel "
+                       "throughput JSON the emulated GPUs run at")
+    time_scale: float = Field(default=0.0, ge=0.0, description="emulated mode: wall seconds per "
+                              "emulated second (0 = do not sleep)")
+    seed: int = 0
+
+    @field_validator("fleet")
+    @classmethod
+    def _known_types(cls, fleet: dict[str, int]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for name, count in fleet.items():
+            gpu = get_gpu_type(name)  # unknown type -> error listing the catalog
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ValueError(f"fleet count for {name!r} must be an integer >= 1, got {count!r}")
+            out[gpu.name] = out.get(gpu.name, 0) + count
+        return out
+
+    @model_validator(mode="after")
+    def _mode_needs(self) -> GpuCluster:
+        if self.mode == "remote" and not self.address:
+            raise ValueError("a remote GpuCluster needs address='tcp://HOST:PORT' of a Dask scheduler "
+                             "whose workers advertise their GPU (docs/runtime.md)")
+        if self.mode == "emulated" and not self.fleet:
+            raise ValueError("an emulated GpuCluster needs a fleet, e.g. fleet={'v100': 2, 't4': 2}")
+        return self
+
+    def key(self) -> str:
+        """Identity of the fleet this block describes (two equal blocks share one pool)."""
+        return json.dumps(self.model_dump(mode="json", exclude={"block_type_slug"}), sort_keys=True)
+
+
+class PredictorRegistry(Block):
+    """Where P1/P2 live: an MLflow tracking/registry URI, the model names and the alias to load."""
+
+    _block_type_name: ClassVar[str] = "GOGH Predictor Registry"
+    _block_type_slug: ClassVar[str] = "gogh-predictor-registry"
+    _description: ClassVar[str] = "MLflow model registry holding the GOGH throughput predictors."
+
+    tracking_uri: str | None = Field(default=None, description="MLflow tracking URI; None = "
+                                     "sqlite under $GOGH_HOME (./.gogh)")
+    p1_name: str = "gogh-p1"
+    p2_name: str = "gogh-p2"
+    alias: str = "champion"
+    prior: str | None = Field(default="synthetic", description="shipped prior under models/ to "
+                              "register on first use when the registry is empty ('synthetic' or "
+                              "'gavel'); None = the models must already be registered")
+    refresh_s: float = Field(default=30.0, ge=0.0, description="how long a loaded alias is trusted "
+                             "before the registry is asked again")
+
+    def resolved_tracking_uri(self) -> str:
+        if self.tracking_uri:
+            return self.tracking_uri
+        return f"sqlite:///{state_dir() / 'mlflow.db'}"
+
+
+class PlacementPolicy(Block):
+    """How runs are placed: the policy, the solver budget and how long a run may wait for a GPU."""
+
+    _block_type_name: ClassVar[str] = "GOGH Placement Policy"
+    _block_type_slug: ClassVar[str] = "gogh-placement-policy"
+    _description: ClassVar[str] = "Rules for placing @gogh_placed flow runs."
+
+    policy: str = Field(default="optimizer", description="'optimizer' (GOGH) or a baseline: "
+                        + ", ".join(sorted(p for p in POLICIES if p != "optimizer")))
+    solver_time_limit_s: float = Field(default=2.0, gt=0.0)
+    wait_timeout_s: float = Field(default=600.0, ge=0.0, description="how long a run waits for a "
+                                  "GPU that meets its requirement before it fails")
+    poll_s: float = Field(default=1.0, gt=0.0, description="how often a waiting run retries")
+    allow_migration: bool = Field(default=False, description="reserved: running flow runs are "
+                                  "never moved today (a Python process cannot be migrated)")
+    refine: bool = Field(default=True, description="correct predictions with P2 from the "
+                         "measurements logged so far")
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        if value not in POLICIES:
+            raise ValueError(f"unknown placement policy {value!r}; choose one of {sorted(POLICIES)}")
+        return value
+
+    @field_validator("allow_migration")
+    @classmethod
+    def _no_migration(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("allow_migration=True is not supported for flow runs: a running Python "
+                             "process cannot be moved to another GPU (the simulator models migration)")
+        return value
+
+
+BLOCK_TYPES: dict[str, type[Block]] = {
+    "gpu-cluster": GpuCluster,
+    "predictor-registry": PredictorRegistry,
+    "placement-policy": PlacementPolicy,
+}
+
+
+def read_block_document(path: Path) -> tuple[str, Block]:
+    """A JSON document ``{"type": ..., "name": ..., "data": {...}}`` -> (name, validated block)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from exc
+    if not isinstance(doc, dict) or not {"type", "name", "data"} <= set(doc):
+        raise ValueError(f"{path}: a block document is an object with keys 'type', 'name' and 'data'")
+    kind = doc["type"]
+    if kind not in BLOCK_TYPES:
+        raise ValueError(f"{path}: unknown block type {kind!r}; known types: {sorted(BLOCK_TYPES)}")
+    try:
+        block = BLOCK_TYPES[kind](**doc["data"])
+    except ValueError as exc:
+        raise ValueError(f"{path}: invalid {kind} block {doc['name']!r}: {exc}") from exc
+    return str(doc["name"]), block
+
+
+def apply_block_documents(folder: Path, *, overwrite: bool = True) -> list[tuple[str, str]]:
+    """Validate every ``*.json`` in ``folder`` first, then save them all: (type, name) per block."""
+    paths = sorted(Path(folder).glob("*.json"))
+    if not paths:
+        raise FileNotFoundError(f"no block documents (*.json) in {folder}")
+    docs = [read_block_document(p) for p in paths]  # all-or-nothing: validate before saving
+    saved = []
+    for name, block in docs:
+        block.save(name, overwrite=overwrite)
+        saved.append((block.get_block_type_slug(), name))
+    return saved
+
+
+def load_block(kind: type[Block], value: Any, default: Block) -> Block:
+    """A block given by instance, by saved name, or the embedded default (``None``)."""
+    if value is None:
+        return default
+    if isinstance(value, kind):
+        return value
+    if isinstance(value, str):
+        try:
+            return kind.load(value)
+        except ValueError as exc:
+            raise ValueError(
+                f"no {kind.__name__} block named {value!r} on the Prefect server ({exc}). Save one "
+                f"with `gogh blocks apply blocks/` or {kind.__name__}(...).save({value!r})"
+            ) from exc
+    raise TypeError(f"expected a {kind.__name__}, the name of a saved one, or None; got {value!r}")
+
+
+__all__ = [
+    "BLOCK_TYPES", "DEFAULT_FLEET", "GpuCluster", "PlacementPolicy", "PredictorRegistry",
+    "apply_block_documents", "load_block", "read_block_document", "state_dir",
+]

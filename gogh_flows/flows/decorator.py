@@ -1,0 +1,273 @@
+"""``@gogh_placed``: a Prefect flow whose every run is placed on the right GPU of a mixed fleet.
+
+A decorated flow is still an ordinary Prefect ``Flow`` (same name, signature, parameter
+validation, retries, ``with_options``, deployments); only its body is wrapped:
+
+1. a ``gogh-place`` task predicts the run's throughput on every GPU type and next to every
+   run already on the fleet, solves the placement, reserves the slot in the ledger and
+   publishes the explanation as a markdown artifact;
+2. the body runs on the Dask worker pinned to that GPU, inside the flow run's Prefect
+   context (tasks it calls are children of the flow run);
+3. the measurement (throughput, power, energy, partners) is logged to the local table and
+   MLflow, on success *and* on failure, for every attempt, then the slot is released.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from prefect import Flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.context import FlowRunContext, hydrated_context, serialize_context
+from prefect.logging import get_run_logger
+from prefect.utilities.annotations import quote
+
+from gogh_flows.flows.blocks import GpuCluster, PlacementPolicy, PredictorRegistry, load_block
+from gogh_flows.flows.current import _CURRENT, CurrentPlacement
+from gogh_flows.flows.environment import Environment, environment, predictor_source
+from gogh_flows.flows.measure import record_run
+from gogh_flows.flows.placer import RunPlacement, place_with_retry
+from gogh_flows.flows.spec import PlacedJob, placed_job
+from gogh_flows.runtime.context import current_gpu, use_gpu
+
+log = logging.getLogger("gogh_flows")
+
+
+@dataclass(frozen=True)
+class _Settings:
+    cluster: GpuCluster | str | None
+    registry: PredictorRegistry | str | None
+    policy: PlacementPolicy | str | None
+
+
+def _check_block_arg(name: str, value: Any, kind: type) -> None:
+    if value is not None and not isinstance(value, (str, kind)):
+        raise TypeError(f"@gogh_placed({name}=...) must be the name of a saved {kind.__name__} "
+                        f"block, a {kind.__name__}, or None (embedded default); got {value!r}")
+
+
+def gogh_placed(
+    __fn: Callable | None = None, *, model: Any, batch_size: int, min_throughput: float,
+    work_steps: int, cluster: GpuCluster | str | None = None,
+    registry: PredictorRegistry | str | None = None, policy: PlacementPolicy | str | None = None,
+    kind: str = "training", example_inputs: Any = None, job_name: str | None = None,
+    wait_timeout_s: float | None = None,
+) -> Any:
+    """Place every run of the decorated flow on the GPU that meets ``min_throughput`` at least energy.
+
+    ``model`` is a zoo family name ("ResNet-50"), a zoo builder, your own ``nn.Module`` (or a
+    function returning one, with ``example_inputs``), or ``WorkloadFeatures``. ``cluster``,
+    ``registry`` and ``policy`` name saved blocks (or are block instances); ``None`` uses the
+    embedded defaults: an emulated four-type fleet, MLflow on SQLite under ./.gogh, the
+    optimiser. ``wait_timeout_s`` overrides the policy's wait for a GPU.
+    """
+    job = placed_job(model=model, batch_size=batch_size, min_throughput=min_throughput,
+                     work_steps=work_steps, kind=kind, example_inputs=example_inputs,
+                     job_name=job_name, wait_timeout_s=wait_timeout_s)
+    _check_block_arg("cluster", cluster, GpuCluster)
+    _check_block_arg("registry", registry, PredictorRegistry)
+    _check_block_arg("policy", policy, PlacementPolicy)
+    settings = _Settings(cluster, registry, policy)
+
+    def decorate(obj: Any) -> Flow:
+        if isinstance(obj, Flow):
+            base, fn = obj, obj.fn
+        elif callable(obj):
+            base, fn = None, obj
+        else:
+            raise TypeError(f"@gogh_placed decorates a function or a Prefect flow, got {obj!r}")
+        if getattr(fn, "__gogh_placed__", None) is not None:
+            raise ValueError(f"{fn.__name__} is already @gogh_placed; decorate it once")
+        wrapper = _wrap(fn, job, settings)
+        if base is None:
+            return Flow(fn=wrapper)
+        placed = base.with_options()
+        placed.fn = wrapper
+        return placed
+
+    return decorate(__fn) if __fn is not None else decorate
+
+
+def _wrap(fn: Callable, job: PlacedJob, settings: _Settings) -> Callable:
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            # asyncio.to_thread copies the context, so the flow run context goes along
+            return await asyncio.to_thread(run_placed, fn, job, settings, args, kwargs)
+
+        async_wrapper.__gogh_placed__ = job  # type: ignore[attr-defined]
+        return async_wrapper
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return run_placed(fn, job, settings, args, kwargs)
+
+    wrapper.__gogh_placed__ = job  # type: ignore[attr-defined]
+    return wrapper
+
+
+@task(name="gogh-place", cache_policy=NO_CACHE, persist_result=False)
+def place_run(job: PlacedJob, run_id: str, env: Environment, registry: PredictorRegistry,
+              policy: PlacementPolicy) -> RunPlacement:
+    """Predict, solve, reserve; publish the explanation as a markdown artifact."""
+    logger = get_run_logger()
+    source = predictor_source(registry)
+    predictor = source.get()
+    gpu_types = sorted({d.gpu_type for d in env.pool.devices})
+    observations = env.observations.get() if policy.refine else None
+    capacity = {d.id: d.capacity for d in env.pool.devices}
+    timeout = job.wait_timeout_s if job.wait_timeout_s is not None else policy.wait_timeout_s
+
+    def reserve(gpu_id: str, predicted: float) -> bool:
+        return env.ledger.reserve(run_id, gpu_id, job.job_type, capacity[gpu_id],
+                                  required_throughput=job.min_throughput, work=float(job.work_steps))
+
+    placement = place_with_retry(
+        job, run_id, devices=env.pool.devices, occupants=env.ledger.occupants, reserve=reserve,
+        predict=lambda feats: predictor.predict_table(feats, gpu_types, observations),
+        features=env.features.get, policy=policy.policy, time_limit_s=policy.solver_time_limit_s,
+        wait_timeout_s=timeout, poll_s=policy.poll_s, versions=source.versions(), on_wait=logger.info,
+        sleep=env.wait_for_release,
+    )
+    try:
+        create_markdown_artifact(markdown=placement.explanation_md, key="gogh-placement",
+                                 description=f"Placement of {job.job_type} on {placement.gpu_id}")
+    except Exception as exc:  # the explanation is a convenience; the run must go on
+        logger.warning("could not publish the placement artifact: %s", exc)
+    logger.info("placed %s on %s (%s): predicted %.4g steps/s, required %.4g", job.job_type,
+                placement.gpu_id, placement.gpu_type, placement.predicted_throughput, job.min_throughput)
+    return placement
+
+
+def _call_body(fn: Callable, args: tuple, kwargs: dict) -> Any:
+    if inspect.iscoroutinefunction(fn):
+        return asyncio.run(fn(*args, **kwargs))
+    return fn(*args, **kwargs)
+
+
+def _inside(gpu: Any, cur: CurrentPlacement, fn: Callable, args: tuple, kwargs: dict) -> Any:
+    token = _CURRENT.set(cur)
+    try:
+        if gpu is None:
+            return _call_body(fn, args, kwargs)
+        with use_gpu(gpu):
+            return _call_body(fn, args, kwargs)
+    finally:
+        _CURRENT.reset(token)
+
+
+#: Bodies and flow contexts handed to thread workers of this process by token: Dask pickles
+#: task arguments even for in-process workers, and neither a Context nor a closure over a
+#: lock can be pickled.
+_LOCAL_CONTEXTS: dict[str, tuple] = {}
+
+
+def _prefect_vars() -> list[contextvars.ContextVar]:
+    from prefect.context import ContextModel
+
+    found, stack = [], [ContextModel]
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        var = cls.__dict__.get("__var__")
+        if isinstance(var, contextvars.ContextVar) and var not in found:
+            found.append(var)
+    return found
+
+
+def _with_vars(values: dict, fn: Callable, *args: Any) -> Any:
+    for var, value in values.items():
+        var.set(value)
+    return fn(*args)
+
+
+def _execute_local(token: str, placement: RunPlacement, work_steps: int) -> Any:
+    """Thread worker of this process: the body and its context come by token, unpickled."""
+    fn, args, kwargs, context = _LOCAL_CONTEXTS.pop(token)
+    return _execute_body(fn, args, kwargs, context, placement, work_steps)
+
+
+def _execute_body(fn: Callable, args: tuple, kwargs: dict, context: contextvars.Context | dict,
+                  placement: RunPlacement, work_steps: int) -> Any:
+    """Runs on the pinned worker: the user's body inside the flow run's Prefect context.
+
+    A thread worker in this process gets the flow's context itself (a copy: cheap); a
+    worker in another process gets it serialised, as prefect-dask ships task contexts.
+    """
+    gpu = current_gpu()
+    cur = CurrentPlacement(placement=placement, device=gpu.torch_device if gpu else "cpu",
+                           mode=gpu.mode if gpu else "unknown", _gpu=gpu)
+    if isinstance(context, contextvars.Context):
+        # the worker keeps its own context (Dask's get_worker() lives there); only Prefect's
+        # context variables come from the flow run
+        values = {var: context[var] for var in _prefect_vars() if var in context}
+        result = contextvars.copy_context().run(_with_vars, values, _inside, gpu, cur, fn, args, kwargs)
+    else:
+        with hydrated_context(context):
+            result = _inside(gpu, cur, fn, args, kwargs)
+    meter = getattr(gpu, "meter", None) if gpu else None
+    if meter is not None and not getattr(meter, "steps", 0):
+        # automatic timing: a body that reported nothing did its declared work
+        if gpu.emulated:
+            gpu.advance(work_steps)
+        else:
+            gpu.report(work_steps)
+    return result
+
+
+def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, kwargs: dict) -> Any:
+    ctx = FlowRunContext.get()
+    flow_run = ctx.flow_run if ctx else None
+    run_id = str(flow_run.id) if flow_run else f"local-{uuid.uuid4().hex[:12]}"
+    attempt = getattr(flow_run, "run_count", 1) if flow_run else 1
+    cluster = load_block(GpuCluster, settings.cluster, GpuCluster())
+    registry = load_block(PredictorRegistry, settings.registry, PredictorRegistry())
+    policy = load_block(PlacementPolicy, settings.policy, PlacementPolicy())
+    env = environment(cluster, registry.resolved_tracking_uri())
+    if env.truth is not None and not env.truth.knows(job.job_type):
+        raise ValueError(
+            f"the emulated fleet runs at the throughputs of its truth table ({env.truth.source}), which "
+            f"has no entry for {job.job_type!r}; emulated fleets run the job types of that table, e.g. "
+            f"{', '.join(list(env.truth.job_types)[:6])} ...")
+    env.features.put(job.job_type, job.features)
+    ledger_id = f"{run_id}#{attempt}"
+    # quote(): Prefect must not walk these objects looking for futures (a pool, layer lists)
+    placement = place_run(quote(job), ledger_id, quote(env), quote(registry), quote(policy))
+    started = time.time()
+    outcome, error = None, None
+    in_process = env.pool.address.startswith("inproc://")  # thread workers of this process
+    token = ""
+    try:
+        where = {"gpu_id": placement.gpu_id, "job_type": job.job_type, "run_id": ledger_id}
+        if in_process:
+            token = uuid.uuid4().hex
+            _LOCAL_CONTEXTS[token] = (fn, args, kwargs, contextvars.copy_context())
+            future = env.pool.submit(_execute_local, token, placement, job.work_steps, **where)
+        else:
+            future = env.pool.submit(_execute_body, fn, args, kwargs, serialize_context(), placement,
+                                     job.work_steps, **where)
+        outcome = future.result()
+    except BaseException as exc:  # the pool itself failed (worker lost, cancelled): still measured
+        error = exc
+        raise
+    finally:
+        if in_process:
+            _LOCAL_CONTEXTS.pop(token, None)
+        env.ledger.release(ledger_id)
+        env.notify_released()
+        record_run(env, job, placement, outcome, error, started=started, flow_run=flow_run,
+                   flow_name=ctx.flow.name if ctx else fn.__name__)
+    return outcome.unwrap()
+
+
+__all__ = ["gogh_placed", "place_run", "run_placed"]

@@ -1,0 +1,329 @@
+"""Everything a placed run needs from its process, opened once and shared by every run.
+
+A Dask pool takes a second or two to start and an MLflow registry lookup tens of
+milliseconds; a flow run should pay neither. So the pool, the ledger, the measurement log
+and the loaded predictors are kept per process, keyed by the blocks that describe them,
+and closed when the process exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from gogh_flows.flows.blocks import GpuCluster, PredictorRegistry, state_dir
+from gogh_flows.predict.io import load_p1, load_p2
+from gogh_flows.predict.service import ThroughputPredictor
+from gogh_flows.runtime.ledger import PlacementLedger
+from gogh_flows.runtime.pool import GpuPool, open_pool
+from gogh_flows.tracking.measurements import MeasurementLog
+from gogh_flows.tracking.registry import ModelRegistry
+from gogh_flows.truth import load_truth
+from gogh_flows.workloads.features import WorkloadFeatures
+from gogh_flows.workloads.zoo import parse_job_type, zoo_features
+
+log = logging.getLogger("gogh_flows")
+
+#: Shipped priors (data, not code): models/<prior>/{p1,p2}.
+MODELS_DIR = Path(os.environ.get("GOGH_MODELS_DIR", Path(__file__).resolve().parents[2] / "models"))
+
+
+def models_dir() -> Path:
+    return Path(os.environ.get("GOGH_MODELS_DIR", MODELS_DIR))
+
+
+class FeatureStore:
+    """Layer features by job type, shared across processes through small JSON files.
+
+    A run placed by another process is a co-location partner here too, and its
+    predictions need its features; zoo job types can be rebuilt from their name,
+    user models cannot.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._mem: dict[str, WorkloadFeatures] = {}
+
+    def _path(self, job_type: str) -> Path:
+        return self.root / (hashlib.sha1(job_type.encode()).hexdigest()[:16] + ".json")
+
+    def put(self, job_type: str, features: WorkloadFeatures) -> None:
+        if job_type in self._mem:
+            return
+        self._mem[job_type] = features
+        path = self._path(job_type)
+        if not path.exists():
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"job_type": job_type, "features": features.to_dict()}))
+            os.replace(tmp, path)
+
+    def get(self, job_type: str) -> WorkloadFeatures:
+        if job_type in self._mem:
+            return self._mem[job_type]
+        path = self._path(job_type)
+        if path.exists():
+            doc = json.loads(path.read_text())
+            feats = WorkloadFeatures.from_dict(doc["features"])
+        else:
+            try:
+                family, bs = parse_job_type(job_type)
+            except (KeyError, ValueError) as exc:
+                raise KeyError(f"no layer features recorded for job type {job_type!r}") from exc
+            feats = zoo_features(family, bs)
+        self._mem[job_type] = feats
+        return feats
+
+
+@dataclass
+class PredictorSource:
+    """P1/P2 from the registry by alias, reloaded when the alias moves (checked every refresh_s)."""
+
+    block: PredictorRegistry
+    registry: ModelRegistry = field(init=False)
+    _loaded: tuple[int | None, int | None] = (None, None)
+    _predictor: ThroughputPredictor | None = None
+    _checked_at: float = -1e18
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self.registry = ModelRegistry(self.block.resolved_tracking_uri())
+
+    def ensure_prior(self) -> None:
+        """Register the shipped prior under the alias if the registry has nothing there yet."""
+        if not self.block.prior:
+            return
+        base = models_dir() / self.block.prior
+        for name, sub in ((self.block.p1_name, "p1"), (self.block.p2_name, "p2")):
+            if self.registry.version_for(name, self.block.alias) is None:
+                if not (base / sub).is_dir():
+                    raise FileNotFoundError(
+                        f"shipped prior {base / sub} not found; set GOGH_MODELS_DIR to the models/ folder "
+                        "of gogh-flows, or register the predictors yourself (gogh predictors train)")
+                self.registry.ensure_registered(name, base / sub, alias=self.block.alias)
+
+    def versions(self) -> dict[str, int | None]:
+        return {"p1": self._loaded[0], "p2": self._loaded[1]}
+
+    def get(self, *, force: bool = False) -> ThroughputPredictor:
+        with self._lock:
+            now = time.monotonic()
+            if not force and self._predictor is not None and now - self._checked_at < self.block.refresh_s:
+                return self._predictor
+            self.ensure_prior()
+            v1 = self.registry.version_for(self.block.p1_name, self.block.alias)
+            v2 = self.registry.version_for(self.block.p2_name, self.block.alias)
+            if v1 is None:
+                raise ValueError(
+                    f"no version of {self.block.p1_name!r} has alias {self.block.alias!r} in "
+                    f"{self.block.resolved_tracking_uri()}; register one (gogh predictors train + the "
+                    "registry) or set prior='synthetic' on the PredictorRegistry block")
+            if self._predictor is None or (v1, v2) != self._loaded:
+                p1_dir, _ = self.registry.download(self.block.p1_name, alias=self.block.alias)
+                p1 = load_p1(p1_dir)
+                p2 = None
+                if v2 is not None:
+                    p2_dir, _ = self.registry.download(self.block.p2_name, alias=self.block.alias)
+                    p2 = load_p2(p2_dir)
+                self._predictor = ThroughputPredictor(p1, p2)
+                self._loaded = (v1, v2)
+                log.info("gogh: loaded predictors %s v%s, %s v%s (alias %s)", self.block.p1_name, v1,
+                         self.block.p2_name, v2, self.block.alias)
+            self._checked_at = now
+            return self._predictor
+
+
+class ObservationCache:
+    """Logged measurements as P2 observations, re-read only when the table changed."""
+
+    def __init__(self, log: MeasurementLog) -> None:
+        self.log = log
+        self._stamp: object = None
+        self._frame = observations_from_measurements(pl.DataFrame())
+
+    def get(self) -> pl.DataFrame:
+        path = self.log.table_path
+        stamp = path.stat().st_mtime_ns if path.exists() else None
+        if stamp != self._stamp:
+            self._frame = observations_from_measurements(self.log.read())
+            self._stamp = stamp
+        return self._frame
+
+
+OBSERVATION_SCHEMA = {"job_type": pl.String, "gpu_type": pl.String, "partner": pl.String,
+                      "throughput": pl.Float64}
+
+
+def observations_from_measurements(frame: pl.DataFrame) -> pl.DataFrame:
+    """Measurements -> (job_type, gpu_type, partner, throughput): alone, or next to one partner.
+
+    A run that saw two different partners over its life measured neither pair cleanly,
+    so it is left out of the observations (it stays in the measurement table).
+    """
+    if frame.is_empty() or "throughput" not in frame.columns:
+        return pl.DataFrame(schema=OBSERVATION_SCHEMA)
+    rows = []
+    for r in frame.filter((pl.col("throughput") > 0) & (pl.col("steps") > 0)).iter_rows(named=True):
+        partners = [p for p in (r.get("partners") or []) if p]
+        if len(set(partners)) > 1:
+            continue
+        rows.append({"job_type": r["job_type"], "gpu_type": r["gpu_type"],
+                     "partner": partners[0] if partners else None, "throughput": float(r["throughput"])})
+    return pl.DataFrame(rows, schema=OBSERVATION_SCHEMA)
+
+
+@dataclass
+class Environment:
+    cluster: GpuCluster
+    pool: GpuPool
+    ledger: PlacementLedger
+    measurements: MeasurementLog
+    observations: ObservationCache
+    features: FeatureStore
+    root: Path
+    truth: object = None  # the emulated fleet's ground truth (None on real GPUs)
+    mirror: object = None  # background MLflow writer (SpoolFlusher)
+    released: threading.Condition = field(default_factory=threading.Condition)
+
+    def notify_released(self) -> None:
+        with self.released:
+            self.released.notify_all()
+
+    def wait_for_release(self, timeout: float) -> None:
+        """Sleep until a run of this process frees a slot, or ``timeout`` (other processes: polled)."""
+        with self.released:
+            self.released.wait(timeout)
+
+    def close(self) -> None:
+        try:
+            if self.mirror is not None:
+                self.mirror.stop()
+            self.measurements.flush_spool()
+        finally:
+            self.pool.close()
+
+
+class SpoolFlusher:
+    """Writes deferred measurements to MLflow in the background.
+
+    A run's measurement is durable before the run returns (parquet table + spool file);
+    the MLflow mirror costs ~100-200 ms per run on SQLite, so it is written here instead
+    of on the run's critical path. Whatever is left at exit is flushed by ``close``.
+    """
+
+    def __init__(self, log: MeasurementLog, interval_s: float = 0.5) -> None:
+        self.log = log
+        self.interval_s = interval_s
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="gogh-mlflow-mirror", daemon=True)
+        self._thread.start()
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            try:
+                self.log.flush_spool()
+            except Exception as exc:  # keep spooled; retried on the next wake-up
+                log.warning("gogh: MLflow mirror of measurements failed, will retry: %s", exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+
+_ENVS: dict[str, Environment] = {}
+_SOURCES: dict[str, PredictorSource] = {}
+_LOCK = threading.Lock()
+
+
+def _truth_for(cluster: GpuCluster):
+    if cluster.mode != "emulated":
+        return None
+    if cluster.truth == "synthetic":
+        from gogh_flows.truth.synthetic import synthetic_table
+
+        return synthetic_table(list(cluster.fleet), seed=cluster.seed)
+    return load_truth(cluster.truth)
+
+
+def environment(cluster: GpuCluster, tracking_uri: str) -> Environment:
+    """The process-wide environment of a fleet (opened on first use)."""
+    key = cluster.key() + "|" + tracking_uri
+    with _LOCK:
+        env = _ENVS.get(key)
+        if env is not None:
+            return env
+        root = state_dir()
+        root.mkdir(parents=True, exist_ok=True)
+        truth = _truth_for(cluster)
+        if cluster.mode == "emulated":
+            pool = open_pool("emulated", fleet=cluster.fleet, truth=truth,
+                             capacity=cluster.capacity, time_scale=cluster.time_scale, seed=cluster.seed)
+            # an emulated fleet exists only in this process: its ledger must not be shared
+            ledger_path = root / "ledgers" / f"emulated-{os.getpid()}-{len(_ENVS)}.sqlite"
+        elif cluster.mode == "local-cuda":
+            pool = open_pool("local-cuda", capacity=cluster.capacity)
+            ledger_path = root / "ledgers" / "local-cuda.sqlite"
+        else:
+            pool = open_pool("remote", address=cluster.address)
+            name = hashlib.sha1(str(cluster.address).encode()).hexdigest()[:12]
+            ledger_path = root / "ledgers" / f"remote-{name}.sqlite"
+        ledger_path.parent.mkdir(parents=True, exist_ok=True)
+        if cluster.mode == "emulated" and ledger_path.exists():
+            ledger_path.unlink()
+        measurements = MeasurementLog(tracking_uri, root / "measurements")
+        env = Environment(cluster=cluster, pool=pool, ledger=PlacementLedger(ledger_path),
+                          measurements=measurements, observations=ObservationCache(measurements),
+                          features=FeatureStore(root / "jobs"), root=root, truth=truth,
+                          mirror=SpoolFlusher(measurements))
+        _ENVS[key] = env
+        return env
+
+
+def predictor_source(block: PredictorRegistry) -> PredictorSource:
+    key = block.model_dump_json()
+    with _LOCK:
+        src = _SOURCES.get(key)
+        if src is None:
+            src = _SOURCES[key] = PredictorSource(block)
+        return src
+
+
+def close_all() -> None:
+    """Close every pool this process opened (also runs at exit)."""
+    with _LOCK:
+        envs = list(_ENVS.values())
+        _ENVS.clear()
+        _SOURCES.clear()
+    for env in envs:
+        try:
+            env.close()
+        except Exception as exc:  # closing must not hide the real outcome of a program
+            log.warning("gogh: closing a GPU pool failed: %s", exc)
+
+
+atexit.register(close_all)
+
+
+def open_environments() -> Mapping[str, Environment]:
+    return dict(_ENVS)
+
+
+__all__ = ["Environment", "FeatureStore", "ObservationCache", "PredictorSource", "close_all",
+           "environment", "models_dir", "observations_from_measurements", "predictor_source"]

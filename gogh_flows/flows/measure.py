@@ -1,0 +1,86 @@
+"""The post-run hook: what one placed run really did, logged whatever the run's outcome.
+
+It runs inside the flow run, after every attempt (completed or failed), instead of as a
+Prefect ``on_completion``/``on_failure`` state hook: those fire once per flow run, after
+the final state, so the measurements of attempts that were retried would be lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from gogh_flows.flows.environment import Environment
+from gogh_flows.flows.placer import RunPlacement
+from gogh_flows.flows.spec import PlacedJob
+from gogh_flows.tracking.measurements import Measurement
+
+log = logging.getLogger("gogh_flows")
+
+
+def _flow_run_url(flow_run: Any) -> str | None:
+    try:
+        from prefect.settings import PREFECT_UI_URL
+
+        ui = PREFECT_UI_URL.value()
+        return f"{ui}/runs/flow-run/{flow_run.id}" if ui and flow_run is not None else None
+    except Exception:
+        return None
+
+
+def build_measurement(job: PlacedJob, placement: RunPlacement, outcome: Any, error: BaseException | None,
+                      *, started: float, wall_s: float, flow_run: Any, flow_name: str,
+                      device: str) -> Measurement:
+    attempt = getattr(flow_run, "run_count", 1) if flow_run is not None else 1
+    run_id = str(flow_run.id) if flow_run is not None else placement.run_id
+    if attempt and attempt > 1:
+        run_id = f"{run_id}#{attempt}"
+    tel = getattr(outcome, "telemetry", None)
+    failed = error is not None or (outcome is not None and not outcome.ok)
+    reason = str(error) if error is not None else (outcome.error if outcome is not None else None)
+    energy = None
+    if tel is not None:
+        energy = tel.attributed_energy_j if tel.attributed_energy_j is not None else tel.energy_j
+    extra = {"attempt": str(attempt), "policy": placement.policy,
+             "predicted_energy_j": f"{placement.predicted_energy_j:.6g}",
+             "waited_s": f"{placement.waited_s:.3f}", "kind": job.kind,
+             "p1_version": str(placement.predictor_versions.get("p1")),
+             "p2_version": str(placement.predictor_versions.get("p2")),
+             "device_energy_j": "" if tel is None or tel.energy_j is None else f"{tel.energy_j:.6g}"}
+    if reason:
+        extra["error"] = reason[:500]
+    partners = tuple(outcome.partners) if outcome is not None else placement.partners
+    return Measurement(
+        run_id=run_id, flow_name=flow_name, job_type=job.job_type, family=job.family,
+        batch_size=job.batch_size, gpu_id=placement.gpu_id, gpu_type=placement.gpu_type, device=device,
+        partners=partners, required_throughput=job.min_throughput,
+        predicted_throughput=placement.predicted_throughput,
+        steps=float(tel.steps) if tel is not None else 0.0,
+        duration_s=float(tel.duration_s) if tel is not None else float(wall_s),
+        throughput=float(tel.throughput) if tel is not None else 0.0,
+        mean_power_w=tel.mean_power_w if tel is not None else None, energy_j=energy,
+        status="failed" if failed else "completed",
+        telemetry=tel.source if tel is not None and tel.source in ("nvml", "emulated") else "emulated",
+        started_at=started, flow_run_url=_flow_run_url(flow_run), extra=extra,
+    )
+
+
+def record_run(env: Environment, job: PlacedJob, placement: RunPlacement, outcome: Any,
+               error: BaseException | None, *, started: float, flow_run: Any, flow_name: str) -> None:
+    """Log the run's measurement; a failure to log is reported, never raised over the run's result."""
+    import time
+
+    device = env.pool.device(placement.gpu_id)
+    try:
+        m = build_measurement(job, placement, outcome, error, started=started,
+                              wall_s=time.time() - started, flow_run=flow_run, flow_name=flow_name,
+                              device=f"{device.id}@{device.worker}")
+        env.measurements.log(m, defer=env.mirror is not None)
+        if env.mirror is not None:
+            env.mirror.kick()
+    except Exception as exc:
+        log.error("gogh: could not record the measurement of run %s on %s: %s", placement.run_id,
+                  placement.gpu_id, exc)
+
+
+__all__ = ["build_measurement", "record_run"]

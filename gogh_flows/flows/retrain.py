@@ -1,0 +1,137 @@
+"""The retraining deployment: learn a new refiner from what the fleet really measured.
+
+Every placed run logs its throughput; this flow turns those measurements into a challenger
+P2, scores challenger and champion on the most recent measurements (held out from
+training, so the comparison is about the future, not the past), registers the challenger,
+and moves the ``champion`` alias only when the challenger is strictly better. Placements
+pick the new champion up on their next registry check, with no restart.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from prefect import flow, task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.logging import get_run_logger
+
+from gogh_flows.flows.blocks import PredictorRegistry, load_block, state_dir
+from gogh_flows.flows.environment import (
+    FeatureStore, observations_from_measurements, predictor_source,
+)
+from gogh_flows.predict.io import load_p2, save_model
+from gogh_flows.predict.p2 import P2Config
+from gogh_flows.predict.service import ThroughputPredictor, fit_refiner
+from gogh_flows.tracking.measurements import MeasurementLog
+
+log = logging.getLogger("gogh_flows")
+CHALLENGER = "challenger"
+
+
+def split_recent(obs: pl.DataFrame, holdout_fraction: float) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Oldest rows train, the most recent ``holdout_fraction`` test (at least one row each)."""
+    n = obs.height
+    k = min(n - 1, max(1, math.ceil(n * holdout_fraction)))
+    return obs.head(n - k), obs.tail(k)
+
+
+@task(name="gogh-score-refiner", cache_policy=NO_CACHE, persist_result=False)
+def score(predictor: ThroughputPredictor, features: dict, train: pl.DataFrame, test: pl.DataFrame) -> dict:
+    return predictor.refine_error(features, train, test)
+
+
+@flow(name="gogh-refine-predictors", log_prints=True)
+def refine_predictors(
+    registry: str | None = None, measurements_dir: str | None = None, min_measurements: int = 8,
+    holdout_fraction: float = 0.25, epochs: int = 300, seed: int = 0, promote: bool = True,
+) -> dict[str, Any]:
+    """Train a challenger P2 on logged measurements; promote it to champion only if it is better.
+
+    ``registry`` names a saved PredictorRegistry block (None: the embedded default);
+    ``measurements_dir`` is where placed runs log (default ``$GOGH_HOME/measurements``).
+    """
+    logger = get_run_logger()
+    if not 0 < holdout_fraction < 1:
+        raise ValueError(f"holdout_fraction must be in (0, 1), got {holdout_fraction!r}")
+    block = load_block(PredictorRegistry, registry, PredictorRegistry())
+    source = predictor_source(block)
+    champion = source.get(force=True)
+    versions = source.versions()
+    root = Path(measurements_dir) if measurements_dir else state_dir() / "measurements"
+    mlog = MeasurementLog(block.resolved_tracking_uri(), root)
+    frame = mlog.read().sort("started_at")
+    obs = observations_from_measurements(frame)
+    if obs.height < min_measurements:
+        msg = (f"only {obs.height} usable measurements in {root} (need {min_measurements}); "
+               "nothing retrained")
+        logger.info(msg)
+        return {"promoted": False, "reason": msg, "measurements": obs.height,
+                "champion_version": versions["p2"]}
+    train, test = split_recent(obs, holdout_fraction)
+    store = FeatureStore(state_dir() / "jobs")
+    features = {t: store.get(t) for t in sorted(set(obs["job_type"]) | set(obs["partner"].drop_nulls()))}
+    gpu_types = sorted(set(obs["gpu_type"]))
+    started = time.time()
+    p2 = fit_refiner(champion.p1, features, train, config=P2Config(epochs=epochs, seed=seed),
+                     gpu_types=sorted(set(gpu_types) | set(champion.p2.layout.gpus if champion.p2 else ())))
+    challenger = ThroughputPredictor(champion.p1, p2)
+    champ_score = score(champion, features, train, test)
+    chall_score = score(challenger, features, train, test)
+    better = chall_score["mape"] < champ_score["mape"]
+    card = (f"# P2 challenger\n\nTrained by the `gogh-refine-predictors` flow on {train.height} logged "
+            f"measurements ({frame.height} runs), {time.strftime('%Y-%m-%d %H:%M:%S')}.\n"
+            f"Held-out recent measurements: {test.height}; MAPE challenger {chall_score['mape']:.4f}, "
+            f"champion (v{versions['p2']}) {champ_score['mape']:.4f}.\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        save_model(p2, Path(tmp) / "p2", card=card)
+        version = source.registry.register(
+            block.p2_name, Path(tmp) / "p2", alias=CHALLENGER,
+            metrics={"holdout_mape": chall_score["mape"], "champion_holdout_mape": champ_score["mape"],
+                     "train_measurements": float(train.height), "holdout_measurements": float(test.height)},
+            tags={"trained_until": f"{float(frame['started_at'].max()):.3f}", "trained_by": "refine_predictors",
+                  "p1_version": str(versions["p1"])},
+            description=f"challenger from {train.height} measurements")
+    promoted = bool(promote and better)
+    if promoted:
+        source.registry.set_alias(block.p2_name, block.alias, version)
+        source.get(force=True)
+    result = {
+        "promoted": promoted, "challenger_version": version,
+        "champion_version": version if promoted else versions["p2"],
+        "previous_champion_version": versions["p2"],
+        "challenger_mape": chall_score["mape"], "champion_mape": champ_score["mape"],
+        "train_measurements": train.height, "holdout_measurements": test.height,
+        "seconds": round(time.time() - started, 2),
+    }
+    verdict = "promoted to champion" if promoted else (
+        "not promoted: not better than the champion" if not better else "not promoted (promote=False)")
+    create_markdown_artifact(key="gogh-refiner-comparison", markdown="\n".join([
+        f"### Refiner retraining: challenger v{version} {verdict}", "",
+        "| model | holdout MAPE | measurements |", "| --- | ---: | ---: |",
+        f"| challenger v{version} | {chall_score['mape']:.4f} | {chall_score['n']} |",
+        f"| champion v{versions['p2']} | {champ_score['mape']:.4f} | {champ_score['n']} |", "",
+        f"Trained on {train.height} measurements, scored on the {test.height} most recent.",
+    ]))
+    logger.info("refiner challenger v%s: MAPE %.4f vs champion v%s %.4f -> %s", version,
+                chall_score["mape"], versions["p2"], champ_score["mape"], verdict)
+    print(json.dumps(result))
+    return result
+
+
+def serve_refiner(name: str = "gogh-refine", *, cron: str | None = None, interval_s: float | None = None,
+                  parameters: dict | None = None) -> None:
+    """Serve ``refine_predictors`` as a scheduled Prefect deployment (blocks until stopped)."""
+    if (cron is None) == (interval_s is None):
+        raise ValueError("give exactly one schedule: cron='0 * * * *' or interval_s=3600")
+    refine_predictors.serve(name=name, cron=cron, interval=interval_s, parameters=parameters or {})
+
+
+__all__ = ["CHALLENGER", "refine_predictors", "serve_refiner", "split_recent"]

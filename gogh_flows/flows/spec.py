@@ -1,0 +1,100 @@
+"""What ``@gogh_placed(...)`` is told about a flow's job, checked when the decorator is applied.
+
+A wrong argument is a programming error, so it must fail at import time with a message that
+names the argument, not minutes later inside a flow run. Layer features are extracted here,
+once, on the ``meta`` device (no memory, no GPU): each run then only looks them up.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from gogh_flows.workloads.features import WorkloadFeatures, check_kind, extract_features
+from gogh_flows.workloads.zoo import _BUILDERS, FAMILIES, canonical_family, job_type_name, zoo_features
+
+_ZOO_BY_BUILDER = {builder: family for family, builder in _BUILDERS.items()}
+
+
+@dataclass(frozen=True)
+class PlacedJob:
+    """A decorated flow's job: what it runs, what it needs, how much of it there is."""
+
+    job_type: str
+    family: str | None
+    batch_size: int
+    kind: str
+    features: WorkloadFeatures
+    min_throughput: float
+    work_steps: int
+    wait_timeout_s: float | None
+
+
+def _positive_number(name: str, value: Any, *, integer: bool = False) -> float:
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok_type or not math.isfinite(value) or value <= 0:
+        kind = "an integer" if integer else "a number"
+        raise ValueError(f"@gogh_placed({name}=...) must be {kind} > 0, got {value!r}")
+    return value
+
+
+def _features_of(model: Any, batch_size: int, kind: str, example_inputs: Any,
+                 job_name: str | None) -> tuple[WorkloadFeatures, str | None, str]:
+    """(features, zoo family or None, job type) of whatever the user passed as ``model``."""
+    if isinstance(model, WorkloadFeatures):
+        if not job_name:
+            raise ValueError("@gogh_placed(model=WorkloadFeatures(...)) also needs job_name='...': "
+                             "measurements of this job are grouped under that name")
+        return model, None, job_name
+    family = None
+    if isinstance(model, str):
+        family = canonical_family(model)
+    elif callable(model) and model in _ZOO_BY_BUILDER:
+        family = _ZOO_BY_BUILDER[model]
+    if family is not None:
+        return zoo_features(family, batch_size, kind), family, job_name or job_type_name(family, batch_size)
+    if isinstance(model, nn.Module) or callable(model):
+        if example_inputs is None:
+            raise ValueError(
+                "@gogh_placed(model=...) got your own torch model, so it also needs example_inputs=... "
+                f"(one batch of {batch_size} inputs, on any device; features come from one pass on "
+                f"'meta'); or pass a zoo family name: {', '.join(FAMILIES)}")
+        module = model if isinstance(model, nn.Module) else model()
+        if not isinstance(module, nn.Module):
+            raise ValueError(f"@gogh_placed(model=...) callable returned {type(module).__name__}, "
+                             "not a torch.nn.Module")
+        name = job_name or f"{type(module).__name__} (batch size {batch_size})"
+        return extract_features(module, example_inputs, kind=kind, batch_size=batch_size), None, name
+    raise ValueError(
+        f"@gogh_placed(model=...) must be a zoo family name ({', '.join(FAMILIES)}), a zoo "
+        f"builder, a torch.nn.Module or a function returning one, or WorkloadFeatures; got {model!r}")
+
+
+def placed_job(
+    *, model: Any, batch_size: Any, min_throughput: Any, work_steps: Any, kind: str = "training",
+    example_inputs: Any = None, job_name: str | None = None, wait_timeout_s: Any = None,
+) -> PlacedJob:
+    bs = int(_positive_number("batch_size", batch_size, integer=True))
+    rho = float(_positive_number("min_throughput", min_throughput))
+    work = int(_positive_number("work_steps", work_steps, integer=True))
+    if wait_timeout_s is not None:
+        if isinstance(wait_timeout_s, bool) or not isinstance(wait_timeout_s, (int, float)) or wait_timeout_s < 0:
+            raise ValueError(f"@gogh_placed(wait_timeout_s=...) must be a number of seconds >= 0, "
+                             f"got {wait_timeout_s!r}")
+    try:
+        check_kind(kind)
+    except ValueError as exc:
+        raise ValueError(f"@gogh_placed(kind=...): {exc}") from exc
+    features, family, job_type = _features_of(model, bs, kind, example_inputs, job_name)
+    return PlacedJob(job_type=job_type, family=family, batch_size=bs, kind=kind, features=features,
+                     min_throughput=rho, work_steps=work,
+                     wait_timeout_s=None if wait_timeout_s is None else float(wait_timeout_s))
+
+
+BuilderLike = Callable[[], nn.Module]
+
+__all__ = ["PlacedJob", "placed_job"]

@@ -1,0 +1,202 @@
+"""@gogh_placed on a real Prefect server (test harness), real MLflow (SQLite), real Dask workers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from prefect import flow, task
+
+from gogh_flows import GpuCluster, PlacementPolicy, current_placement, gogh_placed
+from gogh_flows.flows.environment import open_environments
+from gogh_flows.flows.placer import PlacementTimeout
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+
+def _env():
+    envs = list(open_environments().values())
+    assert len(envs) == 1
+    return envs[0]
+
+
+def test_body_runs_on_the_worker_pinned_to_the_chosen_gpu(gogh_home):
+    from distributed import get_worker
+
+    @task
+    def double(x: int) -> int:
+        return 2 * x
+
+    @gogh_placed(model="ResNet-50", batch_size=64, min_throughput=1.0, work_steps=500)
+    def train(n: int = 1) -> dict:
+        p = current_placement()
+        return {"worker": get_worker().name, "gpu": p.gpu_id, "type": p.gpu_type,
+                "value": double(n), "device": p.device, "predicted": p.predicted_throughput}
+
+    out = train(n=21)
+    assert out["worker"] == out["gpu"]
+    assert out["gpu"].startswith(out["type"])
+    assert out["value"] == 42  # a task called in the body runs (inside the flow run context)
+    assert out["device"] == "cpu"  # emulated fleet
+    assert out["predicted"] >= 1.0
+    frame = _env().measurements.read()
+    assert frame.height == 1
+    row = frame.row(0, named=True)
+    assert row["gpu_id"] == out["gpu"] and row["status"] == "completed"
+    assert row["steps"] == 500  # automatic timing: the declared work
+    assert row["throughput"] > 0 and row["energy_j"] > 0 and row["telemetry"] == "emulated"
+
+
+def test_placement_artifact_explains_the_decision(gogh_home):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    @gogh_placed(model="LM", batch_size=20, min_throughput=0.5, work_steps=100)
+    def lm() -> str:
+        return current_placement().gpu_id
+
+    gpu = lm()
+
+    async def latest():
+        async with get_client() as client:
+            arts = await client.read_artifacts(
+                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["gogh-placement"])))
+            return [a.data for a in arts]
+
+    texts = asyncio.run(latest())
+    assert any(f"**{gpu}**" in t and "predicted throughput" in t and "required throughput" in t for t in texts)
+
+
+def test_stacked_on_flow_keeps_name_signature_validation_and_with_options(gogh_home):
+    from prefect.exceptions import ParameterTypeError
+
+    @gogh_placed(model="ResNet-18", batch_size=32, min_throughput=1.0, work_steps=100)
+    @flow(name="my-training", retries=0, log_prints=True)
+    def named(epochs: int, lr: float = 0.1) -> tuple:
+        return epochs, lr
+
+    assert named.name == "my-training"
+    assert list(named.parameters.properties) == ["epochs", "lr"]
+    assert named(epochs=3) == (3, 0.1)
+    with pytest.raises(ParameterTypeError):
+        named(epochs="three")
+    renamed = named.with_options(name="renamed")
+    assert renamed.name == "renamed" and renamed(epochs=1, lr=0.5) == (1, 0.5)
+    assert _env().measurements.read().height == 2  # the invalid call never ran or placed
+
+
+def test_async_flow_is_placed(gogh_home):
+    @gogh_placed(model="A3C", batch_size=20, min_throughput=0.5, work_steps=50)
+    async def agent(x: int) -> str:
+        await asyncio.sleep(0)
+        return f"{x}@{current_placement().gpu_id}"
+
+    out = asyncio.run(agent(x=7))
+    assert out.startswith("7@")
+
+
+def test_failing_flow_still_logs_its_measurement_marked_failed(gogh_home):
+    @gogh_placed(model="ResNet-18", batch_size=32, min_throughput=1.0, work_steps=100)
+    def broken() -> None:
+        current_placement().advance(40)
+        raise RuntimeError("diverged")
+
+    with pytest.raises(RuntimeError, match="diverged"):
+        broken()
+    rows = _env().measurements.read()
+    assert rows.height == 1
+    row = rows.row(0, named=True)
+    assert row["status"] == "failed" and row["steps"] == 40
+    assert "diverged" in row["extra"]
+    assert not any(_env().ledger.occupants().values())  # the slot was released
+
+
+def test_forty_concurrent_runs_never_overbook_and_lose_no_measurement(gogh_home):
+    cluster = GpuCluster(fleet={"v100": 2, "t4": 2, "k80": 2}, capacity=2, time_scale=2e-3)
+    lock = threading.Lock()
+    running: dict[str, int] = defaultdict(int)
+    peak: dict[str, int] = defaultdict(int)
+
+    @gogh_placed(model="ResNet-18", batch_size=32, min_throughput=0.5, work_steps=30,
+                 cluster=cluster, policy=PlacementPolicy(poll_s=2.0, wait_timeout_s=300))
+    def small(i: int) -> str:
+        gpu = current_placement().gpu_id
+        with lock:
+            running[gpu] += 1
+            peak[gpu] = max(peak[gpu], running[gpu])
+        try:
+            current_placement().advance(30)  # overlaps with the others (time_scale > 0)
+            time.sleep(0.05)
+        finally:
+            with lock:
+                running[gpu] -= 1
+        return gpu
+
+    with ThreadPoolExecutor(max_workers=40) as ex:
+        gpus = list(ex.map(lambda i: small(i=i), range(40)))
+    assert len(gpus) == 40
+    assert max(peak.values()) <= 2
+    assert len(set(gpus)) >= 2  # the fleet was used, not one GPU
+    frame = _env().measurements.read()
+    assert frame.height == 40 and frame["run_id"].n_unique() == 40
+    assert (frame["status"] == "completed").all()
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"batch_size": 0}, "batch_size"),
+    ({"batch_size": 2.5}, "batch_size"),
+    ({"min_throughput": -1}, "min_throughput"),
+    ({"min_throughput": float("nan")}, "min_throughput"),
+    ({"work_steps": "many"}, "work_steps"),
+    ({"model": "NoSuchNet"}, "unknown model family"),
+    ({"kind": "serving"}, "kind"),
+    ({"wait_timeout_s": -5}, "wait_timeout_s"),
+])
+def test_bad_decorator_arguments_fail_at_decoration(kwargs, match):
+    args = {"model": "ResNet-50", "batch_size": 64, "min_throughput": 1.0, "work_steps": 10, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        gogh_placed(**args)
+
+
+def test_own_model_needs_example_inputs_and_wrong_block_types_are_named():
+    import torch
+
+    with pytest.raises(ValueError, match="example_inputs"):
+        gogh_placed(model=torch.nn.Linear(4, 2), batch_size=8, min_throughput=1, work_steps=1)
+    placed = gogh_placed(model=torch.nn.Linear(4, 2), example_inputs=torch.zeros(8, 4), batch_size=8,
+                         min_throughput=1, work_steps=1, job_name="tiny-linear")
+    assert callable(placed)
+    with pytest.raises(TypeError, match="GpuCluster"):
+        gogh_placed(model="LM", batch_size=20, min_throughput=1, work_steps=1, cluster=42)
+
+
+def test_fleet_with_unknown_gpu_type_is_refused():
+    with pytest.raises(ValueError, match="x9000"):
+        GpuCluster(fleet={"x9000": 2})
+    with pytest.raises(ValueError, match="address"):
+        GpuCluster(mode="remote")
+
+
+def test_unknown_block_name_is_a_clear_error_before_anything_runs(gogh_home):
+    @gogh_placed(model="LM", batch_size=20, min_throughput=1, work_steps=10, cluster="no-such-fleet")
+    def lost() -> None:
+        raise AssertionError("must not run")
+
+    with pytest.raises(ValueError, match="no GpuCluster block named 'no-such-fleet'.*gogh blocks apply"):
+        lost()
+
+
+def test_requirement_no_gpu_can_meet_waits_then_fails_with_best_throughput(gogh_home):
+    @gogh_placed(model="ResNet-50", batch_size=64, min_throughput=1e6, work_steps=10, wait_timeout_s=0.5,
+                 policy=PlacementPolicy(poll_s=0.1))
+    def impossible() -> None:
+        raise AssertionError("must not run")
+
+    start = time.monotonic()
+    with pytest.raises(PlacementTimeout, match=r"best predicted throughput on this fleet is [0-9.]+"):
+        impossible()
+    assert time.monotonic() - start >= 0.5
