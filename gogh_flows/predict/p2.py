@@ -56,6 +56,14 @@ class P2Net(nn.Module):
     def __init__(self, size: int, hidden: int) -> None:
         super().__init__()
         self.affinity = nn.Parameter(torch.zeros(size, size))
+        # per target entry: how much an observation must weigh before it moves the entry (shrinkage
+        # toward P1 for entries the observed ones say little about); starts near 0 = full shift
+        self.prior = nn.Parameter(torch.full((size,), -4.0))
+        # the second opinion: the typical profile of known jobs (set from the training data), shifted
+        # to the observations -- what matrix completion does with one observation
+        self.profile = nn.Parameter(torch.zeros(size))
+        self.pop_affinity = nn.Parameter(torch.zeros(size, size))
+        self.gate = nn.Parameter(torch.zeros(size))  # per entry: trust in P1's shape vs the profile's
         self.mix = nn.Sequential(nn.Linear(3 * size, hidden), nn.GELU(), nn.Linear(hidden, size))
         nn.init.zeros_(self.mix[-1].weight)
         nn.init.zeros_(self.mix[-1].bias)
@@ -64,13 +72,19 @@ class P2Net(nn.Module):
         """p1 ``[B, D]`` (finite; 0 where unknown), obs ``[B, D]`` (0 where unobserved), mask ``[B, D]``."""
         r = (obs - p1) * mask
         w = nn.functional.softplus(self.affinity)  # [D_obs, D_target]
-        num = r @ w
-        den = mask @ w
-        avg = torch.where(den > 1e-6, num / den.clamp_min(1e-6), torch.zeros_like(num))
+        from_p1 = p1 + (r @ w) / (mask @ w + nn.functional.softplus(self.prior))
+        v = nn.functional.softplus(self.pop_affinity)
+        rp = (obs - self.profile) * mask
+        from_profile = self.profile + (rp @ v) / (mask @ v).clamp_min(1e-6)
+        g = torch.sigmoid(self.gate)
         centred = p1 - p1.mean(dim=1, keepdim=True)
         # bounded (|.| < MIX_BOUND in log space): a P1 vector unlike any seen in training must not
         # send the free-form part anywhere; the observed residuals carry the large corrections
-        out = p1 + avg + MIX_BOUND * torch.tanh(self.mix(torch.cat([centred, r, mask], dim=1)) / MIX_BOUND)
+        free = MIX_BOUND * torch.tanh(self.mix(torch.cat([centred, r, mask], dim=1)) / MIX_BOUND)
+        refined = g * from_p1 + (1 - g) * from_profile + free
+        # nothing observed -> nothing to refine: P2 returns P1 as it is
+        has_obs = mask.sum(dim=1, keepdim=True) > 0
+        out = torch.where(has_obs, refined, p1)
         return torch.where(mask > 0, obs, out)
 
 
@@ -148,6 +162,10 @@ def train_p2(layout: Layout, p1_log: np.ndarray, truth_log: np.ndarray, config: 
     rng = np.random.default_rng(config.seed)
     net = P2Net(layout.size, config.hidden)
     known = np.isfinite(truth_log) & np.isfinite(p1_log)
+    with torch.no_grad():  # start the profile at the known jobs' mean log throughput per entry
+        n = known.sum(axis=0)
+        col = np.where(n > 0, np.where(known, truth_log, 0.0).sum(axis=0) / np.maximum(n, 1), np.nan)
+        net.profile.copy_(torch.from_numpy(np.where(np.isfinite(col), col, np.nanmean(col))).float())
     p1 = torch.from_numpy(np.where(np.isfinite(p1_log), p1_log, 0.0)).float()
     truth = torch.from_numpy(np.where(known, truth_log, 0.0)).float()
     is_pair = layout.is_pair()

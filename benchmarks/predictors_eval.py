@@ -1,0 +1,109 @@
+"""Figures behind docs/predictors.md: encoder comparison and placement-time latency.
+
+    .venv/bin/python benchmarks/predictors_eval.py [encoders|latency|all]
+
+* ``encoders``: P1 alone, leave-one-family-out on Gavel's measured data, once per job
+  encoder (gru, ff, transformer). The encoder with the lowest mean isolated MAPE over the
+  held-out families is the default (model selection by cross-validation over families).
+  -> benchmarks/results/predictors_encoders.{json,md}
+* ``latency``: ``ThroughputPredictor.predict_table`` for 10 jobs x 8 GPU types with the
+  shipped synthetic prior (models/synthetic), warm, with one observation per job.
+  -> benchmarks/results/predictors_latency.json
+
+The full leave-one-family-out report is the CLI's:
+
+    gogh predictors evaluate --truth ../shared/data/gavel/simulation_throughputs.json \\
+        --holdout-family all --seed 0 --json benchmarks/results/predictors_gavel.json
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from gogh_flows.predict.data import MeasuredSet
+from gogh_flows.predict.evaluate import p1_vectors, score
+from gogh_flows.predict.layout import Layout
+from gogh_flows.predict.p1 import ENCODERS, P1Config, train_p1
+from gogh_flows.truth.gavel import gavel_dir, read_gavel_json
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def encoders(seed: int = 0) -> dict:
+    full = MeasuredSet.from_table(read_gavel_json(gavel_dir() / "simulation_throughputs.json"))
+    layout = Layout(full.gpus, full.names)
+    out: dict = {"families": {}, "mean": {}, "seconds": {}}
+    for enc in ENCODERS:
+        start = time.perf_counter()
+        for fam in full.families:
+            train = full.without([fam])
+            test = full.of_family(fam)
+            model = train_p1(train, P1Config(encoder=enc, seed=seed))
+            vec = p1_vectors(model, layout, test, dict(full.jobs))
+            truth = layout.truth(full, test)
+            s = score(lambda i, obs: vec[i], truth, layout, 1, seed)
+            out["families"].setdefault(fam, {})[enc] = {k: s[k] for k in ("isolated_mape", "colocated_mape")}
+            print(f"{enc} {fam}: iso {s['isolated_mape']:.3f} co {s['colocated_mape']:.3f}", flush=True)
+        out["seconds"][enc] = round(time.perf_counter() - start, 1)
+        out["mean"][enc] = {
+            k: float(np.mean([out["families"][f][enc][k] for f in full.families]))
+            for k in ("isolated_mape", "colocated_mape")
+        }
+    out["chosen"] = min(ENCODERS, key=lambda e: out["mean"][e]["isolated_mape"])
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "predictors_encoders.json").write_text(json.dumps(out, indent=2) + "\n")
+    lines = ["| family | " + " | ".join(f"{e} iso / co" for e in ENCODERS) + " |",
+             "|---|" + "---|" * len(ENCODERS)]
+    for fam in [*full.families, "mean"]:
+        row = out["mean"] if fam == "mean" else out["families"][fam]
+        lines.append(f"| {fam} | " + " | ".join(
+            f"{100 * row[e]['isolated_mape']:.1f}% / {100 * row[e]['colocated_mape']:.1f}%" for e in ENCODERS) + " |")
+    lines.append(f"\nChosen by mean held-out isolated MAPE: **{out['chosen']}**; "
+                 f"seconds per encoder (7 trainings): {out['seconds']}")
+    (RESULTS / "predictors_encoders.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return out
+
+
+def latency(repeat: int = 50) -> dict:
+    from gogh_flows.catalog import gpu_types
+    from gogh_flows.predict.io import load_p1, load_p2
+    from gogh_flows.predict.service import ThroughputPredictor, observations_frame
+    from gogh_flows.truth.synthetic import default_jobs
+
+    p1, p2 = load_p1(REPO / "models/synthetic/p1"), load_p2(REPO / "models/synthetic/p2")
+    jobs = dict(list(default_jobs().items())[::2][:10])
+    gpus = [g.name for g in gpu_types()][:8]
+    obs = observations_frame([{"job_type": n, "gpu_type": gpus[i % len(gpus)], "throughput": 1.0 + i}
+                              for i, n in enumerate(jobs)])
+    pred = ThroughputPredictor(p1, p2)
+    pred.predict_table(jobs, gpus, obs)  # warm: features and embeddings cached
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        pred.predict_table(jobs, gpus, obs)
+        times.append(1000 * (time.perf_counter() - t))
+    out = {"jobs": len(jobs), "gpu_types": len(gpus), "repeat": repeat, "torch_threads": torch.get_num_threads(),
+           "p50_ms": round(statistics.median(times), 2), "p90_ms": round(float(np.percentile(times, 90)), 2),
+           "max_ms": round(max(times), 2)}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "predictors_latency.json").write_text(json.dumps(out, indent=2) + "\n")
+    print(out)
+    return out
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    what = sys.argv[1] if len(sys.argv) > 1 else "all"
+    if what in ("encoders", "all"):
+        encoders()
+    if what in ("latency", "all"):
+        latency()
