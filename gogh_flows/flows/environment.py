@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Mapping
@@ -112,6 +113,21 @@ class PredictorSource:
                         "of gogh-flows, or register the predictors yourself (gogh predictors train)")
                 self.registry.ensure_registered(name, base / sub, alias=self.block.alias)
 
+    def _fetch(self, name: str, version: int) -> Path:
+        """A registered version, downloaded (and verified weights-only) once into the local cache."""
+        key = hashlib.sha1(self.block.resolved_tracking_uri().encode()).hexdigest()[:10]
+        dest = state_dir() / "model-cache" / key / f"{name}-v{version}"
+        if not (dest / "config.json").exists():
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.parent / f".{dest.name}.{os.getpid()}.{threading.get_ident()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            self.registry.download(f"models:/{name}/{version}", dest=tmp)
+            try:
+                os.replace(tmp, dest)
+            except OSError:  # another process cached it first
+                shutil.rmtree(tmp, ignore_errors=True)
+        return dest
+
     def versions(self) -> dict[str, int | None]:
         return {"p1": self._loaded[0], "p2": self._loaded[1]}
 
@@ -129,12 +145,8 @@ class PredictorSource:
                     f"{self.block.resolved_tracking_uri()}; register one (gogh predictors train + the "
                     "registry) or set prior='synthetic' on the PredictorRegistry block")
             if self._predictor is None or (v1, v2) != self._loaded:
-                p1_dir, _ = self.registry.download(self.block.p1_name, alias=self.block.alias)
-                p1 = load_p1(p1_dir)
-                p2 = None
-                if v2 is not None:
-                    p2_dir, _ = self.registry.download(self.block.p2_name, alias=self.block.alias)
-                    p2 = load_p2(p2_dir)
+                p1 = load_p1(self._fetch(self.block.p1_name, v1))
+                p2 = load_p2(self._fetch(self.block.p2_name, v2)) if v2 is not None else None
                 self._predictor = ThroughputPredictor(p1, p2)
                 self._loaded = (v1, v2)
                 log.info("gogh: loaded predictors %s v%s, %s v%s (alias %s)", self.block.p1_name, v1,
@@ -264,7 +276,7 @@ def _truth_for(cluster: GpuCluster):
 
 def environment(cluster: GpuCluster, tracking_uri: str) -> Environment:
     """The process-wide environment of a fleet (opened on first use)."""
-    key = cluster.key() + "|" + tracking_uri
+    key = f"{cluster.key()}|{tracking_uri}|{state_dir()}"
     with _LOCK:
         env = _ENVS.get(key)
         if env is not None:
