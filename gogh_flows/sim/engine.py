@@ -325,6 +325,11 @@ def simulate(
             done_count += 1
             vacated = True
         for r in [r for r in running.values() if r.observe_at <= now]:
+            if any(gid in changed for gid in r.gpus):
+                # A partner just left: r.rate is still the shared rate, which would be
+                # recorded against the wrong slot. Its GPU changed, so it is observed
+                # afresh ``observe_after_s`` from now (set below).
+                continue
             r.observe_at = math.inf
             gpu_type = by_id[r.gpus[0]].gpu_type
             partners = [o for o in occupants[r.gpus[0]] if o is not r]

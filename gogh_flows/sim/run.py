@@ -22,6 +22,10 @@ from gogh_flows.truth.table import ThroughputTable
 #: true throughputs (the reference); the others are the placement baselines.
 SIM_POLICIES = ("oracle", "greedy-fastest", "greedy-min-power", "greedy-efficiency", "first-fit",
                 "first-fit-interleaved", "random")
+#: The learned policies (they need predictors, see ``sim.holdout``): ``gogh`` plans with P1
+#: refined online by P2 from every monitoring observation; ``gogh-p1`` with P1 alone.
+LEARNED_POLICIES = ("gogh", "gogh-p1")
+ALL_POLICIES = SIM_POLICIES + LEARNED_POLICIES
 
 
 def parse_cluster(spec: str, capacity: int = 2) -> list[Gpu]:
@@ -97,14 +101,28 @@ class SimPolicy:
 
 
 def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
-                time_limit_s: float = 2.0) -> SimPolicy:
+                time_limit_s: float = 2.0, predictors=None, gpu_types=None) -> SimPolicy:
+    """``predictors`` (a ``sim.learned.Predictors``) is needed by the learned policies only.
+
+    A learned policy gets a fresh planning view for every simulation: what it learned
+    from one run's observations never leaks into another.
+    """
+    if name in LEARNED_POLICIES:
+        if predictors is None:
+            raise ValueError(f"policy {name!r} needs trained predictors: pass --predictors DIR "
+                             "or --holdout-family F (gogh simulate), or predictors=... here")
+        from gogh_flows.sim.learned import LearnedThroughputs
+
+        types = list(gpu_types) if gpu_types is not None else list(truth.gpu_types)
+        return SimPolicy(name, GoghOptimizer(time_limit_s=time_limit_s, name=name),
+                         LearnedThroughputs(predictors, types, refine=(name == "gogh")))
     if name == "oracle":
         return SimPolicy(name, GoghOptimizer(time_limit_s=time_limit_s, name="oracle"),
                          TableThroughputs(truth))
     if name in POLICIES and name != "optimizer":
         policy = get_policy(name, seed=seed) if name == "random" else get_policy(name)
         return SimPolicy(name, policy, TableThroughputs(truth))
-    raise ValueError(f"unknown simulation policy {name!r}; choose from: {', '.join(SIM_POLICIES)}")
+    raise ValueError(f"unknown simulation policy {name!r}; choose from: {', '.join(ALL_POLICIES)}")
 
 
 def run_policies(
@@ -115,12 +133,19 @@ def run_policies(
     *,
     config: SimConfig | None = None,
     progress: Callable[[str, int, int], None] | None = None,
+    predictors=None,
 ) -> dict[str, SimResult]:
-    """Simulate each named policy on the identical stream; results keyed by policy name."""
+    """Simulate each named policy on the identical stream; results keyed by policy name.
+
+    ``predictors`` (``sim.learned.Predictors``) serve the learned policies (``gogh``,
+    ``gogh-p1``); each of their runs starts from the predictors alone.
+    """
     if not names:
-        raise ValueError(f"name at least one policy: {', '.join(SIM_POLICIES)}")
+        raise ValueError(f"name at least one policy: {', '.join(ALL_POLICIES)}")
     config = config or SimConfig()
-    policies = [make_policy(n, truth, config.seed) for n in names]  # validate all first
+    types = sorted({g.gpu_type for g in gpus})
+    policies = [make_policy(n, truth, config.seed, predictors=predictors, gpu_types=types)
+                for n in names]  # validate all first
     out: dict[str, SimResult] = {}
     for p in policies:
         cb = (lambda done, total, name=p.name: progress(name, done, total)) if progress else None
@@ -129,4 +154,4 @@ def run_policies(
     return out
 
 
-__all__ = ["SIM_POLICIES", "SimPolicy", "best_isolated", "prepare_jobs", "reference_throughput", "make_policy", "parse_cluster", "run_policies"]
+__all__ = ["ALL_POLICIES", "LEARNED_POLICIES", "SIM_POLICIES", "SimPolicy", "best_isolated", "prepare_jobs", "reference_throughput", "make_policy", "parse_cluster", "run_policies"]
