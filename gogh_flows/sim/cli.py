@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 from gogh_flows.sim.run import (
+    ALL_POLICIES,
+    LEARNED_POLICIES,
     SIM_POLICIES,
     best_isolated,
     parse_cluster,
@@ -34,7 +36,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trace", required=True, help="a .trace file, or generate:N for N Poisson arrivals")
     p.add_argument("--cluster", required=True, help="e.g. v100=8,p100=16,k80=24")
     p.add_argument("--policy", default=",".join(SIM_POLICIES),
-                   help=f"comma-separated policy names, from: {', '.join(SIM_POLICIES)}")
+                   help=f"comma-separated policy names, from: {', '.join(ALL_POLICIES)} "
+                        "(the learned gogh, gogh-p1 need --predictors or --holdout-family)")
+    p.add_argument("--predictors", help="directory holding p1/ and p2/ model directories, as written "
+                                        "by `gogh predictors train --out DIR` (for gogh, gogh-p1)")
+    p.add_argument("--holdout-family",
+                   help="train P1/P2 in this command without this model family, and draw every "
+                        "job from it (generate:N: its job types; a trace file: each job re-labelled "
+                        "to one of its types, same duration on the reference GPU type)")
+    p.add_argument("--p1-epochs", type=int, default=100, help="P1 epochs with --holdout-family")
+    p.add_argument("--p2-epochs", type=int, default=300, help="P2 epochs with --holdout-family")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rate", type=float, default=6.0, help="arrivals per hour for generate:N")
     p.add_argument("--noise", type=float, default=0.0, help="log-normal sigma on true throughputs")
@@ -53,6 +64,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _jobs(args: argparse.Namespace, truth: ThroughputTable, gpus: list):
+    ref = "v100" if "v100" in truth.gpu_types else sorted({g.gpu_type for g in gpus})[0]
+    family = None
+    if args.holdout_family:
+        from gogh_flows.sim.holdout import family_types
+
+        family = family_types(truth, args.holdout_family)
     if args.trace.startswith("generate:"):
         try:
             n = int(args.trace.split(":", 1)[1])
@@ -60,12 +77,19 @@ def _jobs(args: argparse.Namespace, truth: ThroughputTable, gpus: list):
             raise ValueError(f"--trace generate:N needs an integer N, got {args.trace!r}") from None
         dist = load_philly_distribution(gavel_dir() / "traces" / "philly_job_distribution.csv")
         best = best_isolated(truth, gpus)
-        runnable = [j for j in truth.job_types if best(j, 1) > 0]
-        ref = "v100" if "v100" in truth.gpu_types else sorted({g.gpu_type for g in gpus})[0]
+        runnable = [j for j in (family or truth.job_types) if best(j, 1) > 0]
         jobs = generate_arrivals(n, rate_per_hour=args.rate, job_types=runnable, distribution=dist,
                                  seed=args.seed, throughput_of=reference_throughput(truth, ref))
     else:
         jobs = read_trace(args.trace, max_gpus=8)
+        if family is not None:
+            from gogh_flows.sim.holdout import relabel_to_family
+
+            n = len(jobs)
+            jobs = relabel_to_family(jobs, family, reference_throughput(truth, ref), seed=args.seed)
+            if len(jobs) < n:
+                print(f"note: dropped {n - len(jobs)} of {n} trace jobs that no job type of family "
+                      f"{args.holdout_family!r} can run at their GPU count", file=sys.stderr)
     unknown = sorted({j.job_type for j in jobs if not truth.knows(j.job_type)})
     if unknown:
         raise ValueError(f"trace job types missing from the truth table: {unknown}")
@@ -74,6 +98,25 @@ def _jobs(args: argparse.Namespace, truth: ThroughputTable, gpus: list):
     except ValueError:
         raise ValueError(f"--requirement-q must be LOW,HIGH, got {args.requirement_q!r}") from None
     return prepare_jobs(jobs, truth, gpus, seed=args.seed, q_low=q_low, q_high=q_high)
+
+
+def _predictors(args: argparse.Namespace, truth: ThroughputTable, names: list[str]):
+    """Predictors for the learned policies: loaded, trained in-command, or none needed."""
+    if not any(n in LEARNED_POLICIES for n in names):
+        return None
+    if args.predictors:
+        from gogh_flows.sim.holdout import load_predictors
+
+        return load_predictors(args.predictors, truth)
+    if args.holdout_family:
+        from gogh_flows.sim.holdout import train_holdout
+
+        print(f"training P1 ({args.p1_epochs} epochs) and P2 ({args.p2_epochs} epochs) without "
+              f"family {args.holdout_family!r} ...", file=sys.stderr, flush=True)
+        return train_holdout(truth, args.holdout_family, p1_epochs=args.p1_epochs,
+                             p2_epochs=args.p2_epochs, seed=args.seed)
+    raise ValueError(f"policies {[n for n in names if n in LEARNED_POLICIES]} need predictors: pass "
+                     "--predictors DIR (from `gogh predictors train --out DIR`) or --holdout-family F")
 
 
 def _bar(name: str, done: int, total: int) -> None:
@@ -100,15 +143,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                          f"({truth.source}); it covers {list(truth.gpu_types)}")
     names = [n.strip() for n in args.policy.split(",") if n.strip()]
     jobs = _jobs(args, truth, gpus)
+    predictors = _predictors(args, truth, names)
     config = SimConfig(seed=args.seed, noise=args.noise, rebalance=not args.no_rebalance,
                        rebalance_gain=args.rebalance_gain, migration_s=args.migration_s)
-    results = run_policies(jobs, gpus, truth, names, config=config, progress=_bar)
+    results = run_policies(jobs, gpus, truth, names, config=config, progress=_bar,
+                           predictors=predictors)
     figures = {"policies": {name: r.summary() for name, r in results.items()},
                "jobs": len(jobs), "gpus": len(gpus), "seed": args.seed,
                "truth": truth.source, "trace": args.trace, "cluster": args.cluster,
                "capacity": args.capacity, "requirement_q": args.requirement_q,
                "noise": args.noise, "rebalance": not args.no_rebalance,
-               "rebalance_gain": args.rebalance_gain, "migration_s": args.migration_s}
+               "rebalance_gain": args.rebalance_gain, "migration_s": args.migration_s,
+               "holdout_family": args.holdout_family,
+               "predictors": predictors.description if predictors is not None else None}
     table = pl.DataFrame([{"policy": n, **s} for n, s in figures["policies"].items()])
     with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=200, float_precision=3,
                    tbl_hide_dataframe_shape=True):

@@ -1,0 +1,189 @@
+"""The learned policies in the simulator: gogh (P1 + online P2) and gogh-p1 (P1 only)."""
+
+from dataclasses import dataclass
+
+import pytest
+
+from gogh_flows.placement import Gpu
+from gogh_flows.placement.problem import Job
+from gogh_flows.sim.engine import ObservedThroughputs, SimConfig
+from gogh_flows.sim.learned import LearnedThroughputs
+from gogh_flows.sim.run import make_policy, run_policies
+from gogh_flows.truth.table import ThroughputTable
+
+TYPES = ("v100", "t4")
+HELD_OUT = "ResNet-50"
+# (job type, steps/s on v100, on t4): three training families and the held-out one
+SPEEDS = [
+    ("ResNet-18 (batch size 32)", 30.0, 9.0), ("ResNet-18 (batch size 64)", 18.0, 5.0),
+    ("ResNet-18 (batch size 128)", 10.0, 2.6), ("LM (batch size 20)", 12.0, 4.0),
+    ("LM (batch size 40)", 7.0, 2.2), ("Transformer (batch size 32)", 9.0, 2.5),
+    ("Transformer (batch size 64)", 5.0, 1.3),
+    ("ResNet-50 (batch size 32)", 11.0, 2.8), ("ResNet-50 (batch size 64)", 6.0, 1.5),
+]
+
+
+@dataclass(frozen=True)
+class J:
+    id: str
+    job_type: str
+    total_steps: float
+    arrival_s: float
+    required_throughput: float | None
+    num_gpus: int = 1
+
+
+def _truth() -> ThroughputTable:
+    rows = []
+    for jt, v, t in SPEEDS:
+        rows += [{"job_type": jt, "gpu_type": "v100", "scale_factor": 1, "throughput": v},
+                 {"job_type": jt, "gpu_type": "t4", "scale_factor": 1, "throughput": t}]
+    for i, (a, va, ta) in enumerate(SPEEDS):
+        for b, vb, tb in SPEEDS[i:]:
+            for g, x, y in (("v100", va, vb), ("t4", ta, tb)):
+                rows.append({"job_type": a, "gpu_type": g, "scale_factor": 1, "partner": b,
+                             "throughput": 0.6 * x, "partner_throughput": 0.6 * y})
+    return ThroughputTable.from_rows(rows)
+
+
+@pytest.fixture(scope="module")
+def truth() -> ThroughputTable:
+    return _truth()
+
+
+@pytest.fixture(scope="module")
+def predictors(truth):
+    from gogh_flows.sim.holdout import train_holdout
+
+    return train_holdout(truth, HELD_OUT, p1_epochs=5, p2_epochs=20, seed=0)
+
+
+def _stream(n: int = 16) -> list[J]:
+    """Jobs of the held-out family only; every requirement reachable alone on a V100."""
+    held = [s for s in SPEEDS if s[0].startswith(HELD_OUT)]
+    out = []
+    for i in range(n):
+        jt, v, _ = held[i % len(held)]
+        out.append(J(f"j{i}", jt, 600.0 * v, 120.0 * i, (0.3 + 0.04 * (i % 10)) * v))
+    return out
+
+
+GPUS = [Gpu("v0", "v100"), Gpu("v1", "v100"), Gpu("t0", "t4"), Gpu("t1", "t4")]
+
+
+def test_gogh_runs_end_to_end_on_jobs_of_an_unseen_family(truth, predictors):
+    jobs = _stream()
+    res = run_policies(jobs, GPUS, truth, ["oracle", "gogh", "gogh-p1"],
+                       config=SimConfig(seed=0, observe_after_s=60.0), predictors=predictors)
+    for name, r in res.items():
+        s = r.summary()
+        assert s["jobs_completed"] == len(jobs) and not r.unfinished, name
+        assert s["energy_kwh"] > 0 and 0 <= s["sla_attainment"] <= 1, name
+    assert predictors.p2 is not None and not any(
+        n.startswith(HELD_OUT) for n in predictors.p2.layout.partners)  # never trained on it
+
+
+def test_an_observation_moves_the_jobs_predictions_on_other_gpu_types(predictors):
+    view = LearnedThroughputs(predictors, TYPES, refine=True)
+    job = Job("x", "ResNet-50 (batch size 32)", 1.0, 100.0)
+    before = {g: view.isolated(job, g) for g in TYPES}
+    # the planner's wrapper (as the simulator uses it) forwards the observation
+    planning = ObservedThroughputs(view)
+    planning.observe(job, "v100", None, 3.0 * before["v100"])
+    assert planning.isolated(job, "v100") == pytest.approx(3.0 * before["v100"])
+    after_t4 = planning.isolated(job, "t4")  # never observed: P2 spread the news
+    assert after_t4 != pytest.approx(before["t4"], rel=1e-3)
+    assert view.refinements == 1
+    # another job of the same type keeps its own prediction
+    other = Job("y", job.job_type, 1.0, 100.0)
+    assert view.isolated(other, "t4") == pytest.approx(before["t4"])
+
+
+def test_a_pair_observation_refines_the_isolated_row_too(predictors):
+    view = LearnedThroughputs(predictors, TYPES, refine=True)
+    job = Job("x", "ResNet-50 (batch size 32)", 1.0, 100.0)
+    mate = Job("m", "ResNet-50 (batch size 64)", 1.0, 100.0)
+    before = view.isolated(job, "t4")
+    own, _ = view.pair(job, mate, "v100")
+    view.observe(job, "v100", mate, 2.0 * own)
+    assert view.isolated(job, "v100") > 1.5 * (own / view.ratio(job.job_type, mate.job_type)[0])
+    assert view.isolated(job, "t4") != pytest.approx(before, rel=1e-3)
+
+
+def test_gogh_p1_ignores_observations(predictors):
+    view = LearnedThroughputs(predictors, TYPES, refine=False)
+    job = Job("x", "ResNet-50 (batch size 32)", 1.0, 100.0)
+    before = {g: view.isolated(job, g) for g in TYPES}
+    view.observe(job, "v100", None, 5.0 * before["v100"])
+    assert {g: view.isolated(job, g) for g in TYPES} == before
+    assert view.refinements == 0
+
+
+def test_an_underestimated_job_is_still_tried_where_it_looks_best(predictors):
+    view = LearnedThroughputs(predictors, TYPES, refine=True)
+    low = Job("a", "ResNet-50 (batch size 32)", 1.0, 100.0)
+    row = {g: view.isolated(low, g) for g in TYPES}
+    need = 10.0 * max(row.values())
+    high = Job("b", low.job_type, need, 100.0)
+    floored = {g: view.isolated(high, g) for g in TYPES}
+    assert max(floored.values()) >= need
+    assert floored["v100"] / floored["t4"] == pytest.approx(row["v100"] / row["t4"])
+
+
+def test_deterministic_for_a_seed(truth, predictors):
+    jobs = _stream(10)
+    cfg = SimConfig(seed=1, noise=0.1, observe_after_s=60.0)
+    drop = ("decision_p50_ms", "decision_p99_ms", "rebalance_p99_ms")
+    runs = [run_policies(jobs, GPUS, truth, ["gogh"], config=cfg, predictors=predictors)["gogh"]
+            for _ in range(2)]
+    a, b = ({k: v for k, v in r.summary().items() if k not in drop} for r in runs)
+    assert a == b
+    assert {j: r.gpu_type for j, r in runs[0].jobs.items()} == {j: r.gpu_type for j, r in runs[1].jobs.items()}
+
+
+def test_learned_policy_without_predictors_is_a_clear_error(truth):
+    with pytest.raises(ValueError, match="--predictors"):
+        make_policy("gogh", truth)
+
+
+def test_cli_simulate_gogh_with_holdout_family_and_with_a_predictors_dir(tmp_path, truth,
+                                                                         predictors, capsys):
+    import json
+
+    from gogh_flows.cli import main
+    from gogh_flows.predict.io import save_model
+
+    # the CLI reads Gavel-format JSON or 'synthetic': write this small truth as Gavel JSON
+    doc: dict = {}
+    for r in truth.frame.iter_rows(named=True):
+        key = f"('{r['job_type']}', 1)"
+        entry = doc.setdefault(r["gpu_type"], {}).setdefault(key, {})
+        if r["partner"] is None:
+            entry["null"] = r["throughput"]
+        else:
+            entry[f"('{r['partner']}', 1)"] = [r["throughput"], r["partner_throughput"]]
+    (tmp_path / "truth.json").write_text(json.dumps(doc))
+    trace = tmp_path / "x.trace"
+    trace.write_text("".join(f"{jt}\tpython3 main.py\tdir\t--num_steps\t1\t{600 * v:.0f}\t1\t1\t"
+                             f"-1.000000\t{120 * i}\n" for i, (jt, v, _) in enumerate(SPEEDS)))
+    out = tmp_path / "r.json"
+    rc = main(["simulate", "--truth", str(tmp_path / "truth.json"), "--trace", str(trace),
+               "--cluster", "v100=2,t4=2", "--policy", "oracle,gogh,gogh-p1",
+               "--holdout-family", HELD_OUT, "--p1-epochs", "5", "--p2-epochs", "20",
+               "--json", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    figures = json.loads(out.read_text())
+    assert set(figures["policies"]) == {"oracle", "gogh", "gogh-p1"}
+    assert figures["holdout_family"] == HELD_OUT and "without family" in figures["predictors"]
+    assert figures["policies"]["gogh"]["jobs_completed"] == figures["jobs"]
+
+    save_model(predictors.p1, tmp_path / "m" / "p1")
+    save_model(predictors.p2, tmp_path / "m" / "p2")
+    rc = main(["simulate", "--truth", str(tmp_path / "truth.json"), "--trace", str(trace),
+               "--cluster", "v100=2,t4=2", "--policy", "gogh", "--predictors", str(tmp_path / "m"),
+               "--json", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    assert json.loads(out.read_text())["predictors"].startswith("loaded from")
+    assert main(["simulate", "--truth", str(tmp_path / "truth.json"), "--trace", str(trace),
+                 "--cluster", "v100=2,t4=2", "--policy", "gogh"]) != 0
+    assert "--predictors" in capsys.readouterr().err
