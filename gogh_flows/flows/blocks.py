@@ -115,6 +115,10 @@ class PlacementPolicy(Block):
                                   "never moved today (a Python process cannot be migrated)")
     refine: bool = Field(default=True, description="correct predictions with P2 from the "
                          "measurements logged so far")
+    headroom: float = Field(default=0.1, ge=0.0, le=1.0, description="plan as if every requirement "
+                            "were this fraction higher: predictions of unmeasured placements err, and "
+                            "the cheapest slot that barely meets a requirement on paper misses it "
+                            "whenever the prediction was optimistic")
 
     @field_validator("policy")
     @classmethod

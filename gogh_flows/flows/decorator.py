@@ -137,7 +137,7 @@ def place_run(job: PlacedJob, run_id: str, env: Environment, registry: Predictor
         predict=lambda feats: predictor.predict_table(feats, gpu_types, observations),
         features=env.features.get, policy=policy.policy, time_limit_s=policy.solver_time_limit_s,
         wait_timeout_s=timeout, poll_s=policy.poll_s, versions=source.versions(), on_wait=logger.info,
-        sleep=env.wait_for_release,
+        sleep=env.wait_for_release, headroom=policy.headroom,
     )
     try:
         create_markdown_artifact(markdown=placement.explanation_md, key="gogh-placement",

@@ -48,23 +48,24 @@ class RunPlacement:
     explanation_md: str
 
 
-def running_jobs(occupants: dict, now: float) -> list[Job]:
+def running_jobs(occupants: dict, now: float, headroom: float = 0.0) -> list[Job]:
     """Ledger reservations -> running jobs with their estimated remaining work."""
     jobs = []
     for gpu_id, reservations in occupants.items():
         for r in reservations:
             elapsed = max(0.0, now - r.started_at)
             remaining = max(1.0, r.work - r.required_throughput * elapsed)
-            jobs.append(Job(r.run_id, r.job_type, r.required_throughput, remaining, 1, (gpu_id,)))
+            jobs.append(Job(r.run_id, r.job_type, r.required_throughput * (1 + headroom), remaining, 1,
+                            (gpu_id,)))
     return jobs
 
 
 def decide(
     job: PlacedJob, run_id: str, devices: Sequence[GpuDevice], running: list[Job],
-    table: ThroughputTable, policy: str, time_limit_s: float,
+    table: ThroughputTable, policy: str, time_limit_s: float, headroom: float = 0.0,
 ) -> tuple[Placement, PlacementProblem]:
     gpus = [Gpu(d.id, d.gpu_type, d.capacity) for d in devices]
-    new = Job(run_id, job.job_type, job.min_throughput, float(job.work_steps))
+    new = Job(run_id, job.job_type, job.min_throughput * (1 + headroom), float(job.work_steps))
     problem = PlacementProblem.build(gpus, [*running, new], table)
     options = {"time_limit_s": time_limit_s} if policy == "optimizer" else {}
     return get_policy(policy, **options).place(problem), problem
@@ -76,7 +77,7 @@ def place_with_retry(
     predict: Callable[[dict[str, WorkloadFeatures]], ThroughputTable],
     features: Callable[[str], WorkloadFeatures], policy: str, time_limit_s: float,
     wait_timeout_s: float, poll_s: float, versions: dict, on_wait: Callable[[str], None] | None = None,
-    sleep: Callable[[float], object] = time.sleep,
+    sleep: Callable[[float], object] = time.sleep, headroom: float = 0.0,
 ) -> RunPlacement:
     """Solve, reserve, and retry until placed or the wait timeout passes.
 
@@ -87,11 +88,16 @@ def place_with_retry(
     said_waiting = False
     while True:
         now = time.time()
-        running = running_jobs(occupants(), now)
+        running = running_jobs(occupants(), now, headroom)
         types = {j.job_type for j in running} | {job.job_type}
         feats = {t: (job.features if t == job.job_type else features(t)) for t in types}
         table = predict(feats)
-        placement, problem = decide(job, run_id, devices, running, table, policy, time_limit_s)
+        placement, problem = decide(job, run_id, devices, running, table, policy, time_limit_s, headroom)
+        short = next((w for w in placement.waiting if w.job_id == run_id), None)
+        if short is not None and headroom > 0 and job.min_throughput <= short.best_throughput:
+            # no GPU type clears the requirement with headroom, but some clear it exactly:
+            # plan without headroom rather than wait for a GPU that cannot exist
+            placement, problem = decide(job, run_id, devices, running, table, policy, time_limit_s, 0.0)
         if run_id in placement.placed_ids:
             a = placement.assignment(run_id)
             gpu_id = a.gpus[0]

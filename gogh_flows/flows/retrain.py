@@ -27,10 +27,12 @@ from gogh_flows.flows.blocks import PredictorRegistry, load_block, state_dir
 from gogh_flows.flows.environment import (
     FeatureStore, observations_from_measurements, predictor_source,
 )
-from gogh_flows.predict.io import load_p2, save_model
+from gogh_flows.predict.data import MeasuredSet
+from gogh_flows.predict.io import save_model
 from gogh_flows.predict.p2 import P2Config
 from gogh_flows.predict.service import ThroughputPredictor, fit_refiner
 from gogh_flows.tracking.measurements import MeasurementLog
+from gogh_flows.truth import load_truth
 
 log = logging.getLogger("gogh_flows")
 CHALLENGER = "challenger"
@@ -43,6 +45,25 @@ def split_recent(obs: pl.DataFrame, holdout_fraction: float) -> tuple[pl.DataFra
     return obs.head(n - k), obs.tail(k)
 
 
+BASE_DATA = ("prior", "synthetic", "gavel", "none")
+
+
+def base_measurements(base_data: str, prior: str | None, gpu_types: list[str]) -> MeasuredSet | None:
+    """Throughputs the challenger learns from besides the logged runs (``base_data``)."""
+    if base_data not in BASE_DATA:
+        raise ValueError(f"base_data must be one of {BASE_DATA}, got {base_data!r}")
+    source = (prior or "none") if base_data == "prior" else base_data
+    if source == "none":
+        return None
+    if source == "synthetic":
+        from gogh_flows.truth.synthetic import synthetic_table
+
+        return MeasuredSet.from_table(synthetic_table(gpu_types))
+    if source == "gavel":
+        return MeasuredSet.from_table(load_truth("gavel"))
+    raise ValueError(f"unknown base data {source!r}; expected one of {BASE_DATA}")
+
+
 @task(name="gogh-score-refiner", cache_policy=NO_CACHE, persist_result=False)
 def score(predictor: ThroughputPredictor, features: dict, train: pl.DataFrame, test: pl.DataFrame) -> dict:
     return predictor.refine_error(features, train, test)
@@ -52,11 +73,15 @@ def score(predictor: ThroughputPredictor, features: dict, train: pl.DataFrame, t
 def refine_predictors(
     registry: str | None = None, measurements_dir: str | None = None, min_measurements: int = 8,
     holdout_fraction: float = 0.25, epochs: int = 300, seed: int = 0, promote: bool = True,
+    base_data: str = "prior",
 ) -> dict[str, Any]:
     """Train a challenger P2 on logged measurements; promote it to champion only if it is better.
 
     ``registry`` names a saved PredictorRegistry block (None: the embedded default);
     ``measurements_dir`` is where placed runs log (default ``$GOGH_HOME/measurements``).
+    ``base_data`` is what the challenger learns from besides the measurements, so a few
+    dozen runs refine the refiner instead of replacing it: "prior" (the data the shipped
+    prior was trained on), "synthetic", "gavel", or "none".
     """
     logger = get_run_logger()
     if not 0 < holdout_fraction < 1:
@@ -80,8 +105,10 @@ def refine_predictors(
     features = {t: store.get(t) for t in sorted(set(obs["job_type"]) | set(obs["partner"].drop_nulls()))}
     gpu_types = sorted(set(obs["gpu_type"]))
     started = time.time()
-    p2 = fit_refiner(champion.p1, features, train, config=P2Config(epochs=epochs, seed=seed),
-                     gpu_types=sorted(set(gpu_types) | set(champion.p2.layout.gpus if champion.p2 else ())))
+    all_gpus = sorted(set(gpu_types) | set(champion.p2.layout.gpus if champion.p2 else ()))
+    base = base_measurements(base_data, block.prior, all_gpus)
+    p2 = fit_refiner(champion.p1, features, train, base=base, config=P2Config(epochs=epochs, seed=seed),
+                     gpu_types=all_gpus)
     challenger = ThroughputPredictor(champion.p1, p2)
     champ_score = score(champion, features, train, test)
     chall_score = score(challenger, features, train, test)
