@@ -6,6 +6,7 @@
   encoder (gru, ff, transformer). The encoder with the lowest mean isolated MAPE over the
   held-out families is the default (model selection by cross-validation over families).
   -> benchmarks/results/predictors_encoders.{json,md}
+* ``tables``: markdown tables of benchmarks/results/predictors_gavel.json (the CLI report).
 * ``latency``: ``ThroughputPredictor.predict_table`` for 10 jobs x 8 GPU types with the
   shipped synthetic prior (models/synthetic), warm, with one observation per job.
   -> benchmarks/results/predictors_latency.json
@@ -100,6 +101,22 @@ def latency(repeat: int = 50) -> dict:
     return out
 
 
+def tables(path: Path = RESULTS / "predictors_gavel.json") -> str:
+    """Markdown tables of a ``gogh predictors evaluate`` report (MAPE in %)."""
+    from gogh_flows.predict.evaluate import METHODS, METRICS
+
+    report = json.loads(path.read_text())
+    head = "| family | method | " + " | ".join(METRICS) + " |"
+    lines = [head, "|---|---|" + "---:|" * len(METRICS)]
+    for fam, by in [*report["families"].items(), ("**mean**", report["mean"])]:
+        for m in METHODS:
+            lines.append(f"| {fam} | {m} | " + " | ".join(f"{100 * by[m][k]:.1f}" for k in METRICS) + " |")
+    text = "\n".join(lines) + f"\n\nwall time of the evaluation: {report['seconds']} s\n"
+    path.with_suffix(".md").write_text(text)
+    print(text)
+    return text
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     what = sys.argv[1] if len(sys.argv) > 1 else "all"
@@ -107,3 +124,5 @@ if __name__ == "__main__":
         encoders()
     if what in ("latency", "all"):
         latency()
+    if what == "tables":
+        tables()
