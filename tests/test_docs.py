@@ -16,8 +16,15 @@ def _blocks(path: Path) -> list[str]:
 CASES = [(p.name, i, code) for p in DOCS for i, code in enumerate(_blocks(p))]
 
 
+#: Examples that run flows get a Prefect test server and a fresh $GOGH_HOME.
+NEEDS_PREFECT = ("gogh_placed", "refine_predictors")
+
+
 @pytest.mark.parametrize("name, index, code", CASES, ids=[f"{n}[{i}]" for n, i, _ in CASES])
-def test_doc_example_runs(name, index, code):
+def test_doc_example_runs(name, index, code, request):
+    if any(word in code for word in NEEDS_PREFECT):
+        request.getfixturevalue("prefect_server")
+        request.getfixturevalue("gogh_home")
     exec(compile(code, f"{name}[{index}]", "exec"), {"__name__": "__doc_example__"})
 
 
