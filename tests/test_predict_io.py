@@ -111,3 +111,18 @@ def test_save_refuses_unknown_objects_and_directories_with_pickles(tmp_path, mod
     (tmp_path / "y" / "old.pkl").write_bytes(b"x")
     with pytest.raises(UnsafeModelError):
         save_model(models[2], tmp_path / "y")
+
+
+def test_shipped_priors_load_and_say_what_they_never_saw():
+    from pathlib import Path
+
+    models = Path(__file__).resolve().parent.parent / "models"
+    dirs = sorted(p for p in models.glob("*/p[12]") if p.is_dir())
+    assert {d.parent.name for d in dirs} >= {"synthetic", "gavel"}, "models/ should ship both priors"
+    for d in dirs:
+        model = load_model(d)
+        assert sorted(x.name for x in d.iterdir()) == ["MODEL_CARD.md", "config.json", "weights.safetensors"]
+        assert "gogh predictors train" in read_card(d)
+        if isinstance(model, P2Model) and d.parent.name == "synthetic":
+            assert "CycleGAN" not in model.layout.partners  # the demo's unseen family
+            assert "**CycleGAN**" in read_card(d)

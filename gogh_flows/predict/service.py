@@ -75,16 +75,29 @@ def observations_frame(rows: Iterable[Mapping] | pl.DataFrame = ()) -> pl.DataFr
     return frame
 
 
-def _aggregate(obs: pl.DataFrame) -> dict[tuple[str, str | None, str], float]:
-    """(job, partner, gpu) -> mean log throughput; -inf when it did not run there."""
+class _Observed(dict):
+    """(job, partner, gpu) -> mean log throughput (-inf: did not run there), plus the value to
+    return for the entry: the measurement itself when there is one, else the geometric mean."""
+
+    def __init__(self, logs: dict, values: dict) -> None:
+        super().__init__(logs)
+        self.values = values
+
+
+def _aggregate(obs: pl.DataFrame) -> _Observed:
     if obs.height == 0:
-        return {}
+        return _Observed({}, {})
     g = (
         obs.with_columns(lt=pl.when(pl.col("throughput") > 0).then(pl.col("throughput").log()))
         .group_by("job_type", "partner", "gpu_type")
-        .agg(lt=pl.col("lt").mean(), ran=(pl.col("throughput") > 0).any())
+        .agg(lt=pl.col("lt").mean(), ran=(pl.col("throughput") > 0).any(), n=pl.len(),
+             first=pl.col("throughput").first())
     )
-    return {(j, p, gt): (lt if ran else -math.inf) for j, p, gt, lt, ran in g.iter_rows()}
+    logs, values = {}, {}
+    for j, p, gt, lt, ran, n, first in g.iter_rows():
+        logs[(j, p, gt)] = lt if ran else -math.inf
+        values[(j, p, gt)] = first if n == 1 or not ran else math.exp(lt)
+    return _Observed(logs, values)
 
 
 class ThroughputPredictor:
@@ -112,7 +125,7 @@ class ThroughputPredictor:
             raise ValueError("predict_table needs at least one GPU type")
         for g in gpus:
             get_gpu_type(g)  # unknown type -> error naming it
-        obs = _aggregate(observations_frame(observations)) if observations is not None else {}
+        obs = _aggregate(observations_frame(observations) if observations is not None else observations_frame())
         iso, pair = self._predict(dict(jobs), gpus, obs)
         return _table(names, gpus, iso, pair)
 
@@ -167,7 +180,7 @@ class ThroughputPredictor:
         return out
 
     def _predict(self, jobs: dict[str, WorkloadFeatures], gpus: tuple[str, ...],
-                 obs: Mapping[tuple[str, str | None, str], float]) -> tuple[np.ndarray, np.ndarray]:
+                 obs: _Observed) -> tuple[np.ndarray, np.ndarray]:
         """``iso [J, G]`` and ``pair [J, J, G]`` steps/s for the requested jobs and types."""
         names = tuple(jobs)
         J, G = len(names), len(gpus)
@@ -183,8 +196,8 @@ class ThroughputPredictor:
         g_idx = {g: i for i, g in enumerate(all_gpus)}
         p1_iso = pred.isolated  # [J, Gall]
         p1_pair = pred.pair  # [J, Pall, Gall]
-        iso = p1_iso[:, :G].copy()
-        pair = p1_pair[:, :J, :G].copy()  # partners start with the jobs themselves, in order
+        iso = p1_iso[:, :G].astype(np.float64)  # float64: observed values come back exactly
+        pair = p1_pair[:, :J, :G].astype(np.float64)  # partners start with the jobs themselves, in order
         if lay is not None:
             lg = [g_idx[g] for g in lay.gpus]
             lp = [p_idx.get(p, -1) for p in lay.partners]
@@ -226,7 +239,7 @@ class ThroughputPredictor:
         for (j, p, g), v in obs.items():
             if j not in row or g not in col:
                 continue
-            val = math.exp(v) if math.isfinite(v) else 0.0
+            val = obs.values[(j, p, g)]
             if p is None:
                 iso[row[j], col[g]] = val
             elif p in row:
