@@ -150,10 +150,10 @@ def run_product_demo(seed: int = 0, out: Path = Path(".gogh/demo"), waves: int =
             say("  placed on " + ", ".join(sorted(r["gpu"] for r in results)))
             if w < waves - 1:
                 say("retraining the refiner from the measurements so far (refine_predictors flow)")
-                r = refine_predictors(registry=None, min_measurements=4, holdout_fraction=0.25, epochs=300,
+                r = refine_predictors(registry=None, min_measurements=4, holdout_fraction=0.25, epochs=150,
                                       seed=seed)
                 retrains.append(r)
-                say(f"  challenger v{r.get('challenger_version')} MAPE {r.get('challenger_mape', float('nan')):.3f}"
+                say(f"  ({r.get('seconds', 0):.0f} s) challenger v{r.get('challenger_version')} MAPE {r.get('challenger_mape', float('nan')):.3f}"
                     f" vs champion {r.get('champion_mape', float('nan')):.3f}: "
                     + ("promoted" if r.get("promoted") else "kept the champion"))
         gogh_rows = _measurements(run_home / "gogh")

@@ -16,7 +16,7 @@ def test_bench_placement_writes_the_three_figures(tmp_path, capsys):
 
 
 def test_demo_prints_explanations_and_every_policy(capsys):
-    assert main(["demo"]) == 0
+    assert main(["demo", "--wave-only"]) == 0
     out = capsys.readouterr().out
     for name in ("optimizer", "first-fit", "random", "greedy-fastest", "greedy-min-power", "greedy-efficiency"):
         assert name in out

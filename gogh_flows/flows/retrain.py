@@ -105,10 +105,11 @@ def refine_predictors(
     features = {t: store.get(t) for t in sorted(set(obs["job_type"]) | set(obs["partner"].drop_nulls()))}
     gpu_types = sorted(set(obs["gpu_type"]))
     started = time.time()
-    all_gpus = sorted(set(gpu_types) | set(champion.p2.layout.gpus if champion.p2 else ()))
-    base = base_measurements(base_data, block.prior, all_gpus)
+    # the challenger covers the GPU types this fleet measured; a type added later is served
+    # by P1 (and by the next retraining once it has been measured)
+    base = base_measurements(base_data, block.prior, gpu_types)
     p2 = fit_refiner(champion.p1, features, train, base=base, config=P2Config(epochs=epochs, seed=seed),
-                     gpu_types=all_gpus)
+                     gpu_types=gpu_types)
     challenger = ThroughputPredictor(champion.p1, p2)
     champ_score = score(champion, features, train, test)
     chall_score = score(challenger, features, train, test)
