@@ -19,7 +19,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     def common(x: argparse.ArgumentParser) -> None:
         x.add_argument("--truth", default="synthetic", help="'synthetic' or a Gavel throughput JSON")
-        x.add_argument("--encoder", default="gru", choices=("gru", "ff", "transformer"), help="P1 job encoder")
+        x.add_argument("--encoder", default="transformer", choices=("gru", "ff", "transformer"), help="P1 job encoder")
         x.add_argument("--seed", type=int, default=0)
         x.add_argument("--gpu-types", help="comma-separated GPU types to keep (default: all in the truth)")
         x.add_argument("--p1-epochs", type=int, help="P1 epochs (default: P1Config's)")

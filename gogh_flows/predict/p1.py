@@ -39,7 +39,7 @@ ENCODERS = ("gru", "ff", "transformer")
 
 @dataclass(frozen=True)
 class P1Config:
-    encoder: str = "gru"
+    encoder: str = "transformer"  # chosen by leave-one-family-out validation (docs/predictors.md)
     hidden: int = 32
     epochs: int = 300
     lr: float = 3e-3
