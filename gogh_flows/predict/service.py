@@ -31,7 +31,7 @@ from gogh_flows.catalog import get_gpu_type
 from gogh_flows.predict.data import MeasuredSet, UnknownJobFeaturesError, zoo_jobs
 from gogh_flows.predict.evaluate import out_of_family_p1, p1_vectors
 from gogh_flows.predict.layout import Layout
-from gogh_flows.predict.p1 import P1Model
+from gogh_flows.predict.p1 import P1Model, Prediction
 from gogh_flows.predict.p2 import P2Config, P2Model, train_p2
 from gogh_flows.truth.table import SCHEMA, ThroughputTable
 from gogh_flows.workloads.features import WorkloadFeatures
@@ -191,60 +191,64 @@ class ThroughputPredictor:
         lay = self.p2.layout if self.p2 is not None else None
         all_gpus = gpus + tuple(g for g in (lay.gpus if lay else ()) if g not in gpus)
         pred = self.p1.predict(jobs, all_gpus, partners=partners)
-        pnames = pred.partners
-        p_idx = {n: i for i, n in enumerate(pnames)}
-        g_idx = {g: i for i, g in enumerate(all_gpus)}
-        p1_iso = pred.isolated  # [J, Gall]
-        p1_pair = pred.pair  # [J, Pall, Gall]
-        iso = p1_iso[:, :G].astype(np.float64)  # float64: observed values come back exactly
-        pair = p1_pair[:, :J, :G].astype(np.float64)  # partners start with the jobs themselves, in order
-        if lay is not None:
-            lg = [g_idx[g] for g in lay.gpus]
-            lp = [p_idx.get(p, -1) for p in lay.partners]
-            lay_pair = np.full((J, len(lay.partners), len(lay.gpus)), np.nan)
-            have = [k for k, i in enumerate(lp) if i >= 0]
-            lay_pair[:, have, :] = p1_pair[:, [lp[k] for k in have], :][:, :, lg]
-            with np.errstate(divide="ignore"):
-                vec = np.log(lay.pack(p1_iso[:, lg], lay_pair))
-            vec[~np.isfinite(vec)] = np.nan
-            seen = np.full_like(vec, np.nan)
-            lay_g = {g: i for i, g in enumerate(lay.gpus)}
-            lay_p = {p: i for i, p in enumerate(lay.partners)}
-            row = {n: i for i, n in enumerate(names)}
-            for (j, p, g), v in obs.items():
-                if j in row and g in lay_g and math.isfinite(v) and (p is None or p in lay_p):
-                    k = lay.isolated_index(g) if p is None else lay.pair_index(p, g)
-                    seen[row[j], k] = v
-            # P2 corrects P1 even without observations (the prior shift it learned)
-            ref = self.p2.refine(vec, seen)
-            r_iso, r_pair = lay.unpack(ref)
-            for gi, g in enumerate(gpus):
-                if g not in lay_g:
-                    continue
-                c = lay_g[g]
-                fit = p1_iso[:, gi] > 0
-                new = np.where(np.isfinite(r_iso[:, c]), np.exp(r_iso[:, c]), iso[:, gi])
-                scale = np.where(fit & (iso[:, gi] > 0), new / np.where(iso[:, gi] > 0, iso[:, gi], 1), 1.0)
-                iso[:, gi] = np.where(fit, new, 0.0)
-                # partners outside the layout: P1's slowdown, on the refined isolated value
-                pair[:, :, gi] *= scale[:, None]
-                for b, n in enumerate(names):
-                    if n in lay_p:
-                        v = r_pair[:, lay_p[n], c]
-                        ok = np.isfinite(v) & (p1_pair[:, b, gi] > 0)
-                        pair[:, b, gi] = np.where(ok, np.exp(np.where(ok, v, 0.0)), pair[:, b, gi])
+        iso = pred.isolated[:, :G].astype(np.float64)  # float64: observed values come back exactly
+        pair = pred.pair[:, :J, :G].astype(np.float64)  # partners start with the jobs themselves, in order
+        if self.p2 is not None:
+            self._refine(names, gpus, all_gpus, pred, obs, iso, pair)
         # observed entries win, whatever the models say
         row = {n: i for i, n in enumerate(names)}
         col = {g: i for i, g in enumerate(gpus)}
-        for (j, p, g), v in obs.items():
+        for (j, p, g), val in obs.values.items():
             if j not in row or g not in col:
                 continue
-            val = obs.values[(j, p, g)]
             if p is None:
                 iso[row[j], col[g]] = val
             elif p in row:
                 pair[row[j], row[p], col[g]] = val
         return iso, pair
+
+    def _refine(self, names: tuple[str, ...], gpus: tuple[str, ...], all_gpus: tuple[str, ...],
+                pred: Prediction, obs: _Observed, iso: np.ndarray, pair: np.ndarray) -> None:
+        """Overwrite ``iso``/``pair`` (in place) with P2's correction where its layout covers them."""
+        lay = self.p2.layout
+        J = len(names)
+        p1_iso, p1_pair = pred.isolated, pred.pair
+        p_idx = {n: i for i, n in enumerate(pred.partners)}
+        g_idx = {g: i for i, g in enumerate(all_gpus)}
+        lg = [g_idx[g] for g in lay.gpus]
+        lp = [p_idx.get(p, -1) for p in lay.partners]
+        lay_pair = np.full((J, len(lay.partners), len(lay.gpus)), np.nan)
+        have = [k for k, i in enumerate(lp) if i >= 0]
+        lay_pair[:, have, :] = p1_pair[:, [lp[k] for k in have], :][:, :, lg]
+        with np.errstate(divide="ignore"):
+            vec = np.log(lay.pack(p1_iso[:, lg], lay_pair))
+        vec[~np.isfinite(vec)] = np.nan
+        seen = np.full_like(vec, np.nan)
+        lay_g = {g: i for i, g in enumerate(lay.gpus)}
+        lay_p = {p: i for i, p in enumerate(lay.partners)}
+        row = {n: i for i, n in enumerate(names)}
+        for (j, p, g), v in obs.items():
+            if j in row and g in lay_g and math.isfinite(v) and (p is None or p in lay_p):
+                k = lay.isolated_index(g) if p is None else lay.pair_index(p, g)
+                seen[row[j], k] = v
+        # with nothing observed for a job, P2 returns its P1 vector unchanged
+        ref = self.p2.refine(vec, seen)
+        r_iso, r_pair = lay.unpack(ref)
+        for gi, g in enumerate(gpus):
+            if g not in lay_g:
+                continue
+            c = lay_g[g]
+            fit = p1_iso[:, gi] > 0
+            new = np.where(np.isfinite(r_iso[:, c]), np.exp(r_iso[:, c]), iso[:, gi])
+            scale = np.where(fit & (iso[:, gi] > 0), new / np.where(iso[:, gi] > 0, iso[:, gi], 1), 1.0)
+            iso[:, gi] = np.where(fit, new, 0.0)
+            # partners outside the layout: P1's slowdown, on the refined isolated value
+            pair[:, :, gi] *= scale[:, None]
+            for b, n in enumerate(names):
+                if n in lay_p:
+                    v = r_pair[:, lay_p[n], c]
+                    ok = np.isfinite(v) & (p1_pair[:, b, gi] > 0)
+                    pair[:, b, gi] = np.where(ok, np.exp(np.where(ok, v, 0.0)), pair[:, b, gi])
 
 
 def _table(names: tuple[str, ...], gpus: tuple[str, ...], iso: np.ndarray, pair: np.ndarray) -> ThroughputTable:
