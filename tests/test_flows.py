@@ -200,3 +200,39 @@ def test_requirement_no_gpu_can_meet_waits_then_fails_with_best_throughput(gogh_
     with pytest.raises(PlacementTimeout, match=r"best predicted throughput on this fleet is [0-9.]+"):
         impossible()
     assert time.monotonic() - start >= 0.5
+
+
+def test_block_documents_are_validated_saved_and_used_by_name(gogh_home, tmp_path):
+    import json
+    import shutil
+
+    from gogh_flows.cli import main
+    from gogh_flows.flows.blocks import REPO_BLOCKS, apply_block_documents
+
+    saved = apply_block_documents(REPO_BLOCKS)
+    assert ("gogh-gpu-cluster", "demo-fleet") in saved and ("gogh-placement-policy", "energy-first") in saved
+    assert GpuCluster.load("gavel-testbed").fleet == {"v100": 8, "p100": 16, "k80": 24}
+
+    @gogh_placed(model="ResNet-18", batch_size=32, min_throughput=1.0, work_steps=20,
+                 cluster="demo-fleet", policy="energy-first")
+    def by_name() -> str:
+        return current_placement().gpu_type
+
+    assert by_name() in GpuCluster.load("demo-fleet").fleet
+
+    bad = tmp_path / "bad"
+    shutil.copytree(REPO_BLOCKS, bad)
+    (bad / "zz-broken.json").write_text(json.dumps(
+        {"type": "gpu-cluster", "name": "broken", "data": {"fleet": {"v100": 1, "x9000": 1}}}))
+    assert main(["blocks", "apply", str(bad)]) == 2  # nothing saved: validated first
+    with pytest.raises(ValueError):
+        GpuCluster.load("broken")
+
+
+def test_serve_needs_exactly_one_schedule():
+    from gogh_flows.flows.retrain import serve_refiner
+
+    with pytest.raises(ValueError, match="exactly one schedule"):
+        serve_refiner(cron="0 * * * *", interval_s=60)
+    with pytest.raises(ValueError, match="exactly one schedule"):
+        serve_refiner()

@@ -19,6 +19,9 @@ from pydantic import Field, field_validator, model_validator
 from gogh_flows.catalog import get_gpu_type
 from gogh_flows.placement import POLICIES
 
+#: The example block documents shipped with the repository.
+REPO_BLOCKS = Path(__file__).resolve().parents[2] / "blocks"
+
 #: The embedded default fleet: four generations of the synthetic fleet, two of each.
 DEFAULT_FLEET: dict[str, int] = {"k80": 2, "v100": 2, "t4": 2, "a100": 2}
 
@@ -192,6 +195,6 @@ def load_block(kind: type[Block], value: Any, default: Block) -> Block:
 
 
 __all__ = [
-    "BLOCK_TYPES", "DEFAULT_FLEET", "GpuCluster", "PlacementPolicy", "PredictorRegistry",
+    "BLOCK_TYPES", "DEFAULT_FLEET", "REPO_BLOCKS", "GpuCluster", "PlacementPolicy", "PredictorRegistry",
     "apply_block_documents", "load_block", "read_block_document", "state_dir",
 ]

@@ -208,8 +208,10 @@ class Environment:
     released: threading.Condition = field(default_factory=threading.Condition)
 
     def notify_released(self) -> None:
+        # one slot was freed: wake one waiting run (waking all of them makes every waiting
+        # run re-solve at once; the others still retry every poll_s)
         with self.released:
-            self.released.notify_all()
+            self.released.notify(1)
 
     def wait_for_release(self, timeout: float) -> None:
         """Sleep until a run of this process frees a slot, or ``timeout`` (other processes: polled)."""
