@@ -258,6 +258,7 @@ def _plot(summary: dict, gogh_rows: Any, greedy_rows: Any, path: Path) -> None:
     ax.plot(list(waves), [100 * x for x in summary["placement_mape_per_wave"]], "o-", label="placement-time")
     ax.axhline(100 * summary["p1_mape"], color="#999", ls="--", label="P1 alone (last wave)")
     ax.axhline(100 * summary["p2_mape_after_retrain"], color="#2a7", ls=":", label="P1+P2 retrained (last wave)")
+    ax.set_xticks(list(waves))
     ax.set_xlabel("wave")
     ax.set_ylabel("throughput prediction error (%)")
     ax.set_title("Predictions learn from measurements")

@@ -141,9 +141,20 @@ def test_forty_concurrent_runs_never_overbook_and_lose_no_measurement(gogh_home)
     assert len(gpus) == 40
     assert max(peak.values()) <= 2
     assert len(set(gpus)) >= 2  # the fleet was used, not one GPU
-    frame = _env().measurements.read()
+    env = _env()
+    frame = env.measurements.read()
     assert frame.height == 40 and frame["run_id"].n_unique() == 40
     assert (frame["status"] == "completed").all()
+    # the MLflow mirror is written in the background; closing flushes what is left
+    from gogh_flows.flows.environment import close_all
+    from mlflow import MlflowClient
+
+    close_all()
+    client = MlflowClient(env.measurements.tracking_uri)
+    exp = client.get_experiment_by_name(env.measurements.experiment)
+    runs = client.search_runs([exp.experiment_id], max_results=100)
+    assert len({r.data.tags.get("gogh.measurement_key", r.info.run_id) for r in runs}) == 40
+    assert not env.measurements.spooled()
 
 
 @pytest.mark.parametrize(("kwargs", "match"), [
@@ -227,6 +238,21 @@ def test_block_documents_are_validated_saved_and_used_by_name(gogh_home, tmp_pat
     assert main(["blocks", "apply", str(bad)]) == 2  # nothing saved: validated first
     with pytest.raises(ValueError):
         GpuCluster.load("broken")
+
+
+def test_placed_flow_is_deployable(gogh_home):
+    from prefect.flows import load_flow_from_entrypoint
+
+    deployment = placed_for_deploy.to_deployment("nightly", cron="0 3 * * *")
+    assert deployment.entrypoint.endswith("test_flows.py:placed_for_deploy") or \
+        deployment.entrypoint.endswith("tests.test_flows:placed_for_deploy") or ":placed_for_deploy" in deployment.entrypoint
+    loaded = load_flow_from_entrypoint(f"{__file__}:placed_for_deploy")
+    assert getattr(loaded.fn, "__gogh_placed__", None) is not None  # the loaded flow is still placed
+
+
+@gogh_placed(model="LM", batch_size=20, min_throughput=1.0, work_steps=10)
+def placed_for_deploy(corpus: str = "wikitext-2") -> str:
+    return corpus
 
 
 def test_serve_needs_exactly_one_schedule():

@@ -47,10 +47,10 @@ def test_round_trip_gives_the_same_predictions(models, saved):
     assert isinstance(q1, P1Model) and isinstance(q2, P2Model)
     a = p1_vectors(p1, layout, data.names, data.jobs)
     b = p1_vectors(q1, layout, data.names, data.jobs)
-    np.testing.assert_allclose(a, b, rtol=1e-6)
+    np.testing.assert_allclose(a, b, rtol=1e-5)  # float32, batch-order round-off
     obs = np.full(layout.size, np.nan)
     obs[1] = a[0, 1] + 0.3
-    np.testing.assert_allclose(p2.refine(a[0], obs), q2.refine(b[0], obs), rtol=1e-6)
+    np.testing.assert_allclose(p2.refine(a[0], obs), q2.refine(b[0], obs), rtol=1e-5)
     assert q2.layout == layout
     assert read_card(d1).startswith("# P1")
     assert json.loads((d1 / "config.json").read_text())["kind"] == "p1"
