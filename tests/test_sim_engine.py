@@ -1,21 +1,16 @@
-from dataclasses import dataclass
 
 import pytest
 
 from gogh_flows.catalog import get_gpu_type
 from gogh_flows.placement import BASELINES, GoghOptimizer, Gpu, get_policy
 from gogh_flows.sim.engine import SimConfig, simulate
+from gogh_flows.sim.traces import TraceJob
 from gogh_flows.truth.table import ThroughputTable
 
 
-@dataclass(frozen=True)
-class J:
-    id: str
-    job_type: str
-    total_steps: float
-    arrival_s: float
-    required_throughput: float | None
-    num_gpus: int = 1
+def J(id: str, job_type: str, total_steps: float, arrival_s: float,  # noqa: N802 - reads like a record
+      required_throughput: float | None, num_gpus: int = 1) -> TraceJob:
+    return TraceJob(id, job_type, total_steps, num_gpus, arrival_s, required_throughput=required_throughput)
 
 
 def _table() -> ThroughputTable:

@@ -1,6 +1,5 @@
 """The learned policies in the simulator: gogh (P1 + online P2) and gogh-p1 (P1 only)."""
 
-from dataclasses import dataclass
 
 import pytest
 
@@ -9,6 +8,7 @@ from gogh_flows.placement.problem import Job
 from gogh_flows.sim.engine import ObservedThroughputs, SimConfig
 from gogh_flows.sim.learned import LearnedThroughputs
 from gogh_flows.sim.run import make_policy, run_policies
+from gogh_flows.sim.traces import TraceJob
 from gogh_flows.truth.table import ThroughputTable
 
 TYPES = ("v100", "t4")
@@ -23,14 +23,9 @@ SPEEDS = [
 ]
 
 
-@dataclass(frozen=True)
-class J:
-    id: str
-    job_type: str
-    total_steps: float
-    arrival_s: float
-    required_throughput: float | None
-    num_gpus: int = 1
+def J(id: str, job_type: str, total_steps: float, arrival_s: float,  # noqa: N802 - reads like a record
+      required_throughput: float | None, num_gpus: int = 1) -> TraceJob:
+    return TraceJob(id, job_type, total_steps, num_gpus, arrival_s, required_throughput=required_throughput)
 
 
 def _truth() -> ThroughputTable:
