@@ -17,6 +17,7 @@ makes logging and flushing idempotent, so a retried hook never produces duplicat
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import logging
 import math
@@ -224,7 +225,7 @@ class MeasurementLog:
         """Add `m` to the table; False when its key is already there (a retried log)."""
         row = {**m.to_row(), "logged_at": time.time()}
         with self._lock():
-            old = pl.read_parquet(self.table_path) if self.table_path.exists() else empty_table()
+            old = self._read_table()
             if old.height and old.filter(pl.col("key") == m.key).height:
                 return False
             new = pl.concat([old, pl.DataFrame([row], schema=SCHEMA)], how="vertical")
@@ -238,13 +239,26 @@ class MeasurementLog:
                 tmp.unlink(missing_ok=True)
         return True
 
+    def _read_table(self) -> pl.DataFrame:
+        """The table as one snapshot: the file is opened once and read whole.
+
+        A reader that opened the path twice (polars reads metadata and data separately)
+        could see two different files when a writer replaces it in between.
+        """
+        try:
+            with open(self.table_path, "rb") as fh:
+                data = fh.read()
+        except FileNotFoundError:
+            return empty_table()
+        return pl.read_parquet(io.BytesIO(data))
+
     def read(self, since: float | None = None) -> pl.DataFrame:
         """Every measurement, one row each, sorted by started_at (then key).
 
         No lock needed: the table is only ever replaced by rename, so a reader sees a whole
         old or a whole new file.
         """
-        frame = pl.read_parquet(self.table_path) if self.table_path.exists() else empty_table()
+        frame = self._read_table()
         if since is not None:
             frame = frame.filter(pl.col("started_at") >= since)
         return frame.sort(["started_at", "key"])
