@@ -64,8 +64,8 @@ class FeatureStore:
             return
         self._mem[job_type] = features
         path = self._path(job_type)
-        if not path.exists():
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        if not path.exists():  # unique temp name per process and thread; the rename is atomic
+            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
             tmp.write_text(json.dumps({"job_type": job_type, "features": features.to_dict()}))
             os.replace(tmp, path)
 
