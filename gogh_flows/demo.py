@@ -47,6 +47,11 @@ def _setup_env(home: Path, prefect_home: Path) -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     # a first start migrates a fresh database: slow on a busy 2-core machine
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
+    # eight concurrent flow runs write to the temporary server's SQLite: wait for its lock
+    # instead of failing requests into client back-off
+    os.environ.setdefault("PREFECT_SERVER_DATABASE_TIMEOUT", "60")
+    os.environ.setdefault("PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE", "20")
+    os.environ.setdefault("PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW", "20")
     os.environ["GOGH_HOME"] = str(home)
 
 
