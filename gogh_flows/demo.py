@@ -15,7 +15,7 @@ import os
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -96,11 +96,10 @@ def _run_wave(wave: list[DemoJob], cluster: Any, policy: Any) -> list[dict]:
         return list(ex.map(one, wave))
 
 
-def _measurements(home: Path) -> Any:
-    import polars as pl
+def _measurements(home: Path, tracking_uri: str) -> Any:
+    from gogh_flows.tracking.measurements import MeasurementLog
 
-    path = home / "measurements" / "measurements.parquet"
-    return pl.read_parquet(path).sort("started_at") if path.exists() else pl.DataFrame()
+    return MeasurementLog(tracking_uri, home / "measurements").read()
 
 
 def _mape(pred: Any, true: Any) -> float:
@@ -161,7 +160,7 @@ def run_product_demo(seed: int = 0, out: Path = Path(".gogh/demo"), waves: int =
                 say(f"  ({r.get('seconds', 0):.0f} s) challenger v{r.get('challenger_version')} MAPE {r.get('challenger_mape', float('nan')):.3f}"
                     f" vs champion {r.get('champion_mape', float('nan')):.3f}: "
                     + ("promoted" if r.get("promoted") else "kept the champion"))
-        gogh_rows = _measurements(run_home / "gogh")
+        gogh_rows = _measurements(run_home / "gogh", registry.resolved_tracking_uri())
         source = predictor_source(registry)
         final = source.get(force=True)
         versions = source.versions()
@@ -170,7 +169,7 @@ def run_product_demo(seed: int = 0, out: Path = Path(".gogh/demo"), waves: int =
         os.environ["GOGH_HOME"] = str(run_home / "greedy")
         for w, wave in enumerate(plan):
             _run_wave(wave, cluster, greedy)
-        greedy_rows = _measurements(run_home / "greedy")
+        greedy_rows = _measurements(run_home / "greedy", registry.resolved_tracking_uri())
         close_all()
 
     # prediction error: P1 alone vs the refined predictions the final champion makes for the
@@ -180,9 +179,9 @@ def run_product_demo(seed: int = 0, out: Path = Path(".gogh/demo"), waves: int =
         gogh_rows.sort("started_at").tail(len(plan[-1]))["run_id"]))["started_at"].min()
     is_last = observations_from_measurements(gogh_rows.filter(pl.col("started_at") >= last_start))
     earlier = observations_from_measurements(gogh_rows.filter(pl.col("started_at") < last_start))
-    from gogh_flows.workloads.zoo import parse_job_type, zoo_features
+    from gogh_flows.predict.data import zoo_jobs
 
-    feats = {jt: zoo_features(*parse_job_type(jt)) for jt in set(obs["job_type"]) | set(obs["partner"].drop_nulls())}
+    feats = zoo_jobs(set(obs["job_type"]) | set(obs["partner"].drop_nulls()))
     p1_err = ThroughputPredictor(final.p1, None).refine_error(feats, earlier.head(0), is_last)
     p2_err = final.refine_error(feats, earlier, is_last)
     per_wave = []

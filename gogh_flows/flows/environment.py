@@ -24,7 +24,7 @@ import polars as pl
 
 from gogh_flows.flows.blocks import GpuCluster, PredictorRegistry, state_dir
 from gogh_flows.predict.io import load_p1, load_p2
-from gogh_flows.predict.service import ThroughputPredictor
+from gogh_flows.predict.service import ThroughputPredictor, observations_frame
 from gogh_flows.runtime.ledger import PlacementLedger
 from gogh_flows.runtime.pool import GpuPool, open_pool
 from gogh_flows.tracking.measurements import MeasurementLog
@@ -35,12 +35,9 @@ from gogh_flows.workloads.zoo import parse_job_type, zoo_features
 
 log = logging.getLogger("gogh_flows")
 
-#: Shipped priors (data, not code): models/<prior>/{p1,p2}.
-MODELS_DIR = Path(os.environ.get("GOGH_MODELS_DIR", Path(__file__).resolve().parents[2] / "models"))
-
-
 def models_dir() -> Path:
-    return Path(os.environ.get("GOGH_MODELS_DIR", MODELS_DIR))
+    """Shipped priors (data, not code): ``$GOGH_MODELS_DIR`` or the repository's models/."""
+    return Path(os.environ.get("GOGH_MODELS_DIR", Path(__file__).resolve().parents[2] / "models"))
 
 
 class FeatureStore:
@@ -172,10 +169,6 @@ class ObservationCache:
         return self._frame
 
 
-OBSERVATION_SCHEMA = {"job_type": pl.String, "gpu_type": pl.String, "partner": pl.String,
-                      "throughput": pl.Float64}
-
-
 def observations_from_measurements(frame: pl.DataFrame) -> pl.DataFrame:
     """Measurements -> (job_type, gpu_type, partner, throughput): alone, or next to one partner.
 
@@ -183,7 +176,7 @@ def observations_from_measurements(frame: pl.DataFrame) -> pl.DataFrame:
     so it is left out of the observations (it stays in the measurement table).
     """
     if frame.is_empty() or "throughput" not in frame.columns:
-        return pl.DataFrame(schema=OBSERVATION_SCHEMA)
+        return observations_frame()
     rows = []
     for r in frame.filter((pl.col("throughput") > 0) & (pl.col("steps") > 0)).iter_rows(named=True):
         partners = [p for p in (r.get("partners") or []) if p]
@@ -191,7 +184,7 @@ def observations_from_measurements(frame: pl.DataFrame) -> pl.DataFrame:
             continue
         rows.append({"job_type": r["job_type"], "gpu_type": r["gpu_type"],
                      "partner": partners[0] if partners else None, "throughput": float(r["throughput"])})
-    return pl.DataFrame(rows, schema=OBSERVATION_SCHEMA)
+    return observations_frame(rows)
 
 
 @dataclass

@@ -8,6 +8,7 @@ the final state, so the measurements of attempts that were retried would be lost
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from gogh_flows.flows.environment import Environment
@@ -68,8 +69,6 @@ def build_measurement(job: PlacedJob, placement: RunPlacement, outcome: Any, err
 def record_run(env: Environment, job: PlacedJob, placement: RunPlacement, outcome: Any,
                error: BaseException | None, *, started: float, flow_run: Any, flow_name: str) -> None:
     """Log the run's measurement; a failure to log is reported, never raised over the run's result."""
-    import time
-
     device = env.pool.device(placement.gpu_id)
     try:
         m = build_measurement(job, placement, outcome, error, started=started,

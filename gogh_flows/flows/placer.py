@@ -14,8 +14,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import polars as pl
-
 from gogh_flows.energy import kwh
 from gogh_flows.flows.spec import PlacedJob
 from gogh_flows.placement import Gpu, Job, PlacementProblem, get_policy
@@ -159,20 +157,10 @@ def explain_markdown(job: PlacedJob, run_id: str, placement: Placement, problem:
     if ex is not None and any(ex.rejected.values()):
         lines.append("**Rejected slots:** " + ", ".join(
             f"{n} {reason}" for reason, n in sorted(ex.rejected.items()) if n))
-    running = [j for j in problem.running]
     lines += ["", f"Fleet: {len(problem.gpus)} GPUs ({', '.join(problem.gpu_types)}), "
-              f"{len(running)} runs already placed."]
+              f"{len(problem.running)} runs already placed."]
     return "\n".join(lines)
 
 
-def fleet_frame(devices: Sequence[GpuDevice], occupants: dict) -> pl.DataFrame:
-    """Occupancy of the pool: one row per GPU (for logs and the demo)."""
-    return pl.DataFrame([
-        {"gpu": d.id, "type": d.gpu_type, "capacity": d.capacity,
-         "runs": ", ".join(r.job_type for r in occupants.get(d.id, []))}
-        for d in devices
-    ])
-
-
-__all__ = ["PlacementTimeout", "RunPlacement", "decide", "explain_markdown", "fleet_frame",
+__all__ = ["PlacementTimeout", "RunPlacement", "decide", "explain_markdown",
            "place_with_retry", "running_jobs"]

@@ -8,7 +8,6 @@ once, on the ``meta`` device (no memory, no GPU): each run then only looks them 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,7 +93,5 @@ def placed_job(
                      min_throughput=rho, work_steps=work,
                      wait_timeout_s=None if wait_timeout_s is None else float(wait_timeout_s))
 
-
-BuilderLike = Callable[[], nn.Module]
 
 __all__ = ["PlacedJob", "placed_job"]
