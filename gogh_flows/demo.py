@@ -105,9 +105,9 @@ def _measurements(home: Path, tracking_uri: str) -> Any:
 def _mape(pred: Any, true: Any) -> float:
     import numpy as np
 
-    p, t = np.asarray(pred, float), np.asarray(true, float)
-    m = (t > 0) & np.isfinite(p)
-    return float(np.mean(np.abs(p[m] - t[m]) / t[m])) if m.any() else float("nan")
+    from gogh_flows.predict.p1 import mape
+
+    return mape(np.asarray(pred, float), np.asarray(true, float))
 
 
 def run_product_demo(seed: int = 0, out: Path = Path(".gogh/demo"), waves: int = 3, wave_size: int = 8) -> dict:
