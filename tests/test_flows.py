@@ -127,6 +127,8 @@ def test_forty_concurrent_runs_never_overbook_and_lose_no_measurement(gogh_home)
     lock = threading.Lock()
     running: dict[str, int] = defaultdict(int)
     peak: dict[str, int] = defaultdict(int)
+    started = [0]
+    full = threading.Event()
 
     @gogh_placed(model="ResNet-18", batch_size=32, min_throughput=0.5, work_steps=30,
                  cluster=cluster, policy=PlacementPolicy(poll_s=2.0, wait_timeout_s=300))
@@ -136,8 +138,14 @@ def test_forty_concurrent_runs_never_overbook_and_lose_no_measurement(gogh_home)
             running[gpu] += 1
             peak[gpu] = max(peak[gpu], running[gpu])
         try:
-            current_placement().advance(30)  # overlaps with the others (time_scale > 0)
-            time.sleep(0.05)
+            current_placement().advance(30)
+            # hold the slot until the fleet is full once (at most 60 s), so runs really overlap:
+            # otherwise quick runs placed one after another all go to the cheapest GPU
+            with lock:
+                started[0] += 1
+                if started[0] >= 12:
+                    full.set()
+            full.wait(60)
         finally:
             with lock:
                 running[gpu] -= 1
