@@ -16,6 +16,9 @@ os.environ.setdefault("PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE", "40")
 os.environ.setdefault("PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW", "40")
 os.environ.setdefault("PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_TIMEOUT", "120")
 os.environ.setdefault("PREFECT_SERVER_DATABASE_TIMEOUT", "60")
+# ... and let clients wait out a busy SQLite server: the default 5 retries back off for about 30 s
+# in all, which a loaded 2-core CI machine can exceed while 20 flow runs write at once (503s)
+os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "9")
 os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", tempfile.mkdtemp(prefix="gogh-hypothesis-"))
 
 REPO = Path(__file__).resolve().parent.parent
