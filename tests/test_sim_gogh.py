@@ -182,3 +182,23 @@ def test_cli_simulate_gogh_with_holdout_family_and_with_a_predictors_dir(tmp_pat
     assert main(["simulate", "--truth", str(tmp_path / "truth.json"), "--trace", str(trace),
                  "--cluster", "v100=2,t4=2", "--policy", "gogh"]) != 0
     assert "--predictors" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("refine", [False, True])
+def test_a_floored_job_measured_short_is_tried_on_its_next_best_type(predictors, refine):
+    """Once its floored best type is measured below the requirement, another type is lifted.
+
+    Without this, gogh-p1 left such jobs queued forever: the overlay answered with the low
+    measurement and the other types stayed below the requirement.
+    """
+    view = LearnedThroughputs(predictors, TYPES, refine=refine)
+    planning = ObservedThroughputs(view)
+    probe = Job("a", "ResNet-50 (batch size 32)", 1.0, 100.0)
+    need = 10.0 * max(view.isolated(probe, g) for g in TYPES)
+    job = Job("b", probe.job_type, need, 100.0)
+    best = max(TYPES, key=lambda g: planning.isolated(job, g))
+    assert planning.isolated(job, best) >= need
+    planning.observe(job, best, None, 0.5 * need)
+    assert planning.isolated(job, best) == pytest.approx(0.5 * need)
+    other = next(g for g in TYPES if g != best)
+    assert planning.isolated(job, other) >= need

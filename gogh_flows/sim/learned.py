@@ -206,13 +206,19 @@ class LearnedThroughputs:
 
     def observe(self, job: Job, gpu_type: str, partner: Job | None, rate: float) -> None:
         """A monitoring observation: refines the job's whole row (``refine=True`` only)."""
-        if not self.refine or gpu_type not in self.col or not (rate > 0 and math.isfinite(rate)):
+        if gpu_type not in self.col or not math.isfinite(rate):
+            return
+        if partner is None:
+            # also without refinement: the simulator's overlay now answers with the measured
+            # value here, so the feasibility floor must lift the types not yet tried instead
+            # (gogh-p1 once left jobs measured short on their floored best type queued forever)
+            self._alone_seen.setdefault(job.id, set()).add(gpu_type)
+            self._floored.pop(job.id, None)
+        if not self.refine or not rate > 0:
             return  # an observed 0 (did not run) stays with the simulator's exact overlay
         single = rate / self._gang(job.num_gpus, gpu_type)
         row = {"job_type": job.id, "gpu_type": gpu_type, "partner": None, "throughput": single}
-        if partner is None:
-            self._alone_seen.setdefault(job.id, set()).add(gpu_type)
-        else:
+        if partner is not None:
             if partner.job_type in self._layout_partners:
                 row["partner"] = partner.job_type
             else:
