@@ -89,9 +89,36 @@ def test_an_observation_moves_the_jobs_predictions_on_other_gpu_types(predictors
     after_t4 = planning.isolated(job, "t4")  # never observed: P2 spread the news
     assert after_t4 != pytest.approx(before["t4"], rel=1e-3)
     assert view.refinements == 1
-    # another job of the same type keeps its own prediction
-    other = Job("y", job.job_type, 1.0, 100.0)
-    assert view.isolated(other, "t4") == pytest.approx(before["t4"])
+    # the learning base is per job type: a later job of the same type starts from what was
+    # learned (exact on the measured type), a job of another type keeps its prior
+    later = Job("y", job.job_type, 1.0, 100.0)
+    assert view.isolated(later, "v100") == pytest.approx(3.0 * before["v100"])
+    assert view.isolated(later, "t4") == pytest.approx(after_t4)
+    stranger = Job("z", "ResNet-50 (batch size 64)", 1.0, 100.0)
+    fresh = LearnedThroughputs(predictors, TYPES, refine=True)
+    assert view.isolated(stranger, "t4") == pytest.approx(fresh.isolated(stranger, "t4"))
+
+
+def test_measured_pairs_and_gangs_answer_for_later_jobs_of_their_types(predictors):
+    view = LearnedThroughputs(predictors, TYPES, refine=True)
+    a, b = Job("a", "ResNet-50 (batch size 32)", 1.0, 100.0), Job("b", "ResNet-50 (batch size 64)", 1.0, 100.0)
+    view.observe(a, "t4", b, 0.7)
+    view.observe(b, "t4", a, 0.4)
+    a2, b2 = Job("a2", a.job_type, 1.0, 100.0), Job("b2", b.job_type, 1.0, 100.0)
+    assert view.pair(a2, b2, "t4") == pytest.approx((0.7, 0.4))
+    gang = Job("g", a.job_type, 1.0, 100.0, num_gpus=4)
+    view.observe(gang, "v100", None, 25.0)
+    view.observe(Job("g1", a.job_type, 1.0, 100.0, num_gpus=4), "v100", None, 36.0)
+    assert view.isolated(Job("g2", a.job_type, 1.0, 100.0, num_gpus=4), "v100") == pytest.approx(30.0)
+
+
+def test_a_direct_measurement_outweighs_one_implied_through_a_pair_or_gang(predictors):
+    view = LearnedThroughputs(predictors, TYPES, refine=True)
+    job, mate = Job("a", "ResNet-50 (batch size 32)", 1.0, 100.0), Job("m", "ResNet-50 (batch size 64)", 1.0, 100.0)
+    view.observe(job, "v100", None, 8.0)
+    view.observe(job, "v100", mate, 1.0)  # implies some isolated rate through P1's ratio
+    view.observe(Job("g", job.job_type, 1.0, 100.0, num_gpus=4), "v100", None, 5.0)
+    assert view.isolated(Job("x", job.job_type, 1.0, 100.0), "v100") == pytest.approx(8.0)
 
 
 def test_a_pair_observation_refines_the_isolated_row_too(predictors):

@@ -1,39 +1,45 @@
-"""The learned policies' view of throughputs: predictions per *job*, refined as it is observed.
+"""The learned policies' view of throughputs: predictions per job type, refined as jobs are observed.
 
-Why per job and not per job type: GOGH's refiner (P2) corrects a job's whole prediction
-vector -- every GPU type, every partner -- from what monitoring measured *for that job*.
-Two jobs of one type may have been seen on different GPUs, so their corrected rows
-differ. This class answers the planner's ``Throughputs`` protocol
-(``isolated``/``pair``/``activity``) from those rows and receives the simulator's
+This is GOGH's learning base in the simulator. Every monitoring observation of a job is
+kept under the job's *type* (model and batch size), as the product keeps measurements
+under the job name: two jobs of one type run the same code, so what one of them showed
+improves the predictions for every later job of that type -- the point of GOGH is that
+each run makes later placements better. The class answers the planner's ``Throughputs``
+protocol (``isolated``/``pair``/``activity``) from those rows and receives the simulator's
 monitoring observations through ``observe`` (the "learning base" hook of
 ``sim.engine.ObservedThroughputs``).
 
 How an entry is formed:
 
 - a job type's prior row (no observation) is the predictor service's table for it: P1,
-  corrected by P2's learned prior shift when a refiner is given; computed once per type;
-- a job's own row is recomputed only when it gets a new observation (simulations stay
-  fast): the service's ``predict_table`` for that job alone with all of its
-  observations, so P2 spreads one measured GPU type/partner to every other type;
-- a co-located pair uses P1's slowdown ratio (shared / alone, per pair of job types and
-  GPU type) applied to each job's own refined isolated value: P2's layout names only the
-  job types it was trained on, and the jobs of a held-out family are not among them;
+  corrected by P2's learned prior shift when a refiner is given;
+- once jobs of the type have been observed, the row is the service's ``predict_table``
+  for that type with all of the type's observations (recomputed only when a new one
+  arrives, so simulations stay fast): P2 spreads one measured GPU type or partner to
+  every other type, and measured entries come back as measured (mean over repeats);
+- a co-located pair: a pair of job types measured together on a GPU type answers with
+  what was measured (mean over repeats); otherwise P1's slowdown ratio (shared / alone,
+  per pair of job types and GPU type) applied to each side's refined isolated value, as
+  P2's layout names only the job types it was trained on (not a held-out family's);
 - a measured pair rate whose partner is outside P2's layout is turned into the isolated
   rate it implies (divided by that ratio) before it reaches P2; one inside the layout
   goes in as the pair entry it is;
-- multi-GPU (gang) jobs: the predictors know one GPU; a gang's rate is the single-GPU
+- multi-GPU (gang) jobs: a gang size measured on a GPU type answers with what was measured;
+  otherwise the predictors know one GPU, and a gang's rate is the single-GPU
   rate x ``n`` x a scaling efficiency per (n, GPU type) measured on the *training* job
   types (:func:`gang_scaling`), and a gang's observation is divided by the same factor;
 - power activity: not predicted; the planner's default (what a new job would get);
 - feasibility floor: a requirement is a statement that the job can reach it somewhere
   in the fleet. When a job's predicted isolated rate is below its requirement on every
-  GPU type it has not been measured alone on, those entries are scaled up until the best
-  of them just meets it. Without this an underestimated job would wait forever and never
-  be observed, so never corrected; with it, the job is tried on its most promising type,
-  measured, and re-placed by the refined predictions if it falls short.
+  GPU type that has not been measured alone (for this job, or for its type when
+  refining), those entries are scaled up until the best of them just meets it. Without
+  this an underestimated job would wait forever and never be observed, so never
+  corrected; with it, the job is tried on its most promising type, measured, and
+  re-placed by the refined predictions if it falls short.
 
-``refine=False`` is ``gogh-p1``: the same predictions with observations ignored (the
-simulator's overlay still remembers exact measured entries for every policy).
+``refine=False`` is ``gogh-p1``: P1's predictions with observations ignored, no learning
+base (the simulator's per-job overlay still remembers exact measured entries for every
+policy).
 """
 
 from __future__ import annotations
@@ -100,12 +106,20 @@ class LearnedThroughputs:
         self._layout_partners = set(predictors.p2.layout.partners) if (refine and predictors.p2) else set()
         self._type_iso: dict[str, np.ndarray] = {}  # job type -> prior isolated row [G]
         self._ratio: dict[tuple[str, str], np.ndarray] = {}  # (type, partner type) -> [G]
-        self._obs: dict[str, list[dict]] = {}  # job id -> observation rows for the service
-        self._row: dict[str, np.ndarray] = {}  # job id -> refined isolated row [G]
+        # the learning base, per job type (refine=True only)
+        self._obs: dict[str, list[dict]] = {}  # job type -> observation rows for the service
+        self._row: dict[str, np.ndarray] = {}  # job type -> refined isolated row [G]
+        self._version: dict[str, int] = {}  # job type -> how often its row changed
         self._dirty: set[str] = set()
+        # (job type, GPUs per job) -> GPU types measured alone on: a gang's rate is pinned only
+        # by gangs of its size (single-GPU rates reach it through an assumed scaling efficiency)
+        self._type_alone: dict[tuple[str, int], set[str]] = {}
+        self._pair_seen: dict[tuple[str, str, str], list[float]] = {}  # (type, partner, GPU) -> rates
+        self._gang_seen: dict[tuple[str, int, str], list[float]] = {}  # (type, n, GPU) -> gang rates
+        # per job: what the simulator's overlay answers with exact measurements
         self._alone_seen: dict[str, set[str]] = {}  # job id -> GPU types measured alone on
-        self._floored: dict[str, tuple[float, np.ndarray]] = {}  # job id -> (requirement, row)
-        self.refinements = 0  # how many times a job's row was recomputed (for reports)
+        self._floored: dict[str, tuple[tuple, np.ndarray]] = {}  # job id -> (stamp, row)
+        self.refinements = 0  # how many times a type's row was recomputed (for reports)
 
     # -- features and priors -----------------------------------------------------------------
     def _feat(self, job_type: str):
@@ -143,25 +157,29 @@ class LearnedThroughputs:
             self._ratio[key] = r
         return r
 
-    # -- per-job rows ------------------------------------------------------------------------
+    # -- rows ------------------------------------------------------------------------------
+    def _type_row(self, job_type: str) -> np.ndarray:
+        """The type's single-GPU isolated row: refined from its observations, else the prior."""
+        if job_type in self._dirty:
+            self._dirty.discard(job_type)
+            self._recompute(job_type)
+        row = self._row.get(job_type)
+        return self._prior(job_type) if row is None else row
+
     def _single(self, job: Job) -> np.ndarray:
-        """The job's single-GPU isolated row: refined when it has observations, floored."""
-        if job.id in self._dirty:
-            self._dirty.discard(job.id)
-            self._recompute(job)
-            self._floored.pop(job.id, None)
+        """The job's single-GPU isolated row, floored for its requirement."""
+        row = self._type_row(job.job_type)
+        measured = self._alone_seen.get(job.id, set()) | self._type_alone.get((job.job_type, job.num_gpus), set())
+        stamp = (job.required_throughput, self._version.get(job.job_type, 0), len(measured))
         hit = self._floored.get(job.id)
-        if hit is not None and hit[0] == job.required_throughput:
+        if hit is not None and hit[0] == stamp:
             return hit[1]
-        row = self._row.get(job.id)
-        row = self._prior(job.job_type) if row is None else row
-        row = self._floor(job, row)
-        self._floored[job.id] = (job.required_throughput, row)
+        row = self._floor(job, row, measured)
+        self._floored[job.id] = (stamp, row)
         return row
 
-    def _floor(self, job: Job, row: np.ndarray) -> np.ndarray:
+    def _floor(self, job: Job, row: np.ndarray, measured: set[str]) -> np.ndarray:
         """Unmeasured entries scaled up so the best meets the requirement (module docstring)."""
-        measured = self._alone_seen.get(job.id, set())
         need = np.array([job.required_throughput / self._gang(job.num_gpus, g) for g in self.gpus])
         free = np.array([g not in measured and row[i] > 0 for i, g in enumerate(self.gpus)])
         if not free.any():
@@ -173,13 +191,19 @@ class LearnedThroughputs:
         out[free] *= scale
         return out
 
-    def _recompute(self, job: Job) -> None:
+    def _recompute(self, job_type: str) -> None:
         from gogh_flows.predict.service import observations_frame
 
-        obs = observations_frame(self._obs[job.id])
-        table = self.service.predict_table({job.id: self._feat(job.job_type)}, self.gpus, obs)
-        self._row[job.id] = np.array([table.isolated(job.id, g) if table.has(job.id, g) else 0.0
-                                      for g in self.gpus])
+        alone = self._type_alone.get((job_type, 1), set())
+        # an isolated rate implied by a pair or gang measurement is a guess: where the type
+        # was measured alone on one GPU, that measurement alone counts
+        obs = observations_frame([{k: v for k, v in o.items() if k != "implied"}
+                                  for o in self._obs[job_type]
+                                  if not (o.get("implied") and o["gpu_type"] in alone)])
+        table = self.service.predict_table({job_type: self._feat(job_type)}, self.gpus, obs)
+        self._row[job_type] = np.array([table.isolated(job_type, g) if table.has(job_type, g) else 0.0
+                                        for g in self.gpus])
+        self._version[job_type] = self._version.get(job_type, 0) + 1
         self.refinements += 1
 
     def _gang(self, n: int, gpu_type: str) -> float:
@@ -189,23 +213,32 @@ class LearnedThroughputs:
     def isolated(self, job: Job, gpu_type: str) -> float:
         if gpu_type not in self.col:
             return 0.0
+        seen = self._gang_seen.get((job.job_type, job.num_gpus, gpu_type)) if job.num_gpus > 1 else None
+        if seen:
+            return float(np.exp(np.mean(np.log(seen))))  # gangs of this size measured there
         return float(self._single(job)[self.col[gpu_type]]) * self._gang(job.num_gpus, gpu_type)
 
     def pair(self, job: Job, partner: Job, gpu_type: str) -> tuple[float, float]:
         if gpu_type not in self.col:
             return 0.0, 0.0
-        c = self.col[gpu_type]
-        own = float(self._single(job)[c] * self.ratio(job.job_type, partner.job_type)[c])
-        other = float(self._single(partner)[c] * self.ratio(partner.job_type, job.job_type)[c])
+        own = self._pair_side(job, partner, gpu_type)
+        other = self._pair_side(partner, job, gpu_type)
         if not (own > 0 and other > 0):
             return 0.0, 0.0  # memory: the pair does not fit
         return own, other
+
+    def _pair_side(self, job: Job, partner: Job, gpu_type: str) -> float:
+        seen = self._pair_seen.get((job.job_type, partner.job_type, gpu_type))
+        if seen and job.num_gpus == 1:
+            return float(np.exp(np.mean(np.log(seen))))  # measured for this pair of types
+        c = self.col[gpu_type]
+        return float(self._single(job)[c] * self.ratio(job.job_type, partner.job_type)[c])
 
     def activity(self, job: Job, gpu_type: str) -> float:
         return self.default_activity
 
     def observe(self, job: Job, gpu_type: str, partner: Job | None, rate: float) -> None:
-        """A monitoring observation: refines the job's whole row (``refine=True`` only)."""
+        """A monitoring observation: goes into the job type's learning base (``refine=True``)."""
         if gpu_type not in self.col or not math.isfinite(rate):
             return
         if partner is None:
@@ -213,12 +246,20 @@ class LearnedThroughputs:
             # value here, so the feasibility floor must lift the types not yet tried instead
             # (gogh-p1 once left jobs measured short on their floored best type queued forever)
             self._alone_seen.setdefault(job.id, set()).add(gpu_type)
-            self._floored.pop(job.id, None)
         if not self.refine or not rate > 0:
             return  # an observed 0 (did not run) stays with the simulator's exact overlay
         single = rate / self._gang(job.num_gpus, gpu_type)
-        row = {"job_type": job.id, "gpu_type": gpu_type, "partner": None, "throughput": single}
-        if partner is not None:
+        # a gang's single-GPU rate goes through an assumed scaling efficiency: a guess, like a
+        # pair rate turned into an isolated one (below)
+        row = {"job_type": job.job_type, "gpu_type": gpu_type, "partner": None, "throughput": single,
+               "implied": job.num_gpus > 1}
+        if partner is None:
+            self._type_alone.setdefault((job.job_type, job.num_gpus), set()).add(gpu_type)
+            if job.num_gpus > 1:
+                self._gang_seen.setdefault((job.job_type, job.num_gpus, gpu_type), []).append(rate)
+        else:
+            if job.num_gpus == 1 and partner.num_gpus == 1:
+                self._pair_seen.setdefault((job.job_type, partner.job_type, gpu_type), []).append(rate)
             if partner.job_type in self._layout_partners:
                 row["partner"] = partner.job_type
             else:
@@ -226,8 +267,9 @@ class LearnedThroughputs:
                 if not r > 0:
                     return
                 row["throughput"] = single / r
-        self._obs.setdefault(job.id, []).append(row)
-        self._dirty.add(job.id)
+                row["implied"] = True
+        self._obs.setdefault(job.job_type, []).append(row)
+        self._dirty.add(job.job_type)
 
 
 __all__ = ["LearnedThroughputs", "Predictors", "gang_scaling"]
