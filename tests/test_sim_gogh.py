@@ -229,3 +229,15 @@ def test_a_floored_job_measured_short_is_tried_on_its_next_best_type(predictors,
     assert planning.isolated(job, best) == pytest.approx(0.5 * need)
     other = next(g for g in TYPES if g != best)
     assert planning.isolated(job, other) >= need
+
+
+def test_a_measured_sibling_of_the_same_family_moves_an_unmeasured_type(predictors):
+    view = LearnedThroughputs(predictors, TYPES, refine=True)
+    sib, new = "ResNet-50 (batch size 64)", "ResNet-50 (batch size 32)"
+    before = view.isolated(Job("n", new, 1.0, 100.0), "t4")
+    # the sibling runs 3x slower on a t4 than its own prediction
+    view.observe(Job("s", sib, 1.0, 100.0), "t4", None, view.isolated(Job("s0", sib, 1.0, 100.0), "t4") / 3)
+    assert view.isolated(Job("n2", new, 1.0, 100.0), "t4") == pytest.approx(before / 3, rel=1e-6)
+    other_family = Job("o", "LM (batch size 20)", 1.0, 100.0)
+    assert view.isolated(other_family, "t4") == pytest.approx(
+        LearnedThroughputs(predictors, TYPES, refine=True).isolated(other_family, "t4"))

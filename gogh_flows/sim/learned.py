@@ -116,6 +116,11 @@ class LearnedThroughputs:
         self._type_alone: dict[tuple[str, int], set[str]] = {}
         self._pair_seen: dict[tuple[str, str, str], list[float]] = {}  # (type, partner, GPU) -> rates
         self._gang_seen: dict[tuple[str, int, str], list[float]] = {}  # (type, n, GPU) -> gang rates
+        # single-GPU isolated measurements, geometric mean per (type, GPU index), for the siblings
+        self._alone_logs: dict[tuple[str, int], list[float]] = {}
+        self._measured: dict[str, dict[int, float]] = {}
+        self._measured_version = 0
+        self._with_siblings: dict[str, tuple[int, np.ndarray]] = {}
         # per job: what the simulator's overlay answers with exact measurements
         self._alone_seen: dict[str, set[str]] = {}  # job id -> GPU types measured alone on
         self._floored: dict[str, tuple[tuple, np.ndarray]] = {}  # job id -> (stamp, row)
@@ -159,31 +164,62 @@ class LearnedThroughputs:
 
     # -- rows ------------------------------------------------------------------------------
     def _type_row(self, job_type: str) -> np.ndarray:
-        """The type's single-GPU isolated row: refined from its observations, else the prior."""
+        """The type's single-GPU isolated row: refined from its observations, else the prior,
+        then moved by what its measured siblings (same family) show (``predict.siblings``)."""
         if job_type in self._dirty:
             self._dirty.discard(job_type)
             self._recompute(job_type)
         row = self._row.get(job_type)
-        return self._prior(job_type) if row is None else row
+        row = self._prior(job_type) if row is None else row
+        if not self.refine or not self._measured:
+            return row
+        hit = self._with_siblings.get(job_type)
+        if hit is not None and hit[0] == self._measured_version:
+            return hit[1]
+        from gogh_flows.predict.siblings import sibling_transfer
+
+        fam = {t: self._family(t) for t in (job_type, *self._measured)}
+        priors = {t: self._prior(t) for t in fam}
+        out = sibling_transfer({job_type: row}, priors, self._measured, fam, [job_type])[job_type]
+        self._with_siblings[job_type] = (self._measured_version, out)
+        return out
+
+    @staticmethod
+    def _family(job_type: str) -> str | None:
+        from gogh_flows.workloads.zoo import family_of
+
+        try:
+            return family_of(job_type)
+        except (KeyError, ValueError):
+            return None
 
     def _single(self, job: Job) -> np.ndarray:
         """The job's single-GPU isolated row, floored for its requirement."""
         row = self._type_row(job.job_type)
-        measured = self._alone_seen.get(job.id, set()) | self._type_alone.get((job.job_type, job.num_gpus), set())
-        stamp = (job.required_throughput, self._version.get(job.job_type, 0), len(measured))
+        own = self._alone_seen.get(job.id, set())
+        typed = self._type_alone.get((job.job_type, job.num_gpus), set())
+        stamp = (job.required_throughput, self._version.get(job.job_type, 0), len(own), len(typed),
+                 self._measured_version)
         hit = self._floored.get(job.id)
         if hit is not None and hit[0] == stamp:
             return hit[1]
-        row = self._floor(job, row, measured)
+        # GPU types nobody measured this job type on are lifted first; failing those, the
+        # ones only *other* jobs of its type were measured on (with measurement noise a
+        # job can reach its requirement where its type's mean does not)
+        out = self._floor(job, row, own | typed)
+        if out is None:
+            out = self._floor(job, row, own)
+        row = row if out is None else out
         self._floored[job.id] = (stamp, row)
         return row
 
-    def _floor(self, job: Job, row: np.ndarray, measured: set[str]) -> np.ndarray:
-        """Unmeasured entries scaled up so the best meets the requirement (module docstring)."""
+    def _floor(self, job: Job, row: np.ndarray, measured: set[str]) -> np.ndarray | None:
+        """Unmeasured entries scaled up so the best meets the requirement (module docstring);
+        None when there is no unmeasured entry to lift."""
         need = np.array([job.required_throughput / self._gang(job.num_gpus, g) for g in self.gpus])
         free = np.array([g not in measured and row[i] > 0 for i, g in enumerate(self.gpus)])
         if not free.any():
-            return row
+            return None
         if (row[free] >= need[free]).any():
             return row
         scale = float(np.min(need[free] / row[free])) * (1 + _FLOOR_MARGIN)
@@ -255,6 +291,12 @@ class LearnedThroughputs:
                "implied": job.num_gpus > 1}
         if partner is None:
             self._type_alone.setdefault((job.job_type, job.num_gpus), set()).add(gpu_type)
+            if job.num_gpus == 1:
+                c = self.col[gpu_type]
+                logs = self._alone_logs.setdefault((job.job_type, c), [])
+                logs.append(math.log(rate))
+                self._measured.setdefault(job.job_type, {})[c] = math.exp(sum(logs) / len(logs))
+                self._measured_version += 1
             if job.num_gpus > 1:
                 self._gang_seen.setdefault((job.job_type, job.num_gpus, gpu_type), []).append(rate)
         else:

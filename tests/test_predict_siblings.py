@@ -1,0 +1,48 @@
+"""Sibling transfer: a family's measured job types correct its unmeasured entries."""
+
+import numpy as np
+import pytest
+
+from gogh_flows.predict.siblings import sibling_transfer
+
+# GPU types (k80, p100, v100); the prior thinks v100 is 4x a k80 for every job
+PRIOR = {"R-a": np.array([1.0, 2.0, 4.0]), "R-b": np.array([2.0, 4.0, 8.0]),
+         "X-c": np.array([1.0, 2.0, 4.0])}
+FAM = {"R-a": "R", "R-b": "R", "X-c": "X"}
+
+
+def test_anchored_estimate_moves_the_ratio_by_the_siblings_error():
+    # R-b really runs only 1.5x faster on a v100 than on a k80 (the prior said 4x)
+    measured = {"R-a": {0: 3.0}, "R-b": {0: 2.0, 2: 3.0}}
+    out = sibling_transfer(PRIOR, PRIOR, measured, FAM, ["R-a"])["R-a"]
+    assert out[0] == pytest.approx(1.0)  # measured entries are not touched here (rows carry them)
+    assert out[2] == pytest.approx(3.0 * 4.0 * (1.5 / 4.0))  # own anchor x prior ratio x sibling error
+    assert out[1] == pytest.approx(2.0)  # no sibling measured p100: the refined row stays
+
+
+def test_unanchored_estimate_shifts_the_prior_by_the_siblings_error():
+    measured = {"R-b": {1: 1.0}}  # R-b is 4x slower on a p100 than predicted
+    out = sibling_transfer(PRIOR, PRIOR, measured, FAM, ["R-a"])["R-a"]
+    assert out[1] == pytest.approx(0.5)
+    assert out[0] == pytest.approx(1.0) and out[2] == pytest.approx(4.0)
+
+
+def test_several_siblings_are_averaged_in_log_space():
+    prior = {**PRIOR, "R-d": np.array([1.0, 1.0, 1.0])}
+    measured = {"R-b": {1: 1.0}, "R-d": {1: 4.0}}  # errors x1/4 and x4: geometric mean x1
+    out = sibling_transfer(prior, prior, measured, {**FAM, "R-d": "R"}, ["R-a"])["R-a"]
+    assert out[1] == pytest.approx(2.0)
+
+
+def test_other_families_and_jobs_without_a_family_neither_give_nor_take():
+    measured = {"X-c": {1: 100.0}}
+    out = sibling_transfer(PRIOR, PRIOR, measured, FAM)
+    np.testing.assert_allclose(out["R-a"], PRIOR["R-a"])
+    out = sibling_transfer(PRIOR, PRIOR, {"R-b": {1: 1.0}}, {**FAM, "R-a": None}, ["R-a"])
+    np.testing.assert_allclose(out["R-a"], PRIOR["R-a"])
+
+
+def test_entries_predicted_zero_stay_zero():
+    rows = {**PRIOR, "R-a": np.array([1.0, 0.0, 4.0])}  # does not fit on a p100
+    out = sibling_transfer(rows, PRIOR, {"R-b": {1: 1.0, 2: 1.0}}, FAM, ["R-a"])["R-a"]
+    assert out[1] == 0.0 and out[2] == pytest.approx(0.5)
