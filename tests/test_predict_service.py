@@ -121,6 +121,25 @@ def test_one_observation_moves_the_other_types_toward_the_truth(setup):
     assert sum(err(after, g) for g in others) < sum(err(before, g) for g in others)
 
 
+def test_a_measured_sibling_moves_the_unmeasured_entries_of_its_family(setup):
+    full, _, p1, p2 = setup
+    sib, new, other = "ResNet-50 (batch size 32)", "ResNet-50 (batch size 64)", "LM (batch size 20)"
+    jobs = {new: full.jobs[new], other: full.jobs[other]}
+    p1_sib = p1.predict({sib: full.jobs[sib]}, GPUS).isolated[0]
+    obs = observations_frame([{"job_type": sib, "gpu_type": "k80", "throughput": float(p1_sib[0]) / 3}])
+    plain = ThroughputPredictor(p1, p2).predict_table(jobs, GPUS)
+    moved = ThroughputPredictor(p1, p2).predict_table(jobs, GPUS, obs)
+    p1_new = p1.predict({new: full.jobs[new]}, GPUS).isolated[0]
+    assert moved.isolated(new, "k80") == pytest.approx(p1_new[0] / 3, rel=1e-5)  # the family's error
+    assert moved.isolated(new, "v100") == pytest.approx(plain.isolated(new, "v100"))  # no evidence there
+    assert moved.isolated(other, "k80") == pytest.approx(plain.isolated(other, "k80"))  # another family
+    ratio = plain.pair(new, other, "k80")[0] / plain.isolated(new, "k80")
+    assert moved.pair(new, other, "k80")[0] == pytest.approx(moved.isolated(new, "k80") * ratio, rel=1e-5)
+    # P1 alone (no refiner) does not learn from siblings
+    assert ThroughputPredictor(p1).predict_table(jobs, GPUS, obs).isolated(new, "k80") == pytest.approx(
+        ThroughputPredictor(p1).predict_table(jobs, GPUS).isolated(new, "k80"))
+
+
 def test_refine_error_scores_held_out_measurements(setup):
     full, _, p1, p2 = setup
     rows = full.iso.filter(pl.col("job") == NEW)

@@ -9,9 +9,12 @@ How an entry is filled, in order of trust:
 
 1. **observed** -- a logged measurement of exactly that entry (mean of log throughput
    when it was measured several times); an observed 0.0 means "did not run there";
-2. **refined** -- P2's correction of P1, for the GPU types and partners in P2's layout,
+2. **siblings** -- with a refiner, an isolated entry the job was not measured on, where
+   measured job types of the same zoo family (the model at other batch sizes) show how
+   the predictors err for this family (:mod:`gogh_flows.predict.siblings`);
+3. **refined** -- P2's correction of P1, for the GPU types and partners in P2's layout,
    using every observation of the job (on any type, with any partner);
-3. **P1** -- everything else. A pair whose partner is outside P2's layout keeps P1's
+4. **P1** -- everything else. A pair whose partner is outside P2's layout keeps P1's
    slowdown ratio, applied to the job's (refined) isolated value, so one observation of
    a job moves all of its entries consistently.
 
@@ -33,8 +36,10 @@ from gogh_flows.predict.evaluate import out_of_family_p1, p1_vectors
 from gogh_flows.predict.layout import Layout
 from gogh_flows.predict.p1 import P1Model, Prediction
 from gogh_flows.predict.p2 import P2Config, P2Model, train_p2
+from gogh_flows.predict.siblings import sibling_transfer
 from gogh_flows.truth.table import SCHEMA, ThroughputTable
 from gogh_flows.workloads.features import WorkloadFeatures
+from gogh_flows.workloads.zoo import family_of
 
 OBSERVATION_SCHEMA: dict[str, pl.DataType] = {
     "job_type": pl.String(), "gpu_type": pl.String(), "partner": pl.String(), "throughput": pl.Float64(),
@@ -111,6 +116,7 @@ class ThroughputPredictor:
         self.p1 = p1
         self.p2 = p2
         self._zoo: dict[str, WorkloadFeatures | None] = {}
+        self._priors: dict[tuple[str, tuple[str, ...]], np.ndarray | None] = {}
 
     # -- public ------------------------------------------------------------------------------
     def predict_table(self, jobs: Mapping[str, WorkloadFeatures], gpu_types: Sequence[str],
@@ -195,6 +201,7 @@ class ThroughputPredictor:
         pair = pred.pair[:, :J, :G].astype(np.float64)  # partners start with the jobs themselves, in order
         if self.p2 is not None:
             self._refine(names, gpus, all_gpus, pred, obs, iso, pair)
+            self._siblings(names, gpus, pred.isolated[:, :G].astype(np.float64), obs, iso, pair)
         # observed entries win, whatever the models say
         row = {n: i for i, n in enumerate(names)}
         col = {g: i for i, g in enumerate(gpus)}
@@ -206,6 +213,51 @@ class ThroughputPredictor:
             elif p in row:
                 pair[row[j], row[p], col[g]] = val
         return iso, pair
+
+    def _siblings(self, names: tuple[str, ...], gpus: tuple[str, ...], p1_iso: np.ndarray,
+                  obs: _Observed, iso: np.ndarray, pair: np.ndarray) -> None:
+        """Move unmeasured isolated entries (and their pairs) by what measured job types of the
+        same zoo family show (:mod:`gogh_flows.predict.siblings`); in place."""
+        col = {g: i for i, g in enumerate(gpus)}
+        measured: dict[str, dict[int, float]] = {}
+        for (j, p, g), v in obs.items():
+            if p is None and g in col and math.isfinite(v):
+                measured.setdefault(j, {})[col[g]] = math.exp(v)
+        if not measured:
+            return
+        family = {n: _family(n) for n in (*names, *measured)}
+        takers = [n for n in names if family[n] is not None
+                  and any(family[m] == family[n] and m != n for m in measured)]
+        if not takers:
+            return
+        priors = {n: p1_iso[i] for i, n in enumerate(names)}
+        for m in measured:
+            if m not in priors and family[m] is not None:
+                prior = self._zoo_prior(m, gpus)
+                if prior is not None:
+                    priors[m] = prior
+        rows = {n: iso[i] for i, n in enumerate(names)}
+        moved = sibling_transfer(rows, priors, {m: v for m, v in measured.items() if m in priors},
+                                 family, takers)
+        for n in takers:
+            i = names.index(n)
+            scale = np.where(iso[i] > 0, moved[n] / np.where(iso[i] > 0, iso[i], 1.0), 1.0)
+            iso[i] = moved[n]
+            pair[i] *= scale[None, :]
+
+    def _zoo_prior(self, job_type: str, gpus: tuple[str, ...]) -> np.ndarray | None:
+        """P1's isolated row of a logged zoo job type that is not among the requested jobs."""
+        key = (job_type, gpus)
+        if key not in self._priors:
+            if job_type not in self._zoo:
+                try:
+                    self._zoo[job_type] = zoo_jobs([job_type])[job_type]
+                except UnknownJobFeaturesError:
+                    self._zoo[job_type] = None
+            w = self._zoo[job_type]
+            self._priors[key] = (None if w is None else
+                                 self.p1.predict({job_type: w}, gpus).isolated[0].astype(np.float64))
+        return self._priors[key]
 
     def _refine(self, names: tuple[str, ...], gpus: tuple[str, ...], all_gpus: tuple[str, ...],
                 pred: Prediction, obs: _Observed, iso: np.ndarray, pair: np.ndarray) -> None:
@@ -249,6 +301,14 @@ class ThroughputPredictor:
                     v = r_pair[:, lay_p[n], c]
                     ok = np.isfinite(v) & (p1_pair[:, b, gi] > 0)
                     pair[:, b, gi] = np.where(ok, np.exp(np.where(ok, v, 0.0)), pair[:, b, gi])
+
+
+def _family(job_type: str) -> str | None:
+    """The zoo family a job-type name belongs to; None for a user model (no siblings)."""
+    try:
+        return family_of(job_type)
+    except (KeyError, ValueError):
+        return None
 
 
 def _table(names: tuple[str, ...], gpus: tuple[str, ...], iso: np.ndarray, pair: np.ndarray) -> ThroughputTable:
