@@ -117,3 +117,19 @@ def test_an_equal_challenger_is_registered_but_not_promoted(gogh_home, tmp_path)
 def test_too_few_measurements_retrain_nothing(gogh_home):
     out = refine_predictors(min_measurements=8)
     assert out["promoted"] is False and "nothing retrained" in out["reason"]
+
+
+def test_runs_starting_together_register_the_shipped_prior_once(gogh_home):
+    """Eight sources (as eight flow runs starting at once) on an empty registry: one version each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gogh_flows.flows.blocks import PredictorRegistry
+    from gogh_flows.flows.environment import PredictorSource
+
+    block = PredictorRegistry()
+    with ThreadPoolExecutor(max_workers=8) as ex:
+        list(ex.map(lambda _: PredictorSource(block).ensure_prior(), range(8)))
+    reg = PredictorSource(block).registry
+    for name in (block.p1_name, block.p2_name):
+        assert reg.versions(name).height == 1, name
+        assert reg.version_for(name, block.alias) == 1

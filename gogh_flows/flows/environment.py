@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
+from filelock import FileLock
 
 from gogh_flows.flows.blocks import GpuCluster, PredictorRegistry, state_dir
 from gogh_flows.predict.io import load_p1, load_p2
@@ -102,8 +103,18 @@ class PredictorSource:
         if not self.block.prior:
             return
         base = models_dir() / self.block.prior
-        for name, sub in ((self.block.p1_name, "p1"), (self.block.p2_name, "p2")):
-            if self.registry.version_for(name, self.block.alias) is None:
+        pending = [(name, sub) for name, sub in ((self.block.p1_name, "p1"), (self.block.p2_name, "p2"))
+                   if self.registry.version_for(name, self.block.alias) is None]
+        if not pending:
+            return
+        # Flow runs started together (threads or processes on this machine) would otherwise
+        # each see an empty alias and register the prior once each: one registers, the others
+        # find the alias set once they get the lock.
+        lock_dir = state_dir() / "locks"
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        key = hashlib.sha1(self.block.resolved_tracking_uri().encode()).hexdigest()[:10]
+        with FileLock(str(lock_dir / f"registry-{key}.lock"), timeout=300):
+            for name, sub in pending:
                 if not (base / sub).is_dir():
                     raise FileNotFoundError(
                         f"shipped prior {base / sub} not found; set GOGH_MODELS_DIR to the models/ folder "
