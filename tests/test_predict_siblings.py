@@ -46,3 +46,28 @@ def test_entries_predicted_zero_stay_zero():
     rows = {**PRIOR, "R-a": np.array([1.0, 0.0, 4.0])}  # does not fit on a p100
     out = sibling_transfer(rows, PRIOR, {"R-b": {1: 1.0, 2: 1.0}}, FAM, ["R-a"])["R-a"]
     assert out[1] == 0.0 and out[2] == pytest.approx(0.5)
+
+
+def test_sibling_protocol_scores_what_measured_siblings_add():
+    """One entry of a job revealed, its siblings fully measured: they fix P1's wrong ratios."""
+    from gogh_flows.predict.evaluate import score_siblings, with_siblings
+    from gogh_flows.predict.layout import Layout
+
+    layout = Layout(("k80", "p100", "v100"), ())
+    names = ["R-1", "R-2", "R-3", "R-4"]
+    p1 = np.log(np.array([[1.0, 2.0, 4.0], [2.0, 4.0, 8.0], [3.0, 6.0, 12.0], [4.0, 8.0, 16.0]]))
+    # the family really is flat across GPU types: P1's 4x v100/k80 ratio is wrong for all of them
+    truth = np.log(np.array([[1.0, 1.0, 1.0], [2.0, 2.0, 2.0], [3.0, 3.0, 3.0], [4.0, 4.0, 4.0]]))
+
+    def shifted(i, obs, sibs):  # P1 moved to the job's own observation
+        return np.where(np.isfinite(obs), obs, p1[i] + np.nanmean(obs - p1[i]))
+
+    def shared(i, obs, sibs):
+        seen = sibs.copy()
+        seen[i] = obs
+        refined = np.stack([shifted(k, seen[k], sibs) for k in range(len(names))])
+        return with_siblings(refined, p1, seen, layout, names, {n: "R" for n in names})[i]
+
+    own = score_siblings(shifted, truth, layout, repeats=5, seed=0)
+    assert own > 0.4  # shifting P1's shape to one observation keeps its wrong ratios
+    assert score_siblings(shared, truth, layout, repeats=5, seed=0) == pytest.approx(0.0, abs=1e-9)

@@ -6,6 +6,14 @@ held-out family's jobs and every pair involving them are removed by
 held-out jobs. ``_Nobs`` metrics reveal N measured entries of a held-out job (isolated
 entries for the isolated metrics, co-located entries for the co-located one), drawn at
 random ``repeats`` times, and score only the entries that stayed hidden.
+
+``isolated_mape_1obs_siblings`` is the situation once a new family has run for a while and
+another batch size of it arrives: one isolated entry of the held-out job is revealed, and
+so are all isolated entries of the *other* held-out jobs (its siblings; the models were
+still trained without the family). ``p2`` then is what the placement service does (P2 on the
+job's own observation, then the siblings of :mod:`gogh_flows.predict.siblings`),
+``matrix_completion`` fits the siblings' rows together with the known jobs (Gavel's way),
+``nearest`` may pick a sibling as the nearest job, ``p1`` uses the job's own observation only.
 """
 
 from __future__ import annotations
@@ -23,10 +31,12 @@ from gogh_flows.predict.encoding import job_summary
 from gogh_flows.predict.layout import Layout
 from gogh_flows.predict.p1 import P1Config, P1Model, train_p1
 from gogh_flows.predict.p2 import P2Config, P2Model, train_p2
+from gogh_flows.predict.siblings import sibling_transfer
 from gogh_flows.workloads.features import WorkloadFeatures
 
 METHODS = ("p1", "p2", "matrix_completion", "nearest")
-METRICS = ("isolated_mape", "colocated_mape", "isolated_mape_1obs", "isolated_mape_2obs", "colocated_mape_1obs")
+METRICS = ("isolated_mape", "colocated_mape", "isolated_mape_1obs", "isolated_mape_2obs", "colocated_mape_1obs",
+           "isolated_mape_1obs_siblings")
 # metric -> (kind of entries revealed and scored, number revealed)
 _PROTOCOL = {
     "isolated_mape": ("isolated", 0), "colocated_mape": ("pair", 0),
@@ -103,6 +113,50 @@ def score(complete: Callable[[int, np.ndarray], np.ndarray], truth: np.ndarray, 
     return out
 
 
+def score_siblings(complete: Callable[[int, np.ndarray, np.ndarray], np.ndarray], truth: np.ndarray,
+                   layout: Layout, repeats: int, seed: int) -> float:
+    """``isolated_mape_1obs_siblings`` (module docstring). ``complete(i, observed_i, siblings)``
+    returns job i's full log row; ``siblings`` is ``truth`` with job i's row and every pair
+    entry hidden (NaN)."""
+    iso = ~layout.is_pair()
+    rng = np.random.default_rng([seed, 1, 17])
+    errs: list[float] = []
+    for i, row in enumerate(truth):
+        known = np.flatnonzero(np.isfinite(row) & iso)
+        if len(known) <= 1 or len(truth) < 2:
+            continue
+        sibs = np.where(iso[None, :], truth, np.nan)
+        sibs[i] = np.nan
+        for _ in range(repeats):
+            k = rng.choice(known)
+            obs = np.full_like(row, np.nan)
+            obs[k] = row[k]
+            hidden = iso.copy()
+            hidden[k] = False
+            errs += _mape_entries(complete(i, obs, sibs), row, hidden)
+    return float(np.mean(errs)) if errs else math.nan
+
+
+def with_siblings(refined_log: np.ndarray, p1_log: np.ndarray, observed_log: np.ndarray, layout: Layout,
+                  names: Sequence[str], family: Mapping[str, str | None]) -> np.ndarray:
+    """Log rows whose unmeasured isolated entries are moved by the measured siblings."""
+    g = len(layout.gpus)
+    with np.errstate(over="ignore", invalid="ignore"):
+        rows = {n: np.exp(refined_log[i, :g]) for i, n in enumerate(names)}
+        priors = {n: np.exp(p1_log[i, :g]) for i, n in enumerate(names)}
+    measured = {n: {c: float(np.exp(observed_log[i, c])) for c in range(g) if np.isfinite(observed_log[i, c])}
+                for i, n in enumerate(names)}
+    moved = sibling_transfer({n: np.nan_to_num(r) for n, r in rows.items()},
+                             {n: np.nan_to_num(p) for n, p in priors.items()},
+                             {n: m for n, m in measured.items() if m}, family)
+    out = refined_log.copy()
+    for i, n in enumerate(names):
+        with np.errstate(divide="ignore"):
+            new = np.log(moved[n])
+        out[i, :g] = np.where(np.isfinite(new) & np.isfinite(out[i, :g]), new, out[i, :g])
+    return out
+
+
 @dataclass
 class HoldoutResult:
     family: str
@@ -144,6 +198,33 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
         "nearest": lambda i, obs: nearest.complete(test_summary[i], test_flops[i], obs),
     }
     metrics = {name: score(fn, truth_test, layout, config.repeats, config.seed) for name, fn in methods.items()}
+    fam = {n: holdout for n in test}
+
+    def p2_siblings(i: int, obs: np.ndarray, sibs: np.ndarray) -> np.ndarray:
+        seen = sibs.copy()
+        seen[i] = obs
+        refined = p2.refine(p1_test, seen)
+        return with_siblings(refined, p1_test, seen, layout, test, fam)[i]
+
+    def nearest_siblings(i: int, obs: np.ndarray, sibs: np.ndarray) -> np.ndarray:
+        others = [k for k in range(len(test)) if k != i]
+        nb = NearestJob(
+            np.stack([job_summary(full.jobs[n]) for n in train.names] + [test_summary[k] for k in others]),
+            np.vstack([truth_train, sibs[others]]),
+            np.array([math.log(full.jobs[n].step_flops) for n in train.names] + [test_flops[k] for k in others]),
+        )
+        return nb.complete(test_summary[i], test_flops[i], obs)
+
+    together: dict[str, Callable[[int, np.ndarray, np.ndarray], np.ndarray]] = {
+        "p1": lambda i, obs, sibs: methods["p1"](i, obs),
+        "p2": p2_siblings,
+        "matrix_completion": lambda i, obs, sibs: MatrixCompletion(seed=config.seed).fit(
+            np.vstack([truth_train, np.delete(sibs, i, axis=0)])).complete(obs)[0],
+        "nearest": nearest_siblings,
+    }
+    for name, fn in together.items():
+        metrics[name]["isolated_mape_1obs_siblings"] = score_siblings(fn, truth_test, layout, config.repeats,
+                                                                      config.seed)
     secs = time.perf_counter() - start
     if log:
         log(f"{holdout}: " + ", ".join(
@@ -180,6 +261,12 @@ def guard_no_leak(train: MeasuredSet, holdout: str) -> None:
         raise AssertionError(f"held-out family {holdout!r} leaked into training data: {leaked[:5]}")
 
 
+def _mean_finite(values: Sequence[float]) -> float:
+    """Mean over the families that have the metric (a one-job family has no siblings)."""
+    finite = [v for v in values if math.isfinite(v)]
+    return float(np.mean(finite)) if finite else math.nan
+
+
 def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = None,
                          config: EvalConfig = EvalConfig(),
                          log: Callable[[str], None] | None = None) -> dict:
@@ -193,7 +280,7 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
     for h in holdouts:
         families[h] = evaluate_holdout(full, h, config, log).metrics
     mean = {
-        m: {k: float(np.nanmean([families[h][m][k] for h in holdouts])) for k in METRICS} for m in METHODS
+        m: {k: _mean_finite([families[h][m][k] for h in holdouts]) for k in METRICS} for m in METHODS
     }
     return {
         "families": families, "mean": mean,
