@@ -110,7 +110,9 @@ def tables(path: Path = RESULTS / "predictors_gavel.json") -> str:
     lines = [head, "|---|---|" + "---:|" * len(METRICS)]
     for fam, by in [*report["families"].items(), ("**mean**", report["mean"])]:
         for m in METHODS:
-            lines.append(f"| {fam} | {m} | " + " | ".join(f"{100 * by[m][k]:.1f}" for k in METRICS) + " |")
+            lines.append(f"| {fam} | {m} | " + " | ".join(
+                f"{100 * by[m][k]:.1f}" if by[m].get(k) is not None and np.isfinite(by[m][k]) else "n/a"
+                for k in METRICS) + " |")
     text = "\n".join(lines) + f"\n\nwall time of the evaluation: {report['seconds']} s\n"
     path.with_suffix(".md").write_text(text)
     print(text)

@@ -27,8 +27,13 @@ def test_evaluate_writes_every_method_and_metric(tmp_path, capsys):
     target = tmp_path / "eval.json"
     assert main(["predictors", "evaluate", *TINY, "--holdout-family", "A3C", "--repeats", "1",
                  "--json", str(target)]) == 0
-    report = json.loads(target.read_text())
+    def strict(token):
+        raise AssertionError(f"{token} in the JSON report: not strict JSON")
+
+    report = json.loads(target.read_text(), parse_constant=strict)
     assert list(report["families"]) == ["A3C"]
+    # A3C is one job type: no siblings, so that metric is null, not NaN
+    assert report["families"]["A3C"]["p2"]["isolated_mape_1obs_siblings"] is None
     for m in METHODS:
         assert set(report["mean"][m]) == set(METRICS)
         assert report["families"]["A3C"][m] == report["mean"][m]

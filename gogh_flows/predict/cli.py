@@ -170,7 +170,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     report["truth"] = args.truth
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        # strict JSON: a metric a family cannot have (no siblings in a one-job family) is null
+        Path(args.json).write_text(json.dumps(_nan_to_none(report), indent=2, allow_nan=False) + "\n")
     print(format_report(report))
     return 0
 
@@ -189,6 +190,16 @@ def format_report(report: dict) -> str:
              for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines) + f"\n(MAPE in %; {report.get('seconds', '?')} s)"
+
+
+def _nan_to_none(value):
+    if isinstance(value, dict):
+        return {k: _nan_to_none(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_nan_to_none(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def _pct(v: float) -> str:
