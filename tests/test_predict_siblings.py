@@ -71,3 +71,18 @@ def test_sibling_protocol_scores_what_measured_siblings_add():
     own = score_siblings(shifted, truth, layout, repeats=5, seed=0)
     assert own > 0.4  # shifting P1's shape to one observation keeps its wrong ratios
     assert score_siblings(shared, truth, layout, repeats=5, seed=0) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_nearest_batch_size_weighs_most():
+    prior = {"F (batch size 32)": np.array([1.0, 1.0]), "F (batch size 64)": np.array([1.0, 1.0]),
+             "F (batch size 1024)": np.array([1.0, 1.0])}
+    fam = {n: "F" for n in prior}
+    sizes = {"F (batch size 32)": 32, "F (batch size 64)": 64, "F (batch size 1024)": 1024}
+    measured = {"F (batch size 64)": {1: 2.0}, "F (batch size 1024)": {1: 0.5}}  # errors x2 and x1/2
+    out = sibling_transfer(prior, prior, measured, fam, ["F (batch size 32)"], batch_size=sizes)
+    w64, w1024 = np.exp(-2.0 * 1), np.exp(-2.0 * 5)
+    expected = np.exp((w64 * np.log(2.0) + w1024 * np.log(0.5)) / (w64 + w1024))
+    assert out["F (batch size 32)"][1] == pytest.approx(expected)
+    assert expected > 1.9  # the sibling one doubling away decides
+    flat = sibling_transfer(prior, prior, measured, fam, ["F (batch size 32)"])  # no sizes: equal weights
+    assert flat["F (batch size 32)"][1] == pytest.approx(1.0)

@@ -31,7 +31,7 @@ from gogh_flows.predict.encoding import job_summary
 from gogh_flows.predict.layout import Layout
 from gogh_flows.predict.p1 import P1Config, P1Model, train_p1
 from gogh_flows.predict.p2 import P2Config, P2Model, train_p2
-from gogh_flows.predict.siblings import sibling_transfer
+from gogh_flows.predict.siblings import family_and_batch, sibling_transfer
 from gogh_flows.workloads.features import WorkloadFeatures
 
 METHODS = ("p1", "p2", "matrix_completion", "nearest")
@@ -146,9 +146,10 @@ def with_siblings(refined_log: np.ndarray, p1_log: np.ndarray, observed_log: np.
         priors = {n: np.exp(p1_log[i, :g]) for i, n in enumerate(names)}
     measured = {n: {c: float(np.exp(observed_log[i, c])) for c in range(g) if np.isfinite(observed_log[i, c])}
                 for i, n in enumerate(names)}
+    sizes = {n: b for n in names if (b := family_and_batch(n)[1])}
     moved = sibling_transfer({n: np.nan_to_num(r) for n, r in rows.items()},
                              {n: np.nan_to_num(p) for n, p in priors.items()},
-                             {n: m for n, m in measured.items() if m}, family)
+                             {n: m for n, m in measured.items() if m}, family, batch_size=sizes)
     out = refined_log.copy()
     for i, n in enumerate(names):
         with np.errstate(divide="ignore"):

@@ -36,10 +36,9 @@ from gogh_flows.predict.evaluate import out_of_family_p1, p1_vectors
 from gogh_flows.predict.layout import Layout
 from gogh_flows.predict.p1 import P1Model, Prediction
 from gogh_flows.predict.p2 import P2Config, P2Model, train_p2
-from gogh_flows.predict.siblings import sibling_transfer
+from gogh_flows.predict.siblings import family_and_batch, sibling_transfer
 from gogh_flows.truth.table import SCHEMA, ThroughputTable
 from gogh_flows.workloads.features import WorkloadFeatures
-from gogh_flows.workloads.zoo import family_of
 
 OBSERVATION_SCHEMA: dict[str, pl.DataType] = {
     "job_type": pl.String(), "gpu_type": pl.String(), "partner": pl.String(), "throughput": pl.Float64(),
@@ -225,7 +224,8 @@ class ThroughputPredictor:
                 measured.setdefault(j, {})[col[g]] = math.exp(v)
         if not measured:
             return
-        family = {n: _family(n) for n in (*names, *measured)}
+        kin = {n: family_and_batch(n) for n in (*names, *measured)}
+        family = {n: k[0] for n, k in kin.items()}
         takers = [n for n in names if family[n] is not None
                   and any(family[m] == family[n] and m != n for m in measured)]
         if not takers:
@@ -238,7 +238,7 @@ class ThroughputPredictor:
                     priors[m] = prior
         rows = {n: iso[i] for i, n in enumerate(names)}
         moved = sibling_transfer(rows, priors, {m: v for m, v in measured.items() if m in priors},
-                                 family, takers)
+                                 family, takers, batch_size={n: k[1] for n, k in kin.items() if k[1]})
         for n in takers:
             i = names.index(n)
             scale = np.where(iso[i] > 0, moved[n] / np.where(iso[i] > 0, iso[i], 1.0), 1.0)
@@ -301,14 +301,6 @@ class ThroughputPredictor:
                     v = r_pair[:, lay_p[n], c]
                     ok = np.isfinite(v) & (p1_pair[:, b, gi] > 0)
                     pair[:, b, gi] = np.where(ok, np.exp(np.where(ok, v, 0.0)), pair[:, b, gi])
-
-
-def _family(job_type: str) -> str | None:
-    """The zoo family a job-type name belongs to; None for a user model (no siblings)."""
-    try:
-        return family_of(job_type)
-    except (KeyError, ValueError):
-        return None
 
 
 def _table(names: tuple[str, ...], gpus: tuple[str, ...], iso: np.ndarray, pair: np.ndarray) -> ThroughputTable:

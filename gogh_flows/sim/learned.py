@@ -176,22 +176,15 @@ class LearnedThroughputs:
         hit = self._with_siblings.get(job_type)
         if hit is not None and hit[0] == self._measured_version:
             return hit[1]
-        from gogh_flows.predict.siblings import sibling_transfer
+        from gogh_flows.predict.siblings import family_and_batch, sibling_transfer
 
-        fam = {t: self._family(t) for t in (job_type, *self._measured)}
-        priors = {t: self._prior(t) for t in fam}
-        out = sibling_transfer({job_type: row}, priors, self._measured, fam, [job_type])[job_type]
+        kin = {t: family_and_batch(t) for t in (job_type, *self._measured)}
+        priors = {t: self._prior(t) for t in kin}
+        out = sibling_transfer({job_type: row}, priors, self._measured, {t: k[0] for t, k in kin.items()},
+                               [job_type], batch_size={t: k[1] for t, k in kin.items() if k[1]})[job_type]
         self._with_siblings[job_type] = (self._measured_version, out)
         return out
 
-    @staticmethod
-    def _family(job_type: str) -> str | None:
-        from gogh_flows.workloads.zoo import family_of
-
-        try:
-            return family_of(job_type)
-        except (KeyError, ValueError):
-            return None
 
     def _single(self, job: Job) -> np.ndarray:
         """The job's single-GPU isolated row, floored for its requirement."""
