@@ -44,6 +44,10 @@ def _setup_env(home: Path, prefect_home: Path) -> None:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     os.environ.setdefault("DO_NOT_TRACK", "true")
     os.environ.setdefault("PREFECT_HOME", str(prefect_home))
+    # Prefect creates its home without parents: a fresh GOGH_HOME would leave the temporary
+    # server without a database folder (it then times out starting)
+    Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
+    home.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     # a first start migrates a fresh database: slow on a busy 2-core machine
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
