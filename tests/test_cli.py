@@ -75,3 +75,15 @@ def test_simulate_rejects_a_cluster_type_the_truth_lacks(gavel_dir, capsys):
                "--trace", "generate:5", "--cluster", "h100=2"])
     assert rc == 2
     assert "not in the truth table" in capsys.readouterr().err
+
+
+def test_demo_environment_creates_a_fresh_home_with_its_parents(tmp_path, monkeypatch):
+    """A GOGH_HOME that does not exist yet: Prefect's home must exist before its server starts."""
+    from gogh_flows.demo import _setup_env
+
+    for var in ("PREFECT_HOME", "GOGH_HOME"):  # set, then removed: monkeypatch restores what was there
+        monkeypatch.setenv(var, "x")
+        monkeypatch.delenv(var)
+    home = tmp_path / "new" / "gogh"
+    _setup_env(home / "runs" / "x", home / "prefect")
+    assert (home / "prefect").is_dir() and (home / "runs" / "x").is_dir()
