@@ -81,9 +81,10 @@ def test_demo_environment_creates_a_fresh_home_with_its_parents(tmp_path, monkey
     """A GOGH_HOME that does not exist yet: Prefect's home must exist before its server starts."""
     from gogh_flows.demo import _setup_env
 
-    for var in ("PREFECT_HOME", "GOGH_HOME"):  # set, then removed: monkeypatch restores what was there
-        monkeypatch.setenv(var, "x")
-        monkeypatch.delenv(var)
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_HOME", "GOGH_HOME")}
+    monkeypatch.setattr(os, "environ", env)  # nothing the demo sets leaks into other tests
     home = tmp_path / "new" / "gogh"
     _setup_env(home / "runs" / "x", home / "prefect")
     assert (home / "prefect").is_dir() and (home / "runs" / "x").is_dir()
