@@ -204,6 +204,20 @@ def test_own_model_needs_example_inputs_and_wrong_block_types_are_named():
         gogh_placed(model="LM", batch_size=20, min_throughput=1, work_steps=1, cluster=42)
 
 
+def test_inference_runs_of_a_zoo_model_are_a_job_type_of_their_own(tmp_path):
+    """Training and inference of one model must not share measurements or cached features."""
+    from gogh_flows.flows.environment import FeatureStore
+    from gogh_flows.flows.spec import placed_job
+
+    train = placed_job(model="ResNet-50", batch_size=64, min_throughput=1, work_steps=1)
+    infer = placed_job(model="ResNet-50", batch_size=64, min_throughput=1, work_steps=1, kind="inference")
+    assert infer.job_type == "ResNet-50 (batch size 64) [inference]" != train.job_type
+    store = FeatureStore(tmp_path)
+    store.put(train.job_type, train.features)
+    assert store.get(infer.job_type) == infer.features  # rebuilt from the name, as inference
+    assert FeatureStore(tmp_path / "other").get(train.job_type) == train.features
+
+
 def test_fleet_with_unknown_gpu_type_is_refused():
     with pytest.raises(ValueError, match="x9000"):
         GpuCluster(fleet={"x9000": 2})

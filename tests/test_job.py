@@ -13,6 +13,13 @@ def test_zoo_job_gets_features_and_gavel_job_type():
     assert 1 < spec.memory_gb < 40
 
 
+def test_zoo_inference_job_has_its_own_job_type_and_features():
+    train = JobSpec.from_zoo("ResNet-50", 64, required_throughput=3.5, work_steps=10)
+    infer = JobSpec.from_zoo("ResNet-50", 64, kind="inference", required_throughput=3.5, work_steps=10)
+    assert infer.job_type == "ResNet-50 (batch size 64) [inference]" != train.job_type
+    assert infer.features.step_flops < train.features.step_flops
+
+
 def test_user_model_job():
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 2))
     spec = JobSpec.from_model("my-mlp", model, torch.randn(16, 64), required_throughput=100.0, work_steps=1000)

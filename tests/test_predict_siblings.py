@@ -86,3 +86,11 @@ def test_the_nearest_batch_size_weighs_most():
     assert expected > 1.9  # the sibling one doubling away decides
     flat = sibling_transfer(prior, prior, measured, fam, ["F (batch size 32)"])  # no sizes: equal weights
     assert flat["F (batch size 32)"][1] == pytest.approx(1.0)
+
+
+def test_inference_runs_are_a_sibling_group_of_their_own():
+    from gogh_flows.predict.siblings import family_and_batch
+
+    assert family_and_batch("ResNet-50 (batch size 64)") == ("ResNet-50", 64)
+    assert family_and_batch("ResNet-50 (batch size 64) [inference]") == ("ResNet-50 (inference)", 64)
+    assert family_and_batch("my-own-net") == (None, None)

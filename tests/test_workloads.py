@@ -186,6 +186,19 @@ def test_job_type_names_round_trip_for_gavel_batch_sizes():
     assert parse_job_type(job_type_name("A3C", 40)) == ("A3C", 40)  # non-Gavel sizes stay distinct
 
 
+def test_inference_job_types_are_named_apart_and_round_trip():
+    from gogh_flows.workloads.zoo import parse_job_kind
+
+    name = job_type_name("ResNet-50", 64, "inference")
+    assert name == "ResNet-50 (batch size 64) [inference]" != job_type_name("ResNet-50", 64)
+    assert parse_job_kind(name) == ("ResNet-50", 64, "inference")
+    assert parse_job_kind(job_type_name("A3C", 20, "inference")) == ("A3C", 20, "inference")
+    assert parse_job_kind("LM (batch size 20)") == ("LM", 20, "training")
+    assert parse_job_type(name) == ("ResNet-50", 64) and family_of(name) == "ResNet-50"
+    with pytest.raises(ValueError, match="kind"):
+        job_type_name("LM", 20, "serving")
+
+
 # --------------------------------------------------------------------------- errors
 
 

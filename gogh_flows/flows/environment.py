@@ -32,7 +32,7 @@ from gogh_flows.tracking.measurements import MeasurementLog
 from gogh_flows.tracking.registry import ModelRegistry
 from gogh_flows.truth import load_truth
 from gogh_flows.workloads.features import WorkloadFeatures
-from gogh_flows.workloads.zoo import parse_job_type, zoo_features
+from gogh_flows.workloads.zoo import parse_job_kind, zoo_features
 
 log = logging.getLogger("gogh_flows")
 
@@ -76,10 +76,10 @@ class FeatureStore:
             feats = WorkloadFeatures.from_dict(doc["features"])
         else:
             try:
-                family, bs = parse_job_type(job_type)
+                family, bs, kind = parse_job_kind(job_type)
             except (KeyError, ValueError) as exc:
                 raise KeyError(f"no layer features recorded for job type {job_type!r}") from exc
-            feats = zoo_features(family, bs)
+            feats = zoo_features(family, bs, kind)
         self._mem[job_type] = feats
         return feats
 

@@ -55,7 +55,7 @@ def _features_of(model: Any, batch_size: int, kind: str, example_inputs: Any,
     elif callable(model) and model in _ZOO_BY_BUILDER:
         family = _ZOO_BY_BUILDER[model]
     if family is not None:
-        return zoo_features(family, batch_size, kind), family, job_name or job_type_name(family, batch_size)
+        return zoo_features(family, batch_size, kind), family, job_name or job_type_name(family, batch_size, kind)
     if isinstance(model, nn.Module) or callable(model):
         if example_inputs is None:
             raise ValueError(

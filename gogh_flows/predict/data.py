@@ -17,7 +17,7 @@ import polars as pl
 
 from gogh_flows.truth.table import ThroughputTable
 from gogh_flows.workloads.features import WorkloadFeatures
-from gogh_flows.workloads.zoo import family_of, parse_job_type, zoo_features
+from gogh_flows.workloads.zoo import family_of, parse_job_kind, zoo_features
 
 
 class UnknownJobFeaturesError(KeyError, ValueError):
@@ -30,13 +30,13 @@ def zoo_jobs(job_types: Iterable[str]) -> dict[str, WorkloadFeatures]:
     out: dict[str, WorkloadFeatures] = {}
     for name in job_types:
         try:
-            family, bs = parse_job_type(name)
+            family, bs, kind = parse_job_kind(name)
         except (KeyError, ValueError) as exc:
             raise UnknownJobFeaturesError(
                 f"no layer features for job type {name!r}: it is not a zoo model. Pass its "
                 "features explicitly (gogh_flows.workloads.extract_features(model, example_inputs))."
             ) from exc
-        out[name] = zoo_features(family, bs)
+        out[name] = zoo_features(family, bs, kind)
     return out
 
 

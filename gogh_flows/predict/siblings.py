@@ -102,13 +102,18 @@ def sibling_transfer(
 
 
 def family_and_batch(job_type: str) -> tuple[str | None, int | None]:
-    """(zoo family, batch size) of a job-type name; (None, None) for a user model's name."""
-    from gogh_flows.workloads.zoo import parse_job_type
+    """(sibling group, batch size) of a job-type name; (None, None) for a user model's name.
+
+    The group is the zoo family, with inference runs a group of their own: a forward pass
+    alone is limited by other parts of the step than training is.
+    """
+    from gogh_flows.workloads.zoo import parse_job_kind
 
     try:
-        return parse_job_type(job_type)
+        family, bs, kind = parse_job_kind(job_type)
     except (KeyError, ValueError):
         return None, None
+    return (family if kind == "training" else f"{family} ({kind})"), bs
 
 
 __all__ = ["DECAY", "family_and_batch", "sibling_transfer"]

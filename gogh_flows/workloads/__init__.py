@@ -13,6 +13,7 @@ from gogh_flows.workloads.zoo import (
     build_model,
     family_of,
     job_type_name,
+    parse_job_kind,
     parse_job_type,
     zoo_features,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "extract_features",
     "family_of",
     "job_type_name",
+    "parse_job_kind",
     "parse_job_type",
     "zoo_features",
 ]

@@ -61,7 +61,7 @@ class JobSpec(BaseModel):
         if self.features is None and self.family is not None:
             object.__setattr__(self, "features", zoo_features(self.family, self.batch_size, self.kind))
         if not self.job_type:
-            jt = job_type_name(self.family, self.batch_size) if self.family else self.name
+            jt = job_type_name(self.family, self.batch_size, self.kind) if self.family else self.name
             object.__setattr__(self, "job_type", jt)
         if self.features is not None:
             _check_fits_somewhere(self)

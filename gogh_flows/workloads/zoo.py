@@ -484,26 +484,42 @@ def _interpolate(lo: WorkloadFeatures, hi: WorkloadFeatures, batch_size: int) ->
     return WorkloadFeatures(layers, batch_size, lo.kind)
 
 
-def job_type_name(family: str, batch_size: int) -> str:
+INFERENCE_SUFFIX = " [inference]"
+
+
+def job_type_name(family: str, batch_size: int, kind: str = "training") -> str:
     """Gavel's job-type string: "ResNet-50 (batch size 64)".
 
     A3C and CycleGAN were measured at one batch size and Gavel names them
     without it; other sizes of those get the suffix so names stay unique.
+    Inference runs are named apart ("ResNet-50 (batch size 64) [inference]"): they run
+    a third of a training step's work, so their measurements must not be averaged with
+    training runs of the same model.
     """
     name, bs = canonical_family(family), check_batch_size(batch_size)
-    if DEFAULT_BATCH_SIZES[name] == (bs,):
-        return name
-    return f"{name} (batch size {bs})"
+    check_kind(kind)
+    base = name if DEFAULT_BATCH_SIZES[name] == (bs,) else f"{name} (batch size {bs})"
+    return base + (INFERENCE_SUFFIX if kind == "inference" else "")
+
+
+def parse_job_kind(job_type: str) -> tuple[str, int, str]:
+    """Inverse of :func:`job_type_name`: ("ResNet-50", 64, "training")."""
+    if not isinstance(job_type, str):
+        raise ValueError(f"job type must be a string like 'ResNet-50 (batch size 64)', got {job_type!r}")
+    kind = "training"
+    text = job_type.rstrip()
+    if text.endswith(INFERENCE_SUFFIX.strip()):
+        kind, text = "inference", text[: -len(INFERENCE_SUFFIX.strip())]
+    match = _JOB_TYPE.match(text)
+    if match:
+        return canonical_family(match["family"]), check_batch_size(int(match["bs"])), kind
+    return (*_resolve(text.strip(), None), kind)
 
 
 def parse_job_type(job_type: str) -> tuple[str, int]:
-    """Inverse of :func:`job_type_name`: ("ResNet-50", 64); a bare family gets its default size."""
-    if not isinstance(job_type, str):
-        raise ValueError(f"job type must be a string like 'ResNet-50 (batch size 64)', got {job_type!r}")
-    match = _JOB_TYPE.match(job_type)
-    if match:
-        return canonical_family(match["family"]), check_batch_size(int(match["bs"]))
-    return _resolve(job_type, None)
+    """(family, batch size) of a job-type name; a bare family gets its default size."""
+    family, bs, _ = parse_job_kind(job_type)
+    return family, bs
 
 
 def family_of(job_type: str) -> str:
@@ -513,5 +529,5 @@ def family_of(job_type: str) -> str:
 
 __all__ = [
     "FAMILIES", "DEFAULT_BATCH_SIZES", "ZooModel", "build_model", "zoo_features", "job_type_name",
-    "parse_job_type", "family_of", "canonical_family", "CycleGANStep",
+    "parse_job_type", "parse_job_kind", "family_of", "canonical_family", "CycleGANStep",
 ]
