@@ -104,7 +104,8 @@ def test_an_equal_challenger_is_registered_but_not_promoted(gogh_home, tmp_path)
     _log_measurements()
     first = refine_predictors(base_data="none", epochs=120)
     assert first["promoted"] is True
-    # the same measurements and seed give the same challenger: not better, so not promoted
+    # the same measurements and seed give the same challenger (up to the last digits, which
+    # once decided a promotion): not better by min_improvement, so not promoted
     second = refine_predictors(base_data="none", epochs=120)
     assert second["challenger_version"] == first["challenger_version"] + 1
     assert second["champion_mape"] == pytest.approx(first["challenger_mape"])
@@ -133,3 +134,8 @@ def test_runs_starting_together_register_the_shipped_prior_once(gogh_home):
     for name in (block.p1_name, block.p2_name):
         assert reg.versions(name).height == 1, name
         assert reg.version_for(name, block.alias) == 1
+
+
+def test_min_improvement_must_be_a_fraction(gogh_home):
+    with pytest.raises(ValueError, match="min_improvement"):
+        refine_predictors.fn(min_improvement=1.5)

@@ -73,7 +73,7 @@ def score(predictor: ThroughputPredictor, features: dict, train: pl.DataFrame, t
 def refine_predictors(
     registry: str | None = None, measurements_dir: str | None = None, min_measurements: int = 8,
     holdout_fraction: float = 0.25, epochs: int = 300, seed: int = 0, promote: bool = True,
-    base_data: str = "prior",
+    base_data: str = "prior", min_improvement: float = 0.01,
 ) -> dict[str, Any]:
     """Train a challenger P2 on logged measurements; promote it to champion only if it is better.
 
@@ -81,11 +81,16 @@ def refine_predictors(
     ``measurements_dir`` is where placed runs log (default ``$GOGH_HOME/measurements``).
     ``base_data`` is what the challenger learns from besides the measurements, so a few
     dozen runs refine the refiner instead of replacing it: "prior" (the data the shipped
-    prior was trained on), "synthetic", "gavel", or "none".
+    prior was trained on), "synthetic", "gavel", or "none". ``min_improvement`` is the
+    relative drop in holdout MAPE the challenger must show to be promoted (default 1%): a
+    champion is not replaced for a difference in the last digits, which retraining on the
+    same data can produce.
     """
-    logger = get_run_logger()
     if not 0 < holdout_fraction < 1:
         raise ValueError(f"holdout_fraction must be in (0, 1), got {holdout_fraction!r}")
+    if not 0 <= min_improvement < 1:
+        raise ValueError(f"min_improvement must be in [0, 1) (a relative MAPE drop), got {min_improvement!r}")
+    logger = get_run_logger()
     block = load_block(PredictorRegistry, registry, PredictorRegistry())
     source = predictor_source(block)
     champion = source.get(force=True)
@@ -113,7 +118,7 @@ def refine_predictors(
     challenger = ThroughputPredictor(champion.p1, p2)
     champ_score = score(champion, features, train, test)
     chall_score = score(challenger, features, train, test)
-    better = chall_score["mape"] < champ_score["mape"]
+    better = chall_score["mape"] < champ_score["mape"] * (1 - min_improvement)
     card = (f"# P2 challenger\n\nTrained by the `gogh-refine-predictors` flow on {train.height} logged "
             f"measurements ({frame.height} runs), {time.strftime('%Y-%m-%d %H:%M:%S')}.\n"
             f"Held-out recent measurements: {test.height}; MAPE challenger {chall_score['mape']:.4f}, "
@@ -140,7 +145,8 @@ def refine_predictors(
         "seconds": round(time.time() - started, 2),
     }
     verdict = "promoted to champion" if promoted else (
-        "not promoted: not better than the champion" if not better else "not promoted (promote=False)")
+        f"not promoted: not {min_improvement:.0%} better than the champion" if not better
+        else "not promoted (promote=False)")
     create_markdown_artifact(key="gogh-refiner-comparison", markdown="\n".join([
         f"### Refiner retraining: challenger v{version} {verdict}", "",
         "| model | holdout MAPE | measurements |", "| --- | ---: | ---: |",
