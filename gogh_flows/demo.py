@@ -55,11 +55,14 @@ def _setup_env(home: Path, prefect_home: Path) -> None:
     # instead of failing requests into client back-off
     os.environ.setdefault("PREFECT_SERVER_DATABASE_TIMEOUT", "60")
     os.environ.setdefault("PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE", "20")
-    # The temporary server is thrown away at the end: it need not store the event stream or
-    # run automations, and each of those services is one more writer on its SQLite file
-    # (a run held the lock past the 60 s timeout and lost a task-run state batch).
+    # The temporary server is thrown away at the end: it need not store the event stream,
+    # record task-run states from events or run automations, and each of those services is
+    # one more writer on its SQLite file. With them, the task-run recorder and the API's
+    # task-run inserts locked each other out until the 60 s timeout (a known Prefect issue
+    # with SQLite, PrefectHQ/prefect#18934): a wave took 77 s instead of 12.
     os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW", "20")
     os.environ["GOGH_HOME"] = str(home)
 
