@@ -241,3 +241,14 @@ def test_a_measured_sibling_of_the_same_family_moves_an_unmeasured_type(predicto
     other_family = Job("o", "LM (batch size 20)", 1.0, 100.0)
     assert view.isolated(other_family, "t4") == pytest.approx(
         LearnedThroughputs(predictors, TYPES, refine=True).isolated(other_family, "t4"))
+
+
+def test_a_pair_observation_still_refines_a_type_whose_siblings_were_measured(predictors):
+    """The siblings' cache must not hide a later refinement of the type's own row."""
+    view = LearnedThroughputs(predictors, TYPES, refine=True)
+    a, sib = "ResNet-50 (batch size 32)", "ResNet-50 (batch size 64)"
+    view.observe(Job("s", sib, 1.0, 100.0), "t4", None, 1.0)
+    before = view.isolated(Job("a0", a, 1.0, 100.0), "v100")
+    own, _ = view.pair(Job("a1", a, 1.0, 100.0), Job("m", sib, 1.0, 100.0), "v100")
+    view.observe(Job("a1", a, 1.0, 100.0), "v100", Job("m", "LM (batch size 20)", 1.0, 100.0), 5.0 * own)
+    assert view.isolated(Job("a2", a, 1.0, 100.0), "v100") != pytest.approx(before, rel=1e-3)

@@ -120,7 +120,7 @@ class LearnedThroughputs:
         self._alone_logs: dict[tuple[str, int], list[float]] = {}
         self._measured: dict[str, dict[int, float]] = {}
         self._measured_version = 0
-        self._with_siblings: dict[str, tuple[int, np.ndarray]] = {}
+        self._with_siblings: dict[str, tuple[tuple[int, int], np.ndarray]] = {}
         # per job: what the simulator's overlay answers with exact measurements
         self._alone_seen: dict[str, set[str]] = {}  # job id -> GPU types measured alone on
         self._floored: dict[str, tuple[tuple, np.ndarray]] = {}  # job id -> (stamp, row)
@@ -173,8 +173,9 @@ class LearnedThroughputs:
         row = self._prior(job_type) if row is None else row
         if not self.refine or not self._measured:
             return row
+        stamp = (self._measured_version, self._version.get(job_type, 0))  # siblings', own row
         hit = self._with_siblings.get(job_type)
-        if hit is not None and hit[0] == self._measured_version:
+        if hit is not None and hit[0] == stamp:
             return hit[1]
         from gogh_flows.predict.siblings import family_and_batch, sibling_transfer
 
@@ -182,9 +183,8 @@ class LearnedThroughputs:
         priors = {t: self._prior(t) for t in kin}
         out = sibling_transfer({job_type: row}, priors, self._measured, {t: k[0] for t, k in kin.items()},
                                [job_type], batch_size={t: k[1] for t, k in kin.items() if k[1]})[job_type]
-        self._with_siblings[job_type] = (self._measured_version, out)
+        self._with_siblings[job_type] = (stamp, out)
         return out
-
 
     def _single(self, job: Job) -> np.ndarray:
         """The job's single-GPU isolated row, floored for its requirement."""
