@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gogh_flows.energy import EnergyModel, kwh
+from gogh_flows.predict.p1 import P1Config
 from gogh_flows.sim.engine import SimConfig
 from gogh_flows.sim.plots import plot_comparison
 from gogh_flows.sim.holdout import family_types, relabel_to_family, train_holdout
@@ -156,7 +157,7 @@ def acceptance(on: dict, parked: dict, gpus: list) -> str:
 HOLDOUT_INTRO = [
     "## (e) Learned policies on a model family the predictors never saw",
     "",
-    f"For each held-out family F in {', '.join(HOLDOUTS)}: P1 ({P1_EPOCHS} epochs, GRU encoder) and",
+    f"For each held-out family F in {', '.join(HOLDOUTS)}: P1 ({P1_EPOCHS} epochs, {P1Config().encoder} encoder) and",
     f"P2 ({P2_EPOCHS} epochs, trained on out-of-family P1 vectors) are trained in this script on",
     "Gavel's measured throughputs *without F* (`MeasuredSet.without([F])`: F's jobs and every pair",
     "involving them are gone), and the gang-scaling efficiency the learned policies assume for",
