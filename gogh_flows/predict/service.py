@@ -172,17 +172,19 @@ class ThroughputPredictor:
         """P2's layout partners with features: the given jobs first, else the zoo (cached)."""
         out: dict[str, WorkloadFeatures] = {}
         for n in self.p2.layout.partners if self.p2 is not None else ():
-            if n in jobs:
-                out[n] = jobs[n]
-                continue
-            if n not in self._zoo:
-                try:
-                    self._zoo[n] = zoo_jobs([n])[n]
-                except UnknownJobFeaturesError:
-                    self._zoo[n] = None  # a logged job of another team: its column stays unknown
-            if self._zoo[n] is not None:
-                out[n] = self._zoo[n]
+            feats = jobs[n] if n in jobs else self._zoo_features(n)
+            if feats is not None:  # None: a logged job of another team, its column stays unknown
+                out[n] = feats
         return out
+
+    def _zoo_features(self, job_type: str) -> WorkloadFeatures | None:
+        """A zoo job type's features rebuilt from its name (cached); None for any other name."""
+        if job_type not in self._zoo:
+            try:
+                self._zoo[job_type] = zoo_jobs([job_type])[job_type]
+            except UnknownJobFeaturesError:
+                self._zoo[job_type] = None
+        return self._zoo[job_type]
 
     def _predict(self, jobs: dict[str, WorkloadFeatures], gpus: tuple[str, ...],
                  obs: _Observed) -> tuple[np.ndarray, np.ndarray]:
@@ -239,8 +241,9 @@ class ThroughputPredictor:
         rows = {n: iso[i] for i, n in enumerate(names)}
         moved = sibling_transfer(rows, priors, {m: v for m, v in measured.items() if m in priors},
                                  family, takers, batch_size={n: k[1] for n, k in kin.items() if k[1]})
+        index = {n: i for i, n in enumerate(names)}
         for n in takers:
-            i = names.index(n)
+            i = index[n]
             scale = np.where(iso[i] > 0, moved[n] / np.where(iso[i] > 0, iso[i], 1.0), 1.0)
             iso[i] = moved[n]
             pair[i] *= scale[None, :]
@@ -249,12 +252,7 @@ class ThroughputPredictor:
         """P1's isolated row of a logged zoo job type that is not among the requested jobs."""
         key = (job_type, gpus)
         if key not in self._priors:
-            if job_type not in self._zoo:
-                try:
-                    self._zoo[job_type] = zoo_jobs([job_type])[job_type]
-                except UnknownJobFeaturesError:
-                    self._zoo[job_type] = None
-            w = self._zoo[job_type]
+            w = self._zoo_features(job_type)
             self._priors[key] = (None if w is None else
                                  self.p1.predict({job_type: w}, gpus).isolated[0].astype(np.float64))
         return self._priors[key]
