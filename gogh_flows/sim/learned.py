@@ -111,14 +111,11 @@ class LearnedThroughputs:
         self._row: dict[str, np.ndarray] = {}  # job type -> refined isolated row [G]
         self._version: dict[str, int] = {}  # job type -> how often its row changed
         self._dirty: set[str] = set()
-        # (job type, GPUs per job) -> GPU types measured alone on: a gang's rate is pinned only
-        # by gangs of its size (single-GPU rates reach it through an assumed scaling efficiency)
-        self._type_alone: dict[tuple[str, int], set[str]] = {}
         self._pair_seen: dict[tuple[str, str, str], list[float]] = {}  # (type, partner, GPU) -> rates
         self._gang_seen: dict[tuple[str, int, str], list[float]] = {}  # (type, n, GPU) -> gang rates
-        # single-GPU isolated measurements, geometric mean per (type, GPU index), for the siblings
-        self._alone_logs: dict[tuple[str, int], list[float]] = {}
-        self._measured: dict[str, dict[int, float]] = {}
+        # single-GPU isolated measurements per (type, GPU index), and their geometric means
+        self._alone_rates: dict[tuple[str, int], list[float]] = {}
+        self._measured: dict[str, dict[int, float]] = {}  # job type -> {GPU index: mean}
         self._measured_version = 0
         self._with_siblings: dict[str, tuple[tuple[int, int], np.ndarray]] = {}
         # per job: what the simulator's overlay answers with exact measurements
@@ -190,7 +187,7 @@ class LearnedThroughputs:
         """The job's single-GPU isolated row, floored for its requirement."""
         row = self._type_row(job.job_type)
         own = self._alone_seen.get(job.id, set())
-        typed = self._type_alone.get((job.job_type, job.num_gpus), set())
+        typed = self._type_measured(job.job_type, job.num_gpus)
         stamp = (job.required_throughput, self._version.get(job.job_type, 0), len(own), len(typed),
                  self._measured_version)
         hit = self._floored.get(job.id)
@@ -223,7 +220,7 @@ class LearnedThroughputs:
     def _recompute(self, job_type: str) -> None:
         from gogh_flows.predict.service import observations_frame
 
-        alone = self._type_alone.get((job_type, 1), set())
+        alone = self._type_measured(job_type, 1)
         # an isolated rate implied by a pair or gang measurement is a guess: where the type
         # was measured alone on one GPU, that measurement alone counts
         obs = observations_frame([{k: v for k, v in o.items() if k != "implied"}
@@ -235,6 +232,14 @@ class LearnedThroughputs:
         self._version[job_type] = self._version.get(job_type, 0) + 1
         self.refinements += 1
 
+    def _type_measured(self, job_type: str, num_gpus: int) -> set[str]:
+        """GPU types the job type was measured alone on at this gang size (``refine`` only): a
+        gang's rate is pinned only by gangs of its size (single-GPU rates reach it through an
+        assumed scaling efficiency)."""
+        if num_gpus == 1:
+            return {self.gpus[c] for c in self._measured.get(job_type, ())}
+        return {g for g in self.gpus if (job_type, num_gpus, g) in self._gang_seen}
+
     def _gang(self, n: int, gpu_type: str) -> float:
         return 1.0 if n == 1 else n * self.gang.get((n, gpu_type), 1.0)
 
@@ -244,7 +249,7 @@ class LearnedThroughputs:
             return 0.0
         seen = self._gang_seen.get((job.job_type, job.num_gpus, gpu_type)) if job.num_gpus > 1 else None
         if seen:
-            return float(np.exp(np.mean(np.log(seen))))  # gangs of this size measured there
+            return _geomean(seen)  # gangs of this size measured there
         return float(self._single(job)[self.col[gpu_type]]) * self._gang(job.num_gpus, gpu_type)
 
     def pair(self, job: Job, partner: Job, gpu_type: str) -> tuple[float, float]:
@@ -259,7 +264,7 @@ class LearnedThroughputs:
     def _pair_side(self, job: Job, partner: Job, gpu_type: str) -> float:
         seen = self._pair_seen.get((job.job_type, partner.job_type, gpu_type))
         if seen and job.num_gpus == 1:
-            return float(np.exp(np.mean(np.log(seen))))  # measured for this pair of types
+            return _geomean(seen)  # measured for this pair of types
         c = self.col[gpu_type]
         return float(self._single(job)[c] * self.ratio(job.job_type, partner.job_type)[c])
 
@@ -283,12 +288,11 @@ class LearnedThroughputs:
         row = {"job_type": job.job_type, "gpu_type": gpu_type, "partner": None, "throughput": single,
                "implied": job.num_gpus > 1}
         if partner is None:
-            self._type_alone.setdefault((job.job_type, job.num_gpus), set()).add(gpu_type)
             if job.num_gpus == 1:
                 c = self.col[gpu_type]
-                logs = self._alone_logs.setdefault((job.job_type, c), [])
-                logs.append(math.log(rate))
-                self._measured.setdefault(job.job_type, {})[c] = math.exp(sum(logs) / len(logs))
+                rates = self._alone_rates.setdefault((job.job_type, c), [])
+                rates.append(rate)
+                self._measured.setdefault(job.job_type, {})[c] = _geomean(rates)
                 self._measured_version += 1
             if job.num_gpus > 1:
                 self._gang_seen.setdefault((job.job_type, job.num_gpus, gpu_type), []).append(rate)
@@ -305,6 +309,10 @@ class LearnedThroughputs:
                 row["implied"] = True
         self._obs.setdefault(job.job_type, []).append(row)
         self._dirty.add(job.job_type)
+
+
+def _geomean(values: list[float]) -> float:
+    return float(np.exp(np.mean(np.log(values))))
 
 
 __all__ = ["LearnedThroughputs", "Predictors", "gang_scaling"]
