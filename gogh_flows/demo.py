@@ -40,30 +40,29 @@ class DemoJob:
 
 
 def _setup_env(home: Path, prefect_home: Path) -> None:
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    os.environ.setdefault("DO_NOT_TRACK", "true")
-    os.environ.setdefault("PREFECT_HOME", str(prefect_home))
+    from gogh_flows.localenv import OFFLINE, set_defaults, sqlite_server
+
+    set_defaults({
+        **OFFLINE,
+        "PREFECT_HOME": str(prefect_home),
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        # a first start migrates a fresh database: slow on a busy 2-core machine
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
+        # eight concurrent flow runs write to the temporary server's SQLite
+        **sqlite_server(20),
+        # The temporary server is thrown away at the end: it need not store the event stream,
+        # record task-run states from events or run automations, and each of those services is
+        # one more writer on its SQLite file. With them, the task-run recorder and the API's
+        # task-run inserts locked each other out until the 60 s timeout (a known Prefect issue
+        # with SQLite, PrefectHQ/prefect#18934): a wave took 77 s instead of 12.
+        "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false",
+        "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
+        "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED": "false",
+    })
     # Prefect creates its home without parents: a fresh GOGH_HOME would leave the temporary
     # server without a database folder (it then times out starting)
     Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
     home.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
-    # a first start migrates a fresh database: slow on a busy 2-core machine
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
-    # eight concurrent flow runs write to the temporary server's SQLite: wait for its lock
-    # instead of failing requests into client back-off
-    os.environ.setdefault("PREFECT_SERVER_DATABASE_TIMEOUT", "60")
-    os.environ.setdefault("PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE", "20")
-    # The temporary server is thrown away at the end: it need not store the event stream,
-    # record task-run states from events or run automations, and each of those services is
-    # one more writer on its SQLite file. With them, the task-run recorder and the API's
-    # task-run inserts locked each other out until the 60 s timeout (a known Prefect issue
-    # with SQLite, PrefectHQ/prefect#18934): a wave took 77 s instead of 12.
-    os.environ.setdefault("PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED", "false")
-    os.environ.setdefault("PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW", "20")
     os.environ["GOGH_HOME"] = str(home)
 
 

@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-os.environ.setdefault("DO_NOT_TRACK", "true")
-# The test server is SQLite: give it room for dozens of concurrent flow runs (the 40-run test)
-os.environ.setdefault("PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE", "40")
-os.environ.setdefault("PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW", "40")
-os.environ.setdefault("PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_TIMEOUT", "120")
-os.environ.setdefault("PREFECT_SERVER_DATABASE_TIMEOUT", "60")
-# ... and let clients wait out a busy SQLite server: the default 5 retries back off for about 30 s
-# in all, which a loaded 2-core CI machine can exceed while 20 flow runs write at once (503s)
-os.environ.setdefault("PREFECT_CLIENT_MAX_RETRIES", "9")
+from gogh_flows.localenv import OFFLINE, set_defaults, sqlite_server  # imports no Prefect
+
+set_defaults({
+    **OFFLINE,
+    # the test server is SQLite: room for dozens of concurrent flow runs (the 40-run test)
+    **sqlite_server(40),
+    "PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_TIMEOUT": "120",
+    # ... and clients wait out a busy server: the default 5 retries back off for about 30 s in
+    # all, which a loaded 2-core CI machine can exceed while 20 flow runs write at once (503s)
+    "PREFECT_CLIENT_MAX_RETRIES": "9",
+})
 os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", tempfile.mkdtemp(prefix="gogh-hypothesis-"))
 
 REPO = Path(__file__).resolve().parent.parent
