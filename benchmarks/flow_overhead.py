@@ -54,18 +54,17 @@ def main() -> None:
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     ctx = nullcontext() if args.heartbeat else temporary_settings({PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None})
-    ctx.__enter__()
-    for i in range(3):  # warm: server, pool, registry, predictors, caches
-        plain(x=i)
-        placed(x=i)
     t_plain, t_placed = [], []
-    for i in range(args.runs):
-        for fn, acc in ((plain, t_plain), (placed, t_placed)) if i % 2 == 0 else (
-                (placed, t_placed), (plain, t_plain)):
-            t = time.perf_counter()
-            fn(x=i)
-            acc.append(time.perf_counter() - t)
-    ctx.__exit__(None, None, None)
+    with ctx:
+        for i in range(3):  # warm: server, pool, registry, predictors, caches
+            plain(x=i)
+            placed(x=i)
+        for i in range(args.runs):
+            for fn, acc in ((plain, t_plain), (placed, t_placed)) if i % 2 == 0 else (
+                    (placed, t_placed), (plain, t_plain)):
+                t = time.perf_counter()
+                fn(x=i)
+                acc.append(time.perf_counter() - t)
     close_all()
     diff = [b - a for a, b in zip(t_plain, t_placed)]
     res = {

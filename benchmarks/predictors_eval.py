@@ -103,6 +103,7 @@ def latency(repeat: int = 50) -> dict:
 
 def tables(path: Path = RESULTS / "predictors_gavel.json") -> str:
     """Markdown tables of a ``gogh predictors evaluate`` report (MAPE in %)."""
+    from gogh_flows.predict.cli import percent
     from gogh_flows.predict.evaluate import METHODS, METRICS
 
     report = json.loads(path.read_text())
@@ -110,9 +111,7 @@ def tables(path: Path = RESULTS / "predictors_gavel.json") -> str:
     lines = [head, "|---|---|" + "---:|" * len(METRICS)]
     for fam, by in [*report["families"].items(), ("**mean**", report["mean"])]:
         for m in METHODS:
-            lines.append(f"| {fam} | {m} | " + " | ".join(
-                f"{100 * by[m][k]:.1f}" if by[m].get(k) is not None and np.isfinite(by[m][k]) else "n/a"
-                for k in METRICS) + " |")
+            lines.append(f"| {fam} | {m} | " + " | ".join(percent(by[m].get(k)) for k in METRICS) + " |")
     text = "\n".join(lines) + f"\n\nwall time of the evaluation: {report['seconds']} s\n"
     path.with_suffix(".md").write_text(text)
     print(text)

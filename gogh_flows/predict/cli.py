@@ -184,7 +184,7 @@ def format_report(report: dict) -> str:
     rows = [head]
     for fam, by_method in [*report["families"].items(), ("MEAN", report["mean"])]:
         for m in METHODS:
-            rows.append([fam, m, *(_pct(by_method[m][k]) for k in METRICS)])
+            rows.append([fam, m, *(percent(by_method[m][k]) for k in METRICS)])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in rows]
@@ -202,5 +202,5 @@ def _nan_to_none(value):
     return value
 
 
-def _pct(v: float) -> str:
+def percent(v: float | None) -> str:
     return "n/a" if v is None or not math.isfinite(v) else f"{100 * v:.1f}"
