@@ -13,6 +13,7 @@ import pytest
 from gogh_flows.runtime import GpuDevice, telemetry_for
 from gogh_flows.runtime import telemetry as telemetry_mod
 from gogh_flows.runtime.emulation import EmulatedMeter
+from gogh_flows.runtime.telemetry import WallClockMeter
 from gogh_flows.runtime.nvml import NvmlSampler, NvmlUnavailable, discover, probe
 
 
@@ -163,18 +164,18 @@ def test_nvml_init_error_warns_once_and_falls_back(monkeypatch, caplog, fresh_wa
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(init_error="NVMLError_LibraryNotFound"))
     with caplog.at_level(logging.WARNING, logger="gogh_flows.runtime"):
         meters = [telemetry_for(V100, "local-cuda", job_type="a") for _ in range(3)]
-    assert all(isinstance(m, EmulatedMeter) for m in meters)
+    assert all(isinstance(m, WallClockMeter) for m in meters)
     warnings = [r.getMessage() for r in caplog.records if "NVML unavailable" in r.getMessage()]
     assert len(warnings) == 1
     assert "NVMLError_LibraryNotFound" in warnings[0]
-    assert warnings[0].endswith("falling back to emulated telemetry")
+    assert "timed by the wall clock" in warnings[0] and "energy are not measured" in warnings[0]
 
 
 def test_missing_pynvml_module_falls_back(monkeypatch, caplog, fresh_warning):
     monkeypatch.setitem(sys.modules, "pynvml", None)
     with caplog.at_level(logging.WARNING, logger="gogh_flows.runtime"):
         meter = telemetry_for(V100, "remote")
-    assert meter.source == "emulated"
+    assert meter.source == "wallclock"
     assert "install nvidia-ml-py" in caplog.text
 
 

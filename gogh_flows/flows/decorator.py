@@ -215,9 +215,10 @@ def _execute_body(fn: Callable, args: tuple, kwargs: dict, context: contextvars.
     else:
         with hydrated_context(context):
             result = _inside(gpu, cur, fn, args, kwargs)
-    meter = getattr(gpu, "meter", None) if gpu else None
-    if meter is not None and not getattr(meter, "steps", 0):
-        # automatic timing: a body that reported nothing did its declared work
+    meter = gpu.meter if gpu is not None else None
+    if meter is not None and meter.steps == 0:
+        # automatic timing: a body that reported nothing did its declared work (one that
+        # reported is measured by its own count, never both)
         if gpu.emulated:
             gpu.advance(work_steps)
         else:

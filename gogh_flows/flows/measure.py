@@ -61,7 +61,7 @@ def build_measurement(job: PlacedJob, placement: RunPlacement, outcome: Any, err
         throughput=float(tel.throughput) if tel is not None else 0.0,
         mean_power_w=tel.mean_power_w if tel is not None else None, energy_j=energy,
         status="failed" if failed else "completed",
-        telemetry=tel.source if tel is not None and tel.source in ("nvml", "emulated") else "emulated",
+        telemetry=tel.source if tel is not None else "none",
         started_at=started, flow_run_url=_flow_run_url(flow_run), extra=extra,
     )
 

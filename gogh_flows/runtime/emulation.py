@@ -122,6 +122,10 @@ class EmulatedMeter:
         return self._partners
 
     @property
+    def steps(self) -> float:
+        return self._steps
+
+    @property
     def seen_partners(self) -> tuple[str, ...]:
         """Partner job types seen during an overridden run, in order of first sighting."""
         return tuple(self._seen)

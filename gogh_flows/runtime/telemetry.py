@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Meter",
+    "WallClockMeter",
     "NvmlSampler",
     "TelemetryReading",
     "nvml_fallback_warned",
@@ -92,9 +93,66 @@ class Meter(Protocol):
     def set_partners(self, partners: tuple[str, ...]) -> None: ...
 
     @property
-    def partners(self) -> tuple[str, ...]: ...
+    def partners(self) -> tuple[str, ...]:
+        """Job types sharing the GPU now."""
+
+    @property
+    def steps(self) -> float:
+        """Steps reported (or advanced) so far: the body's own count of its work.
+
+        Callers decide from it whether the body reported anything; a meter that did not
+        declare it made the decorator add the declared work a second time (doubled steps).
+        """
 
     def stop(self) -> TelemetryReading: ...
+
+
+class WallClockMeter:
+    """Steps over wall time, and nothing else: a GPU whose board cannot be read.
+
+    A remote worker without NVML still ran the body on a real GPU, so its throughput is
+    real; what it drew is unknown, and is left ``None`` rather than made up.
+    """
+
+    source = "wallclock"
+
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        import time
+
+        self._clock = clock or time.monotonic
+        self._lock = threading.Lock()
+        self._steps = 0.0
+        self._partners: tuple[str, ...] = ()
+        self._t0: float | None = None
+
+    def start(self) -> None:
+        self._t0 = self._clock()
+
+    def report(self, steps: float = 1.0) -> None:
+        with self._lock:
+            self._steps += float(steps)
+
+    def advance(self, steps: float) -> None:
+        self.report(steps)  # the GPU did the work itself; advancing only counts it
+
+    def set_partners(self, partners: tuple[str, ...]) -> None:
+        self._partners = tuple(partners)
+
+    @property
+    def partners(self) -> tuple[str, ...]:
+        return self._partners
+
+    @property
+    def steps(self) -> float:
+        return self._steps
+
+    def stop(self) -> TelemetryReading:
+        if self._t0 is None:
+            raise RuntimeError("WallClockMeter.stop() called before start()")
+        wall = self._clock() - self._t0
+        return TelemetryReading(source="wallclock", duration_s=wall, steps=self._steps,
+                                throughput=self._steps / wall if wall > 0 else 0.0, mean_power_w=None,
+                                energy_j=None, max_memory_bytes=None, mean_utilisation=None, wall_s=wall)
 
 
 # The sampler lives in nvml.py (it needs pynvml, imported lazily); it is
@@ -124,7 +182,9 @@ def _warn_fallback(reason: str) -> None:
         if _warned:
             return
         _warned = True
-    log.warning("NVML unavailable (%s): falling back to emulated telemetry", reason)
+    log.warning("NVML unavailable (%s): runs on this GPU are timed by the wall clock; their power "
+                "and energy are not measured (install nvidia-ml-py and the NVIDIA driver to measure "
+                "them)", reason)
 
 
 def telemetry_for(
@@ -140,11 +200,12 @@ def telemetry_for(
 ) -> Meter:
     """The meter for one run on ``device``: NVML unless the mode is ``"emulated"``.
 
-    When NVML cannot be used (no ``pynvml``, no driver, device not found) the run
-    is still measured, by the emulator, after one warning per process: losing a
-    run's measurements silently would be worse than an emulated figure that says
-    ``source="emulated"``. ``partners`` (emulated only) overrides the tracked
-    co-located job types, for partners the pool does not run itself.
+    When NVML cannot be used (no ``pynvml``, no driver, device not found) the body
+    still ran on a real GPU, so it is timed by the wall clock (``source="wallclock"``,
+    no energy) after one warning per process: an emulated figure would replace a real
+    throughput with a made-up one, and needs a truth table the worker may not have.
+    ``partners`` (emulated only) overrides the tracked co-located job types, for
+    partners the pool does not run itself.
     """
     from gogh_flows.runtime.emulation import EmulatedMeter
 
@@ -160,5 +221,5 @@ def telemetry_for(
         probe(device)
     except NvmlUnavailable as exc:
         _warn_fallback(str(exc))
-        return emulated()
+        return WallClockMeter()
     return NvmlSampler(device, interval_s=interval_s)

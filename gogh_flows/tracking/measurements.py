@@ -49,7 +49,10 @@ MEASUREMENTS_EXPERIMENT = "gogh-measurements"
 TABLE_NAME = "measurements.parquet"
 SPOOL_DIR = "spool"
 STATUSES = ("completed", "failed")
-TELEMETRY = ("nvml", "emulated")
+#: where a measurement's figures came from: the board (NVML), the emulator, the wall clock
+#: alone (a GPU whose board cannot be read: no energy), or nothing (the run never reported
+#: back, e.g. its worker died: only the placing process's wall time is known)
+TELEMETRY = ("nvml", "emulated", "wallclock", "none")
 KEY_TAG = "gogh.measurement_key"
 COMPLETE_TAG = "gogh.logged"  # set in the same batch as the metrics: marks a whole run
 _LOCK_TIMEOUT_S = 120.0
@@ -90,7 +93,7 @@ class Measurement:
     mean_power_w: float | None
     energy_j: float | None
     status: str  # "completed" | "failed"
-    telemetry: str  # "nvml" | "emulated"
+    telemetry: str  # one of TELEMETRY
     started_at: float  # epoch seconds
     flow_run_url: str | None = None
     extra: Mapping[str, str] = field(default_factory=dict, hash=False)
