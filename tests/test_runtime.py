@@ -275,10 +275,17 @@ def test_remote_pool_discovers_gpus_from_worker_names_and_resources(monkeypatch)
         assert len(cluster.scheduler_info["workers"]) == 2
 
 
-def test_remote_worker_with_unknown_gpu_type_is_refused(monkeypatch):
+def test_misconfigured_remote_worker_is_left_out_with_a_warning_naming_it(monkeypatch, caplog):
     monkeypatch.setenv("GOGH_EMULATED", "1")
+    with _cluster({"x100-0": {"resources": {"slot": 2}}, "v100-0": {"resources": {"slot": 2}},
+                   "box": {"resources": {"slot": 2}}}) as cluster:
+        with caplog.at_level("WARNING", logger="gogh_flows.runtime"):
+            with remote_pool(cluster.scheduler_address, min_workers=3) as p:
+                assert p.gpu_ids == ("v100-0",)  # the others are left out, the pool still serves
+        assert "worker 'x100-0'" in caplog.text and "unknown GPU type 'x100'" in caplog.text
+        assert "worker 'box'" in caplog.text and "advertises no GPU type" in caplog.text
     with _cluster({"x100-0": {"resources": {"slot": 2}}}) as cluster:
-        with pytest.raises(UnknownGpuTypeError, match="worker 'x100-0'.*unknown GPU type 'x100'"):
+        with pytest.raises(ValueError, match="advertises a usable GPU.*unknown GPU type 'x100'"):
             remote_pool(cluster.scheduler_address)
 
 

@@ -1,138 +1,198 @@
-"""The placement ledger never overbooks a GPU, from threads or from processes."""
+"""The pool's ledger, kept by its Dask scheduler: compare-and-set claims, leases, worker departure."""
 
 from __future__ import annotations
 
-import multiprocessing
-import sqlite3
 import threading
 import time
-from pathlib import Path
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gogh_flows.runtime.ledger import LedgerError, PlacementLedger
-
-GPUS = [f"{t}-{i}" for t in ("v100", "t4", "k80") for i in range(2)]  # 6 GPUs
-CAPACITY = 2
-
-
-def _reserve(ledger: PlacementLedger, run_id: str, gpu_id: str) -> bool:
-    return ledger.reserve(run_id, gpu_id, "resnet", CAPACITY, required_throughput=10.0, work=100.0)
+from gogh_flows.runtime import emulated_pool
+from gogh_flows.runtime.ledger import LedgerPlugin, lease_timeout_from_env
+from gogh_flows.runtime.worker import RunNotStarted
+from gogh_flows.truth.table import ThroughputTable
 
 
-def _check_capacity(ledger: PlacementLedger) -> dict[str, int]:
-    counts = {g: len(rs) for g, rs in ledger.occupants().items()}
-    assert all(n <= CAPACITY for n in counts.values()), counts
-    return counts
+def _truth() -> ThroughputTable:
+    rows = [{"job_type": "a", "gpu_type": t, "scale_factor": 1, "throughput": 100.0} for t in ("v100", "t4")]
+    rows += [{"job_type": "a", "gpu_type": t, "scale_factor": 1, "partner": "a", "throughput": 50.0,
+              "partner_throughput": 50.0} for t in ("v100", "t4")]
+    return ThroughputTable.from_rows(rows, source="hand-made")
 
 
-def test_reserve_release_and_occupants(tmp_path: Path):
-    ledger = PlacementLedger(tmp_path / "ledger.db")
-    assert _reserve(ledger, "r1", "v100-0")
-    assert _reserve(ledger, "r1", "v100-0")  # a retried task: idempotent
-    assert ledger.reserve("r2", "v100-0", "bert", 2, required_throughput=3.5, work=7)
-    assert not _reserve(ledger, "r3", "v100-0")  # full
-    occ = ledger.occupants()["v100-0"]
-    assert [(r.run_id, r.job_type, r.required_throughput, r.work) for r in occ] == [
-        ("r1", "resnet", 10.0, 100.0), ("r2", "bert", 3.5, 7.0)]
-    with pytest.raises(LedgerError, match="already holds.*release it"):
-        _reserve(ledger, "r1", "t4-0")
-    ledger.release("r1")
-    ledger.release("never-reserved")
-    assert _reserve(ledger, "r3", "v100-0")
-    assert {r.run_id for r in ledger.occupants()["v100-0"]} == {"r2", "r3"}
-    # A second handle on the same file sees the same state (it is the file that is shared).
-    assert {r.run_id for r in PlacementLedger(tmp_path / "ledger.db").occupants()["v100-0"]} == {"r2", "r3"}
-    with sqlite3.connect(tmp_path / "ledger.db") as conn:
-        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+@pytest.fixture
+def pool():
+    with emulated_pool("v100=2,t4=1", truth=_truth(), capacity=2, lease_timeout_s=1.0) as p:
+        yield p
 
 
-def test_gang_reservation_is_all_or_nothing(tmp_path: Path):
-    ledger = PlacementLedger(tmp_path / "ledger.db")
-    assert ledger.reserve("solo", "t4-1", "x", 1, required_throughput=1, work=1)
-    assert not ledger.reserve_gang("gang", ["t4-0", "t4-1"], "x", 1, required_throughput=1, work=1)
-    assert "t4-0" not in ledger.occupants()
-    assert ledger.reserve_gang("gang", ["t4-0", "k80-0"], "x", {"t4-0": 1, "k80-0": 2},
-                               required_throughput=1, work=1)
-    ledger.release("gang")
-    assert set(ledger.occupants()) == {"t4-1"}
+def _claim(ledger, run_id, gpu="v100-0", version=None, capacity=2):
+    if version is None:
+        version = ledger.state().version(gpu)
+    return ledger.claim(run_id, gpu, worker=gpu, capacity=capacity, job_type="a", required_throughput=5.0,
+                        work=100.0, expect_version=version)
 
 
-def test_expire_drops_stale_reservations_but_not_touched_ones(tmp_path: Path):
-    ledger = PlacementLedger(tmp_path / "ledger.db")
-    _reserve(ledger, "crashed", "k80-0")
-    _reserve(ledger, "alive", "k80-1")
-    with sqlite3.connect(tmp_path / "ledger.db") as conn:  # both were reserved an hour ago
-        conn.execute("UPDATE reservations SET started_at = started_at - 3600, seen_at = seen_at - 3600")
-    assert ledger.touch("alive") and not ledger.touch("unknown")
-    assert ledger.expire(600) == 1
-    assert [r.run_id for rs in ledger.occupants().values() for r in rs] == ["alive"]
-    assert ledger.expire(600) == 0
+def test_claim_is_compare_and_set_on_the_version_the_decision_saw(pool):
+    ledger = pool.ledger
+    seen = ledger.state()
+    first = _claim(ledger, "r1", version=seen.version("v100-0"))
+    assert first.ok
+    # a second decision taken on the same snapshot did not see r1: refused, re-plan
+    stale = _claim(ledger, "r2", version=seen.version("v100-0"))
+    assert not stale.ok and stale.reason == "changed" and stale.version == first.version
+    assert _claim(ledger, "r2").ok  # decided again on the new state
+    assert _claim(ledger, "r2").ok  # claiming what it holds: a retried call
+    full = _claim(ledger, "r3")
+    assert not full.ok and full.reason == "full"
+    held = _claim(ledger, "r1", gpu="t4-0")
+    assert not held.ok and held.reason == "held"
+    occ = ledger.state().occupants()
+    assert [lease.run_id for lease in occ["v100-0"]] == ["r1", "r2"]
+    assert ledger.release("r1") and not ledger.release("r1")
+    assert [lease.run_id for lease in ledger.state().occupants()["v100-0"]] == ["r2"]
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"run_id": ""}, "run_id"), ({"gpu_id": ""}, "gpu ids"), ({"job_type": ""}, "job_type"),
-    ({"capacity": 0}, "capacity"), ({"required_throughput": -1}, "required_throughput"),
-    ({"work": float("nan")}, "work"),
-])
-def test_bad_requests_are_refused(tmp_path: Path, kwargs, match):
-    args = {"run_id": "r", "gpu_id": "v100-0", "job_type": "x", "capacity": 2,
-            "required_throughput": 1.0, "work": 1.0, **kwargs}
-    ledger = PlacementLedger(tmp_path / "ledger.db")
-    with pytest.raises(ValueError, match=match):
-        ledger.reserve(args.pop("run_id"), args.pop("gpu_id"), args.pop("job_type"), args.pop("capacity"), **args)
-    with pytest.raises(ValueError, match="older_than_s"):
-        ledger.expire(-1)
+def test_a_claim_on_a_gpu_whose_worker_is_not_in_the_pool_is_refused(pool):
+    claim = pool.ledger.claim("r1", "v100-7", worker="v100-7", capacity=2, job_type="a",
+                              required_throughput=1.0, work=1.0, expect_version=0)
+    assert not claim.ok and claim.reason == "gone"
 
 
-def _race(ledger: PlacementLedger, attempts: list[tuple[str, str]], start: threading.Barrier) -> list[bool]:
-    results: list[bool] = [False] * len(attempts)
+def test_forty_threads_deciding_on_one_snapshot_each_get_at_most_one_winner_per_version(pool):
+    ledger = pool.ledger
+    barrier = threading.Barrier(40)
 
-    def one(i: int) -> None:
-        start.wait()
-        results[i] = _reserve(ledger, *attempts[i])
+    def race(i: int) -> bool:
+        seen = ledger.state()
+        barrier.wait()
+        return _claim(ledger, f"r{i}", gpu=f"v100-{i % 2}", version=seen.version(f"v100-{i % 2}")).ok
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(attempts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
-
-
-def test_forty_concurrent_thread_reservations_never_exceed_capacity(tmp_path: Path):
-    ledger = PlacementLedger(tmp_path / "ledger.db")
-    attempts = [(f"run-{i}", GPUS[i % len(GPUS)]) for i in range(40)]  # >= 6 tries per GPU
-    results = _race(ledger, attempts, threading.Barrier(40))
-    counts = _check_capacity(ledger)
-    # Every GPU saw more attempts than slots, so every slot is taken exactly once.
-    assert counts == {g: CAPACITY for g in GPUS}
-    assert sum(results) == len(GPUS) * CAPACITY
+    with ThreadPoolExecutor(max_workers=40) as ex:
+        won = list(ex.map(race, range(40)))
+    assert sum(won) == 2  # one per GPU: every other claim saw a stale version
+    assert {len(v) for v in ledger.state().occupants().values()} == {1}
 
 
-def _process_attempts(args: tuple[str, int, float]) -> int:
-    path, seed, start_at = args
-    ledger = PlacementLedger(path)
-    while time.time() < start_at:  # start together with the parent's threads
-        time.sleep(0.001)
-    won = 0
-    for k in range(6):
-        won += _reserve(ledger, f"proc-{seed}-{k}", GPUS[(seed + k) % len(GPUS)])
-    return won
+def test_unrefreshed_lease_lapses_and_a_refreshed_one_stays(pool):
+    ledger = pool.ledger
+    assert _claim(ledger, "kept").ok and _claim(ledger, "dropped", gpu="t4-0").ok
+    ledger.hand_over("dropped")  # as if its placing process had died: nobody refreshes it
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and ledger.get("dropped") is not None:
+        time.sleep(0.1)
+    assert ledger.get("dropped") is None  # lapsed within the 1 s lease (checked every 0.25 s)
+    assert ledger.get("kept") is not None  # the keeper thread refreshed it all along
+    assert ledger.state().counts["expired"] == 1
 
 
-def test_threads_and_processes_racing_never_exceed_capacity(tmp_path: Path):
-    path = tmp_path / "ledger.db"
-    ledger = PlacementLedger(path)
-    ctx = multiprocessing.get_context("fork")  # cheap; the children only use sqlite3
-    start_at = time.time() + 1.0
-    with ctx.Pool(3) as procs:
-        pending = procs.map_async(_process_attempts, [(str(path), s, start_at) for s in range(3)])
-        while time.time() < start_at:
-            time.sleep(0.001)
-        attempts = [(f"thread-{i}", GPUS[i % len(GPUS)]) for i in range(22)]
-        thread_wins = sum(_race(ledger, attempts, threading.Barrier(len(attempts))))
-        process_wins = sum(pending.get(timeout=60))
-    counts = _check_capacity(ledger)
-    assert counts == {g: CAPACITY for g in GPUS}
-    assert thread_wins + process_wins == len(GPUS) * CAPACITY
+def test_worker_leaving_drops_its_leases_and_its_gpu_leaves_the_live_devices(pool):
+    ledger = pool.ledger
+    assert _claim(ledger, "r1", gpu="t4-0").ok and _claim(ledger, "r2", gpu="v100-0").ok
+    address = next(a for a, w in pool.client.scheduler_info()["workers"].items() if w["name"] == "t4-0")
+    pool.client.retire_workers([address], close_workers=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and ledger.get("r1") is not None:
+        time.sleep(0.05)
+    state = ledger.state()
+    assert ledger.get("r1") is None and ledger.get("r2") is not None
+    assert "t4-0" not in state.workers and state.counts["worker_left"] == 1
+    assert [d.id for d in pool.live_devices(state.workers)] == ["v100-0", "v100-1"]
+
+
+def _advance(steps: int) -> int:
+    from gogh_flows.runtime import current_gpu
+
+    current_gpu().advance(steps)
+    return steps
+
+
+# bodies shipped to in-process workers are pickled: what they share with the test lives here
+_GATE = threading.Event()
+_STEPS: list[int] = []
+
+
+def _gated() -> str:
+    _GATE.wait(10)
+    return "done"
+
+
+def _reporting() -> None:
+    from gogh_flows.runtime import current_gpu
+
+    for _ in range(200):
+        current_gpu().report(1)
+        _STEPS.append(1)
+        time.sleep(0.05)
+
+
+def test_the_worker_holds_the_lease_while_the_body_runs_and_frees_it_after(pool):
+    ledger = pool.ledger
+    assert _claim(ledger, "run-1").ok
+    _GATE.clear()
+    gate = _GATE
+    future = pool.submit(_gated, gpu_id="v100-0", job_type="a", run_id="run-1", hold_lease=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and ledger.get("run-1").started_at is None:
+        time.sleep(0.02)
+    assert ledger.get("run-1").started_at is not None
+    # the placing process lets go: a started body keeps its slot
+    assert not ledger.release("run-1", if_unstarted=True)
+    time.sleep(1.5)  # longer than the lease: the worker refreshes it
+    assert ledger.get("run-1") is not None
+    gate.set()
+    assert future.result(timeout=10).value == "done"
+    assert ledger.get("run-1") is None  # freed by the worker when the body ended
+
+
+def test_a_body_whose_lease_is_gone_is_not_started(pool):
+    _STEPS.clear()
+    outcome = pool.run(_STEPS.append, 1, gpu_id="v100-0", job_type="a", run_id="never-claimed",
+                       hold_lease=True)
+    assert not _STEPS and isinstance(outcome.exception, RunNotStarted)
+    with pytest.raises(RunNotStarted, match="place the run again"):
+        outcome.unwrap()
+
+
+def test_cancel_stops_the_body_at_its_next_report_and_then_frees_the_slot(pool):
+    from gogh_flows.runtime.context import RunCancelled
+
+    ledger = pool.ledger
+    assert _claim(ledger, "run-c").ok
+    steps = _STEPS
+    steps.clear()
+    future = pool.submit(_reporting, gpu_id="v100-0", job_type="a", run_id="run-c", hold_lease=True)
+    while ledger.get("run-c").started_at is None:
+        time.sleep(0.02)
+    assert ledger.cancel("run-c")
+    outcome = future.result(timeout=10)
+    assert isinstance(outcome.exception, RunCancelled) and len(steps) < 200
+    assert outcome.telemetry.steps == len(steps)  # measured up to where it stopped
+    assert ledger.get("run-c") is None
+
+
+def _exits() -> None:
+    import sys
+
+    from gogh_flows.runtime import current_gpu
+
+    current_gpu().advance(30)
+    sys.exit(3)
+
+
+def test_system_exit_in_a_body_is_measured_and_frees_the_slot(pool):
+    ledger = pool.ledger
+    assert _claim(ledger, "run-x").ok
+    outcome = pool.run(_exits, gpu_id="v100-0", job_type="a", run_id="run-x", hold_lease=True)
+    assert outcome.error.startswith("SystemExit") and outcome.telemetry.steps == 30
+    assert ledger.get("run-x") is None
+    with pytest.raises(SystemExit):
+        outcome.unwrap()
+
+
+def test_lease_timeout_is_checked():
+    assert LedgerPlugin(2.5).lease_timeout_s == 2.5
+    for bad in (0, -1, float("nan"), "soon"):
+        with pytest.raises(ValueError, match="lease timeout"):
+            lease_timeout_from_env(bad)

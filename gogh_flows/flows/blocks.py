@@ -51,6 +51,9 @@ class GpuCluster(Block):
     time_scale: float = Field(default=0.0, ge=0.0, description="emulated mode: wall seconds per "
                               "emulated second (0 = do not sleep)")
     seed: int = 0
+    lease_timeout_s: float = Field(default=30.0, gt=0.0, description="a GPU slot whose holder stops "
+                                   "refreshing it (placing process or worker died) is freed after this "
+                                   "many seconds; a shared scheduler keeps the value it was started with")
 
     @field_validator("fleet")
     @classmethod

@@ -4,12 +4,14 @@ A decorated flow is still an ordinary Prefect ``Flow`` (same name, signature, pa
 validation, retries, ``with_options``, deployments); only its body is wrapped:
 
 1. a ``gogh-place`` task predicts the run's throughput on every GPU type and next to every
-   run already on the fleet, solves the placement, reserves the slot in the ledger and
-   publishes the explanation as a markdown artifact;
+   run already on the fleet, solves the placement, claims the slot in the pool's ledger
+   (compare-and-set on what the decision saw) and publishes the explanation as a markdown
+   artifact;
 2. the body runs on the Dask worker pinned to that GPU, inside the flow run's Prefect
    context (tasks it calls are children of the flow run);
 3. the measurement (throughput, power, energy, partners) is logged to the local table and
-   MLflow, on success *and* on failure, for every attempt, then the slot is released.
+   MLflow, on success *and* on failure, for every attempt; the worker frees the slot when the
+   body has stopped, and every wait on the way is bounded.
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ from gogh_flows.flows.blocks import GpuCluster, PlacementPolicy, PredictorRegist
 from gogh_flows.flows.current import _CURRENT, CurrentPlacement
 from gogh_flows.flows.environment import Environment, environment, predictor_source
 from gogh_flows.flows.measure import record_run
-from gogh_flows.flows.placer import RunPlacement, place_with_retry
+from gogh_flows.flows.placer import PlacementTimeout, RunLost, RunPlacement, place_with_retry
 from gogh_flows.flows.spec import PlacedJob, placed_job
 from gogh_flows.runtime.context import current_gpu, use_gpu
+from gogh_flows.runtime.leases import PoolLedger
 
 log = logging.getLogger("gogh_flows")
 
@@ -125,15 +128,9 @@ def place_run(job: PlacedJob, run_id: str, env: Environment, registry: Predictor
     predictor = source.get()
     gpu_types = sorted({d.gpu_type for d in env.pool.devices})
     observations = env.observations.get() if policy.refine else None
-    capacity = {d.id: d.capacity for d in env.pool.devices}
     timeout = job.wait_timeout_s if job.wait_timeout_s is not None else policy.wait_timeout_s
-
-    def reserve(gpu_id: str, predicted: float) -> bool:
-        return env.ledger.reserve(run_id, gpu_id, job.job_type, capacity[gpu_id],
-                                  required_throughput=job.min_throughput, work=float(job.work_steps))
-
     placement = place_with_retry(
-        job, run_id, devices=env.pool.devices, occupants=env.ledger.occupants, reserve=reserve,
+        job, run_id, devices=lambda state: env.pool.live_devices(state.workers), ledger=env.pool.ledger,
         predict=lambda feats: predictor.predict_table(feats, gpu_types, observations),
         features=env.features.get, policy=policy.policy, time_limit_s=policy.solver_time_limit_s,
         wait_timeout_s=timeout, poll_s=policy.poll_s, versions=source.versions(), on_wait=logger.info,
@@ -226,6 +223,38 @@ def _execute_body(fn: Callable, args: tuple, kwargs: dict, context: contextvars.
     return result
 
 
+def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start_within_s: float,
+              check_s: float = 1.0) -> Any:
+    """The run's outcome, with every wait bounded.
+
+    Dask waits forever for a worker that died (the task is pinned to it), so the lease is
+    checked every ``check_s``: gone means the worker left (or the lease lapsed) and the run
+    is lost; not started within ``start_within_s`` means it queued in Dask for too long.
+    """
+    run_id = placement.run_id
+    start_by = time.monotonic() + start_within_s
+    while True:
+        try:
+            return future.result(timeout=check_s)
+        except TimeoutError:
+            pass
+        lease = ledger.get(run_id)
+        if lease is None:
+            try:  # the body may have just ended (the worker frees the lease first): a moment's grace
+                return future.result(timeout=max(check_s, 2.0))
+            except TimeoutError:
+                raise RunLost(
+                    f"run {run_id} lost its GPU {placement.gpu_id}: the worker left the pool (or the "
+                    f"run's lease lapsed, {ledger.lease_timeout_s:g} s without a refresh) before the body "
+                    "returned. Its measurement is logged as failed; retry the flow run (Prefect retries "
+                    "place it again)") from None
+        if lease.started_at is None and time.monotonic() > start_by:
+            raise PlacementTimeout(
+                f"run {run_id} was placed on {placement.gpu_id} but its body did not start within "
+                f"{start_within_s:g} s (queued in Dask behind runs the ledger does not know of); "
+                "raise wait_timeout_s, or check the worker's slot resource")
+
+
 def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, kwargs: dict) -> Any:
     ctx = FlowRunContext.get()
     flow_run = ctx.flow_run if ctx else None
@@ -241,15 +270,18 @@ def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, k
             f"has no entry for {job.job_type!r}; emulated fleets run the job types of that table, e.g. "
             f"{', '.join(list(env.truth.job_types)[:6])} ...")
     env.features.put(job.job_type, job.features)
-    ledger_id = f"{run_id}#{attempt}"
+    # one run key for the ledger, the pool and the measurement: the flow run (and its attempt)
+    ledger_id = run_id if attempt <= 1 else f"{run_id}#{attempt}"
     # quote(): Prefect must not walk these objects looking for futures (a pool, layer lists)
     placement = place_run(quote(job), ledger_id, quote(env), quote(registry), quote(policy))
+    ledger = env.pool.ledger
     started = time.time()
-    outcome, error = None, None
+    outcome, error, future = None, None, None
     in_process = env.pool.address.startswith("inproc://")  # thread workers of this process
     token = ""
+    wait = job.wait_timeout_s if job.wait_timeout_s is not None else policy.wait_timeout_s
     try:
-        where = {"gpu_id": placement.gpu_id, "job_type": job.job_type, "run_id": ledger_id}
+        where = {"gpu_id": placement.gpu_id, "job_type": job.job_type, "run_id": ledger_id, "hold_lease": True}
         if in_process:
             token = uuid.uuid4().hex
             _LOCAL_CONTEXTS[token] = (fn, args, kwargs, contextvars.copy_context())
@@ -257,18 +289,37 @@ def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, k
         else:
             future = env.pool.submit(_execute_body, fn, args, kwargs, serialize_context(), placement,
                                      job.work_steps, **where)
-        outcome = future.result()
-    except BaseException as exc:  # the pool itself failed (worker lost, cancelled): still measured
+        outcome = await_run(ledger, future, placement,
+                            start_within_s=max(0.0, wait - placement.waited_s) + _START_GRACE_S)
+    except BaseException as exc:  # the pool failed, the worker left, or this process is interrupted
         error = exc
         raise
     finally:
         if in_process:
             _LOCAL_CONTEXTS.pop(token, None)
-        env.ledger.release(ledger_id)
+        if outcome is None:
+            # abandoned before the body returned: stop it (at its next progress report), and free
+            # the slot now only if the body never started; a running body keeps its slot until
+            # it has really stopped, then its worker frees it
+            if future is not None:
+                future.cancel()
+            _quietly(ledger.cancel, ledger_id)
+        _quietly(ledger.release, ledger_id, if_unstarted=True)
         env.notify_released()
         record_run(env, job, placement, outcome, error, started=started, flow_run=flow_run,
                    flow_name=ctx.flow.name if ctx else fn.__name__)
     return outcome.unwrap()
+
+
+#: extra time a placed body may take to start in Dask beyond the run's remaining wait
+_START_GRACE_S = 10.0
+
+
+def _quietly(call: Callable, *args: Any, **kwargs: Any) -> None:
+    try:
+        call(*args, **kwargs)
+    except Exception as exc:  # the scheduler is gone: the lease lapses there on its own
+        log.warning("gogh: %s failed (the lease lapses on its own): %s", getattr(call, "__name__", call), exc)
 
 
 __all__ = ["gogh_placed", "place_run", "run_placed"]

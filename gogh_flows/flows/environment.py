@@ -26,7 +26,6 @@ from filelock import FileLock
 from gogh_flows.flows.blocks import GpuCluster, PredictorRegistry, state_dir
 from gogh_flows.predict.io import load_p1, load_p2
 from gogh_flows.predict.service import ThroughputPredictor, observations_frame
-from gogh_flows.runtime.ledger import PlacementLedger
 from gogh_flows.runtime.pool import GpuPool, open_pool
 from gogh_flows.tracking.measurements import MeasurementLog
 from gogh_flows.tracking.registry import ModelRegistry
@@ -202,7 +201,6 @@ def observations_from_measurements(frame: pl.DataFrame) -> pl.DataFrame:
 class Environment:
     cluster: GpuCluster
     pool: GpuPool
-    ledger: PlacementLedger
     measurements: MeasurementLog
     observations: ObservationCache
     features: FeatureStore
@@ -290,24 +288,16 @@ def environment(cluster: GpuCluster, tracking_uri: str) -> Environment:
         root = state_dir()
         root.mkdir(parents=True, exist_ok=True)
         truth = _truth_for(cluster)
+        lease = cluster.lease_timeout_s
         if cluster.mode == "emulated":
-            pool = open_pool("emulated", fleet=cluster.fleet, truth=truth,
-                             capacity=cluster.capacity, time_scale=cluster.time_scale, seed=cluster.seed)
-            # an emulated fleet exists only in this process: its ledger must not be shared
-            ledger_path = root / "ledgers" / f"emulated-{os.getpid()}-{len(_ENVS)}.sqlite"
+            pool = open_pool("emulated", fleet=cluster.fleet, truth=truth, capacity=cluster.capacity,
+                             time_scale=cluster.time_scale, seed=cluster.seed, lease_timeout_s=lease)
         elif cluster.mode == "local-cuda":
-            pool = open_pool("local-cuda", capacity=cluster.capacity)
-            ledger_path = root / "ledgers" / "local-cuda.sqlite"
+            pool = open_pool("local-cuda", capacity=cluster.capacity, lease_timeout_s=lease)
         else:
-            pool = open_pool("remote", address=cluster.address)
-            name = hashlib.sha1(str(cluster.address).encode()).hexdigest()[:12]
-            ledger_path = root / "ledgers" / f"remote-{name}.sqlite"
-        ledger_path.parent.mkdir(parents=True, exist_ok=True)
-        if cluster.mode == "emulated" and ledger_path.exists():
-            ledger_path.unlink()
+            pool = open_pool("remote", address=cluster.address, lease_timeout_s=lease)
         measurements = MeasurementLog(tracking_uri, root / "measurements")
-        env = Environment(cluster=cluster, pool=pool, ledger=PlacementLedger(ledger_path),
-                          measurements=measurements, observations=ObservationCache(measurements),
+        env = Environment(cluster=cluster, pool=pool, measurements=measurements, observations=ObservationCache(measurements),
                           features=FeatureStore(root / "jobs"), root=root, truth=truth,
                           mirror=SpoolFlusher(measurements))
         _ENVS[key] = env

@@ -33,9 +33,7 @@ def build_measurement(job: PlacedJob, placement: RunPlacement, outcome: Any, err
                       *, started: float, wall_s: float, flow_run: Any, flow_name: str,
                       device: str) -> Measurement:
     attempt = getattr(flow_run, "run_count", 1) if flow_run is not None else 1
-    run_id = str(flow_run.id) if flow_run is not None else placement.run_id
-    if attempt and attempt > 1:
-        run_id = f"{run_id}#{attempt}"
+    run_id = placement.run_id  # the one run key: ledger, pool and measurement
     tel = getattr(outcome, "telemetry", None)
     failed = error is not None or (outcome is not None and not outcome.ok)
     reason = str(error) if error is not None else (outcome.error if outcome is not None else None)
@@ -48,6 +46,14 @@ def build_measurement(job: PlacedJob, placement: RunPlacement, outcome: Any, err
              "p1_version": str(placement.predictor_versions.get("p1")),
              "p2_version": str(placement.predictor_versions.get("p2")),
              "device_energy_j": "" if tel is None or tel.energy_j is None else f"{tel.energy_j:.6g}"}
+    if placement.partner_runs:
+        # what the decision saw on this GPU, and what it predicted for each partner next to this run
+        extra["placed_next_to"] = ",".join(placement.partner_runs)
+        extra["partner_predicted"] = ",".join(f"{t:.6g}" for t in placement.partner_predicted)
+        extra["partner_required"] = ",".join(f"{t:.6g}" for t in placement.partner_required)
+    if outcome is not None and outcome.started_at is not None:
+        extra["body_started_at"] = f"{outcome.started_at:.6f}"
+        extra["body_ended_at"] = f"{outcome.ended_at:.6f}"
     if reason:
         extra["error"] = reason[:500]
     partners = tuple(outcome.partners) if outcome is not None else placement.partners

@@ -1,10 +1,11 @@
 """One placement decision for one flow run, against the live occupancy of the pool.
 
 The decision is solved on the predicted throughputs of the new run *and* of every run
-already on the fleet (read from the ledger, which all processes share), so a new run is
-never put next to a job it would push below its requirement. Solving and reserving are
-two steps; when another process took the slot in between, the reservation fails and the
-decision is simply taken again.
+already on the fleet (read from the pool's ledger, which every process placing onto the pool
+shares), so a new run is never put next to a job it would push below its requirement.
+Solving and claiming are two steps; the claim is compare-and-set on the version of the GPU
+the decision saw, so when another run changed that GPU in between, the claim is refused and
+the decision is taken again on the new state.
 """
 
 from __future__ import annotations
@@ -13,23 +14,51 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from gogh_flows.energy import kwh
 from gogh_flows.flows.spec import PlacedJob
 from gogh_flows.placement import Gpu, Job, PlacementProblem, get_policy
 from gogh_flows.placement.result import Placement
 from gogh_flows.runtime.devices import GpuDevice
+from gogh_flows.runtime.leases import Claim, LedgerState
 from gogh_flows.truth.table import ThroughputTable
 from gogh_flows.workloads.features import WorkloadFeatures
 
 
-class PlacementTimeout(RuntimeError):
-    """No GPU met the run's requirement within its wait timeout."""
+class PlacementError(RuntimeError):
+    """A run could not be placed."""
+
+
+class PlacementTimeout(PlacementError):
+    """No GPU met the run's requirement within its wait timeout (the fleet was busy)."""
+
+
+class InfeasibleRequirement(PlacementError):
+    """No GPU type of the fleet can meet the run's requirement, even empty: waiting would not help."""
+
+
+class RunLost(RuntimeError):
+    """A placed run lost its GPU while it ran or waited to start (its worker left the pool)."""
+
+
+class Ledger(Protocol):
+    """What a placement needs of the pool's ledger (:class:`gogh_flows.runtime.PoolLedger`)."""
+
+    def state(self) -> LedgerState: ...
+
+    def claim(self, run_id: str, gpu_id: str, *, worker: str, capacity: int, job_type: str,
+              required_throughput: float, work: float, expect_version: int) -> Claim: ...
 
 
 @dataclass(frozen=True)
 class RunPlacement:
-    """Where a run goes and what was predicted for it there (also what ``current_placement`` shows)."""
+    """Where a run goes and what was predicted for it there (also what ``current_placement`` shows).
+
+    ``partner_runs`` are the runs the decision saw on that GPU (ledger run ids), with the
+    throughput predicted for each of them next to this run (``partner_predicted``) and what
+    each requires: the record that lets anyone check a shared GPU was shared knowingly.
+    """
 
     run_id: str
     job_type: str
@@ -44,17 +73,22 @@ class RunPlacement:
     waited_s: float
     predictor_versions: dict
     explanation_md: str
+    partner_runs: tuple[str, ...] = ()
+    partner_predicted: tuple[float, ...] = ()
+    partner_required: tuple[float, ...] = ()
+    ledger_version: int = 0
 
 
-def running_jobs(occupants: dict, now: float, headroom: float = 0.0) -> list[Job]:
-    """Ledger reservations -> running jobs with their estimated remaining work."""
+def running_jobs(state: LedgerState, gpu_ids: set[str], headroom: float = 0.0) -> list[Job]:
+    """Ledger leases on ``gpu_ids`` -> running jobs with their estimated remaining work."""
     jobs = []
-    for gpu_id, reservations in occupants.items():
-        for r in reservations:
-            elapsed = max(0.0, now - r.started_at)
-            remaining = max(1.0, r.work - r.required_throughput * elapsed)
-            jobs.append(Job(r.run_id, r.job_type, r.required_throughput * (1 + headroom), remaining, 1,
-                            (gpu_id,)))
+    for lease in state.leases:
+        if lease.gpu_id not in gpu_ids:
+            continue
+        elapsed = max(0.0, state.now - (lease.started_at or lease.claimed_at))
+        remaining = max(1.0, lease.work - lease.required_throughput * elapsed)
+        jobs.append(Job(lease.run_id, lease.job_type, lease.required_throughput * (1 + headroom), remaining, 1,
+                        (lease.gpu_id,)))
     return jobs
 
 
@@ -69,57 +103,84 @@ def decide(
     return get_policy(policy, **options).place(problem), problem
 
 
+def _infeasible_message(job: PlacedJob, best: float, types: Sequence[str]) -> str:
+    if not best > 0:
+        return (f"{job.job_type!r} does not fit in the memory of any GPU type of this fleet "
+                f"({', '.join(types)}) by the predictions; use a smaller batch_size, or add a GPU type "
+                "with more memory")
+    return (f"no GPU type of this fleet ({', '.join(types)}) can run {job.job_type!r} at its required "
+            f"{job.min_throughput:g} steps/s, even alone: the best predicted throughput is {best:.4g} "
+            "steps/s. Lower min_throughput, or add a faster GPU type")
+
+
 def place_with_retry(
-    job: PlacedJob, run_id: str, *, devices: Sequence[GpuDevice],
-    occupants: Callable[[], dict], reserve: Callable[[str, float], bool],
+    job: PlacedJob, run_id: str, *, devices: Callable[[LedgerState], Sequence[GpuDevice]], ledger: Ledger,
     predict: Callable[[dict[str, WorkloadFeatures]], ThroughputTable],
     features: Callable[[str], WorkloadFeatures], policy: str, time_limit_s: float,
     wait_timeout_s: float, poll_s: float, versions: dict, on_wait: Callable[[str], None] | None = None,
     sleep: Callable[[float], object] = time.sleep, headroom: float = 0.0,
 ) -> RunPlacement:
-    """Solve, reserve, and retry until placed or the wait timeout passes.
+    """Read the ledger, solve, claim by compare-and-set; decide again when the claim is refused.
 
-    ``sleep(timeout)`` waits between tries; the decorator passes one that returns early
-    when a run of this process releases its GPU.
+    A claim names the version of the chosen GPU the decision saw: if another run claimed or
+    freed a slot there in between, the claim is refused and the decision is taken again on
+    the new state, so a run is never put next to a partner its decision did not see. A
+    requirement no GPU type can meet fails at once; a busy fleet is waited for (``sleep``
+    returns early when a run of this process frees its GPU) up to ``wait_timeout_s``.
     """
     start = time.monotonic()
     said_waiting = False
     while True:
-        now = time.time()
-        running = running_jobs(occupants(), now, headroom)
-        types = {j.job_type for j in running} | {job.job_type}
-        feats = {t: (job.features if t == job.job_type else features(t)) for t in types}
-        table = predict(feats)
-        placement, problem = decide(job, run_id, devices, running, table, policy, time_limit_s, headroom)
-        short = next((w for w in placement.waiting if w.job_id == run_id), None)
-        if short is not None and headroom > 0 and job.min_throughput <= short.best_throughput:
-            # no GPU type clears the requirement with headroom, but some clear it exactly:
-            # plan without headroom rather than wait for a GPU that cannot exist
-            placement, problem = decide(job, run_id, devices, running, table, policy, time_limit_s, 0.0)
-        if run_id in placement.placed_ids:
-            a = placement.assignment(run_id)
-            gpu_id = a.gpus[0]
-            if reserve(gpu_id, a.throughput):
-                partners = tuple(j.job_type for j in problem.occupants(gpu_id))
+        state = ledger.state()
+        live = list(devices(state))
+        elapsed = time.monotonic() - start
+        if not live:
+            reason, best = "no GPU of the pool has a live worker", math.nan
+        else:
+            running = running_jobs(state, {d.id for d in live}, headroom)
+            types = {j.job_type for j in running} | {job.job_type}
+            feats = {t: (job.features if t == job.job_type else features(t)) for t in types}
+            table = predict(feats)
+            placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, headroom)
+            short = next((w for w in placement.waiting if w.job_id == run_id), None)
+            if short is not None and headroom > 0 and job.min_throughput <= short.best_throughput:
+                # no GPU type clears the requirement with headroom, but some clear it exactly:
+                # plan without headroom rather than wait for a GPU that cannot exist
+                placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, 0.0)
+            if run_id in placement.placed_ids:
+                a = placement.assignment(run_id)
+                gpu_id = a.gpus[0]
+                device = next(d for d in live if d.id == gpu_id)
+                claim = ledger.claim(run_id, gpu_id, worker=device.worker, capacity=device.capacity,
+                                     job_type=job.job_type, required_throughput=job.min_throughput,
+                                     work=float(job.work_steps), expect_version=state.version(gpu_id))
+                if not claim.ok:
+                    continue  # the GPU changed (or filled) since the decision: decide again
+                others = [j for j in problem.occupants(gpu_id) if j.id != run_id]
                 waited = time.monotonic() - start
                 return RunPlacement(
                     run_id=run_id, job_type=job.job_type, gpu_id=gpu_id, gpu_type=a.gpu_type,
                     required_throughput=job.min_throughput, predicted_throughput=a.throughput,
-                    predicted_energy_j=a.energy_j, partners=partners, policy=placement.policy,
-                    solve_ms=placement.solve_ms, waited_s=waited, predictor_versions=dict(versions),
+                    predicted_energy_j=a.energy_j, partners=tuple(j.job_type for j in others),
+                    policy=placement.policy, solve_ms=placement.solve_ms, waited_s=waited,
+                    predictor_versions=dict(versions),
                     explanation_md=explain_markdown(job, run_id, placement, problem, gpu_id, waited, versions),
+                    partner_runs=tuple(j.id for j in others),
+                    partner_predicted=tuple(problem.throughputs.pair(j, problem.job(run_id), a.gpu_type)[0]
+                                            for j in others),
+                    partner_required=tuple(j.required_throughput / (1 + headroom) for j in others),
+                    ledger_version=claim.version,
                 )
-            continue  # another run took the slot between solve and reserve: decide again
-        waiting = next((w for w in placement.waiting if w.job_id == run_id), None)
-        reason = waiting.reason if waiting else "not placed"
-        best = waiting.best_throughput if waiting else math.nan
-        elapsed = time.monotonic() - start
+            waiting = next((w for w in placement.waiting if w.job_id == run_id), None)
+            reason = waiting.reason if waiting else "not placed"
+            best = waiting.best_throughput if waiting else math.nan
+            if not best >= job.min_throughput:
+                raise InfeasibleRequirement(_infeasible_message(job, best, sorted({d.gpu_type for d in live})))
         if elapsed >= wait_timeout_s:
             raise PlacementTimeout(
                 f"no GPU could run {job.job_type!r} at its required {job.min_throughput:g} steps/s "
-                f"within {wait_timeout_s:g} s ({reason}); the best predicted throughput on this fleet "
-                f"is {best:.4g} steps/s. Lower min_throughput, add a faster GPU type, or raise "
-                "wait_timeout_s if the fleet is only busy")
+                f"within {wait_timeout_s:g} s ({reason}); the fleet can run it (best predicted "
+                f"{best:.4g} steps/s) but was busy. Raise wait_timeout_s, or add GPUs")
         if on_wait is not None and not said_waiting:
             on_wait(f"run {run_id} waits for a GPU: {reason} (best predicted {best:.4g} steps/s, "
                     f"required {job.min_throughput:g}); retrying every {poll_s:g} s for up to "
@@ -162,5 +223,5 @@ def explain_markdown(job: PlacedJob, run_id: str, placement: Placement, problem:
     return "\n".join(lines)
 
 
-__all__ = ["PlacementTimeout", "RunPlacement", "decide", "explain_markdown",
-           "place_with_retry", "running_jobs"]
+__all__ = ["InfeasibleRequirement", "Ledger", "PlacementError", "PlacementTimeout", "RunLost", "RunPlacement",
+           "decide", "explain_markdown", "place_with_retry", "running_jobs"]

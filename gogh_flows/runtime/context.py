@@ -9,6 +9,7 @@ runs unchanged outside a pool, where ``current_gpu()`` is ``None``.
 from __future__ import annotations
 
 import contextvars
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -16,7 +17,11 @@ from dataclasses import dataclass, field
 from gogh_flows.runtime.devices import GpuDevice
 from gogh_flows.runtime.telemetry import Meter
 
-__all__ = ["GpuContext", "current_gpu", "use_gpu"]
+__all__ = ["GpuContext", "RunCancelled", "current_gpu", "use_gpu"]
+
+class RunCancelled(Exception):
+    """The run was cancelled while its body ran; raised at the body's next progress report."""
+
 
 _CURRENT: contextvars.ContextVar[GpuContext | None] = contextvars.ContextVar("gogh_gpu", default=None)
 
@@ -37,14 +42,26 @@ class GpuContext:
     run_id: str | None = None
     emulated: bool = True
     meter: Meter | None = field(default=None, repr=False, compare=False)
+    #: set when the run was asked to stop (cancelled): the next progress report raises
+    stop_requested: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+
+    def _check_stop(self) -> None:
+        if self.stop_requested.is_set():
+            raise RunCancelled(f"run {self.run_id} on {self.device.id} was asked to stop (cancelled)")
 
     def report(self, steps: float = 1.0) -> None:
-        """Count ``steps`` of progress (thread-safe); throughput = steps / duration."""
+        """Count ``steps`` of progress (thread-safe); throughput = steps / duration.
+
+        Raises RunCancelled once the run was asked to stop: a Python thread cannot be killed,
+        so a cancelled body stops at its next report and only then frees its GPU.
+        """
+        self._check_stop()
         if self.meter is not None:
             self.meter.report(steps)
 
     def advance(self, steps: float) -> None:
         """Emulated: run ``steps`` at the true throughput for the current partners. Real GPU: report them."""
+        self._check_stop()
         if self.meter is not None:
             self.meter.advance(steps)
 

@@ -1,177 +1,230 @@
-"""Who holds which GPU slot, shared by every flow run on this host.
+"""Who holds which GPU slot: one ledger for the whole pool, kept by the pool's Dask scheduler.
 
-Placement decisions are taken by independent flow runs (threads of one
-process, or separate processes started by a Prefect worker). Each reads the
-occupancy, decides, and must then *claim* its slot; two runs that decided from
-the same snapshot must not both get the last slot. The claim is therefore an
-atomic check-and-insert in SQLite under ``BEGIN IMMEDIATE`` (one writer at a
-time across processes), with WAL so readers never block the writers.
+Placement decisions are taken by independent flow runs: threads of one process, processes
+started by a Prefect worker, processes on other machines. They all place onto one Dask pool,
+and the one component they all reach is that pool's scheduler, so the ledger lives there, as
+a scheduler plugin with RPC handlers (the way ``distributed``'s own Semaphore keeps its
+leases). Handlers run one at a time on the scheduler's event loop, so each claim is atomic
+without a lock.
 
-A crashed run never releases its slot; :meth:`PlacementLedger.expire` drops
-reservations not refreshed (:meth:`touch`) for a while.
+Two rules make a placement safe:
+
+* **compare-and-set on occupancy.** Every GPU has a version, bumped by each claim and each
+  release on it. A decision reads the versions with the occupancy it solves on, and its claim
+  names the version of the GPU it chose; if anything changed there since, the claim is refused
+  and the run decides again on the new state. So two runs share a GPU only if the decision
+  that put the second there saw the first (and protected its requirement).
+* **leases.** A claim is held only while someone refreshes it: the placing process until the
+  body starts, the worker while the body runs. It is dropped when the run ends, when its
+  worker leaves the scheduler, or when nobody refreshed it for ``lease_timeout_s``; a crashed
+  placing process or body never blocks a GPU for longer than that.
+
+Start a shared scheduler with the ledger preloaded (``dask scheduler --preload
+gogh_flows.runtime.ledger``), or let the first client register it (:func:`ensure_ledger`).
 """
 
 from __future__ import annotations
 
+import logging
 import math
-import sqlite3
-import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
+import os
+from time import time
+from typing import Any
 
-__all__ = ["LedgerError", "PlacementLedger", "Reservation"]
+from distributed.diagnostics.plugin import SchedulerPlugin
+from tornado.ioloop import PeriodicCallback
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS reservations (
-    run_id TEXT NOT NULL,
-    gpu_id TEXT NOT NULL,
-    job_type TEXT NOT NULL,
-    capacity INTEGER NOT NULL,
-    required_throughput REAL NOT NULL,
-    work REAL NOT NULL,
-    started_at REAL NOT NULL,
-    seen_at REAL NOT NULL,
-    PRIMARY KEY (run_id, gpu_id)
-);
-CREATE INDEX IF NOT EXISTS reservations_gpu ON reservations (gpu_id);
-"""
+__all__ = ["DEFAULT_LEASE_TIMEOUT_S", "LEASE_TIMEOUT_ENV", "PLUGIN_NAME", "LedgerPlugin", "dask_setup"]
+
+log = logging.getLogger("gogh_flows.runtime.ledger")
+
+PLUGIN_NAME = "gogh-ledger"
+LEASE_TIMEOUT_ENV = "GOGH_LEASE_TIMEOUT_S"
+DEFAULT_LEASE_TIMEOUT_S = 30.0
 
 
-class LedgerError(ValueError):
-    """A reservation request that contradicts what the ledger holds."""
+def lease_timeout_from_env(value: float | None = None) -> float:
+    """The lease timeout: ``value``, else ``$GOGH_LEASE_TIMEOUT_S``, else 30 s; checked > 0."""
+    raw: Any = value if value is not None else os.environ.get(LEASE_TIMEOUT_ENV) or DEFAULT_LEASE_TIMEOUT_S
+    try:
+        timeout = float(raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"the ledger's lease timeout must be a number of seconds > 0, got {raw!r} "
+                         f"(argument lease_timeout_s or ${LEASE_TIMEOUT_ENV})") from None
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError(f"the ledger's lease timeout must be a number of seconds > 0, got {raw!r} "
+                         f"(argument lease_timeout_s or ${LEASE_TIMEOUT_ENV})")
+    return timeout
 
 
-@dataclass(frozen=True)
-class Reservation:
-    """One run holding one slot of one GPU (``started_at``/``seen_at``: Unix seconds)."""
+class LedgerPlugin(SchedulerPlugin):
+    """The pool's slot reservations, held by the scheduler; see the module docstring.
 
-    run_id: str
-    gpu_id: str
-    job_type: str
-    required_throughput: float
-    work: float
-    started_at: float
-    seen_at: float
-
-
-def _check(run_id: str, gpu_ids: Sequence[str], job_type: str, required_throughput: float, work: float) -> None:
-    if not isinstance(run_id, str) or not run_id:
-        raise ValueError(f"run_id must be a non-empty string, got {run_id!r}")
-    if not gpu_ids or any(not isinstance(g, str) or not g for g in gpu_ids):
-        raise ValueError(f"gpu ids must be non-empty strings, got {list(gpu_ids)!r}")
-    if len(set(gpu_ids)) != len(gpu_ids):
-        raise ValueError(f"run {run_id!r} lists a GPU twice: {list(gpu_ids)}")
-    if not isinstance(job_type, str) or not job_type:
-        raise ValueError(f"job_type must be a non-empty string, got {job_type!r}")
-    for name, value in (("required_throughput", required_throughput), ("work", work)):
-        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-            raise ValueError(f"{name} of run {run_id!r} must be a finite number >= 0, got {value!r}")
-
-
-class PlacementLedger:
-    """GPU slot reservations in a SQLite file, safe across threads and processes.
-
-    Every call opens its own connection, so a ledger object may be shared by
-    threads and survives ``fork``; the file is the shared state.
+    ``idempotent``: a second client registering the plugin keeps the first one and its state.
     """
 
-    def __init__(self, path: str | Path, *, busy_timeout_s: float = 30.0) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.busy_timeout_s = busy_timeout_s
-        with self._connect() as conn:
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.executescript(_SCHEMA)
+    name = PLUGIN_NAME
+    idempotent = True
 
-    @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
-        conn = sqlite3.connect(self.path, timeout=self.busy_timeout_s, isolation_level=None)
-        try:
-            conn.execute("PRAGMA synchronous=NORMAL")
-            yield conn
-        finally:
-            conn.close()
+    def __init__(self, lease_timeout_s: float | None = None) -> None:
+        self.lease_timeout_s = lease_timeout_from_env(lease_timeout_s)
+        # {gpu_id: version}: bumped by every claim and release on that GPU
+        self.versions: dict[str, int] = {}
+        # {run_id: {"run_id", "gpu_id", "worker", "job_type", "required_throughput", "work",
+        #           "claimed_at", "seen_at", "started_at" (None until the body starts), "cancel"}}
+        self.leases: dict[str, dict[str, Any]] = {}
+        # {worker address: worker name}: remove_worker is told the address only, after the
+        # scheduler has forgotten the name
+        self.names: dict[str, str] = {}
+        # {"expired" | "worker_left" | "released" | "claimed" | "refused_changed" | "refused_full": n}
+        self.counts: dict[str, int] = {}
+        self.scheduler: Any = None
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        with self._connect() as conn:
-            conn.execute("BEGIN IMMEDIATE")  # take the write lock before reading the counts
-            try:
-                yield conn
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
+    # -- lifetime ----------------------------------------------------------------------
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+        scheduler.handlers.update({
+            "gogh_ledger_state": self.state,
+            "gogh_ledger_claim": self.claim,
+            "gogh_ledger_get": self.get,
+            "gogh_ledger_refresh": self.refresh,
+            "gogh_ledger_begin": self.begin,
+            "gogh_ledger_release": self.release,
+            "gogh_ledger_cancel": self.cancel,
+        })
+        self.names = {addr: str(ws.name) for addr, ws in scheduler.workers.items()}
+        # check often enough that a lapsed lease is dropped within a quarter of its timeout
+        every_ms = max(50.0, min(1000.0, self.lease_timeout_s * 250.0))
+        pc = PeriodicCallback(self._expire, every_ms)
+        scheduler.periodic_callbacks["gogh-ledger-expiry"] = pc
+        pc.start()
 
-    def reserve(self, run_id: str, gpu_id: str, job_type: str, capacity: int, *,
-                required_throughput: float, work: float) -> bool:
-        """Claim one slot of ``gpu_id`` for ``run_id``; ``False`` if it already has ``capacity`` runs.
+    def add_worker(self, scheduler: Any, worker: str) -> None:
+        ws = scheduler.workers.get(worker)
+        if ws is not None:
+            self.names[worker] = str(ws.name)
 
-        Re-reserving the same (run, GPU) is a no-op that returns ``True`` (a
-        retried task); holding a *different* GPU already is an error: release first.
+    def remove_worker(self, scheduler: Any, worker: str, *, stimulus_id: str, **kwargs: Any) -> None:
+        name = self.names.pop(worker, None)
+        if name is None or name in self.names.values():
+            return  # unknown, or another process still serves that name
+        for run_id in [r for r, lease in self.leases.items() if lease["worker"] == name]:
+            self._drop(run_id, "worker_left")
+
+    # -- state -------------------------------------------------------------------------
+    def _count(self, what: str) -> None:
+        self.counts[what] = self.counts.get(what, 0) + 1
+
+    def _bump(self, gpu_id: str) -> int:
+        self.versions[gpu_id] = self.versions.get(gpu_id, 0) + 1
+        return self.versions[gpu_id]
+
+    def _drop(self, run_id: str, why: str) -> bool:
+        lease = self.leases.pop(run_id, None)
+        if lease is None:
+            return False
+        self._bump(lease["gpu_id"])
+        self._count(why)
+        if why != "released":
+            log.warning("gogh ledger: dropped the lease of run %s on %s (%s)", run_id, lease["gpu_id"],
+                        "its worker left" if why == "worker_left" else
+                        f"not refreshed for {self.lease_timeout_s:g} s")
+        return True
+
+    def _expire(self) -> None:
+        cutoff = time() - self.lease_timeout_s
+        for run_id in [r for r, lease in self.leases.items() if lease["seen_at"] < cutoff]:
+            self._drop(run_id, "expired")
+
+    # -- handlers (each runs alone on the scheduler's event loop: atomic) ---------------
+    def state(self) -> dict[str, Any]:
+        """Everything a decision needs: leases, per-GPU versions, live workers, the clock."""
+        return {"now": time(), "lease_timeout_s": self.lease_timeout_s, "versions": dict(self.versions),
+                "leases": [dict(lease) for lease in self.leases.values()],
+                "workers": sorted(set(self.names.values())), "counts": dict(self.counts)}
+
+    def claim(self, run_id: str, gpu_id: str, worker: str, capacity: int, job_type: str,
+              required_throughput: float, work: float, expect_version: int) -> dict[str, Any]:
+        """Take one slot of ``gpu_id`` if its version is still ``expect_version`` and it has room.
+
+        Claiming again what the run already holds succeeds (a retried call); the answer's
+        ``reason`` says why a claim was refused: ``changed``, ``full``, ``gone`` or ``held``.
         """
-        return self.reserve_gang(run_id, [gpu_id], job_type, capacity,
-                                 required_throughput=required_throughput, work=work)
+        version = self.versions.get(gpu_id, 0)
+        held = self.leases.get(run_id)
+        if held is not None:
+            if held["gpu_id"] == gpu_id:
+                held["seen_at"] = time()
+                return {"ok": True, "version": version}
+            return {"ok": False, "reason": "held", "version": version,
+                    "detail": f"run {run_id} already holds {held['gpu_id']}"}
+        if worker not in self.names.values():
+            return {"ok": False, "reason": "gone", "version": version,
+                    "detail": f"worker {worker!r} of {gpu_id} is not in the pool"}
+        if version != expect_version:
+            self._count("refused_changed")
+            return {"ok": False, "reason": "changed", "version": version}
+        if sum(1 for lease in self.leases.values() if lease["gpu_id"] == gpu_id) >= capacity:
+            self._count("refused_full")
+            return {"ok": False, "reason": "full", "version": version}
+        now = time()
+        self.leases[run_id] = {
+            "run_id": run_id, "gpu_id": gpu_id, "worker": worker, "job_type": job_type,
+            "required_throughput": float(required_throughput), "work": float(work),
+            "claimed_at": now, "seen_at": now, "started_at": None, "cancel": False,
+        }
+        self._count("claimed")
+        return {"ok": True, "version": self._bump(gpu_id)}
 
-    def reserve_gang(self, run_id: str, gpu_ids: Sequence[str], job_type: str,
-                     capacity: int | Mapping[str, int], *, required_throughput: float, work: float) -> bool:
-        """Claim one slot on each of ``gpu_ids`` for ``run_id``, all or none."""
-        gpu_ids = list(gpu_ids)
-        _check(run_id, gpu_ids, job_type, required_throughput, work)
-        caps = {g: (capacity[g] if isinstance(capacity, Mapping) else capacity) for g in gpu_ids}
-        for g, c in caps.items():
-            if isinstance(c, bool) or not isinstance(c, int) or c < 1:
-                raise ValueError(f"capacity of GPU {g!r} must be a whole number >= 1, got {c!r}")
-        now = time.time()
-        with self._write() as conn:
-            held = {r[0] for r in conn.execute("SELECT gpu_id FROM reservations WHERE run_id = ?", (run_id,))}
-            if held:
-                if held == set(gpu_ids):
-                    return True
-                raise LedgerError(
-                    f"run {run_id!r} already holds {sorted(held)}; release it before reserving {gpu_ids}"
-                )
-            for g in gpu_ids:
-                (count,) = conn.execute("SELECT COUNT(*) FROM reservations WHERE gpu_id = ?", (g,)).fetchone()
-                if count >= caps[g]:
-                    return False
-            conn.executemany(
-                "INSERT INTO reservations VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(run_id, g, job_type, caps[g], float(required_throughput), float(work), now, now)
-                 for g in gpu_ids],
-            )
-            return True
+    def get(self, run_ids: list[str]) -> dict[str, dict[str, Any] | None]:
+        return {r: (dict(self.leases[r]) if r in self.leases else None) for r in run_ids}
 
-    def release(self, run_id: str) -> None:
-        """Free every slot ``run_id`` holds (nothing if it holds none)."""
-        with self._write() as conn:
-            conn.execute("DELETE FROM reservations WHERE run_id = ?", (run_id,))
+    def refresh(self, run_ids: list[str]) -> dict[str, Any]:
+        """Keep these leases alive; which of them are gone, and which were asked to stop."""
+        now = time()
+        gone, cancel = [], []
+        for r in run_ids:
+            lease = self.leases.get(r)
+            if lease is None:
+                gone.append(r)
+                continue
+            lease["seen_at"] = now
+            if lease["cancel"]:
+                cancel.append(r)
+        return {"gone": gone, "cancel": cancel, "lease_timeout_s": self.lease_timeout_s}
 
-    def touch(self, run_id: str) -> bool:
-        """Mark ``run_id`` alive now (long runs call this so :meth:`expire` keeps them)."""
-        with self._write() as conn:
-            return conn.execute("UPDATE reservations SET seen_at = ? WHERE run_id = ?",
-                                (time.time(), run_id)).rowcount > 0
+    def begin(self, run_id: str, worker: str) -> dict[str, Any]:
+        """The worker is about to start the body: only if the lease is still held, and for it."""
+        lease = self.leases.get(run_id)
+        if lease is None or lease["worker"] != worker or lease["cancel"]:
+            return {"ok": False, "lease_timeout_s": self.lease_timeout_s}
+        lease["started_at"] = lease["seen_at"] = time()
+        return {"ok": True, "lease_timeout_s": self.lease_timeout_s}
 
-    def occupants(self) -> dict[str, list[Reservation]]:
-        """gpu_id -> its reservations, oldest first."""
-        with self._connect() as conn:
-            rows = conn.execute(
-                "SELECT run_id, gpu_id, job_type, required_throughput, work, started_at, seen_at "
-                "FROM reservations ORDER BY gpu_id, started_at, run_id"
-            ).fetchall()
-        out: dict[str, list[Reservation]] = {}
-        for row in rows:
-            r = Reservation(*row)
-            out.setdefault(r.gpu_id, []).append(r)
-        return out
+    def release(self, run_id: str, if_unstarted: bool = False) -> dict[str, Any]:
+        """Free the run's slot; with ``if_unstarted``, only if its body never started.
 
-    def expire(self, older_than_s: float) -> int:
-        """Drop reservations not seen for more than ``older_than_s`` seconds; how many were dropped."""
-        if not older_than_s >= 0:
-            raise ValueError(f"older_than_s must be >= 0 seconds, got {older_than_s!r}")
-        with self._write() as conn:
-            return conn.execute("DELETE FROM reservations WHERE seen_at < ?",
-                                (time.time() - older_than_s,)).rowcount
+        The placing process releases with ``if_unstarted``: once the body runs, the worker
+        holds the lease and frees it when the body really stops, so a run abandoned by its
+        placing process (cancelled, interrupted) keeps its slot for as long as it computes.
+        """
+        lease = self.leases.get(run_id)
+        if lease is None:
+            return {"released": False, "started": None}
+        if if_unstarted and lease["started_at"] is not None:
+            return {"released": False, "started": True}
+        self._drop(run_id, "released")
+        return {"released": True, "started": lease["started_at"] is not None}
+
+    def cancel(self, run_id: str) -> dict[str, Any]:
+        """Ask the body to stop: its next progress report raises; the slot is freed when it has."""
+        lease = self.leases.get(run_id)
+        if lease is None:
+            return {"ok": False}
+        lease["cancel"] = True
+        return {"ok": True}
+
+
+def dask_setup(scheduler: Any) -> None:
+    """``dask scheduler --preload gogh_flows.runtime.ledger``: the ledger from the first second."""
+    scheduler.add_plugin(LedgerPlugin(), name=PLUGIN_NAME, idempotent=True)

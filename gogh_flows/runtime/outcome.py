@@ -42,6 +42,8 @@ class RunOutcome:
     worker: str | None = None
     traceback: str | None = field(default=None, repr=False)
     exception: BaseException | None = field(default=None, repr=False, compare=False)
+    started_at: float | None = None  # the body's wall-clock start and end on the worker (Unix s)
+    ended_at: float | None = None
 
     @property
     def ok(self) -> bool:

@@ -20,6 +20,7 @@ one GPU even if the caller's bookkeeping is wrong.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -29,6 +30,7 @@ from distributed import Client, Future
 from gogh_flows.catalog import UnknownGpuTypeError, get_gpu_type
 from gogh_flows.energy import EnergyModel
 from gogh_flows.runtime.devices import GpuDevice, device_id, fleet_devices, split_device_id
+from gogh_flows.runtime.leases import PoolLedger
 from gogh_flows.runtime.outcome import RunOutcome
 from gogh_flows.runtime.worker import PLUGIN_NAME, RunSpec, RuntimeConfig, describe_worker, execute
 from gogh_flows.truth.table import ThroughputTable
@@ -66,7 +68,7 @@ class GpuPool:
 
     def __init__(self, *, mode: str, devices: Sequence[GpuDevice], client: Client, cluster: Any = None,
                  owns_client: bool = True, emulated: frozenset[str] | None = None,
-                 pins: Mapping[str, Any] | None = None) -> None:
+                 pins: Mapping[str, Any] | None = None, lease_timeout_s: float | None = None) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown pool mode {mode!r}; choose one of {', '.join(MODES)}")
         if not devices:
@@ -82,6 +84,35 @@ class GpuPool:
         self._emulated = frozenset(self._by_id) if emulated is None else frozenset(emulated)
         self._pins = {d.id: (pins or {}).get(d.id, d.worker) for d in self.devices}
         self._closed = False
+        self._lease_timeout_s = lease_timeout_s
+        self._ledger: PoolLedger | None = None
+        self._ledger_lock = threading.Lock()
+        self._rediscover: Callable[[], tuple[list[GpuDevice], dict[str, Any], set[str]]] | None = None
+        self._seen_workers = {d.worker for d in self.devices}
+
+    @property
+    def ledger(self) -> PoolLedger:
+        """The slot ledger every process placing onto this pool shares (kept by its scheduler)."""
+        with self._ledger_lock:
+            if self._ledger is None:
+                self._ledger = PoolLedger(self.client, lease_timeout_s=self._lease_timeout_s)
+            return self._ledger
+
+    def live_devices(self, workers: frozenset[str] | set[str]) -> tuple[GpuDevice, ...]:
+        """The devices whose worker is in ``workers`` (the scheduler's membership now).
+
+        A remote pool first re-reads what the workers advertise when a worker it does not
+        know has joined, so a long-lived process follows the pool as it changes.
+        """
+        if self._rediscover is not None and not set(workers) <= self._seen_workers:
+            with self._ledger_lock:
+                devices, pins, emulated = self._rediscover()
+                self.devices = tuple(devices)
+                self._by_id = {d.id: d for d in self.devices}
+                self._pins = dict(pins)
+                self._emulated = frozenset(emulated)
+                self._seen_workers = set(workers)
+        return tuple(d for d in self.devices if d.worker in workers)
 
     # -- lookups ---------------------------------------------------------------------
     @property
@@ -114,21 +145,27 @@ class GpuPool:
     # -- running ---------------------------------------------------------------------
     def submit(self, fn: Callable[..., Any], *args: Any, gpu_id: str, job_type: str | None = None,
                partners: Sequence[str] | Callable[[], Sequence[str]] | None = None,
-               run_id: str | None = None, **kwargs: Any) -> Future:
+               run_id: str | None = None, hold_lease: bool = False, **kwargs: Any) -> Future:
         """Run ``fn(*args, **kwargs)`` on the worker pinned to ``gpu_id``; a Future of :class:`RunOutcome`.
 
         ``job_type`` names the workload for the emulator and the outcome;
         ``partners`` overrides the co-located job types the worker tracks (for
         partners this pool does not run); ``run_id`` is carried into the
-        outcome and the Dask key. These names are taken by ``submit``: pass a
-        body keyword argument with the same name through ``functools.partial``.
+        outcome and the Dask key; with ``hold_lease`` the worker holds the
+        ledger lease named ``run_id`` while the body runs (and starts the body
+        only if that lease is still held). These names are taken by ``submit``:
+        pass a body keyword argument with the same name through ``functools.partial``.
         """
         if self._closed:
             raise RuntimeError("this GPU pool is closed; open a new one")
         device = self.device(gpu_id)
         key = f"gogh-{device.id}-{run_id or getattr(fn, '__name__', 'run')}-{uuid.uuid4().hex[:12]}"
         spec = RunSpec(device=device, mode=self.mode, emulated=device.id in self._emulated, run_key=key,
-                       job_type=job_type, run_id=run_id, partners=partners)
+                       job_type=job_type, run_id=run_id, partners=partners, hold_lease=hold_lease)
+        if hold_lease:
+            if not run_id:
+                raise ValueError("GpuPool.submit(hold_lease=True) needs the run_id its lease was claimed under")
+            self.ledger  # noqa: B018 - the scheduler must have the ledger before a worker asks it
         return self.client.submit(
             execute, fn, args, kwargs, spec, key=key, workers=[self._pins[device.id]],
             allow_other_workers=False, resources={"slot": 1}, pure=False,
@@ -151,6 +188,8 @@ class GpuPool:
         if self._closed:
             return
         self._closed = True
+        if self._ledger is not None:
+            self._ledger.close()
         if self._owns:
             self.client.close()
             if self.cluster is not None:
@@ -178,7 +217,8 @@ def _check_truth_covers(truth: ThroughputTable, types: Sequence[str]) -> None:
 
 def emulated_pool(fleet: Mapping[str, int] | str, *, truth: ThroughputTable | None = None, capacity: int = 2,
                   time_scale: float = 0.0, processes: bool = False, seed: int = 0,
-                  energy: EnergyModel | None = None, silence_logs: int = logging.ERROR) -> GpuPool:
+                  energy: EnergyModel | None = None, silence_logs: int = logging.ERROR,
+                  lease_timeout_s: float | None = None) -> GpuPool:
     """A local Dask cluster emulating ``fleet``: one worker per GPU, named by its device id.
 
     ``truth`` (default: the synthetic fleet over the declared types, seeded by
@@ -215,7 +255,8 @@ def emulated_pool(fleet: Mapping[str, int] | str, *, truth: ThroughputTable | No
         client = Client(cluster, set_as_default=False)
         try:
             client.wait_for_workers(len(devices), timeout=60)
-            pool = GpuPool(mode="emulated", devices=devices, client=client, cluster=cluster)
+            pool = GpuPool(mode="emulated", devices=devices, client=client, cluster=cluster,
+                           lease_timeout_s=lease_timeout_s)
             pool.configure(truth=truth, time_scale=time_scale, energy=energy)
         except BaseException:
             client.close()
@@ -243,7 +284,7 @@ def _visible_index(cluster: Any, client: Client) -> dict[Any, str]:
 
 
 def local_cuda_pool(*, capacity: int = 2, interval_s: float = 0.1, silence_logs: int = logging.ERROR,
-                    **cluster_options: Any) -> GpuPool:
+                    lease_timeout_s: float | None = None, **cluster_options: Any) -> GpuPool:
     """One ``LocalCUDACluster`` worker per local NVIDIA board, matched to the catalog by NVML name.
 
     Extra keyword arguments go to ``LocalCUDACluster``.
@@ -284,7 +325,7 @@ def local_cuda_pool(*, capacity: int = 2, interval_s: float = 0.1, silence_logs:
             pins[gid] = name
         devices.sort(key=lambda d: d.cuda_index or 0)
         return GpuPool(mode="local-cuda", devices=devices, client=client, cluster=cluster, pins=pins,
-                       emulated=frozenset())
+                       emulated=frozenset(), lease_timeout_s=lease_timeout_s)
     except BaseException:
         cluster.close()
         raise
@@ -319,15 +360,41 @@ def _remote_device(address: str, name: Any, info: Mapping[str, Any], env: Mappin
     )
 
 
+def _discover(client: Client, address: str) -> tuple[list[GpuDevice], dict[str, Any], set[str]]:
+    """The GPUs the scheduler's workers advertise now; a misconfigured worker is left out, named."""
+    info = client.scheduler_info(n_workers=-1)["workers"]
+    envs = client.run(describe_worker)
+    devices, pins, emulated, skipped = [], {}, set(), []
+    for addr, w in sorted(info.items(), key=lambda aw: str(aw[1]["name"])):
+        try:
+            d = _remote_device(addr, w["name"], w, envs.get(addr, {}))
+            if d.id in pins:
+                raise ValueError(f"worker {str(w['name'])!r} ({addr}) uses a GPU id another worker has")
+        except (ValueError, UnknownGpuTypeError) as exc:
+            skipped.append(str(exc))
+            log.warning("gogh: left out of the pool: %s", exc)
+            continue
+        devices.append(d)
+        pins[d.id] = w["name"]
+        if envs.get(addr, {}).get("emulated"):
+            emulated.add(d.id)
+    if not devices:
+        raise ValueError(f"no worker of the scheduler at {address!r} advertises a usable GPU: "
+                         + "; ".join(skipped))
+    return devices, pins, emulated
+
+
 def remote_pool(address: str, *, timeout: float = 10.0, min_workers: int = 1,
                 truth: ThroughputTable | None = None, time_scale: float | None = None,
-                energy: EnergyModel | None = None) -> GpuPool:
+                energy: EnergyModel | None = None, lease_timeout_s: float | None = None) -> GpuPool:
     """Connect to a running scheduler whose workers each advertise one GPU.
 
     A worker's GPU type comes from ``GOGH_GPU_TYPE`` in its environment, else
     from its name ``<type>-<n>``; its capacity from its ``slot`` resource; it is
-    emulated when ``GOGH_EMULATED=1``. The scheduler and its workers are left
-    running on close. ``truth``/``time_scale`` (emulated workers only), when
+    emulated when ``GOGH_EMULATED=1``. A worker that advertises no usable GPU
+    is left out with a warning naming it (the others still serve). The device
+    list follows the scheduler's membership (:meth:`GpuPool.follow`). The
+    scheduler and its workers are left running on close. ``truth``/``time_scale`` (emulated workers only), when
     given, are shipped to the workers for every client of this scheduler.
     """
     try:
@@ -345,17 +412,10 @@ def remote_pool(address: str, *, timeout: float = 10.0, min_workers: int = 1,
                 f"the scheduler at {address!r} has fewer than {min_workers} worker(s) after {timeout:g}s; "
                 "start one per GPU (see docs/runtime.md)"
             ) from None
-        info = client.scheduler_info()["workers"]
-        envs = client.run(describe_worker)
-        workers = sorted(info.items(), key=lambda aw: str(aw[1]["name"]))
-        devices, pins, emulated = [], {}, set()
-        for addr, w in workers:
-            d = _remote_device(addr, w["name"], w, envs.get(addr, {}))
-            devices.append(d)
-            pins[d.id] = w["name"]
-            if envs.get(addr, {}).get("emulated"):
-                emulated.add(d.id)
-        pool = GpuPool(mode="remote", devices=devices, client=client, pins=pins, emulated=frozenset(emulated))
+        devices, pins, emulated = _discover(client, address)
+        pool = GpuPool(mode="remote", devices=devices, client=client, pins=pins, emulated=frozenset(emulated),
+                       lease_timeout_s=lease_timeout_s)
+        pool._rediscover = lambda: _discover(client, address)
         if truth is not None or time_scale is not None or energy is not None:
             if truth is not None:
                 _check_truth_covers(truth, sorted({d.gpu_type for d in devices if d.id in emulated}))

@@ -24,11 +24,12 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from gogh_flows.energy import EnergyModel
 from gogh_flows.runtime.context import GpuContext, use_gpu
 from gogh_flows.runtime.devices import GpuDevice
+from gogh_flows.runtime.leases import WorkerLease
 from gogh_flows.runtime.outcome import RunOutcome
 from gogh_flows.runtime.telemetry import Meter, TelemetryReading, telemetry_for
 from gogh_flows.truth.table import ThroughputTable
 
-__all__ = ["PLUGIN_NAME", "RunSpec", "RuntimeConfig", "execute", "occupancy"]
+__all__ = ["PLUGIN_NAME", "RunNotStarted", "RunSpec", "RuntimeConfig", "execute", "occupancy"]
 
 PLUGIN_NAME = "gogh-runtime"
 TIME_SCALE_ENV = "GOGH_TIME_SCALE"
@@ -139,6 +140,20 @@ class RunSpec:
     run_id: str | None = None
     partners: Sequence[str] | Callable[[], Sequence[str]] | None = None
     check_worker: bool = True
+    hold_lease: bool = False  # hold the ledger lease named run_id while the body runs
+
+
+class RunNotStarted(RuntimeError):
+    """The body was not started: its lease was gone (lapsed, released, worker replaced) or a stop was asked."""
+
+
+def _scheduler_call(worker: Any) -> Callable[..., Any]:
+    from distributed.utils import sync
+
+    def call(op: str, **kwargs: Any) -> Any:
+        return sync(worker.loop, getattr(worker.scheduler, op), **kwargs)
+
+    return call
 
 
 def _shippable(exc: BaseException) -> BaseException | None:
@@ -153,10 +168,13 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
     """Run ``fn`` on this worker's GPU, measured, and return its :class:`RunOutcome`."""
     device = spec.device
     worker_name = None
-    if spec.check_worker:
+    worker = None
+    if spec.check_worker or spec.hold_lease:
         from distributed import get_worker
 
-        worker_name = str(get_worker().name)
+        worker = get_worker()
+        worker_name = str(worker.name)
+    if spec.check_worker:
         if worker_name != device.worker:
             # The scheduler restrictions make this impossible; if it ever
             # happens the measurements would be filed under the wrong GPU.
@@ -185,25 +203,42 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
     value: Any = None
     error = tb = None
     exc_out: BaseException | None = None
+    lease = None
+    if spec.hold_lease:
+        lease = WorkerLease(str(spec.run_id), _scheduler_call(worker), on_cancel=ctx.stop_requested.set)
+        if not lease.begin(str(worker_name)):
+            meter.start()
+            not_started = RunNotStarted(
+                f"run {spec.run_id} was not started on {device.id}: its slot lease was no longer held "
+                "(it lapsed, was released by its placing process, or was dropped when the worker was "
+                "replaced); place the run again")
+            return RunOutcome(value=None, telemetry=meter.stop(), partners=(), error=f"RunNotStarted: {not_started}",
+                              gpu_id=device.id, gpu_type=device.gpu_type, job_type=spec.job_type,
+                              run_id=spec.run_id, worker=worker_name, exception=not_started)
     meter.start()
     occupancy.join(device.id, spec.run_key, job_label, meter)
     seen: tuple[str, ...] = ()
+    body_start = time.time()
     try:
         with use_gpu(ctx):
             value = fn(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - measured, then handed back in the outcome
+    except BaseException as exc:  # noqa: BLE001 - sys.exit() and KeyboardInterrupt too: measured,
+        # the slot freed, then handed back in the outcome and raised again by unwrap()
         error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         tb = traceback.format_exc()
         exc_out = _shippable(exc)
     finally:
+        body_end = time.time()
         seen = occupancy.leave(device.id, spec.run_key)
         reading: TelemetryReading = meter.stop()
+        if lease is not None:
+            lease.end()
     if override is not None and emulated:
         seen = meter.seen_partners  # type: ignore[attr-defined]
     return RunOutcome(
         value=value, telemetry=reading, partners=seen, error=error, gpu_id=device.id,
         gpu_type=device.gpu_type, job_type=spec.job_type, run_id=spec.run_id, worker=worker_name,
-        traceback=tb, exception=exc_out,
+        traceback=tb, exception=exc_out, started_at=body_start, ended_at=body_end,
     )
 
 

@@ -1,0 +1,219 @@
+"""The pool's ledger seen from its holders: the placing process and the worker running the body.
+
+:class:`PoolLedger` is what a placing process uses: read the state a decision is solved on,
+claim a slot by compare-and-set, keep its claims alive until their bodies start, release.
+:class:`WorkerLease` is what the worker holds while a body runs: it starts the body only if
+the lease is still there, keeps it alive, passes a stop request on to the body, and frees the
+slot when the body has really stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from distributed import Client
+
+from gogh_flows.runtime.ledger import PLUGIN_NAME, LedgerPlugin
+
+__all__ = ["Claim", "Lease", "LedgerState", "PoolLedger", "WorkerLease", "ensure_ledger"]
+
+log = logging.getLogger("gogh_flows.runtime")
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One run holding one slot; times are the scheduler's clock (Unix seconds)."""
+
+    run_id: str
+    gpu_id: str
+    worker: str
+    job_type: str
+    required_throughput: float
+    work: float
+    claimed_at: float
+    seen_at: float
+    started_at: float | None
+    cancel: bool
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> Lease:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class LedgerState:
+    """A snapshot of the ledger: what a decision is solved on, and the versions its claim names."""
+
+    now: float  # the scheduler's clock when the snapshot was taken
+    lease_timeout_s: float
+    versions: dict[str, int]
+    leases: tuple[Lease, ...]
+    workers: frozenset[str]  # names of the workers in the pool now
+    counts: dict[str, int]
+
+    def version(self, gpu_id: str) -> int:
+        return self.versions.get(gpu_id, 0)
+
+    def occupants(self) -> dict[str, list[Lease]]:
+        """gpu_id -> its leases, oldest first."""
+        out: dict[str, list[Lease]] = {}
+        for lease in sorted(self.leases, key=lambda x: (x.gpu_id, x.claimed_at, x.run_id)):
+            out.setdefault(lease.gpu_id, []).append(lease)
+        return out
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The ledger's answer to a claim: ``ok``, or why not (``changed``, ``full``, ``gone``, ``held``)."""
+
+    ok: bool
+    version: int
+    reason: str | None = None
+    detail: str | None = None
+
+
+def ensure_ledger(client: Client, lease_timeout_s: float | None = None) -> None:
+    """Register the ledger on the client's scheduler unless it already has one (which is kept)."""
+    client.register_plugin(LedgerPlugin(lease_timeout_s), name=PLUGIN_NAME)
+
+
+class PoolLedger:
+    """The ledger of the pool ``client`` is connected to, for a process that places runs.
+
+    Claims made through this object are refreshed by a background thread until they are
+    released or handed over (:meth:`hand_over`): a placing process that dies stops
+    refreshing, and its claims lapse after the lease timeout.
+    """
+
+    def __init__(self, client: Client, *, lease_timeout_s: float | None = None, register: bool = True) -> None:
+        self.client = client
+        if register:
+            ensure_ledger(client, lease_timeout_s)
+        self._held: set[str] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._keeper: threading.Thread | None = None
+        self.lease_timeout_s = self.state().lease_timeout_s
+
+    def _call(self, op: str, **kwargs: Any) -> Any:
+        return self.client.sync(getattr(self.client.scheduler, op), **kwargs)
+
+    # -- reading -------------------------------------------------------------------------
+    def state(self) -> LedgerState:
+        d = self._call("gogh_ledger_state")
+        return LedgerState(now=d["now"], lease_timeout_s=d["lease_timeout_s"], versions=d["versions"],
+                           leases=tuple(Lease.from_wire(x) for x in d["leases"]),
+                           workers=frozenset(d["workers"]), counts=d["counts"])
+
+    def occupants(self) -> dict[str, list[Lease]]:
+        return self.state().occupants()
+
+    def get(self, run_id: str) -> Lease | None:
+        found = self._call("gogh_ledger_get", run_ids=[run_id]).get(run_id)
+        return Lease.from_wire(found) if found else None
+
+    # -- claiming ------------------------------------------------------------------------
+    def claim(self, run_id: str, gpu_id: str, *, worker: str, capacity: int, job_type: str,
+              required_throughput: float, work: float, expect_version: int) -> Claim:
+        d = self._call("gogh_ledger_claim", run_id=run_id, gpu_id=gpu_id, worker=worker, capacity=capacity,
+                       job_type=job_type, required_throughput=required_throughput, work=work,
+                       expect_version=expect_version)
+        claim = Claim(ok=d["ok"], version=d["version"], reason=d.get("reason"), detail=d.get("detail"))
+        if claim.ok:
+            with self._lock:
+                self._held.add(run_id)
+            self._ensure_keeper()
+        return claim
+
+    def release(self, run_id: str, *, if_unstarted: bool = False) -> bool:
+        """Free the run's slot (with ``if_unstarted``: only if its body never started); freed?"""
+        self.hand_over(run_id)
+        return bool(self._call("gogh_ledger_release", run_id=run_id, if_unstarted=if_unstarted)["released"])
+
+    def cancel(self, run_id: str) -> bool:
+        """Ask the run's body to stop (at its next progress report); its worker frees the slot."""
+        return bool(self._call("gogh_ledger_cancel", run_id=run_id)["ok"])
+
+    def hand_over(self, run_id: str) -> None:
+        """Stop refreshing ``run_id`` from this process (its worker holds it, or it is gone)."""
+        with self._lock:
+            self._held.discard(run_id)
+
+    # -- keeping claims alive --------------------------------------------------------------
+    def _ensure_keeper(self) -> None:
+        with self._lock:
+            if self._keeper is None or not self._keeper.is_alive():
+                self._keeper = threading.Thread(target=self._keep, name="gogh-lease-keeper", daemon=True)
+                self._keeper.start()
+
+    def _keep(self) -> None:
+        every = self.lease_timeout_s / 4
+        while not self._stop.wait(every):
+            with self._lock:
+                held = sorted(self._held)
+            if not held:
+                continue
+            try:
+                gone = self._call("gogh_ledger_refresh", run_ids=held)["gone"]
+            except Exception as exc:  # the scheduler is unreachable: the leases lapse there anyway
+                log.warning("gogh: could not refresh %d lease(s) on the pool's scheduler: %s", len(held), exc)
+                continue
+            if gone:
+                with self._lock:
+                    self._held.difference_update(gone)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._keeper is not None:
+            self._keeper.join(timeout=5)
+
+
+class WorkerLease:
+    """The lease of one run, held by the worker while its body runs.
+
+    :meth:`begin` asks the scheduler whether the body may start (the lease is still held, for
+    this worker, and no stop was asked); a background thread then refreshes it and sets
+    ``on_cancel`` when a stop is asked; :meth:`end` frees the slot when the body has stopped.
+    """
+
+    def __init__(self, run_id: str, call: Callable[..., Any], on_cancel: Callable[[], None]) -> None:
+        self.run_id = run_id
+        self._call = call
+        self._on_cancel = on_cancel
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def begin(self, worker: str) -> bool:
+        d = self._call("gogh_ledger_begin", run_id=self.run_id, worker=worker)
+        if not d["ok"]:
+            return False
+        every = d["lease_timeout_s"] / 4
+        self._thread = threading.Thread(target=self._keep, args=(every,), name=f"gogh-lease-{self.run_id}",
+                                        daemon=True)
+        self._thread.start()
+        return True
+
+    def _keep(self, every: float) -> None:
+        while not self._stop.wait(every):
+            try:
+                answer = self._call("gogh_ledger_refresh", run_ids=[self.run_id])
+            except Exception as exc:  # noqa: BLE001 - retried at the next tick
+                log.warning("gogh: worker could not refresh the lease of run %s: %s", self.run_id, exc)
+                continue
+            if self.run_id in answer["cancel"]:
+                self._on_cancel()
+
+    def end(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        try:
+            self._call("gogh_ledger_release", run_id=self.run_id, if_unstarted=False)
+        except Exception as exc:  # noqa: BLE001 - the lease lapses on its own
+            log.warning("gogh: worker could not release the lease of run %s (it lapses on its own): %s",
+                        self.run_id, exc)
