@@ -14,6 +14,13 @@ def cmd_bench_placement(args: argparse.Namespace) -> int:
     from gogh_flows.placement.bench import bench_placement
     from gogh_flows.truth import load_truth
 
+    for flag, value, least in (("--gpus", args.gpus, 1), ("--running", args.running, 0),
+                               ("--arrivals", args.arrivals, 1), ("--repeat", args.repeat, 1)):
+        if value < least:
+            raise ValueError(f"{flag} must be a whole number >= {least}, got {value}")
+    if not args.time_limit > 0:
+        raise ValueError(f"--time-limit must be a number of seconds > 0, got {args.time_limit:g}")
+
     result = bench_placement(
         load_truth(args.truth), gpus=args.gpus, running=args.running, arrivals=args.arrivals,
         repeat=args.repeat, seed=args.seed, time_limit_s=args.time_limit,
@@ -64,6 +71,51 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pool_status(args: argparse.Namespace) -> int:
+    from distributed import Client
+    from rich.console import Console
+    from rich.table import Table
+
+    from gogh_flows.runtime.leases import PoolLedger
+
+    if args.timeout <= 0:
+        raise ValueError(f"--timeout must be a number of seconds > 0, got {args.timeout:g}")
+    try:
+        client = Client(args.address, timeout=args.timeout, set_as_default=False)
+    except (OSError, TimeoutError) as exc:
+        raise ValueError(f"cannot reach the Dask scheduler at {args.address!r} ({exc}); check the address "
+                         "and that the scheduler runs") from None
+    with client:
+        if "gogh-ledger" not in client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.plugins)):
+            print(f"the scheduler at {args.address} has no gogh ledger yet: no run has been placed onto it "
+                  "(start it with --preload gogh_flows.runtime.ledger, or place a run)")
+            return 0
+        ledger = PoolLedger(client, register=False)
+        state = ledger.state()
+        ledger.close()
+    if args.json:
+        print(json.dumps({"now": state.now, "lease_timeout_s": state.lease_timeout_s,
+                          "workers": sorted(state.workers), "counts": state.counts,
+                          "leases": [lease.__dict__ for lease in state.leases]}, indent=2))
+        return 0
+    table = Table(title=f"GPU slots held on {args.address} (lease {state.lease_timeout_s:g} s)")
+    for col in ("GPU", "run", "job type", "required steps/s", "claimed", "body", "refreshed"):
+        table.add_column(col)
+    for gpu_id, leases in sorted(state.occupants().items()):
+        for lease in leases:
+            body = "queued" if lease.started_at is None else f"running {state.now - lease.started_at:.0f} s"
+            if lease.cancel:
+                body += " (stop asked)"
+            table.add_row(gpu_id, lease.run_id, lease.job_type, f"{lease.required_throughput:g}",
+                          f"{state.now - lease.claimed_at:.0f} s ago", body, f"{state.now - lease.seen_at:.1f} s ago")
+    console = Console()
+    console.print(table)
+    idle = sorted(state.workers - {lease.worker for lease in state.leases})
+    console.print(f"workers: {len(state.workers)} ({len(idle)} idle: {', '.join(idle) or '-'}); "
+                  + ", ".join(f"{k} {v}" for k, v in sorted(state.counts.items())))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gogh", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -91,6 +143,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--name", default="gogh-refine")
     serve.add_argument("--registry", help="name of a saved PredictorRegistry block (default: embedded)")
     serve.set_defaults(func=cmd_serve)
+
+    pool = sub.add_parser("pool", help="the shared GPU pool")
+    pool_sub = pool.add_subparsers(dest="pool", required=True)
+    ps = pool_sub.add_parser("status", help="who holds which GPU slot, from the pool's ledger")
+    ps.add_argument("address", help="the Dask scheduler, e.g. tcp://10.0.0.5:8786")
+    ps.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the scheduler")
+    ps.add_argument("--json", action="store_true", help="print the ledger's state as JSON")
+    ps.set_defaults(func=cmd_pool_status)
 
     from gogh_flows.sim.cli import add_parser as add_simulate
 

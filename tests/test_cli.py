@@ -25,7 +25,38 @@ def test_demo_prints_explanations_and_every_policy(capsys):
 
 def test_cli_reports_bad_input_without_a_traceback(capsys):
     assert main(["bench", "placement", "--gpus", "0"]) == 2
-    assert "num_gpus must be >= 1" in capsys.readouterr().err
+    assert "--gpus must be a whole number >= 1, got 0" in capsys.readouterr().err
+    assert main(["bench", "placement", "--gpus", "4", "--arrivals", "-1"]) == 2
+    assert "--arrivals must be a whole number >= 1, got -1" in capsys.readouterr().err
+
+
+def test_simulate_refuses_an_empty_trace(gavel_dir, tmp_path, capsys):
+    empty = tmp_path / "empty.trace"
+    empty.write_text("")
+    rc = main(["simulate", "--truth", str(gavel_dir / "simulation_throughputs.json"), "--trace", str(empty),
+               "--cluster", "v100=2"])
+    assert rc == 2 and "has no jobs to simulate" in capsys.readouterr().err
+    assert main(["simulate", "--truth", str(gavel_dir / "simulation_throughputs.json"), "--trace",
+                 "generate:0", "--cluster", "v100=2"]) == 2
+    assert "N >= 1" in capsys.readouterr().err
+
+
+def test_pool_status_prints_who_holds_what(capsys):
+    from gogh_flows.runtime import emulated_pool
+
+    with emulated_pool("v100=1,t4=1", processes=True, capacity=2) as pool:
+        address = pool.address
+        assert main(["pool", "status", address]) == 0
+        assert "no gogh ledger yet" in capsys.readouterr().out
+        seen = pool.ledger.state()
+        assert pool.ledger.claim("run-7", "t4-0", worker="t4-0", capacity=2, job_type="A3C",
+                                 required_throughput=2.0, work=10.0, expect_version=seen.version("t4-0")).ok
+        assert main(["pool", "status", address]) == 0
+        out = capsys.readouterr().out
+        assert "run-7" in out and "t4-0" in out and "queued" in out and "1 idle: v100-0" in out
+        assert main(["pool", "status", address, "--json"]) == 0
+        state = json.loads(capsys.readouterr().out)
+        assert [lease["run_id"] for lease in state["leases"]] == ["run-7"]
 
 
 def test_simulate_on_gavel_trace_writes_every_policy(gavel_dir, tmp_path, capsys):

@@ -14,6 +14,7 @@ from prefect import flow, task
 from gogh_flows import GpuCluster, PlacementPolicy, current_placement, gogh_placed
 from gogh_flows.flows.environment import open_environments
 from gogh_flows.flows.placer import InfeasibleRequirement, PlacementTimeout
+from runrecords import assert_shared_only_knowingly, run_records
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -97,6 +98,18 @@ def test_async_flow_is_placed(gogh_home):
 
     out = asyncio.run(agent(x=7))
     assert out.startswith("7@")
+
+
+def test_async_flow_given_block_names_loads_them(gogh_home):
+    GpuCluster(fleet={"t4": 1}).save("async-fleet", overwrite=True)
+    PlacementPolicy(poll_s=0.5).save("async-policy", overwrite=True)
+
+    @gogh_placed(model="A3C", batch_size=20, min_throughput=0.5, work_steps=50, cluster="async-fleet",
+                 policy="async-policy")
+    async def agent() -> str:
+        return current_placement().gpu_id
+
+    assert asyncio.run(agent()) == "t4-0"
 
 
 def test_failing_flow_still_logs_its_measurement_marked_failed(gogh_home):
@@ -324,40 +337,6 @@ def test_serve_needs_exactly_one_schedule():
         serve_refiner()
 
 
-def _records(frame) -> list[dict]:
-    """Each run's own record: GPU, body start and end, and the runs its decision saw there."""
-    out = []
-    for row in frame.iter_rows(named=True):
-        import json
-
-        extra = json.loads(row["extra"]) if isinstance(row["extra"], str) else dict(row["extra"] or {})
-        out.append({"run": row["run_id"], "gpu": row["gpu_id"], "start": float(extra["body_started_at"]),
-                    "end": float(extra["body_ended_at"]), "required": row["required_throughput"],
-                    "predicted": row["predicted_throughput"],
-                    "saw": [r for r in extra.get("placed_next_to", "").split(",") if r],
-                    "partner_predicted": [float(x) for x in extra.get("partner_predicted", "").split(",") if x],
-                    "partner_required": [float(x) for x in extra.get("partner_required", "").split(",") if x]})
-    return out
-
-
-def assert_shared_only_knowingly(records: list[dict]) -> int:
-    """Two runs overlap on a GPU only if the later one's decision saw the earlier and the pair
-    meets both requirements by the predictions used; returns how many pairs shared."""
-    shared = 0
-    for a in records:
-        for b in records:
-            if a["run"] >= b["run"] or a["gpu"] != b["gpu"]:
-                continue
-            if a["start"] < b["end"] and b["start"] < a["end"]:  # both bodies ran at once
-                first, second = (a, b) if a["start"] <= b["start"] else (b, a)
-                assert first["run"] in second["saw"], f"{second['run']} shared {second['gpu']} unseen"
-                i = second["saw"].index(first["run"])
-                assert second["predicted"] >= second["required"]
-                assert second["partner_predicted"][i] >= second["partner_required"][i]
-                shared += 1
-    return shared
-
-
 def test_three_runs_started_together_on_one_a100_never_share_unknowingly(gogh_home):
     """The issue's scenario: paired, ResNet-50 misses 5 steps/s, so the runs must take turns."""
     cluster = GpuCluster(fleet={"a100": 1})
@@ -376,7 +355,7 @@ def test_three_runs_started_together_on_one_a100_never_share_unknowingly(gogh_ho
 
     with ThreadPoolExecutor(3) as ex:
         assert list(ex.map(start, range(3))) == ["a100-0"] * 3
-    records = _records(_env().measurements.read())
+    records = run_records(_env().measurements.read())
     assert len(records) == 3
     assert assert_shared_only_knowingly(records) == 0  # the pair would miss: nobody shared
     spans = sorted((r["start"], r["end"]) for r in records)

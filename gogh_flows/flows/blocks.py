@@ -31,12 +31,28 @@ def state_dir() -> Path:
     return Path(os.environ.get("GOGH_HOME", ".gogh")).resolve()
 
 
+def _refuse_unknown_fields(cls: type[Block], data: Any) -> Any:
+    """A misspelt field (``"flet"``) must not be saved silently with the default in its place."""
+    if isinstance(data, dict):
+        unknown = sorted(k for k in data if k not in cls.model_fields and not str(k).startswith("_")
+                         and k != "block_type_slug")
+        if unknown:
+            raise ValueError(f"{cls.__name__} has no field(s) {', '.join(map(repr, unknown))}; its fields are "
+                             f"{', '.join(sorted(cls.model_fields))}")
+    return data
+
+
 class GpuCluster(Block):
     """A GPU fleet as a Dask pool: emulated (a laptop or CI), local CUDA GPUs, or a remote scheduler."""
 
     _block_type_name: ClassVar[str] = "GOGH GPU Cluster"
     _block_type_slug: ClassVar[str] = "gogh-gpu-cluster"
     _description: ClassVar[str] = "A mixed GPU fleet that @gogh_placed flow runs are placed on."
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_unknown_fields(cls, data: Any) -> Any:
+        return _refuse_unknown_fields(cls, data)
 
     mode: Literal["emulated", "local-cuda", "remote"] = Field(
         default="emulated", description="emulated: one Dask worker per declared GPU on this machine; "
@@ -87,6 +103,11 @@ class PredictorRegistry(Block):
     _block_type_slug: ClassVar[str] = "gogh-predictor-registry"
     _description: ClassVar[str] = "MLflow model registry holding the GOGH throughput predictors."
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_unknown_fields(cls, data: Any) -> Any:
+        return _refuse_unknown_fields(cls, data)
+
     tracking_uri: str | None = Field(default=None, description="MLflow tracking URI; None = "
                                      "sqlite under $GOGH_HOME (./.gogh)")
     p1_name: str = "gogh-p1"
@@ -110,6 +131,11 @@ class PlacementPolicy(Block):
     _block_type_name: ClassVar[str] = "GOGH Placement Policy"
     _block_type_slug: ClassVar[str] = "gogh-placement-policy"
     _description: ClassVar[str] = "Rules for placing @gogh_placed flow runs."
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_unknown_fields(cls, data: Any) -> Any:
+        return _refuse_unknown_fields(cls, data)
 
     policy: str = Field(default="optimizer", description="'optimizer' (GOGH) or a baseline: "
                         + ", ".join(sorted(p for p in POLICIES if p != "optimizer")))
@@ -188,7 +214,9 @@ def load_block(kind: type[Block], value: Any, default: Block) -> Block:
         return value
     if isinstance(value, str):
         try:
-            return kind.load(value)
+            # _sync: an async flow's body runs in a worker thread that Prefect may still take for
+            # an async context, and would hand back a coroutine instead of the block
+            return kind.load(value, _sync=True)
         except ValueError as exc:
             raise ValueError(
                 f"no {kind.__name__} block named {value!r} on the Prefect server ({exc}). Save one "

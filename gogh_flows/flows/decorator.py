@@ -126,6 +126,8 @@ def place_run(job: PlacedJob, run_id: str, env: Environment, registry: Predictor
     logger = get_run_logger()
     source = predictor_source(registry)
     predictor = source.get()
+    if source.degraded:
+        logger.warning(source.degraded)
     gpu_types = sorted({d.gpu_type for d in env.pool.devices})
     observations = env.observations.get() if policy.refine else None
     timeout = job.wait_timeout_s if job.wait_timeout_s is not None else policy.wait_timeout_s

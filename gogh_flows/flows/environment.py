@@ -24,9 +24,13 @@ import polars as pl
 from filelock import FileLock
 
 from gogh_flows.flows.blocks import GpuCluster, PredictorRegistry, state_dir
-from gogh_flows.predict.io import load_p1, load_p2
+from mlflow.exceptions import MlflowException
+
+from gogh_flows.predict.io import ModelFormatError, load_p1, load_p2
 from gogh_flows.predict.service import ThroughputPredictor, observations_frame
 from gogh_flows.runtime.pool import GpuPool, open_pool
+from gogh_flows.tracking.backend import check_reachable, is_http
+from gogh_flows.tracking.errors import TrackingUnavailableError, UnsafeArtifactError
 from gogh_flows.tracking.measurements import MeasurementLog
 from gogh_flows.tracking.registry import ModelRegistry
 from gogh_flows.truth import load_truth
@@ -93,6 +97,9 @@ class PredictorSource:
     _predictor: ThroughputPredictor | None = None
     _checked_at: float = -1e18
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    #: why the predictors in use are not the registry's current champion (None when they are)
+    degraded: str | None = None
+    _using: str = ""
 
     def __post_init__(self) -> None:
         self.registry = ModelRegistry(self.block.resolved_tracking_uri())
@@ -139,27 +146,97 @@ class PredictorSource:
         return {"p1": self._loaded[0], "p2": self._loaded[1]}
 
     def get(self, *, force: bool = False) -> ThroughputPredictor:
+        """The champion, reloaded when its alias moved; never a stall, never a failed placement.
+
+        MLflow unreachable: the predictors already loaded, else the newest versions cached
+        locally, else the built-in prior. A champion that cannot be loaded (garbage or
+        missing artifacts): the last good version, else the built-in prior. Either way the
+        reason is kept in ``degraded`` for the run's log, and the registry is asked again
+        after ``refresh_s``.
+        """
         with self._lock:
             now = time.monotonic()
             if not force and self._predictor is not None and now - self._checked_at < self.block.refresh_s:
                 return self._predictor
-            self.ensure_prior()
-            v1 = self.registry.version_for(self.block.p1_name, self.block.alias)
-            v2 = self.registry.version_for(self.block.p2_name, self.block.alias)
+            self._checked_at = now
+            uri = self.block.resolved_tracking_uri()
+            try:
+                if is_http(uri):  # one short probe instead of MLflow's minutes of retries
+                    check_reachable(uri, timeout=3.0)
+                self.ensure_prior()
+                v1 = self.registry.version_for(self.block.p1_name, self.block.alias)
+                v2 = self.registry.version_for(self.block.p2_name, self.block.alias)
+            except (TrackingUnavailableError, MlflowException, OSError) as exc:
+                return self._fall_back(f"the MLflow registry at {uri} is unreachable ({_short(exc)})")
             if v1 is None:
                 raise ValueError(
-                    f"no version of {self.block.p1_name!r} has alias {self.block.alias!r} in "
-                    f"{self.block.resolved_tracking_uri()}; register one (gogh predictors train + the "
-                    "registry) or set prior='synthetic' on the PredictorRegistry block")
+                    f"no version of {self.block.p1_name!r} has alias {self.block.alias!r} in {uri}; register "
+                    "one (gogh predictors train + the registry) or set prior='synthetic' on the "
+                    "PredictorRegistry block")
             if self._predictor is None or (v1, v2) != self._loaded:
-                p1 = load_p1(self._fetch(self.block.p1_name, v1))
-                p2 = load_p2(self._fetch(self.block.p2_name, v2)) if v2 is not None else None
+                try:
+                    p1 = load_p1(self._fetch(self.block.p1_name, v1))
+                    p2 = load_p2(self._fetch(self.block.p2_name, v2)) if v2 is not None else None
+                except (ModelFormatError, UnsafeArtifactError, MlflowException, OSError, ValueError) as exc:
+                    return self._fall_back(f"the champion ({self.block.p1_name} v{v1}, {self.block.p2_name} "
+                                           f"v{v2}) cannot be loaded ({_short(exc)})")
                 self._predictor = ThroughputPredictor(p1, p2)
                 self._loaded = (v1, v2)
+                self._using = f"the predictors already loaded (P1 v{v1}, P2 v{v2})"
                 log.info("gogh: loaded predictors %s v%s, %s v%s (alias %s)", self.block.p1_name, v1,
                          self.block.p2_name, v2, self.block.alias)
-            self._checked_at = now
+            self.degraded = None
             return self._predictor
+
+    def _fall_back(self, reason: str) -> ThroughputPredictor:
+        if self._predictor is not None:
+            using = self._using
+        else:
+            cached = self._newest_cached()
+            if cached is not None:
+                (d1, v1), (d2, v2) = cached
+                self._predictor = ThroughputPredictor(load_p1(d1), load_p2(d2) if d2 is not None else None)
+                self._loaded = (v1, v2)
+                using = f"the versions cached locally (P1 v{v1}, P2 v{v2})"
+            else:
+                base = models_dir() / (self.block.prior or "synthetic")
+                if not (base / "p1").is_dir():
+                    raise RuntimeError(f"{reason}, and there is no cached version nor built-in prior at "
+                                       f"{base} to place with; set GOGH_MODELS_DIR to gogh-flows' models/")
+                p2 = load_p2(base / "p2") if (base / "p2").is_dir() else None
+                self._predictor = ThroughputPredictor(load_p1(base / "p1"), p2)
+                self._loaded = (None, None)
+                using = f"the built-in prior {base.name!r}"
+        self._using = using
+        message = f"gogh: {reason}; placing with {using} until it is back (asked again every {self.block.refresh_s:g} s)"
+        if message != self.degraded:
+            log.warning(message)
+        self.degraded = message
+        return self._predictor
+
+    def _newest_cached(self) -> tuple[tuple[Path, int], tuple[Path | None, int | None]] | None:
+        """The newest P1 (and P2) versions downloaded before, verified then: the last good ones."""
+        key = hashlib.sha1(self.block.resolved_tracking_uri().encode()).hexdigest()[:10]
+        root = state_dir() / "model-cache" / key
+
+        def newest(name: str) -> tuple[Path, int] | None:
+            found = []
+            for d in root.glob(f"{name}-v*"):
+                suffix = d.name[len(name) + 2:]
+                if suffix.isdigit() and (d / "config.json").exists():
+                    found.append((int(suffix), d))
+            return (max(found)[1], max(found)[0]) if found else None
+
+        p1 = newest(self.block.p1_name)
+        if p1 is None:
+            return None
+        p2 = newest(self.block.p2_name)
+        return p1, (p2 if p2 is not None else (None, None))
+
+
+def _short(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 class ObservationCache:
@@ -249,13 +326,21 @@ class SpoolFlusher:
         self._wake.set()
 
     def _loop(self) -> None:
+        wait, failing = self.interval_s, False
         while not self._stop.is_set():
-            self._wake.wait(self.interval_s)
+            self._wake.wait(wait)
             self._wake.clear()
             try:
                 self.log.flush_spool()
-            except Exception as exc:  # keep spooled; retried on the next wake-up
-                log.warning("gogh: MLflow mirror of measurements failed, will retry: %s", exc)
+            except Exception as exc:  # keep spooled; retried with back-off, said once per outage
+                if not failing:
+                    log.warning("gogh: MLflow is unavailable, measurements stay in the local table and "
+                                "spool and are mirrored when it is back: %s", _short(exc))
+                failing, wait = True, min(30.0, max(wait * 2, 1.0))
+                continue
+            if failing:
+                log.warning("gogh: MLflow is back; the spooled measurements were mirrored")
+            failing, wait = False, self.interval_s
 
     def stop(self) -> None:
         self._stop.set()

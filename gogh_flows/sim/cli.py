@@ -75,6 +75,8 @@ def _jobs(args: argparse.Namespace, truth: ThroughputTable, gpus: list):
             n = int(args.trace.split(":", 1)[1])
         except ValueError:
             raise ValueError(f"--trace generate:N needs an integer N, got {args.trace!r}") from None
+        if n < 1:
+            raise ValueError(f"--trace generate:N needs N >= 1 jobs, got {n}")
         dist = load_philly_distribution(gavel_dir() / "traces" / "philly_job_distribution.csv")
         best = best_isolated(truth, gpus)
         runnable = [j for j in (family or truth.job_types) if best(j, 1) > 0]
@@ -90,6 +92,9 @@ def _jobs(args: argparse.Namespace, truth: ThroughputTable, gpus: list):
             if len(jobs) < n:
                 print(f"note: dropped {n - len(jobs)} of {n} trace jobs that no job type of family "
                       f"{args.holdout_family!r} can run at their GPU count", file=sys.stderr)
+    if not jobs:
+        raise ValueError(f"the trace {args.trace!r} has no jobs to simulate (an empty file, or every job "
+                         "was dropped); give a trace with at least one job, or --trace generate:N")
     unknown = sorted({j.job_type for j in jobs if not truth.knows(j.job_type)})
     if unknown:
         raise ValueError(f"trace job types missing from the truth table: {unknown}")

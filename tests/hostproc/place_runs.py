@@ -1,0 +1,73 @@
+"""One "host": a process of its own (own GOGH_HOME) placing decorated flow runs onto a shared pool.
+
+Run by tests/test_multihost.py and benchmarks/reliability.py as
+``python tests/hostproc/place_runs.py ADDRESS --runs N --threads T ...``; prints one JSON line
+per run (gpu, status, error) and a final summary line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("address")
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=4)
+    ap.add_argument("--model", default="ResNet-50")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--min-throughput", type=float, default=5.0)
+    ap.add_argument("--hold-s", type=float, default=0.5)
+    ap.add_argument("--wait-timeout-s", type=float, default=120.0)
+    ap.add_argument("--start-file", help="wait until this file exists before starting (a common start)")
+    args = ap.parse_args(argv)
+
+    from gogh_flows import GpuCluster, PlacementPolicy, current_placement, gogh_placed
+    from gogh_flows.flows.environment import close_all
+
+    cluster = GpuCluster(mode="remote", address=args.address)
+
+    @gogh_placed(model=args.model, batch_size=args.batch_size, min_throughput=args.min_throughput,
+                 work_steps=100, cluster=cluster,
+                 policy=PlacementPolicy(poll_s=0.2, wait_timeout_s=args.wait_timeout_s))
+    def hold(hold_s: float) -> str:
+        where = current_placement()
+        deadline = time.monotonic() + hold_s
+        while time.monotonic() < deadline:  # report as it goes: a cancelled run stops here
+            where.report(1)
+            time.sleep(0.05)
+        return where.gpu_id
+
+    lock = threading.Lock()
+
+    def one(i: int) -> dict:
+        try:
+            gpu = hold(args.hold_s)
+            out = {"i": i, "gpu": gpu, "status": "completed"}
+        except BaseException as exc:  # noqa: BLE001 - reported, not raised: the summary counts it
+            out = {"i": i, "status": "failed", "error": f"{type(exc).__name__}: {exc}"[:400]}
+        with lock:
+            print(json.dumps(out), flush=True)
+        return out
+
+    if args.start_file:
+        from pathlib import Path
+
+        while not Path(args.start_file).exists():
+            time.sleep(0.02)
+    with ThreadPoolExecutor(args.threads) as ex:
+        results = list(ex.map(one, range(args.runs)))
+    close_all()
+    print(json.dumps({"summary": True, "completed": sum(r["status"] == "completed" for r in results),
+                      "failed": sum(r["status"] == "failed" for r in results)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

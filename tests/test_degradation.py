@@ -1,0 +1,62 @@
+"""Degradation, never a stall: a dead MLflow, a corrupt champion, a fresh home raced by processes."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import time
+from pathlib import Path
+
+import pytest
+
+from gogh_flows.flows.blocks import PredictorRegistry
+from gogh_flows.flows.environment import PredictorSource, models_dir
+
+
+def _dead_http_uri() -> str:
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_unreachable_registry_places_with_the_built_in_prior_at_once(gogh_home, caplog):
+    src = PredictorSource(PredictorRegistry(tracking_uri=_dead_http_uri(), refresh_s=0))
+    start = time.monotonic()
+    with caplog.at_level("WARNING", logger="gogh_flows"):
+        first = src.get()
+        second = src.get()  # asked again (refresh_s=0): still fast, said once
+    assert time.monotonic() - start < 15  # not MLflow's minutes of retries
+    assert first is second and src.versions() == {"p1": None, "p2": None}
+    assert "unreachable" in src.degraded and "built-in prior 'synthetic'" in src.degraded
+    assert sum("unreachable" in r.getMessage() for r in caplog.records) == 1
+
+
+def _corrupt_source_of(registry, name: str, version: int) -> None:
+    source = registry._ready().get_model_version(name, str(version)).source
+    folder = Path(source.removeprefix("file://"))
+    for f in folder.rglob("*.safetensors"):
+        f.write_bytes(b"not a safetensors file")
+
+
+def test_corrupt_champion_falls_back_to_the_last_good_version_then_to_the_prior(gogh_home, tmp_path):
+    block = PredictorRegistry(refresh_s=0)
+    good = PredictorSource(block)
+    good.get()
+    assert good.versions()["p1"] == 1 and good.degraded is None
+    # a new champion whose artifacts are garbage
+    copy = tmp_path / "p1"
+    shutil.copytree(models_dir() / "synthetic" / "p1", copy)
+    v2 = good.registry.register(block.p1_name, copy, alias=block.alias)
+    _corrupt_source_of(good.registry, block.p1_name, v2)
+
+    assert good.get() is not None and good.versions()["p1"] == 1  # the loaded one stays in use
+    assert f"v{v2}" in good.degraded and "cannot be loaded" in good.degraded
+
+    fresh = PredictorSource(block)  # a new process: the last good version cached locally
+    fresh.get()
+    assert fresh.versions()["p1"] == 1 and "cached locally" in fresh.degraded
+
+    shutil.rmtree(gogh_home / "model-cache")
+    bare = PredictorSource(block)  # nothing cached: the built-in prior
+    bare.get()
+    assert bare.versions() == {"p1": None, "p2": None} and "built-in prior" in bare.degraded

@@ -1,0 +1,208 @@
+"""Several hosts, one pool: a real `dask scheduler` and `dask worker` processes started with the
+Dask CLIs, and independent host processes (own GOGH_HOME) placing onto that pool at once.
+
+Everything listens on loopback only; each test starts its own pool and is bounded in time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from runrecords import assert_shared_only_knowingly, run_records
+
+pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.timeout(300)]
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+HOST = REPO / "tests" / "hostproc" / "place_runs.py"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PYTHONPATH": str(REPO),
+           "DASK_DISTRIBUTED__LOGGING__DISTRIBUTED": "warning", **extra}
+    env.pop("PYTEST_CURRENT_TEST", None)
+    return env
+
+
+@contextmanager
+def cli_pool(tmp: Path, workers: dict[str, int], *, lease_timeout_s: float = 4.0,
+             security: list[str] | None = None) -> Iterator[dict]:
+    """`dask scheduler` (ledger preloaded) + one `dask worker` process per emulated GPU."""
+    sched_file = tmp / "scheduler.json"
+    procs: dict[str, subprocess.Popen] = {}
+    logs = tmp / "logs"
+    logs.mkdir(exist_ok=True)
+    sec = security or []
+    env = _env(GOGH_LEASE_TIMEOUT_S=str(lease_timeout_s), GOGH_EMULATED="1")
+    protocol = "tls" if sec else "tcp"
+    try:
+        procs["scheduler"] = subprocess.Popen(
+            [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0", "--protocol", protocol,
+             "--no-dashboard", "--scheduler-file", str(sched_file), "--preload", "gogh_flows.runtime.ledger",
+             *sec],
+            env=env, stdout=open(logs / "scheduler.log", "w"), stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while not sched_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        address = json.loads(sched_file.read_text())["address"]
+        for name, slots in workers.items():
+            procs[name] = subprocess.Popen(
+                [str(BIN / "dask"), "worker", address, "--name", name, "--nthreads", str(slots),
+                 "--resources", f"slot={slots}", "--no-nanny", "--host", "127.0.0.1", "--no-dashboard", *sec],
+                env=env, stdout=open(logs / f"{name}.log", "w"), stderr=subprocess.STDOUT)
+        yield {"address": address, "procs": procs, "logs": logs}
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.terminate()
+        for p in procs.values():
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _host(tmp: Path, name: str, address: str, *args: str) -> subprocess.Popen:
+    home = tmp / name
+    home.mkdir()
+    return subprocess.Popen(
+        [sys.executable, str(HOST), address, *args], cwd=str(home),
+        env=_env(GOGH_HOME=str(home), GOGH_MODELS_DIR=str(REPO / "models")),
+        stdout=subprocess.PIPE, stderr=open(home / "stderr.log", "w"), text=True)
+
+
+def _results(proc: subprocess.Popen, timeout: float) -> list[dict]:
+    out, _ = proc.communicate(timeout=timeout)
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def _measurements(tmp: Path, hosts: list[str]) -> pl.DataFrame:
+    frames = [pl.read_parquet(p) for h in hosts for p in (tmp / h).rglob("measurements.parquet")]
+    return pl.concat(frames, how="diagonal_relaxed")
+
+
+def test_two_hosts_placing_twenty_runs_onto_one_cli_pool_share_only_knowingly(tmp_path):
+    """The issue's 20-run variant: two processes, one emulated A100 pool (2 GPUs, 2 slots each)."""
+    with cli_pool(tmp_path, {"a100-0": 2, "a100-1": 2}) as pool:
+        start = tmp_path / "go"
+        # host a: ResNet-50 at 5 steps/s (a pair of them misses it); host b: ResNet-18, easy to pair
+        a = _host(tmp_path, "host-a", pool["address"], "--runs", "10", "--threads", "5", "--hold-s", "0.6",
+                  "--start-file", str(start))
+        b = _host(tmp_path, "host-b", pool["address"], "--runs", "10", "--threads", "5", "--hold-s", "0.6",
+                  "--model", "ResNet-18", "--batch-size", "32", "--min-throughput", "1.0",
+                  "--start-file", str(start))
+        time.sleep(1.0)
+        start.touch()
+        results = _results(a, 240) + _results(b, 240)
+    runs = [r for r in results if "summary" not in r]
+    assert len(runs) == 20 and all(r["status"] == "completed" for r in runs), runs
+    frame = _measurements(tmp_path, ["host-a", "host-b"])
+    assert frame.height == 20 and frame["run_id"].n_unique() == 20  # none lost, none twice
+    assert (frame["steps"] > 0).all()
+    records = run_records(frame)
+    assert_shared_only_knowingly(records)
+    # never more runs on a GPU than its capacity at any instant
+    for gpu in {r["gpu"] for r in records}:
+        spans = [(r["start"], r["end"]) for r in records if r["gpu"] == gpu]
+        for t, _ in spans:
+            assert sum(1 for s, e in spans if s <= t < e) <= 2
+
+
+def test_a_run_whose_worker_is_killed_fails_clearly_and_frees_the_gpu(tmp_path):
+    from distributed import Client
+
+    with cli_pool(tmp_path, {"a100-0": 1, "a100-1": 1}, lease_timeout_s=4.0) as pool:
+        host = _host(tmp_path, "host", pool["address"], "--runs", "1", "--threads", "1", "--hold-s", "120")
+        with Client(pool["address"], timeout=30) as client:
+            from gogh_flows.runtime.leases import PoolLedger
+
+            ledger = PoolLedger(client, register=False)
+            deadline = time.monotonic() + 120
+            lease = None
+            while time.monotonic() < deadline:
+                leases = [x for x in ledger.state().leases if x.started_at is not None]
+                if leases:
+                    lease = leases[0]
+                    break
+                time.sleep(0.2)
+            assert lease is not None, "the run never started"
+            killed_at = time.monotonic()
+            pool["procs"][lease.worker].send_signal(signal.SIGKILL)
+            results = _results(host, 90)
+            ended = time.monotonic() - killed_at
+            assert not ledger.state().leases  # the GPU is not blocked
+            ledger.close()
+    (run,) = [r for r in results if "summary" not in r]
+    assert run["status"] == "failed" and "RunLost" in run["error"] and lease.gpu_id in run["error"]
+    assert ended < 30  # within the lease and the checks, not the 120 s body
+    (row,) = _measurements(tmp_path, ["host"]).iter_rows(named=True)
+    assert row["status"] == "failed" and row["telemetry"] == "none"  # measured, marked failed
+
+
+def test_a_placing_process_killed_after_its_claim_frees_the_gpu_within_the_lease(tmp_path):
+    from distributed import Client
+
+    from gogh_flows.runtime.leases import PoolLedger
+
+    with cli_pool(tmp_path, {"a100-0": 2}, lease_timeout_s=3.0) as pool:
+        with Client(pool["address"], timeout=30) as client:
+            # a claim whose holder dies at once: nobody refreshes it
+            holder = subprocess.run(
+                [sys.executable, "-c",
+                 "import sys\nfrom distributed import Client\nfrom gogh_flows.runtime.leases import PoolLedger\n"
+                 "c = Client(sys.argv[1], timeout=30)\nled = PoolLedger(c, register=False)\n"
+                 "s = led.state()\nassert led.claim('doomed', 'a100-0', worker='a100-0', capacity=2, "
+                 "job_type='ResNet-50 (batch size 64)', required_throughput=5.0, work=100.0, "
+                 "expect_version=s.version('a100-0')).ok\nimport os; os._exit(0)\n", pool["address"]],
+                env=_env(), timeout=60)
+            assert holder.returncode == 0
+            ledger = PoolLedger(client, register=False)
+            assert ledger.get("doomed") is not None
+            t0 = time.monotonic()
+            while ledger.get("doomed") is not None and time.monotonic() - t0 < 30:
+                time.sleep(0.1)
+            assert ledger.get("doomed") is None and time.monotonic() - t0 <= 3.0 + 2.0
+            ledger.close()
+
+
+def test_placing_onto_a_tls_secured_pool(tmp_path):
+    """docs/runtime.md: a pool reachable only with the team's certificates."""
+    from distributed.security import Security
+
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
+    sec = Security.temporary()
+    key.write_text(sec.tls_scheduler_key)
+    cert.write_text(sec.tls_scheduler_cert)
+    tls = ["--tls-ca-file", str(cert), "--tls-cert", str(cert), "--tls-key", str(key)]
+    with cli_pool(tmp_path, {"a100-0": 2}, security=tls) as pool:
+        assert pool["address"].startswith("tls://")
+        from distributed import Client
+
+        # without the certificates the scheduler does not talk
+        with pytest.raises((OSError, TimeoutError)):
+            Client(pool["address"].replace("tls://", "tcp://"), timeout=3)
+        env_tls = {"DASK_DISTRIBUTED__COMM__TLS__CA_FILE": str(cert),
+                   "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT": str(cert),
+                   "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY": str(key),
+                   "DASK_DISTRIBUTED__COMM__REQUIRE_ENCRYPTION": "True"}
+        home = tmp_path / "host"
+        home.mkdir()
+        proc = subprocess.Popen(
+            [sys.executable, str(HOST), pool["address"], "--runs", "2", "--threads", "2", "--hold-s", "0.2"],
+            cwd=str(home), env=_env(GOGH_HOME=str(home), GOGH_MODELS_DIR=str(REPO / "models"), **env_tls),
+            stdout=subprocess.PIPE, stderr=open(home / "stderr.log", "w"), text=True)
+        runs = [r for r in _results(proc, 120) if "summary" not in r]
+    assert [r["status"] for r in runs] == ["completed", "completed"], runs
