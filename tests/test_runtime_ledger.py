@@ -75,16 +75,58 @@ def test_forty_threads_deciding_on_one_snapshot_each_get_at_most_one_winner_per_
     assert {len(v) for v in ledger.state().occupants().values()} == {1}
 
 
-def test_unrefreshed_lease_lapses_and_a_refreshed_one_stays(pool):
-    ledger = pool.ledger
-    assert _claim(ledger, "kept").ok and _claim(ledger, "dropped", gpu="t4-0").ok
-    ledger.hand_over("dropped")  # as if its placing process had died: nobody refreshes it
+def test_a_claim_whose_client_leaves_is_dropped_at_once(pool):
+    from distributed import Client
+
+    from gogh_flows.runtime.leases import PoolLedger
+
+    assert not pool.ledger.state().leases  # registered on the scheduler
+    with Client(pool.client.scheduler.address, set_as_default=False) as other:
+        doomed = PoolLedger(other, register=False)
+        assert _claim(doomed, "doomed", gpu="t4-0").ok
+        doomed.close()
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and ledger.get("dropped") is not None:
-        time.sleep(0.1)
-    assert ledger.get("dropped") is None  # lapsed within the 1 s lease (checked every 0.25 s)
-    assert ledger.get("kept") is not None  # the keeper thread refreshed it all along
-    assert ledger.state().counts["expired"] == 1
+    while time.monotonic() < deadline and pool.ledger.get("doomed") is not None:
+        time.sleep(0.05)
+    assert pool.ledger.get("doomed") is None and pool.ledger.state().counts["client_left"] == 1
+
+
+class _FakeScheduler:
+    """Just what the ledger reads of Dask's state: connected clients, tasks, workers."""
+
+    def __init__(self) -> None:
+        self.clients: dict[str, object] = {"c1": object()}
+        self.tasks: dict[str, object] = {}
+        self.workers: dict[str, object] = {}
+        self.handlers: dict[str, object] = {}
+        self.periodic_callbacks: dict[str, object] = {}
+
+
+def test_a_lease_lapses_only_when_unrefreshed_and_dask_shows_its_holder_gone():
+    import types
+
+    plugin = LedgerPlugin(1.0)
+    plugin.scheduler = sched = _FakeScheduler()
+    plugin.names = {"tcp://w": "v100-0"}
+
+    def claim(run_id: str, client: str) -> None:
+        assert plugin.claim(run_id, "v100-0", "v100-0", 9, "a", 1.0, 1.0,
+                            plugin.versions.get("v100-0", 0), client=client)["ok"]
+
+    claim("queued-live-client", "c1")
+    claim("queued-dead-client", "c2")
+    claim("running", "c1")
+    claim("finished-unreleased", "c1")
+    plugin.begin("running", "v100-0", key="k-run")
+    plugin.begin("finished-unreleased", "v100-0", key="k-done")
+    sched.tasks["k-run"] = types.SimpleNamespace(state="processing",
+                                                 processing_on=types.SimpleNamespace(name="v100-0"))
+    for lease in plugin.leases.values():
+        lease["seen_at"] -= 5.0  # no refresh for 5 s: longer than the 1 s lease
+    plugin._expire()
+    # a refresh thread that missed its turn does not free a GPU whose holder Dask shows at work
+    assert set(plugin.leases) == {"queued-live-client", "running"}
+    assert plugin.counts["expired"] == 2
 
 
 def test_worker_leaving_drops_its_leases_and_its_gpu_leaves_the_live_devices(pool):

@@ -38,10 +38,12 @@ class Lease:
     seen_at: float
     started_at: float | None
     cancel: bool
+    client: str | None = None  # the claiming Dask client (holds the lease until the body starts)
+    key: str | None = None  # the body's Dask task once started (its worker holds the lease)
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Lease:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ class PoolLedger:
               required_throughput: float, work: float, expect_version: int) -> Claim:
         d = self._call("gogh_ledger_claim", run_id=run_id, gpu_id=gpu_id, worker=worker, capacity=capacity,
                        job_type=job_type, required_throughput=required_throughput, work=work,
-                       expect_version=expect_version)
+                       expect_version=expect_version, client=self.client.id)
         claim = Claim(ok=d["ok"], version=d["version"], reason=d.get("reason"), detail=d.get("detail"))
         if claim.ok:
             with self._lock:
@@ -188,8 +190,8 @@ class WorkerLease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def begin(self, worker: str) -> bool:
-        d = self._call("gogh_ledger_begin", run_id=self.run_id, worker=worker)
+    def begin(self, worker: str, key: str | None = None) -> bool:
+        d = self._call("gogh_ledger_begin", run_id=self.run_id, worker=worker, key=key)
         if not d["ok"]:
             return False
         every = d["lease_timeout_s"] / 4
@@ -207,6 +209,11 @@ class WorkerLease:
                 continue
             if self.run_id in answer["cancel"]:
                 self._on_cancel()
+            if self.run_id in answer["gone"]:
+                log.warning("gogh: the lease of run %s was dropped while its body runs; its GPU may be "
+                            "given to another run (raise the lease timeout if this host is overloaded)",
+                            self.run_id)
+                return
 
     def end(self) -> None:
         self._stop.set()

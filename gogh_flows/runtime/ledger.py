@@ -14,10 +14,14 @@ Two rules make a placement safe:
   names the version of the GPU it chose; if anything changed there since, the claim is refused
   and the run decides again on the new state. So two runs share a GPU only if the decision
   that put the second there saw the first (and protected its requirement).
-* **leases.** A claim is held only while someone refreshes it: the placing process until the
-  body starts, the worker while the body runs. It is dropped when the run ends, when its
-  worker leaves the scheduler, or when nobody refreshed it for ``lease_timeout_s``; a crashed
-  placing process or body never blocks a GPU for longer than that.
+* **leases.** A claim is held by the placing process's Dask client until the body starts,
+  then by the worker running it. It is dropped when the run ends, when its holder leaves the
+  scheduler (the client disconnects: its process died; the worker is removed), or when it was
+  not refreshed for ``lease_timeout_s`` *and* Dask no longer shows its holder alive (the
+  claiming client connected, or the body's task processing on its worker). Liveness comes from
+  Dask's own state first because a refresh thread can miss its turn under load (a long
+  GIL-holding call): a lease must never lapse under a body that still runs, or another run
+  would be put next to it unseen. A crashed placing process or worker frees its GPU at once.
 
 Start a shared scheduler with the ledger preloaded (``dask scheduler --preload
 gogh_flows.runtime.ledger``), or let the first client register it (:func:`ensure_ledger`).
@@ -71,12 +75,14 @@ class LedgerPlugin(SchedulerPlugin):
         # {gpu_id: version}: bumped by every claim and release on that GPU
         self.versions: dict[str, int] = {}
         # {run_id: {"run_id", "gpu_id", "worker", "job_type", "required_throughput", "work",
-        #           "claimed_at", "seen_at", "started_at" (None until the body starts), "cancel"}}
+        #           "claimed_at", "seen_at", "started_at" (None until the body starts), "cancel",
+        #           "client" (id of the claiming Dask client), "key" (the body's task key once started)}}
         self.leases: dict[str, dict[str, Any]] = {}
         # {worker address: worker name}: remove_worker is told the address only, after the
         # scheduler has forgotten the name
         self.names: dict[str, str] = {}
-        # {"expired" | "worker_left" | "released" | "claimed" | "refused_changed" | "refused_full": n}
+        # {"expired" | "worker_left" | "client_left" | "released" | "claimed" | "refused_changed"
+        #  | "refused_full": n}
         self.counts: dict[str, int] = {}
         self.scheduler: Any = None
 
@@ -111,6 +117,13 @@ class LedgerPlugin(SchedulerPlugin):
         for run_id in [r for r, lease in self.leases.items() if lease["worker"] == name]:
             self._drop(run_id, "worker_left")
 
+    def remove_client(self, scheduler: Any, client: str) -> None:
+        # a placing process that died (or closed its client) leaves its unstarted claims behind;
+        # a started body belongs to its worker now
+        for run_id in [r for r, lease in self.leases.items()
+                       if lease["client"] == client and lease["started_at"] is None]:
+            self._drop(run_id, "client_left")
+
     # -- state -------------------------------------------------------------------------
     def _count(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -126,15 +139,30 @@ class LedgerPlugin(SchedulerPlugin):
         self._bump(lease["gpu_id"])
         self._count(why)
         if why != "released":
-            log.warning("gogh ledger: dropped the lease of run %s on %s (%s)", run_id, lease["gpu_id"],
-                        "its worker left" if why == "worker_left" else
-                        f"not refreshed for {self.lease_timeout_s:g} s")
+            log.warning("gogh ledger: dropped the lease of run %s on %s (%s)", run_id, lease["gpu_id"], {
+                "worker_left": "its worker left", "client_left": "its placing process's client left",
+            }.get(why, f"not refreshed for {self.lease_timeout_s:g} s, and its holder is gone"))
         return True
 
+    def _holder_alive(self, lease: dict[str, Any]) -> bool:
+        """Whether Dask's own state shows the lease's holder still at work."""
+        if self.scheduler is None:
+            return False
+        if lease["started_at"] is None:
+            return lease["client"] is not None and lease["client"] in self.scheduler.clients
+        ts = self.scheduler.tasks.get(lease["key"]) if lease["key"] else None
+        return (ts is not None and ts.state == "processing" and ts.processing_on is not None
+                and str(ts.processing_on.name) == lease["worker"])
+
     def _expire(self) -> None:
-        cutoff = time() - self.lease_timeout_s
-        for run_id in [r for r, lease in self.leases.items() if lease["seen_at"] < cutoff]:
-            self._drop(run_id, "expired")
+        now = time()
+        for run_id, lease in list(self.leases.items()):
+            if lease["seen_at"] >= now - self.lease_timeout_s:
+                continue
+            if self._holder_alive(lease):
+                lease["seen_at"] = now  # a refresh missed its turn; Dask shows the holder alive
+            else:
+                self._drop(run_id, "expired")
 
     # -- handlers (each runs alone on the scheduler's event loop: atomic) ---------------
     def state(self) -> dict[str, Any]:
@@ -144,7 +172,8 @@ class LedgerPlugin(SchedulerPlugin):
                 "workers": sorted(set(self.names.values())), "counts": dict(self.counts)}
 
     def claim(self, run_id: str, gpu_id: str, worker: str, capacity: int, job_type: str,
-              required_throughput: float, work: float, expect_version: int) -> dict[str, Any]:
+              required_throughput: float, work: float, expect_version: int,
+              client: str | None = None) -> dict[str, Any]:
         """Take one slot of ``gpu_id`` if its version is still ``expect_version`` and it has room.
 
         Claiming again what the run already holds succeeds (a retried call); the answer's
@@ -172,6 +201,7 @@ class LedgerPlugin(SchedulerPlugin):
             "run_id": run_id, "gpu_id": gpu_id, "worker": worker, "job_type": job_type,
             "required_throughput": float(required_throughput), "work": float(work),
             "claimed_at": now, "seen_at": now, "started_at": None, "cancel": False,
+            "client": client, "key": None,
         }
         self._count("claimed")
         return {"ok": True, "version": self._bump(gpu_id)}
@@ -193,12 +223,13 @@ class LedgerPlugin(SchedulerPlugin):
                 cancel.append(r)
         return {"gone": gone, "cancel": cancel, "lease_timeout_s": self.lease_timeout_s}
 
-    def begin(self, run_id: str, worker: str) -> dict[str, Any]:
-        """The worker is about to start the body: only if the lease is still held, and for it."""
+    def begin(self, run_id: str, worker: str, key: str | None = None) -> dict[str, Any]:
+        """The worker is about to start the body (task ``key``): only if the lease is still held, for it."""
         lease = self.leases.get(run_id)
         if lease is None or lease["worker"] != worker or lease["cancel"]:
             return {"ok": False, "lease_timeout_s": self.lease_timeout_s}
         lease["started_at"] = lease["seen_at"] = time()
+        lease["key"] = key
         return {"ok": True, "lease_timeout_s": self.lease_timeout_s}
 
     def release(self, run_id: str, if_unstarted: bool = False) -> dict[str, Any]:

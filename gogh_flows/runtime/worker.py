@@ -206,7 +206,7 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
     lease = None
     if spec.hold_lease:
         lease = WorkerLease(str(spec.run_id), _scheduler_call(worker), on_cancel=ctx.stop_requested.set)
-        if not lease.begin(str(worker_name)):
+        if not lease.begin(str(worker_name), key=worker.get_current_task()):
             meter.start()
             not_started = RunNotStarted(
                 f"run {spec.run_id} was not started on {device.id}: its slot lease was no longer held "
