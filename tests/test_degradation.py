@@ -7,7 +7,6 @@ import socket
 import time
 from pathlib import Path
 
-import pytest
 
 from gogh_flows.flows.blocks import PredictorRegistry
 from gogh_flows.flows.environment import PredictorSource, models_dir
@@ -60,3 +59,29 @@ def test_corrupt_champion_falls_back_to_the_last_good_version_then_to_the_prior(
     bare = PredictorSource(block)  # nothing cached: the built-in prior
     bare.get()
     assert bare.versions() == {"p1": None, "p2": None} and "built-in prior" in bare.degraded
+
+
+def test_four_processes_starting_together_on_a_fresh_home_all_place(tmp_path):
+    """MLflow's schema creation raced on a fresh SQLite store (3 of 4 processes failed)."""
+    import os
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    go = tmp_path / "go"
+    code = ("import sys, time, pathlib\n"
+            "from gogh_flows.flows.blocks import PredictorRegistry\n"
+            "from gogh_flows.flows.environment import PredictorSource\n"
+            "go = pathlib.Path(sys.argv[1])\n"
+            "while not go.exists(): time.sleep(0.01)\n"
+            "src = PredictorSource(PredictorRegistry())\n"
+            "src.get()\n"
+            "print(src.versions()['p1'], src.degraded)\n")
+    env = {**os.environ, "GOGH_HOME": str(home), "GOGH_MODELS_DIR": str(models_dir())}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(go)], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    time.sleep(2)
+    go.touch()
+    outs = [p.communicate(timeout=240) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [err[-2000:] for _, err in outs]
+    assert [out.split()[:2] for out, _ in outs] == [["1", "None"]] * 4  # one prior registered, used by all

@@ -8,11 +8,13 @@ look at the file system) and fail fast with a message that says what to do.
 
 from __future__ import annotations
 
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
+from filelock import FileLock
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
@@ -70,6 +72,40 @@ def check_reachable(uri: str, *, timeout: float = 3.0) -> None:
             raise TrackingUnavailableError(
                 f"cannot create the folder {db.parent} for the MLflow database of {uri} ({exc}); {START_HINT}"
             ) from exc
+        initialise_sqlite(uri, db)
+
+
+def mlflow_client(tracking_uri: str, registry_uri: str | None = None) -> MlflowClient:
+    """An MlflowClient, after a SQLite store's schema was created safely (MLflow creates it in
+    the client's constructor, unlocked); other stores are not contacted here."""
+    for uri in {tracking_uri, registry_uri or tracking_uri}:
+        db = sqlite_path(uri)
+        if db is not None:
+            db.parent.mkdir(parents=True, exist_ok=True)
+            initialise_sqlite(uri, db)
+    return MlflowClient(tracking_uri=tracking_uri, registry_uri=registry_uri or tracking_uri)
+
+
+_INITIALISED: set[str] = set()
+_INIT_LOCK = threading.Lock()
+
+
+def initialise_sqlite(uri: str, db: Path) -> None:
+    """Create (or migrate) MLflow's schema in a SQLite store, one process at a time.
+
+    MLflow creates its tables on first use without a lock: processes starting together on
+    a fresh store race each other, and the losers fail ("table ... already exists"). A file
+    lock next to the database makes the first use of each process wait its turn; later uses
+    in the process skip it.
+    """
+    with _INIT_LOCK:
+        if uri in _INITIALISED:
+            return
+        with FileLock(str(db) + ".init.lock", timeout=300):
+            client = MlflowClient(tracking_uri=uri, registry_uri=uri)
+            client.search_experiments(max_results=1)
+            client.search_registered_models(max_results=1)
+        _INITIALISED.add(uri)
 
 
 def default_artifact_location(tracking_uri: str, experiment: str) -> str | None:

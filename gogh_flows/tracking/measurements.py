@@ -33,12 +33,12 @@ from typing import Any
 
 import polars as pl
 from filelock import FileLock
-from mlflow import MlflowClient
 from mlflow.entities import Metric, Param, RunTag
 
 from gogh_flows.tracking.backend import (
     as_uri,
     check_reachable,
+    mlflow_client,
     default_artifact_location,
     get_or_create_experiment,
 )
@@ -207,7 +207,7 @@ class MeasurementLog:
         self.root.mkdir(parents=True, exist_ok=True)
         self.spool_dir.mkdir(exist_ok=True)
         self._artifact_location = as_uri(artifact_location)
-        self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        self._client = mlflow_client(self.tracking_uri)
         self._experiment_id: str | None = None
 
     @property

@@ -34,6 +34,7 @@ from mlflow.exceptions import MlflowException
 from gogh_flows.tracking.backend import (
     as_uri,
     check_reachable,
+    mlflow_client,
     default_artifact_location,
     get_or_create_experiment,
 )
@@ -131,7 +132,7 @@ class ModelRegistry:
         self.tracking_uri = str(tracking_uri)
         self.registry_uri = str(registry_uri or tracking_uri)
         self._artifact_location = as_uri(artifact_location)
-        self._client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.registry_uri)
+        self._client = mlflow_client(self.tracking_uri, self.registry_uri)
         self._checked = False
         self._experiment_id: str | None = None
 
