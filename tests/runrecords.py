@@ -28,8 +28,9 @@ def assert_shared_only_knowingly(records: list[dict]) -> int:
             if a["run"] >= b["run"] or a["gpu"] != b["gpu"]:
                 continue
             if a["start"] < b["end"] and b["start"] < a["end"]:  # both bodies ran at once
-                first, second = (a, b) if a["start"] <= b["start"] else (b, a)
-                assert first["run"] in second["saw"], f"{second['run']} shared {second['gpu']} unseen"
+                # the later *placed* one must have seen the other (bodies may start in either order)
+                first, second = (a, b) if a["run"] in b["saw"] else (b, a)
+                assert first["run"] in second["saw"], f"{a['run']} and {b['run']} shared {a['gpu']} unseen"
                 i = second["saw"].index(first["run"])
                 assert second["predicted"] >= second["required"]
                 assert second["partner_predicted"][i] >= second["partner_required"][i]

@@ -26,29 +26,46 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hold-s", type=float, default=0.5)
     ap.add_argument("--wait-timeout-s", type=float, default=120.0)
     ap.add_argument("--start-file", help="wait until this file exists before starting (a common start)")
+    ap.add_argument("--models", help="cycle through these zoo families (comma-separated) instead of --model")
+    ap.add_argument("--exit-every", type=int, default=0, help="every K-th run's body calls sys.exit()")
+    ap.add_argument("--solver-limit-s", type=float, default=2.0, help="the optimiser's time limit")
+    ap.add_argument("--burst", type=int, default=0, help="start runs in bursts of this many, 1 s apart")
     args = ap.parse_args(argv)
 
     from gogh_flows import GpuCluster, PlacementPolicy, current_placement, gogh_placed
     from gogh_flows.flows.environment import close_all
 
     cluster = GpuCluster(mode="remote", address=args.address)
+    policy = PlacementPolicy(poll_s=0.2, wait_timeout_s=args.wait_timeout_s,
+                             solver_time_limit_s=args.solver_limit_s)
+    families = args.models.split(",") if args.models else [args.model]
 
-    @gogh_placed(model=args.model, batch_size=args.batch_size, min_throughput=args.min_throughput,
-                 work_steps=100, cluster=cluster,
-                 policy=PlacementPolicy(poll_s=0.2, wait_timeout_s=args.wait_timeout_s))
-    def hold(hold_s: float) -> str:
+    def body(hold_s: float, exit_now: bool) -> str:
         where = current_placement()
         deadline = time.monotonic() + hold_s
         while time.monotonic() < deadline:  # report as it goes: a cancelled run stops here
             where.report(1)
             time.sleep(0.05)
+        if exit_now:
+            sys.exit(3)
         return where.gpu_id
 
+    flows = {f: gogh_placed(model=f, batch_size=args.batch_size if not args.models else 32,
+                            min_throughput=args.min_throughput, work_steps=100, cluster=cluster,
+                            policy=policy)(body) for f in families}
+
+    def hold(i: int) -> str:
+        exit_now = bool(args.exit_every) and i % args.exit_every == args.exit_every - 1
+        return flows[families[i % len(families)]](args.hold_s, exit_now)
+
     lock = threading.Lock()
+    t0 = [time.monotonic()]
 
     def one(i: int) -> dict:
+        if args.burst:  # bursts of --burst runs, one a second
+            time.sleep(max(0.0, t0[0] + i // args.burst - time.monotonic()))
         try:
-            gpu = hold(args.hold_s)
+            gpu = hold(i)
             out = {"i": i, "gpu": gpu, "status": "completed"}
         except BaseException as exc:  # noqa: BLE001 - reported, not raised: the summary counts it
             out = {"i": i, "status": "failed", "error": f"{type(exc).__name__}: {exc}"[:400]}
@@ -61,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
         while not Path(args.start_file).exists():
             time.sleep(0.02)
+    t0[0] = time.monotonic()
     with ThreadPoolExecutor(args.threads) as ex:
         results = list(ex.map(one, range(args.runs)))
     close_all()

@@ -1,0 +1,247 @@
+"""Load and faults on one pool shared by several placing processes (docs/reliability.md).
+
+Starts, all on loopback and under a temp dir: a Prefect server (`prefect server start`), a
+Dask scheduler with the ledger preloaded and 16 emulated GPUs as `dask worker` processes
+(`--nworkers` behind nannies, capacity 2), then two host processes (own GOGH_HOME each,
+tests/hostproc/place_runs.py) placing decorated flow runs in bursts. While runs are in
+flight it injects faults: a worker SIGKILLed (its nanny restarts it), a worker group killed
+for good, a placing process SIGKILLed after its claims, bodies that call sys.exit(), and one
+host solving with a 1 ms solver limit. Afterwards it reads every run's own record and reports:
+runs completed, oversubscriptions (more bodies on a GPU than its capacity at any instant),
+unknowing shares (a run next to a partner its decision did not see), measurements lost and
+duplicated, and how long each fault's GPUs stayed blocked.
+
+    .venv/bin/python benchmarks/reliability.py [--runs 500] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import polars as pl
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+from runrecords import run_records  # noqa: E402
+
+BIN = Path(sys.executable).parent
+HOST = REPO / "tests" / "hostproc" / "place_runs.py"
+OUT = REPO / "benchmarks" / "results"
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(pred, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"{what} not ready within {timeout:g} s")
+
+
+class Bench:
+    def __init__(self, tmp: Path, gpus: int, lease_timeout_s: float) -> None:
+        self.tmp, self.procs = tmp, []
+        self.env = {**os.environ, "PREFECT_HOME": str(tmp / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+                    "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true", "PYTHONPATH": str(REPO),
+                    "PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE": "40",
+                    "PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW": "40", "PREFECT_SERVER_DATABASE_TIMEOUT": "60",
+                    "PREFECT_CLIENT_MAX_RETRIES": "9", "PREFECT_LOGGING_LEVEL": "WARNING",
+                    "PREFECT_SERVER_LOGGING_LEVEL": "WARNING", "GOGH_EMULATED": "1",
+                    "GOGH_LEASE_TIMEOUT_S": str(lease_timeout_s), "GOGH_MODELS_DIR": str(REPO / "models")}
+        logs = tmp / "logs"
+        logs.mkdir(parents=True)
+        port = _port()
+        self.env["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
+        self._start("prefect", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)])
+        _wait(lambda: self._ok(f"http://127.0.0.1:{port}/api/health"), 180, "Prefect server")
+        sched = tmp / "scheduler.json"
+        self._start("scheduler", [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
+                                  "--no-dashboard", "--scheduler-file", str(sched),
+                                  "--preload", "gogh_flows.runtime.ledger"])
+        _wait(sched.exists, 60, "Dask scheduler")
+        self.address = json.loads(sched.read_text())["address"]
+        self.workers = {}
+        half = gpus // 2
+        for name, n in (("a100", half), ("v100", gpus - half)):  # nannies name workers a100-0 ...
+            self.workers[name] = self._start(name, [
+                str(BIN / "dask"), "worker", self.address, "--name", name, "--nworkers", str(n),
+                "--nthreads", "2", "--resources", "slot=2", "--host", "127.0.0.1", "--no-dashboard"])
+        from distributed import Client
+
+        self.client = Client(self.address, timeout=60, set_as_default=False)
+        self.client.wait_for_workers(gpus, timeout=300)
+        from gogh_flows.runtime.leases import PoolLedger
+
+        self.ledger = PoolLedger(self.client, register=False)
+
+    @staticmethod
+    def _ok(url: str) -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as r:  # noqa: S310 - loopback
+                return r.status == 200
+        except OSError:
+            return False
+
+    def _start(self, name: str, cmd: list[str]) -> subprocess.Popen:
+        p = subprocess.Popen(cmd, env=self.env, stdout=open(self.tmp / "logs" / f"{name}.log", "w"),
+                             stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(p)
+        return p
+
+    def host(self, name: str, *args: str) -> subprocess.Popen:
+        home = self.tmp / name
+        home.mkdir()
+        p = subprocess.Popen([sys.executable, str(HOST), self.address, *args], cwd=str(home),
+                             env={**self.env, "GOGH_HOME": str(home)}, stdout=subprocess.PIPE,
+                             stderr=open(home / "stderr.log", "w"), text=True, start_new_session=True)
+        return p
+
+    def worker_pid(self, name: str) -> int:
+        """The OS pid of the worker process serving GPU ``name`` (a nanny's child)."""
+        address = next(a for a, w in self.client.scheduler_info(n_workers=-1)["workers"].items()
+                       if w["name"] == name)
+        return self.client.run(os.getpid, workers=[address])[address]
+
+    def leases_on(self, gpu_ids: set[str]) -> int:
+        return sum(1 for x in self.ledger.state().leases if x.gpu_id in gpu_ids)
+
+    def close(self) -> None:
+        self.ledger.close()
+        self.client.close()
+        for p in reversed(self.procs):
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+
+
+def _lines(proc: subprocess.Popen, timeout: float) -> list[dict]:
+    out, _ = proc.communicate(timeout=timeout)
+    return [json.loads(x) for x in out.splitlines() if x.startswith("{") and "summary" not in x]
+
+
+def audit(records: list[dict], capacity: int = 2) -> dict:
+    """Oversubscriptions and unknowing shares, from the runs' own records."""
+    over, unknowing, shared = 0, 0, 0
+    by_gpu: dict[str, list[dict]] = {}
+    for r in records:
+        by_gpu.setdefault(r["gpu"], []).append(r)
+    for runs in by_gpu.values():
+        for r in runs:
+            if sum(1 for o in runs if o["start"] <= r["start"] < o["end"]) > capacity:
+                over += 1
+        for i, a in enumerate(runs):
+            for b in runs[i + 1:]:
+                if a["start"] < b["end"] and b["start"] < a["end"]:
+                    shared += 1  # the later placed of the two must have seen the other
+                    if a["run"] not in b["saw"] and b["run"] not in a["saw"]:
+                        unknowing += 1
+    return {"oversubscriptions": over, "unknowing_shares": unknowing, "shared_pairs": shared}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=500, help="runs in all, split over the two hosts")
+    ap.add_argument("--gpus", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=12, help="concurrent flow runs per host")
+    ap.add_argument("--hold-s", type=float, default=0.5)
+    ap.add_argument("--lease-timeout-s", type=float, default=10.0)
+    ap.add_argument("--json", default=str(OUT / "reliability.json"))
+    args = ap.parse_args()
+    if args.runs < 2 or args.gpus < 4:
+        raise SystemExit("--runs must be >= 2 and --gpus >= 4")
+    tmp = Path(tempfile.mkdtemp(prefix="gogh-reliability-"))
+    t_start = time.time()
+    bench = Bench(tmp, args.gpus, args.lease_timeout_s)
+    faults: list[dict] = []
+    try:
+        per = args.runs // 2
+        common = ["--threads", str(args.threads), "--hold-s", str(args.hold_s), "--burst", str(args.threads),
+                  "--wait-timeout-s", "300", "--min-throughput", "1.0"]
+        a = bench.host("host-a", "--runs", str(per), "--models", "ResNet-18,ResNet-50,A3C", "--exit-every", "50",
+                       *common)
+        b = bench.host("host-b", "--runs", str(args.runs - per), "--models", "Transformer,LM,Recommendation",
+                       "--solver-limit-s", "0.001", *common)
+        victim = bench.host("host-victim", "--runs", "4", "--threads", "4", "--hold-s", "8",
+                            "--min-throughput", "1.0", "--wait-timeout-s", "300")
+        _wait(lambda: bench.ledger.state().counts.get("claimed", 0) >= 20, 600, "the first claims")
+
+        # 1. a worker SIGKILLed under a run: its nanny restarts it
+        busy = [x for x in bench.ledger.state().leases if x.started_at is not None]
+        if busy:
+            gpu, run_id = busy[0].worker, busy[0].run_id
+            t0 = time.monotonic()
+            os.kill(bench.worker_pid(gpu), signal.SIGKILL)
+            _wait(lambda: bench.ledger.get(run_id) is None, 60, "the killed worker's lease")
+            faults.append({"fault": f"worker {gpu} SIGKILLed (restarted by its nanny)",
+                           "gpu_blocked_s": round(time.monotonic() - t0, 2)})
+        # 2. the placing process with long runs SIGKILLed after its claims
+        _wait(lambda: any(x.job_type.startswith("ResNet-50 (batch size 64)") for x in bench.ledger.state().leases),
+              600, "the victim's claims")
+        mine = {x.run_id for x in bench.ledger.state().leases if x.job_type.startswith("ResNet-50 (batch size 64)")}
+        t0 = time.monotonic()
+        os.killpg(victim.pid, signal.SIGKILL)
+        _wait(lambda: not mine & {x.run_id for x in bench.ledger.state().leases}, 120, "the victim's leases")
+        faults.append({"fault": "a placing process SIGKILLed after its claims",
+                       "claims": len(mine), "gpu_blocked_s": round(time.monotonic() - t0, 2),
+                       "note": "bodies already running keep their GPU until they end (8 s bodies)"})
+        # 3. a whole worker group (nanny and its workers) killed for good
+        time.sleep(5)
+        before = {w["name"] for w in bench.client.scheduler_info(n_workers=-1)["workers"].values()}
+        t0 = time.monotonic()
+        os.killpg(bench.workers["v100"].pid, signal.SIGKILL)
+        gone = {n for n in before if str(n).startswith("v100-")}
+        _wait(lambda: bench.leases_on(gone) == 0, 120, "the dead workers' leases")
+        faults.append({"fault": f"{len(gone)} v100 workers and their nanny SIGKILLed for good",
+                       "gpu_blocked_s": round(time.monotonic() - t0, 2)})
+        results = {"host-a": _lines(a, 3600), "host-b": _lines(b, 3600)}
+        left = bench.ledger.state().leases
+    finally:
+        bench.close()
+
+    frames = [pl.read_parquet(p) for h in ("host-a", "host-b") for p in (tmp / h).rglob("measurements.parquet")]
+    frame = pl.concat(frames, how="diagonal_relaxed")
+    records = [r for r in run_records(frame.filter(pl.col("extra").str.contains("body_started_at")))]
+    runs = [r for rs in results.values() for r in rs]
+    errors: dict[str, int] = {}
+    for r in runs:
+        if r["status"] == "failed":
+            kind = r["error"].split(":")[0]
+            errors[kind] = errors.get(kind, 0) + 1
+    never_ran = sum(n for k, n in errors.items() if k in ("PlacementTimeout", "InfeasibleRequirement"))
+    summary = {
+        "runs": len(runs), "completed": sum(r["status"] == "completed" for r in runs), "failed_by_kind": errors,
+        "measurements": frame.height, "measurements_unique": frame["run_id"].n_unique(),
+        "measurements_lost": len(runs) - never_ran - frame["run_id"].n_unique(),
+        "measurements_duplicated": frame.height - frame["run_id"].n_unique(),
+        **audit(records), "leases_left_at_end": len(left), "faults": faults,
+        "wall_s": round(time.time() - t_start, 1), "gpus": args.gpus, "threads_per_host": args.threads,
+        "lease_timeout_s": args.lease_timeout_s,
+    }
+    text = json.dumps(summary, indent=2)
+    print(text)
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
