@@ -186,7 +186,9 @@ def main() -> None:
         _wait(lambda: bench.ledger.state().counts.get("claimed", 0) >= 20, 600, "the first claims")
 
         # 1. a worker SIGKILLed under a run: its nanny restarts it
-        busy = [x for x in bench.ledger.state().leases if x.started_at is not None]
+        _wait(lambda: any(x.started_at is not None and x.worker.startswith("a100")
+                          for x in bench.ledger.state().leases), 300, "a running body")
+        busy = [x for x in bench.ledger.state().leases if x.started_at is not None and x.worker.startswith("a100")]
         if busy:
             gpu, run_id = busy[0].worker, busy[0].run_id
             t0 = time.monotonic()

@@ -17,7 +17,6 @@ validation, retries, ``with_options``, deployments); only its body is wrapped:
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
 import inspect
 import logging
@@ -165,55 +164,30 @@ def _inside(gpu: Any, cur: CurrentPlacement, fn: Callable, args: tuple, kwargs: 
         _CURRENT.reset(token)
 
 
-#: Bodies and flow contexts handed to thread workers of this process by token: Dask pickles
-#: task arguments even for in-process workers, and neither a Context nor a closure over a
-#: lock can be pickled.
-_LOCAL_CONTEXTS: dict[str, tuple] = {}
-
-
-def _prefect_vars() -> list[contextvars.ContextVar]:
-    from prefect.context import ContextModel
-
-    found, stack = [], [ContextModel]
-    while stack:
-        cls = stack.pop()
-        stack.extend(cls.__subclasses__())
-        var = cls.__dict__.get("__var__")
-        if isinstance(var, contextvars.ContextVar) and var not in found:
-            found.append(var)
-    return found
-
-
-def _with_vars(values: dict, fn: Callable, *args: Any) -> Any:
-    for var, value in values.items():
-        var.set(value)
-    return fn(*args)
+#: Bodies (and their serialised contexts, which hold the flow) handed to thread workers of
+#: this process by token: Dask pickles task arguments even for in-process workers, and a
+#: closure over a lock cannot be pickled.
+_LOCAL_BODIES: dict[str, tuple] = {}
 
 
 def _execute_local(token: str, placement: RunPlacement, work_steps: int) -> Any:
     """Thread worker of this process: the body and its context come by token, unpickled."""
-    fn, args, kwargs, context = _LOCAL_CONTEXTS.pop(token)
+    fn, args, kwargs, context = _LOCAL_BODIES.pop(token)
     return _execute_body(fn, args, kwargs, context, placement, work_steps)
 
 
-def _execute_body(fn: Callable, args: tuple, kwargs: dict, context: contextvars.Context | dict,
-                  placement: RunPlacement, work_steps: int) -> Any:
+def _execute_body(fn: Callable, args: tuple, kwargs: dict, context: dict, placement: RunPlacement,
+                  work_steps: int) -> Any:
     """Runs on the pinned worker: the user's body inside the flow run's Prefect context.
 
-    A thread worker in this process gets the flow's context itself (a copy: cheap); a
-    worker in another process gets it serialised, as prefect-dask ships task contexts.
+    One path for every worker, in this process or another: the context is Prefect's own
+    ``serialize_context()``, hydrated here, as prefect-dask ships task contexts.
     """
     gpu = current_gpu()
     cur = CurrentPlacement(placement=placement, device=gpu.torch_device if gpu else "cpu",
                            mode=gpu.mode if gpu else "unknown", _gpu=gpu)
-    if isinstance(context, contextvars.Context):
-        # the worker keeps its own context (Dask's get_worker() lives there); only Prefect's
-        # context variables come from the flow run
-        values = {var: context[var] for var in _prefect_vars() if var in context}
-        result = contextvars.copy_context().run(_with_vars, values, _inside, gpu, cur, fn, args, kwargs)
-    else:
-        with hydrated_context(context):
-            result = _inside(gpu, cur, fn, args, kwargs)
+    with hydrated_context(context):
+        result = _inside(gpu, cur, fn, args, kwargs)
     meter = gpu.meter if gpu is not None else None
     if meter is not None and meter.steps == 0:
         # automatic timing: a body that reported nothing did its declared work (one that
@@ -286,7 +260,7 @@ def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, k
         where = {"gpu_id": placement.gpu_id, "job_type": job.job_type, "run_id": ledger_id, "hold_lease": True}
         if in_process:
             token = uuid.uuid4().hex
-            _LOCAL_CONTEXTS[token] = (fn, args, kwargs, contextvars.copy_context())
+            _LOCAL_BODIES[token] = (fn, args, kwargs, serialize_context())
             future = env.pool.submit(_execute_local, token, placement, job.work_steps, **where)
         else:
             future = env.pool.submit(_execute_body, fn, args, kwargs, serialize_context(), placement,
@@ -298,7 +272,7 @@ def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, k
         raise
     finally:
         if in_process:
-            _LOCAL_CONTEXTS.pop(token, None)
+            _LOCAL_BODIES.pop(token, None)
         if outcome is None:
             # abandoned before the body returned: stop it (at its next progress report), and free
             # the slot now only if the body never started; a running body keeps its slot until
