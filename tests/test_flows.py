@@ -314,6 +314,24 @@ def test_block_documents_are_validated_saved_and_used_by_name(gogh_home, tmp_pat
         GpuCluster.load("broken")
 
 
+def test_misspelt_block_fields_and_bad_registry_settings_are_refused(tmp_path):
+    import json
+
+    from gogh_flows.flows.blocks import PredictorRegistry, read_block_document
+
+    doc = tmp_path / "typo.json"
+    doc.write_text(json.dumps({"type": "gpu-cluster", "name": "typo", "data": {"flet": {"v100": 1}}}))
+    with pytest.raises(ValueError, match="has no field.*'flet'.*fleet"):
+        read_block_document(doc)  # not saved silently with the default fleet
+    with pytest.raises(ValueError, match="not an MLflow tracking URI"):
+        PredictorRegistry(tracking_uri="localhost:5000")
+    with pytest.raises(ValueError, match="not a shipped prior; choose one of"):
+        PredictorRegistry(prior="synthetc")
+    assert PredictorRegistry(tracking_uri="postgresql+psycopg://db/mlflow").tracking_uri.startswith("postgresql")
+    with pytest.raises(ValueError, match="lease_timeout_s"):
+        GpuCluster(lease_timeout_s=0)
+
+
 def test_placed_flow_is_deployable(gogh_home):
     from prefect.flows import load_flow_from_entrypoint
 

@@ -22,6 +22,9 @@ from gogh_flows.placement import POLICIES
 #: The example block documents shipped with the repository.
 REPO_BLOCKS = Path(__file__).resolve().parents[2] / "blocks"
 
+#: URI schemes MLflow can track to (its SQLAlchemy stores, a server, a file store, Databricks)
+TRACKING_SCHEMES = frozenset({"sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks"})
+
 #: The embedded default fleet: four generations of the synthetic fleet, two of each.
 DEFAULT_FLEET: dict[str, int] = {"k80": 2, "v100": 2, "t4": 2, "a100": 2}
 
@@ -118,6 +121,31 @@ class PredictorRegistry(Block):
                               "'gavel'); None = the models must already be registered")
     refresh_s: float = Field(default=30.0, ge=0.0, description="how long a loaded alias is trusted "
                              "before the registry is asked again")
+
+    @field_validator("tracking_uri")
+    @classmethod
+    def _known_scheme(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        scheme = value.split(":", 1)[0].split("+", 1)[0].lower() if ":" in value else ""
+        if scheme not in TRACKING_SCHEMES:
+            raise ValueError(f"tracking_uri {value!r} is not an MLflow tracking URI; use one of "
+                             "sqlite:///path/mlflow.db, http(s)://host:port, file:///path, or a database "
+                             f"URI ({', '.join(sorted(s for s in TRACKING_SCHEMES if s not in ('http', 'https')))})")
+        return value
+
+    @field_validator("prior")
+    @classmethod
+    def _shipped_prior(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        from gogh_flows.flows.environment import models_dir
+
+        shipped = sorted(p.name for p in models_dir().glob("*") if (p / "p1").is_dir())
+        if shipped and value not in shipped:  # no models folder here: said when a run needs it
+            raise ValueError(f"prior {value!r} is not a shipped prior; choose one of {shipped} (folders of "
+                             f"{models_dir()}), or None when the models are already registered")
+        return value
 
     def resolved_tracking_uri(self) -> str:
         if self.tracking_uri:
