@@ -20,6 +20,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -209,21 +210,30 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
     """
     run_id = placement.run_id
     start_by = time.monotonic() + start_within_s
+    # wait on our own event, not in Future.result(timeout): that call can fail with an
+    # UnboundLocalError inside distributed when the future is cancelled while it waits (seen
+    # when a worker group was killed under load, benchmarks/reliability.py)
+    done = threading.Event()
+    future.add_done_callback(lambda _: done.set())
+
+    def outcome() -> Any:
+        if future.status == "cancelled":
+            raise RunLost(f"run {run_id} on {placement.gpu_id} was cancelled by Dask (its worker was lost) "
+                          "before the body returned; its measurement is logged as failed")
+        return future.result()  # done: returns the outcome, or raises what the pool raised
+
+    lost = (f"run {run_id} lost its GPU {placement.gpu_id}: the worker left the pool (or the run's lease "
+            f"lapsed, {ledger.lease_timeout_s:g} s without a refresh) before the body returned. Its "
+            "measurement is logged as failed; retry the flow run (Prefect retries place it again)")
     while True:
-        try:
-            return future.result(timeout=check_s)
-        except TimeoutError:
-            pass
+        if done.wait(check_s):
+            return outcome()
         lease = ledger.get(run_id)
         if lease is None:
-            try:  # the body may have just ended (the worker frees the lease first): a moment's grace
-                return future.result(timeout=max(check_s, 2.0))
-            except TimeoutError:
-                raise RunLost(
-                    f"run {run_id} lost its GPU {placement.gpu_id}: the worker left the pool (or the "
-                    f"run's lease lapsed, {ledger.lease_timeout_s:g} s without a refresh) before the body "
-                    "returned. Its measurement is logged as failed; retry the flow run (Prefect retries "
-                    "place it again)") from None
+            # the body may have just ended (the worker frees the lease first): a moment's grace
+            if done.wait(max(check_s, 2.0)):
+                return outcome()
+            raise RunLost(lost)
         if lease.started_at is None and time.monotonic() > start_by:
             raise PlacementTimeout(
                 f"run {run_id} was placed on {placement.gpu_id} but its body did not start within "
