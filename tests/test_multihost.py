@@ -63,6 +63,11 @@ def cli_pool(tmp: Path, workers: dict[str, int], *, lease_timeout_s: float = 4.0
                 [str(BIN / "dask"), "worker", address, "--name", name, "--nthreads", str(slots),
                  "--resources", f"slot={slots}", "--no-nanny", "--host", "127.0.0.1", "--no-dashboard", *sec],
                 env=env, stdout=open(logs / f"{name}.log", "w"), stderr=subprocess.STDOUT)
+        if not sec:  # every worker in before a test starts (a TLS client needs its certificates)
+            from distributed import Client
+
+            with Client(address, timeout=60, set_as_default=False) as client:
+                client.wait_for_workers(len(workers), timeout=120)
         yield {"address": address, "procs": procs, "logs": logs}
     finally:
         for p in procs.values():
