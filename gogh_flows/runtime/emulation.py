@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 from gogh_flows.energy import DEFAULT_ACTIVITY, EnergyModel
 from gogh_flows.runtime.devices import GpuDevice
-from gogh_flows.runtime.telemetry import TelemetryReading
+from gogh_flows.runtime.telemetry import StepCounter, TelemetryReading
 from gogh_flows.truth.table import ThroughputTable
 
 __all__ = ["EmulatedMeter", "EmulationError", "device_power"]
@@ -77,7 +77,7 @@ def device_power(energy: EnergyModel, truth: ThroughputTable | None, gpu_type: s
     return watts, share
 
 
-class EmulatedMeter:
+class EmulatedMeter(StepCounter):
     """Emulated progress, time and energy of one run on one emulated GPU.
 
     Thread-safe: the body reports from its own thread while the pool's
@@ -103,10 +103,8 @@ class EmulatedMeter:
         self.energy = energy or EnergyModel()
         self._override = partners
         self._clock, self._sleep = clock, sleep
-        self._lock = threading.RLock()
-        self._partners: tuple[str, ...] = ()
+        super().__init__(threading.RLock())
         self._seen: list[str] = []
-        self._steps = 0.0
         self._emulated_s = 0.0
         self._emulated_j = 0.0
         self._emulated_attr_j = 0.0
@@ -117,14 +115,6 @@ class EmulatedMeter:
         self._seg_power = (0.0, 1.0)
 
     # -- partners ------------------------------------------------------------------
-    @property
-    def partners(self) -> tuple[str, ...]:
-        return self._partners
-
-    @property
-    def steps(self) -> float:
-        return self._steps
-
     @property
     def seen_partners(self) -> tuple[str, ...]:
         """Partner job types seen during an overridden run, in order of first sighting."""
@@ -164,10 +154,6 @@ class EmulatedMeter:
             self._t0 = self._seg_t = self._clock()
             self._seg_power = device_power(self.energy, self.truth, self.gpu_type, self.job_type, self._partners)
         self._refresh_override()
-
-    def report(self, steps: float = 1.0) -> None:
-        with self._lock:
-            self._steps += float(steps)
 
     def throughput(self) -> float:
         """True steps/s of this job on this GPU type with its current partners."""

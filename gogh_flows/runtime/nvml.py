@@ -20,7 +20,7 @@ from types import ModuleType
 from typing import Any
 
 from gogh_flows.runtime.devices import GpuDevice
-from gogh_flows.runtime.telemetry import TelemetryReading
+from gogh_flows.runtime.telemetry import StepCounter, TelemetryReading
 
 __all__ = ["NvmlBoard", "NvmlSampler", "NvmlUnavailable", "discover", "load_pynvml", "probe"]
 
@@ -107,7 +107,7 @@ def probe(device: GpuDevice | None, nvml: ModuleType | None = None) -> None:
         _shutdown(nvml)
 
 
-class NvmlSampler:
+class NvmlSampler(StepCounter):
     """Samples one board in a background thread between :meth:`start` and :meth:`stop`.
 
     Power (``nvmlDeviceGetPowerUsage``, mW) is sampled every ``interval_s`` plus
@@ -127,10 +127,8 @@ class NvmlSampler:
         self.device = device
         self.interval_s = interval_s
         self._nvml = nvml
+        super().__init__()
         self._clock = clock
-        self._lock = threading.Lock()
-        self._steps = 0.0
-        self._partners: tuple[str, ...] = ()
         self._shared = False
         self._power: list[tuple[float, float]] = []  # (t, W)
         self._util: list[float] = []
@@ -140,27 +138,11 @@ class NvmlSampler:
         self._energy0_mj: float | None = None
         self._t0 = 0.0
 
-    # -- progress from the body ----------------------------------------------------
-    def report(self, steps: float = 1.0) -> None:
-        with self._lock:
-            self._steps += float(steps)
-
-    def advance(self, steps: float) -> None:
-        # A real GPU did the work itself; advancing only counts it.
-        self.report(steps)
-
+    # -- partners: the board's figures are the run's own only if it was never shared --
     def set_partners(self, partners: tuple[str, ...]) -> None:
         with self._lock:
-            self._partners = tuple(partners)
+            super().set_partners(partners)
             self._shared = self._shared or bool(partners)
-
-    @property
-    def partners(self) -> tuple[str, ...]:
-        return self._partners
-
-    @property
-    def steps(self) -> float:
-        return self._steps
 
     # -- sampling ------------------------------------------------------------------
     def start(self) -> None:

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Meter",
+    "StepCounter",
     "WallClockMeter",
     "NvmlSampler",
     "TelemetryReading",
@@ -107,7 +108,39 @@ class Meter(Protocol):
     def stop(self) -> TelemetryReading: ...
 
 
-class WallClockMeter:
+class StepCounter:
+    """The part every meter shares: the body's progress count and who shares the GPU.
+
+    ``report`` may be called from the body's threads while the worker's occupancy
+    tracking calls ``set_partners`` from others, so both go through ``_lock``.
+    """
+
+    def __init__(self, lock: threading.Lock | threading.RLock | None = None) -> None:
+        self._lock = lock or threading.Lock()
+        self._steps = 0.0
+        self._partners: tuple[str, ...] = ()
+
+    def report(self, steps: float = 1.0) -> None:
+        with self._lock:
+            self._steps += float(steps)
+
+    def advance(self, steps: float) -> None:
+        self.report(steps)  # a real GPU did the work itself; advancing only counts it
+
+    def set_partners(self, partners: tuple[str, ...]) -> None:
+        with self._lock:
+            self._partners = tuple(partners)
+
+    @property
+    def partners(self) -> tuple[str, ...]:
+        return self._partners
+
+    @property
+    def steps(self) -> float:
+        return self._steps
+
+
+class WallClockMeter(StepCounter):
     """Steps over wall time, and nothing else: a GPU whose board cannot be read.
 
     A remote worker without NVML still ran the body on a real GPU, so its throughput is
@@ -119,32 +152,12 @@ class WallClockMeter:
     def __init__(self, clock: Callable[[], float] | None = None) -> None:
         import time
 
+        super().__init__()
         self._clock = clock or time.monotonic
-        self._lock = threading.Lock()
-        self._steps = 0.0
-        self._partners: tuple[str, ...] = ()
         self._t0: float | None = None
 
     def start(self) -> None:
         self._t0 = self._clock()
-
-    def report(self, steps: float = 1.0) -> None:
-        with self._lock:
-            self._steps += float(steps)
-
-    def advance(self, steps: float) -> None:
-        self.report(steps)  # the GPU did the work itself; advancing only counts it
-
-    def set_partners(self, partners: tuple[str, ...]) -> None:
-        self._partners = tuple(partners)
-
-    @property
-    def partners(self) -> tuple[str, ...]:
-        return self._partners
-
-    @property
-    def steps(self) -> float:
-        return self._steps
 
     def stop(self) -> TelemetryReading:
         if self._t0 is None:
