@@ -140,8 +140,8 @@ class NvmlSampler(StepCounter):
 
     # -- partners: the board's figures are the run's own only if it was never shared --
     def set_partners(self, partners: tuple[str, ...]) -> None:
+        super().set_partners(partners)  # takes the (non-reentrant) lock itself
         with self._lock:
-            super().set_partners(partners)
             self._shared = self._shared or bool(partners)
 
     # -- sampling ------------------------------------------------------------------
