@@ -130,13 +130,12 @@ def place_run(job: PlacedJob, run_id: str, env: Environment, registry: Predictor
         logger.warning(source.degraded)
     gpu_types = sorted({d.gpu_type for d in env.pool.devices})
     observations = env.observations.get() if policy.refine else None
-    timeout = job.wait_timeout_s if job.wait_timeout_s is not None else policy.wait_timeout_s
     placement = place_with_retry(
         job, run_id, devices=lambda state: env.pool.live_devices(state.workers), ledger=env.pool.ledger,
         predict=lambda feats: predictor.predict_table(feats, gpu_types, observations),
         features=env.features.get, policy=policy.policy, time_limit_s=policy.solver_time_limit_s,
-        wait_timeout_s=timeout, poll_s=policy.poll_s, versions=source.versions(), on_wait=logger.info,
-        sleep=env.wait_for_release, headroom=policy.headroom,
+        wait_timeout_s=_wait_timeout(job, policy), poll_s=policy.poll_s, versions=source.versions(),
+        on_wait=logger.info, sleep=env.wait_for_release, headroom=policy.headroom,
     )
     try:
         create_markdown_artifact(markdown=placement.explanation_md, key="gogh-placement",
@@ -265,7 +264,6 @@ def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, k
     outcome, error, future = None, None, None
     in_process = env.pool.address.startswith("inproc://")  # thread workers of this process
     token = ""
-    wait = job.wait_timeout_s if job.wait_timeout_s is not None else policy.wait_timeout_s
     try:
         where = {"gpu_id": placement.gpu_id, "job_type": job.job_type, "run_id": ledger_id, "hold_lease": True}
         if in_process:
@@ -275,8 +273,8 @@ def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, k
         else:
             future = env.pool.submit(_execute_body, fn, args, kwargs, serialize_context(), placement,
                                      job.work_steps, **where)
-        outcome = await_run(ledger, future, placement,
-                            start_within_s=max(0.0, wait - placement.waited_s) + _START_GRACE_S)
+        left = max(0.0, _wait_timeout(job, policy) - placement.waited_s)
+        outcome = await_run(ledger, future, placement, start_within_s=left + _START_GRACE_S)
     except BaseException as exc:  # the pool failed, the worker left, or this process is interrupted
         error = exc
         raise
@@ -299,6 +297,11 @@ def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, k
 
 #: extra time a placed body may take to start in Dask beyond the run's remaining wait
 _START_GRACE_S = 10.0
+
+
+def _wait_timeout(job: PlacedJob, policy: PlacementPolicy) -> float:
+    """How long a run may wait for a GPU: the decorator's ``wait_timeout_s``, else the policy's."""
+    return job.wait_timeout_s if job.wait_timeout_s is not None else policy.wait_timeout_s
 
 
 def _quietly(call: Callable, *args: Any, **kwargs: Any) -> None:

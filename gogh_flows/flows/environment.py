@@ -118,8 +118,7 @@ class PredictorSource:
         # find the alias set once they get the lock.
         lock_dir = state_dir() / "locks"
         lock_dir.mkdir(parents=True, exist_ok=True)
-        key = hashlib.sha1(self.block.resolved_tracking_uri().encode()).hexdigest()[:10]
-        with FileLock(str(lock_dir / f"registry-{key}.lock"), timeout=300):
+        with FileLock(str(lock_dir / f"registry-{self._uri_key()}.lock"), timeout=300):
             for name, sub in pending:
                 if not (base / sub).is_dir():
                     raise FileNotFoundError(
@@ -127,10 +126,16 @@ class PredictorSource:
                         "of gogh-flows, or register the predictors yourself (gogh predictors train)")
                 self.registry.ensure_registered(name, base / sub, alias=self.block.alias)
 
+    def _uri_key(self) -> str:
+        """Short name of the tracking URI for the files kept per registry (lock, model cache)."""
+        return hashlib.sha1(self.block.resolved_tracking_uri().encode()).hexdigest()[:10]
+
+    def _cache_root(self) -> Path:
+        return state_dir() / "model-cache" / self._uri_key()
+
     def _fetch(self, name: str, version: int) -> Path:
         """A registered version, downloaded (and verified weights-only) once into the local cache."""
-        key = hashlib.sha1(self.block.resolved_tracking_uri().encode()).hexdigest()[:10]
-        dest = state_dir() / "model-cache" / key / f"{name}-v{version}"
+        dest = self._cache_root() / f"{name}-v{version}"
         if not (dest / "config.json").exists():
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.parent / f".{dest.name}.{os.getpid()}.{threading.get_ident()}"
@@ -208,7 +213,8 @@ class PredictorSource:
                 self._loaded = (None, None)
                 using = f"the built-in prior {base.name!r}"
         self._using = using
-        message = f"gogh: {reason}; placing with {using} until it is back (asked again every {self.block.refresh_s:g} s)"
+        message = (f"gogh: {reason}; placing with {using} until it is back (asked again every "
+                   f"{self.block.refresh_s:g} s)")
         if message != self.degraded:
             log.warning(message)
         self.degraded = message
@@ -216,8 +222,7 @@ class PredictorSource:
 
     def _newest_cached(self) -> tuple[tuple[Path, int], tuple[Path | None, int | None]] | None:
         """The newest P1 (and P2) versions downloaded before, verified then: the last good ones."""
-        key = hashlib.sha1(self.block.resolved_tracking_uri().encode()).hexdigest()[:10]
-        root = state_dir() / "model-cache" / key
+        root = self._cache_root()
 
         def newest(name: str) -> tuple[Path, int] | None:
             found = []
@@ -382,7 +387,8 @@ def environment(cluster: GpuCluster, tracking_uri: str) -> Environment:
         else:
             pool = open_pool("remote", address=cluster.address, lease_timeout_s=lease)
         measurements = MeasurementLog(tracking_uri, root / "measurements")
-        env = Environment(cluster=cluster, pool=pool, measurements=measurements, observations=ObservationCache(measurements),
+        env = Environment(cluster=cluster, pool=pool, measurements=measurements,
+                          observations=ObservationCache(measurements),
                           features=FeatureStore(root / "jobs"), root=root, truth=truth,
                           mirror=SpoolFlusher(measurements))
         _ENVS[key] = env

@@ -76,7 +76,6 @@ class RunPlacement:
     partner_runs: tuple[str, ...] = ()
     partner_predicted: tuple[float, ...] = ()
     partner_required: tuple[float, ...] = ()
-    ledger_version: int = 0
 
 
 def running_jobs(state: LedgerState, gpu_ids: set[str], headroom: float = 0.0) -> list[Job]:
@@ -169,7 +168,6 @@ def place_with_retry(
                     partner_predicted=tuple(problem.throughputs.pair(j, problem.job(run_id), a.gpu_type)[0]
                                             for j in others),
                     partner_required=tuple(j.required_throughput / (1 + headroom) for j in others),
-                    ledger_version=claim.version,
                 )
             waiting = next((w for w in placement.waiting if w.job_id == run_id), None)
             reason = waiting.reason if waiting else "not placed"

@@ -112,9 +112,6 @@ class PoolLedger:
                            leases=tuple(Lease.from_wire(x) for x in d["leases"]),
                            workers=frozenset(d["workers"]), counts=d["counts"])
 
-    def occupants(self) -> dict[str, list[Lease]]:
-        return self.state().occupants()
-
     def get(self, run_id: str) -> Lease | None:
         found = self._call("gogh_ledger_get", run_ids=[run_id]).get(run_id)
         return Lease.from_wire(found) if found else None

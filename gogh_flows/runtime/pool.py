@@ -393,7 +393,7 @@ def remote_pool(address: str, *, timeout: float = 10.0, min_workers: int = 1,
     from its name ``<type>-<n>``; its capacity from its ``slot`` resource; it is
     emulated when ``GOGH_EMULATED=1``. A worker that advertises no usable GPU
     is left out with a warning naming it (the others still serve). The device
-    list follows the scheduler's membership (:meth:`GpuPool.follow`). The
+    list follows the scheduler's membership (:meth:`GpuPool.live_devices`). The
     scheduler and its workers are left running on close. ``truth``/``time_scale`` (emulated workers only), when
     given, are shipped to the workers for every client of this scheduler.
     """
