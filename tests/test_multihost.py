@@ -184,6 +184,105 @@ def test_a_placing_process_killed_after_its_claim_frees_the_gpu_within_the_lease
             ledger.close()
 
 
+SERVED = REPO / "tests" / "hostproc" / "served_flow.py"
+
+
+def _started_lease(ledger, deadline_s: float, not_run: str | None = None):
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        for lease in ledger.state().leases:
+            if lease.started_at is not None and lease.run_id != not_run:
+                return lease
+        time.sleep(0.2)
+    raise AssertionError("no run started on the pool")
+
+
+def _final_state(flow_run_id, deadline_s: float):
+    from prefect.client.orchestration import get_client
+
+    deadline = time.monotonic() + deadline_s
+    with get_client(sync_client=True) as pc:
+        while True:
+            state = pc.read_flow_run(flow_run_id).state
+            if state.is_final() or time.monotonic() > deadline:
+                return state
+            time.sleep(0.5)
+
+
+def test_served_runs_cancelled_from_prefect_or_killed_end_and_free_the_gpu(tmp_path):
+    """A team's deployment: a Prefect runner starts each flow run as a process of its own.
+
+    Cancelled from Prefect: the body stops at its next report, the run ends Cancelled, its
+    measurement keeps the steps done. Its process SIGKILLed after the body started: the
+    scheduler sees the placer's client go, the body is stopped, and Prefect says Crashed.
+    """
+    import psutil
+    from distributed import Client
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.states import Cancelling
+
+    from gogh_flows.runtime.leases import PoolLedger
+
+    with cli_pool(tmp_path, {"a100-0": 1}, lease_timeout_s=4.0) as pool, \
+            Client(pool["address"], timeout=30, set_as_default=False) as client:
+        home = tmp_path / "runner"
+        home.mkdir()
+        runner = subprocess.Popen(
+            [sys.executable, str(SERVED)], cwd=str(home),
+            env=_env(GOGH_HOME=str(home), GOGH_MODELS_DIR=str(REPO / "models"), GOGH_POOL_ADDRESS=pool["address"],
+                     PREFECT_RUNNER_POLL_FREQUENCY="1"),
+            stdout=open(home / "runner.log", "w"), stderr=subprocess.STDOUT)
+        ledger = PoolLedger(client, register=False)
+        try:
+            with get_client(sync_client=True) as pc:
+                deadline = time.monotonic() + 120
+                while True:
+                    try:
+                        pc.read_deployment_by_name("held/held")
+                        break
+                    except Exception:
+                        assert time.monotonic() < deadline and runner.poll() is None, "the runner did not serve"
+                        time.sleep(0.5)
+                # 1. cancelled from the Prefect API (what the UI's Cancel button does)
+                cancelled = run_deployment("held/held", parameters={"hold_s": 120}, timeout=0)
+                lease = _started_lease(ledger, 150)
+                t0 = time.monotonic()
+                pc.set_flow_run_state(cancelled.id, Cancelling())
+                state = _final_state(cancelled.id, 90)
+                assert state.is_cancelled(), state
+                while ledger.get(lease.run_id) is not None and time.monotonic() - t0 < 60:
+                    time.sleep(0.2)
+                assert ledger.get(lease.run_id) is None and time.monotonic() - t0 < 60
+
+                # 2. the flow run's process killed while its body runs
+                killed = run_deployment("held/held", parameters={"hold_s": 120}, timeout=0)
+                lease2 = _started_lease(ledger, 150, not_run=lease.run_id)
+                t0 = time.monotonic()
+                for child in psutil.Process(runner.pid).children(recursive=True):
+                    child.send_signal(signal.SIGKILL)
+                while ledger.get(lease2.run_id) is not None and time.monotonic() - t0 < 30:
+                    time.sleep(0.2)
+                freed_s = time.monotonic() - t0
+                state2 = _final_state(killed.id, 60)
+        finally:
+            runner.terminate()
+            try:
+                runner.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                runner.kill()
+            counts = ledger.state().counts
+            ledger.close()
+    assert freed_s < 4.0 + 10.0, freed_s  # stopped at a report within a refresh, not the 120 s body
+    assert counts.get("orphaned") == 1
+    assert state2.is_crashed(), state2
+    frame = _measurements(tmp_path, ["runner"])
+    (row,) = frame.filter(pl.col("run_id") == lease.run_id).iter_rows(named=True)
+    # the cancelled run: logged once, failed, with the steps its body did before it stopped
+    assert row["status"] == "failed" and 0 < row["steps"] < 120 / 0.05 and row["telemetry"] == "emulated"
+    assert frame.filter(pl.col("run_id") == lease2.run_id).height == 0  # its placer died: nobody logs it
+
+
 def test_placing_onto_a_tls_secured_pool(tmp_path):
     """docs/runtime.md: a pool reachable only with the team's certificates."""
     from distributed.security import Security

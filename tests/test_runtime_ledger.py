@@ -214,6 +214,32 @@ def test_cancel_stops_the_body_at_its_next_report_and_then_frees_the_slot(pool):
     assert ledger.get("run-c") is None
 
 
+def test_a_started_body_whose_placing_process_leaves_is_stopped_then_its_slot_freed(pool):
+    """A killed placer: nobody waits for the body any more, so it stops at its next report."""
+    from distributed import Client
+
+    from gogh_flows.runtime.context import RunCancelled
+    from gogh_flows.runtime.leases import PoolLedger
+    from gogh_flows.runtime.ledger import PLACER_LOST
+
+    _STEPS.clear()
+    assert not pool.ledger.state().leases  # registered on the scheduler
+    with Client(pool.client.scheduler.address, set_as_default=False) as placer:
+        led = PoolLedger(placer, register=False)
+        assert _claim(led, "orphan").ok
+        future = pool.submit(_reporting, gpu_id="v100-0", job_type="a", run_id="orphan", hold_lease=True)
+        while pool.ledger.get("orphan").started_at is None:
+            time.sleep(0.02)
+        led.close()
+    # while the body runs on, its slot stays taken (it is still computing)
+    assert pool.ledger.get("orphan") is not None or future.done()
+    outcome = future.result(timeout=10)
+    assert isinstance(outcome.exception, RunCancelled) and PLACER_LOST in str(outcome.exception)
+    assert len(_STEPS) < 200 and outcome.telemetry.steps == len(_STEPS)
+    assert pool.ledger.get("orphan") is None
+    assert pool.ledger.state().counts["orphaned"] == 1
+
+
 def _exits() -> None:
     import sys
 

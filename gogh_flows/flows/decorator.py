@@ -40,8 +40,9 @@ from gogh_flows.flows.environment import Environment, environment, predictor_sou
 from gogh_flows.flows.measure import record_run
 from gogh_flows.flows.placer import PlacementTimeout, RunLost, RunPlacement, place_with_retry
 from gogh_flows.flows.spec import PlacedJob, placed_job
-from gogh_flows.runtime.context import current_gpu, use_gpu
+from gogh_flows.runtime.context import RunCancelled, current_gpu, use_gpu
 from gogh_flows.runtime.leases import PoolLedger
+from gogh_flows.runtime.ledger import PLACER_LOST
 
 log = logging.getLogger("gogh_flows")
 
@@ -187,7 +188,14 @@ def _execute_body(fn: Callable, args: tuple, kwargs: dict, context: dict, placem
     cur = CurrentPlacement(placement=placement, device=gpu.torch_device if gpu else "cpu",
                            mode=gpu.mode if gpu else "unknown", _gpu=gpu)
     with hydrated_context(context):
-        result = _inside(gpu, cur, fn, args, kwargs)
+        try:
+            result = _inside(gpu, cur, fn, args, kwargs)
+        except RunCancelled:
+            if gpu is not None and gpu.stop_reason == PLACER_LOST:
+                _mark_crashed(f"the process that placed this run was lost (killed) while its body ran on "
+                              f"{placement.gpu_id}; the body was stopped at its next progress report and "
+                              "the GPU freed. Its measurement was not logged; retry the flow run")
+            raise
     meter = gpu.meter if gpu is not None else None
     if meter is not None and meter.steps == 0:
         # automatic timing: a body that reported nothing did its declared work (one that
@@ -197,6 +205,25 @@ def _execute_body(fn: Callable, args: tuple, kwargs: dict, context: dict, placem
         else:
             gpu.report(work_steps)
     return result
+
+
+def _mark_crashed(message: str) -> None:
+    """Nobody is left to end this flow run: say in Prefect that it crashed (from its worker).
+
+    A Prefect runner or worker that launched the lost process says the same when it sees the
+    process die; the state orchestration keeps whichever comes first.
+    """
+    ctx = FlowRunContext.get()
+    if ctx is None or ctx.flow_run is None:
+        return
+    try:
+        from prefect.client.orchestration import get_client
+        from prefect.states import Crashed
+
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(ctx.flow_run.id, Crashed(message=message))
+    except Exception as exc:  # noqa: BLE001 - the server may be gone too; the body's error stands
+        log.warning("gogh: could not mark flow run %s as crashed: %s", ctx.flow_run.id, exc)
 
 
 def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start_within_s: float,
@@ -282,12 +309,16 @@ def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, k
         if in_process:
             _LOCAL_BODIES.pop(token, None)
         if outcome is None:
-            # abandoned before the body returned: stop it (at its next progress report), and free
-            # the slot now only if the body never started; a running body keeps its slot until
-            # it has really stopped, then its worker frees it
+            # abandoned before the body returned (the flow run was cancelled, this process is
+            # interrupted, the worker left): ask the body to stop at its next progress report
+            # and keep what it measured up to there. The slot is freed now only if the body
+            # never started; a running body keeps it until it has really stopped, then its
+            # worker frees it.
+            _quietly(ledger.cancel, ledger_id, reason=f"its flow run was stopped ({type(error).__name__})")
             if future is not None:
-                future.cancel()
-            _quietly(ledger.cancel, ledger_id)
+                outcome = _stopped_outcome(ledger, ledger_id, future)
+                if outcome is None:
+                    future.cancel()
         _quietly(ledger.release, ledger_id, if_unstarted=True)
         env.notify_released()
         record_run(env, job, placement, outcome, error, started=started, flow_run=flow_run,
@@ -297,6 +328,22 @@ def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, k
 
 #: extra time a placed body may take to start in Dask beyond the run's remaining wait
 _START_GRACE_S = 10.0
+
+
+def _stopped_outcome(ledger: PoolLedger, run_id: str, future: Any) -> Any:
+    """The outcome of a body asked to stop, if it stops in time; ``None`` if it never started,
+    its worker is gone, or it does not stop within a refresh of its lease (plus a grace)."""
+    try:
+        lease = ledger.get(run_id)
+        if lease is None or lease.started_at is None:
+            return None
+        done = threading.Event()
+        future.add_done_callback(lambda _: done.set())
+        if not done.wait(ledger.lease_timeout_s / 4 + 5.0) or future.status != "finished":
+            return None
+        return future.result()
+    except Exception:  # noqa: BLE001 - the run failed already; the reason stands as it is
+        return None
 
 
 def _wait_timeout(job: PlacedJob, policy: PlacementPolicy) -> float:

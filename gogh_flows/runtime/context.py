@@ -44,10 +44,17 @@ class GpuContext:
     meter: Meter | None = field(default=None, repr=False, compare=False)
     #: set when the run was asked to stop (cancelled): the next progress report raises
     stop_requested: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
+    #: why the stop was asked (shown in the RunCancelled the body raises)
+    stop_reason: str = field(default="cancelled", repr=False, compare=False)
+
+    def request_stop(self, reason: str = "cancelled") -> None:
+        """Ask the body to stop at its next progress report (thread-safe)."""
+        self.stop_reason = reason
+        self.stop_requested.set()
 
     def _check_stop(self) -> None:
         if self.stop_requested.is_set():
-            raise RunCancelled(f"run {self.run_id} on {self.device.id} was asked to stop (cancelled)")
+            raise RunCancelled(f"run {self.run_id} on {self.device.id} was asked to stop: {self.stop_reason}")
 
     def report(self, steps: float = 1.0) -> None:
         """Count ``steps`` of progress (thread-safe); throughput = steps / duration.

@@ -38,6 +38,7 @@ class Lease:
     seen_at: float
     started_at: float | None
     cancel: bool
+    cancel_reason: str | None = None  # why a stop was asked (cancelled, or its placing process was lost)
     client: str | None = None  # the claiming Dask client (holds the lease until the body starts)
     key: str | None = None  # the body's Dask task once started (its worker holds the lease)
 
@@ -134,9 +135,9 @@ class PoolLedger:
         self.hand_over(run_id)
         return bool(self._call("gogh_ledger_release", run_id=run_id, if_unstarted=if_unstarted)["released"])
 
-    def cancel(self, run_id: str) -> bool:
+    def cancel(self, run_id: str, reason: str = "cancelled by its placing process") -> bool:
         """Ask the run's body to stop (at its next progress report); its worker frees the slot."""
-        return bool(self._call("gogh_ledger_cancel", run_id=run_id)["ok"])
+        return bool(self._call("gogh_ledger_cancel", run_id=run_id, reason=reason)["ok"])
 
     def hand_over(self, run_id: str) -> None:
         """Stop refreshing ``run_id`` from this process (its worker holds it, or it is gone)."""
@@ -177,10 +178,10 @@ class WorkerLease:
 
     :meth:`begin` asks the scheduler whether the body may start (the lease is still held, for
     this worker, and no stop was asked); a background thread then refreshes it and sets
-    ``on_cancel`` when a stop is asked; :meth:`end` frees the slot when the body has stopped.
+    ``on_cancel(reason)`` when a stop is asked; :meth:`end` frees the slot when the body has stopped.
     """
 
-    def __init__(self, run_id: str, call: Callable[..., Any], on_cancel: Callable[[], None]) -> None:
+    def __init__(self, run_id: str, call: Callable[..., Any], on_cancel: Callable[[str], None]) -> None:
         self.run_id = run_id
         self._call = call
         self._on_cancel = on_cancel
@@ -205,7 +206,7 @@ class WorkerLease:
                 log.warning("gogh: worker could not refresh the lease of run %s: %s", self.run_id, exc)
                 continue
             if self.run_id in answer["cancel"]:
-                self._on_cancel()
+                self._on_cancel(answer["cancel"][self.run_id])
             if self.run_id in answer["gone"]:
                 log.warning("gogh: the lease of run %s was dropped while its body runs; its GPU may be "
                             "given to another run (raise the lease timeout if this host is overloaded)",

@@ -38,7 +38,7 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
-__all__ = ["DEFAULT_LEASE_TIMEOUT_S", "LEASE_TIMEOUT_ENV", "PLUGIN_NAME", "LedgerPlugin", "dask_setup"]
+__all__ = ["DEFAULT_LEASE_TIMEOUT_S", "LEASE_TIMEOUT_ENV", "PLACER_LOST", "PLUGIN_NAME", "LedgerPlugin", "dask_setup"]
 
 log = logging.getLogger("gogh_flows.runtime.ledger")
 
@@ -61,6 +61,10 @@ def lease_timeout_from_env(value: float | None = None) -> float:
     return timeout
 
 
+#: why a started body is asked to stop when the process that placed it disconnects
+PLACER_LOST = "its placing process was lost (its Dask client disconnected)"
+
+
 class LedgerPlugin(SchedulerPlugin):
     """The pool's slot reservations, held by the scheduler; see the module docstring.
 
@@ -76,13 +80,14 @@ class LedgerPlugin(SchedulerPlugin):
         self.versions: dict[str, int] = {}
         # {run_id: {"run_id", "gpu_id", "worker", "job_type", "required_throughput", "work",
         #           "claimed_at", "seen_at", "started_at" (None until the body starts), "cancel",
+        #           "cancel_reason" (why a stop was asked),
         #           "client" (id of the claiming Dask client), "key" (the body's task key once started)}}
         self.leases: dict[str, dict[str, Any]] = {}
         # {worker address: worker name}: remove_worker is told the address only, after the
         # scheduler has forgotten the name
         self.names: dict[str, str] = {}
-        # {"expired" | "worker_left" | "client_left" | "released" | "claimed" | "refused_changed"
-        #  | "refused_full": n}
+        # {"expired" | "worker_left" | "client_left" | "orphaned" (a started body whose placing
+        #  process left) | "released" | "claimed" | "refused_changed" | "refused_full": n}
         self.counts: dict[str, int] = {}
         self.scheduler: Any = None
 
@@ -118,11 +123,20 @@ class LedgerPlugin(SchedulerPlugin):
             self._drop(run_id, "worker_left")
 
     def remove_client(self, scheduler: Any, client: str) -> None:
-        # a placing process that died (or closed its client) leaves its unstarted claims behind;
-        # a started body belongs to its worker now
-        for run_id in [r for r, lease in self.leases.items()
-                       if lease["client"] == client and lease["started_at"] is None]:
-            self._drop(run_id, "client_left")
+        # A placing process that died (killed, or its Prefect run cancelled) leaves its claims
+        # behind. An unstarted one is dropped. A started body belongs to its worker, but nobody
+        # waits for its result any more: it is asked to stop (at its next progress report) and
+        # its worker frees the slot once it has, so the GPU is never shared with a body that
+        # is still running.
+        for run_id, lease in list(self.leases.items()):
+            if lease["client"] != client:
+                continue
+            if lease["started_at"] is None:
+                self._drop(run_id, "client_left")
+            elif not lease["cancel"]:
+                lease["cancel"] = True
+                lease["cancel_reason"] = PLACER_LOST
+                self._count("orphaned")
 
     # -- state -------------------------------------------------------------------------
     def _count(self, what: str) -> None:
@@ -201,7 +215,7 @@ class LedgerPlugin(SchedulerPlugin):
             "run_id": run_id, "gpu_id": gpu_id, "worker": worker, "job_type": job_type,
             "required_throughput": float(required_throughput), "work": float(work),
             "claimed_at": now, "seen_at": now, "started_at": None, "cancel": False,
-            "client": client, "key": None,
+            "cancel_reason": None, "client": client, "key": None,
         }
         self._count("claimed")
         return {"ok": True, "version": self._bump(gpu_id)}
@@ -210,9 +224,10 @@ class LedgerPlugin(SchedulerPlugin):
         return {r: (dict(self.leases[r]) if r in self.leases else None) for r in run_ids}
 
     def refresh(self, run_ids: list[str]) -> dict[str, Any]:
-        """Keep these leases alive; which of them are gone, and which were asked to stop."""
+        """Keep these leases alive; which of them are gone, and which were asked to stop (and why)."""
         now = time()
-        gone, cancel = [], []
+        gone: list[str] = []
+        cancel: dict[str, str] = {}  # run_id -> why it was asked to stop
         for r in run_ids:
             lease = self.leases.get(r)
             if lease is None:
@@ -220,7 +235,7 @@ class LedgerPlugin(SchedulerPlugin):
                 continue
             lease["seen_at"] = now
             if lease["cancel"]:
-                cancel.append(r)
+                cancel[r] = lease["cancel_reason"] or "cancelled"
         return {"gone": gone, "cancel": cancel, "lease_timeout_s": self.lease_timeout_s}
 
     def begin(self, run_id: str, worker: str, key: str | None = None) -> dict[str, Any]:
@@ -247,12 +262,13 @@ class LedgerPlugin(SchedulerPlugin):
         self._drop(run_id, "released")
         return {"released": True, "started": lease["started_at"] is not None}
 
-    def cancel(self, run_id: str) -> dict[str, Any]:
+    def cancel(self, run_id: str, reason: str = "cancelled by its placing process") -> dict[str, Any]:
         """Ask the body to stop: its next progress report raises; the slot is freed when it has."""
         lease = self.leases.get(run_id)
         if lease is None:
             return {"ok": False}
-        lease["cancel"] = True
+        if not lease["cancel"]:
+            lease["cancel"], lease["cancel_reason"] = True, reason
         return {"ok": True}
 
 

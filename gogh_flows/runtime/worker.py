@@ -205,7 +205,7 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
     exc_out: BaseException | None = None
     lease = None
     if spec.hold_lease:
-        lease = WorkerLease(str(spec.run_id), _scheduler_call(worker), on_cancel=ctx.stop_requested.set)
+        lease = WorkerLease(str(spec.run_id), _scheduler_call(worker), on_cancel=ctx.request_stop)
         if not lease.begin(str(worker_name), key=worker.get_current_task()):
             meter.start()
             not_started = RunNotStarted(

@@ -30,14 +30,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--exit-every", type=int, default=0, help="every K-th run's body calls sys.exit()")
     ap.add_argument("--solver-limit-s", type=float, default=2.0, help="the optimiser's time limit")
     ap.add_argument("--burst", type=int, default=0, help="start runs in bursts of this many, 1 s apart")
+    ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: SQLite under GOGH_HOME)")
+    ap.add_argument("--refresh-s", type=float, default=30.0, help="how long a loaded champion is trusted")
     args = ap.parse_args(argv)
 
-    from gogh_flows import GpuCluster, PlacementPolicy, current_placement, gogh_placed
+    from gogh_flows import GpuCluster, PlacementPolicy, PredictorRegistry, current_placement, gogh_placed
     from gogh_flows.flows.environment import close_all
 
     cluster = GpuCluster(mode="remote", address=args.address)
     policy = PlacementPolicy(poll_s=0.2, wait_timeout_s=args.wait_timeout_s,
                              solver_time_limit_s=args.solver_limit_s)
+    registry = PredictorRegistry(tracking_uri=args.tracking_uri, refresh_s=args.refresh_s)
     families = args.models.split(",") if args.models else [args.model]
 
     def body(hold_s: float, exit_now: bool) -> str:
@@ -52,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     flows = {f: gogh_placed(model=f, batch_size=args.batch_size if not args.models else 32,
                             min_throughput=args.min_throughput, work_steps=100, cluster=cluster,
-                            policy=policy)(body) for f in families}
+                            registry=registry, policy=policy)(body) for f in families}
 
     def hold(i: int) -> str:
         exit_now = bool(args.exit_every) and i % args.exit_every == args.exit_every - 1
