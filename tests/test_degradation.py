@@ -37,7 +37,7 @@ def _corrupt_source_of(registry, name: str, version: int) -> None:
         f.write_bytes(b"not a safetensors file")
 
 
-def test_corrupt_champion_falls_back_to_the_last_good_version_then_to_the_prior(gogh_home, tmp_path):
+def test_corrupt_champion_falls_back_to_the_last_good_version_then_to_the_prior(gogh_home, tmp_path, caplog):
     block = PredictorRegistry(refresh_s=0)
     good = PredictorSource(block)
     good.get()
@@ -48,8 +48,15 @@ def test_corrupt_champion_falls_back_to_the_last_good_version_then_to_the_prior(
     v2 = good.registry.register(block.p1_name, copy, alias=block.alias)
     _corrupt_source_of(good.registry, block.p1_name, v2)
 
-    assert good.get() is not None and good.versions()["p1"] == 1  # the loaded one stays in use
-    assert f"v{v2}" in good.degraded and "cannot be loaded" in good.degraded
+    with caplog.at_level("WARNING", logger="gogh_flows"):
+        assert good.get() is not None and good.versions()["p1"] == 1  # the loaded one stays in use
+        assert f"v{v2}" in good.degraded and "cannot be loaded" in good.degraded
+        fetched = []
+        good._fetch = lambda *a: fetched.append(a)  # type: ignore[method-assign]
+        for _ in range(3):  # asked again while the alias stays on it: not fetched, not said again
+            good.get()
+    assert not fetched and sum("cannot be loaded" in r.getMessage() for r in caplog.records) == 1
+    del good._fetch
 
     fresh = PredictorSource(block)  # a new process: the last good version cached locally
     fresh.get()

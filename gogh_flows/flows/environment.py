@@ -100,6 +100,9 @@ class PredictorSource:
     #: why the predictors in use are not the registry's current champion (None when they are)
     degraded: str | None = None
     _using: str = ""
+    #: champion versions (P1, P2) that could not be loaded, and why: not downloaded again
+    #: while the alias stays on them, and said once, not at every refresh
+    _refused: dict[tuple[int | None, int | None], str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.registry = ModelRegistry(self.block.resolved_tracking_uri())
@@ -179,12 +182,19 @@ class PredictorSource:
                     "one (gogh predictors train + the registry) or set prior='synthetic' on the "
                     "PredictorRegistry block")
             if self._predictor is None or (v1, v2) != self._loaded:
+                if (v1, v2) in self._refused:
+                    return self._fall_back(self._refused[(v1, v2)])
                 try:
                     p1 = load_p1(self._fetch(self.block.p1_name, v1))
                     p2 = load_p2(self._fetch(self.block.p2_name, v2)) if v2 is not None else None
-                except (ModelFormatError, UnsafeArtifactError, MlflowException, OSError, ValueError) as exc:
+                except (ModelFormatError, UnsafeArtifactError, FileNotFoundError, ValueError) as exc:
+                    # garbage or missing artifacts: asking again will not help until the alias moves
+                    self._refused[(v1, v2)] = (f"the champion ({self.block.p1_name} v{v1}, {self.block.p2_name} "
+                                               f"v{v2}) cannot be loaded ({_short(exc)})")
+                    return self._fall_back(self._refused[(v1, v2)])
+                except (MlflowException, OSError) as exc:  # the registry failed to serve them: asked again
                     return self._fall_back(f"the champion ({self.block.p1_name} v{v1}, {self.block.p2_name} "
-                                           f"v{v2}) cannot be loaded ({_short(exc)})")
+                                           f"v{v2}) could not be downloaded ({_short(exc)})")
                 self._predictor = ThroughputPredictor(p1, p2)
                 self._loaded = (v1, v2)
                 self._using = f"the predictors already loaded (P1 v{v1}, P2 v{v2})"
