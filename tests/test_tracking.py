@@ -31,6 +31,10 @@ from gogh_flows.tracking import (
 )
 from gogh_flows.tracking.measurements import COMPLETE_TAG, KEY_TAG
 
+# imported here, not in a test: importing Prefect configures logging, which would drop
+# the handler caplog installed for that test
+from gogh_flows.flows.environment import SpoolFlusher  # noqa: E402
+
 
 # ---------------------------------------------------------------------------------------
 # helpers
@@ -324,6 +328,23 @@ def test_read_since_and_order(mlog: MeasurementLog):
 def test_measurement_validation(field: str, value, expected: str):
     with pytest.raises(ValueError, match=expected):
         measurement(0, **{field: value})
+
+
+def test_background_mirror_says_an_outage_once_and_backs_off(tmp_path: Path, caplog):
+    down = MeasurementLog(f"http://127.0.0.1:{free_port()}", tmp_path / "measurements")
+    with caplog.at_level(logging.WARNING, logger="gogh_flows"):
+        flusher = SpoolFlusher(down, interval_s=0.05)
+        try:
+            for i in range(4):  # four runs logged during the outage, each kicking the mirror
+                down.log(measurement(i), defer=True)
+                flusher.kick()
+                time.sleep(0.3)
+        finally:
+            flusher.stop()
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("MLflow is unavailable" in x for x in said) == 1, said
+    assert not any("still unreachable" in x for x in said), said
+    assert len(down.spooled()) == 4  # nothing lost: delivered when it is back
 
 
 def test_unreachable_mlflow_spools_then_flush_writes(tmp_path: Path, uri: str, caplog):

@@ -346,6 +346,8 @@ class SpoolFlusher:
             self._wake.wait(wait)
             self._wake.clear()
             try:
+                if self.log.spooled():  # an outage raises here, so it backs off and is said once
+                    check_reachable(self.log.tracking_uri)
                 self.log.flush_spool()
             except Exception as exc:  # keep spooled; retried with back-off, said once per outage
                 if not failing:
