@@ -5,8 +5,10 @@ Dask scheduler with the ledger preloaded and 16 emulated GPUs as `dask worker` p
 (`--nworkers` behind nannies, capacity 2), then two host processes (own GOGH_HOME each,
 tests/hostproc/place_runs.py) placing decorated flow runs in bursts. While runs are in
 flight it injects faults: a worker SIGKILLed (its nanny restarts it), a worker group killed
-for good, a placing process SIGKILLed after its claims, bodies that call sys.exit(), and one
-host solving with a 1 ms solver limit. Afterwards it reads every run's own record and reports:
+for good, a placing process SIGKILLed after its claims (its running bodies are stopped), bodies
+that call sys.exit(), one host solving with a 1 ms solver limit, a champion predictor version
+whose artifacts are garbage, and the hosts' MLflow server (`mlflow server`, loopback) stopped for
+60 s and restarted; afterwards every measurement must be in MLflow exactly once. Afterwards it reads every run's own record and reports:
 runs completed, oversubscriptions (more bodies on a GPU than its capacity at any instant),
 unknowing shares (a run next to a partner its decision did not see), measurements lost and
 duplicated, and how long each fault's GPUs stayed blocked.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -90,6 +93,20 @@ class Bench:
 
         self.ledger = PoolLedger(self.client, register=False)
 
+    def start_mlflow(self, port: int | None = None) -> None:
+        """The hosts' tracking server; restarted on the same port, so their URI stays valid."""
+        self.mlflow_port = port or _port()
+        self.mlflow_uri = f"http://127.0.0.1:{self.mlflow_port}"
+        self.mlflow = self._start(f"mlflow-{len(self.procs)}", [
+            sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.mlflow_port),
+            "--backend-store-uri", f"sqlite:///{self.tmp}/mlflow.db",
+            "--artifacts-destination", str(self.tmp / "mlartifacts"), "--workers", "1"])
+        _wait(lambda: self._ok(f"{self.mlflow_uri}/health"), 180, "MLflow server")
+
+    def stop_mlflow(self) -> None:
+        os.killpg(self.mlflow.pid, signal.SIGTERM)
+        self.mlflow.wait(timeout=60)
+
     @staticmethod
     def _ok(url: str) -> bool:
         try:
@@ -158,6 +175,41 @@ def audit(records: list[dict], capacity: int = 2) -> dict:
     return {"oversubscriptions": over, "unknowing_shares": unknowing, "shared_pairs": shared}
 
 
+def _garbage_champion(source, tmp: Path) -> int:
+    """Register a copy of the champion P1, then overwrite its stored weights with garbage."""
+    from gogh_flows.flows.environment import models_dir
+
+    copy = tmp / "p1-copy"
+    shutil.copytree(models_dir() / "synthetic" / "p1", copy)
+    block = source.block
+    version = source.registry.register(block.p1_name, copy, alias=block.alias)
+    run_id = source.registry._ready().get_model_version(block.p1_name, str(version)).run_id
+    hit = [f for f in (tmp / "mlartifacts").rglob("*.safetensors") if run_id in str(f)]
+    if not hit:
+        raise SystemExit(f"no stored weights found for run {run_id} under {tmp / 'mlartifacts'}")
+    for f in hit:
+        f.write_bytes(b"not a safetensors file")
+    return version
+
+
+def _mlflow_keys(uri: str) -> list[str]:
+    """The measurement key of every complete measurement run in MLflow."""
+    from mlflow import MlflowClient
+
+    from gogh_flows.tracking.measurements import COMPLETE_TAG, KEY_TAG, MEASUREMENTS_EXPERIMENT
+
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(MEASUREMENTS_EXPERIMENT)
+    keys, token = [], None
+    while exp is not None:
+        page = client.search_runs([exp.experiment_id], max_results=1000, page_token=token)
+        keys += [r.data.tags.get(KEY_TAG, "") for r in page if r.data.tags.get(COMPLETE_TAG) == "true"]
+        token = page.token
+        if not token:
+            break
+    return keys
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=500, help="runs in all, split over the two hosts")
@@ -170,13 +222,21 @@ def main() -> None:
     if args.runs < 2 or args.gpus < 4:
         raise SystemExit("--runs must be >= 2 and --gpus >= 4")
     tmp = Path(tempfile.mkdtemp(prefix="gogh-reliability-"))
+    os.environ.update({"GOGH_HOME": str(tmp / "bench"), "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"})
     t_start = time.time()
     bench = Bench(tmp, args.gpus, args.lease_timeout_s)
     faults: list[dict] = []
     try:
+        bench.start_mlflow()
+        from gogh_flows.flows.blocks import PredictorRegistry
+        from gogh_flows.flows.environment import PredictorSource
+
+        source = PredictorSource(PredictorRegistry(tracking_uri=bench.mlflow_uri))
+        source.get()  # the shipped prior registered once, as a team's admin would
         per = args.runs // 2
         common = ["--threads", str(args.threads), "--hold-s", str(args.hold_s), "--burst", str(args.threads),
-                  "--wait-timeout-s", "300", "--min-throughput", "1.0"]
+                  "--wait-timeout-s", "300", "--min-throughput", "1.0", "--tracking-uri", bench.mlflow_uri,
+                  "--refresh-s", "2"]
         a = bench.host("host-a", "--runs", str(per), "--models", "ResNet-18,ResNet-50,A3C", "--exit-every", "50",
                        *common)
         b = bench.host("host-b", "--runs", str(args.runs - per), "--models", "Transformer,LM,Recommendation",
@@ -205,7 +265,20 @@ def main() -> None:
         _wait(lambda: not mine & {x.run_id for x in bench.ledger.state().leases}, 120, "the victim's leases")
         faults.append({"fault": "a placing process SIGKILLed after its claims",
                        "claims": len(mine), "gpu_blocked_s": round(time.monotonic() - t0, 2),
-                       "note": "bodies already running keep their GPU until they end (8 s bodies)"})
+                       "note": "running bodies (8 s) are asked to stop at their next report"})
+        # 4. a new champion whose artifacts are garbage: the hosts keep the last good version
+        version = _garbage_champion(source, tmp)
+        faults.append({"fault": f"champion moved to gogh-p1 v{version}, whose weights are garbage",
+                       "claims_before": bench.ledger.state().counts.get("claimed", 0)})
+        time.sleep(10)
+        faults[-1]["claims_10s_after"] = bench.ledger.state().counts.get("claimed", 0)
+        # 5. MLflow stopped for 60 s, then restarted on the same port
+        claimed = bench.ledger.state().counts.get("claimed", 0)
+        bench.stop_mlflow()
+        time.sleep(60)
+        during = bench.ledger.state().counts.get("claimed", 0) - claimed
+        bench.start_mlflow(bench.mlflow_port)
+        faults.append({"fault": "MLflow server stopped for 60 s and restarted", "claims_while_down": during})
         # 3. a whole worker group (nanny and its workers) killed for good
         time.sleep(5)
         before = {w["name"] for w in bench.client.scheduler_info(n_workers=-1)["workers"].values()}
@@ -217,11 +290,14 @@ def main() -> None:
                        "gpu_blocked_s": round(time.monotonic() - t0, 2)})
         results = {"host-a": _lines(a, 3600), "host-b": _lines(b, 3600)}
         left = bench.ledger.state().leases
+        mlflow_keys = _mlflow_keys(bench.mlflow_uri)
+        degraded = sum((tmp / h / "stderr.log").read_text().count("cannot be loaded") for h in ("host-a", "host-b"))
     finally:
         bench.close()
 
     frames = [pl.read_parquet(p) for h in ("host-a", "host-b") for p in (tmp / h).rglob("measurements.parquet")]
     frame = pl.concat(frames, how="diagonal_relaxed")
+    keys = (frame["run_id"] + ":" + frame["gpu_id"]).to_list()
     records = [r for r in run_records(frame.filter(pl.col("extra").str.contains("body_started_at")))]
     runs = [r for rs in results.values() for r in rs]
     errors: dict[str, int] = {}
@@ -235,6 +311,11 @@ def main() -> None:
         "measurements": frame.height, "measurements_unique": frame["run_id"].n_unique(),
         "measurements_lost": len(runs) - never_ran - frame["run_id"].n_unique(),
         "measurements_duplicated": frame.height - frame["run_id"].n_unique(),
+        # MLflow, after its 60 s outage: every measurement of the local tables, once
+        "mlflow_measurements": len(mlflow_keys), "mlflow_unique": len(set(mlflow_keys)),
+        "mlflow_missing": len(set(keys) - set(mlflow_keys)),
+        "mlflow_duplicated": len(mlflow_keys) - len(set(mlflow_keys)),
+        "garbage_champion_warnings": degraded,
         **audit(records), "leases_left_at_end": len(left), "faults": faults,
         "wall_s": round(time.time() - t_start, 1), "gpus": args.gpus, "threads_per_host": args.threads,
         "lease_timeout_s": args.lease_timeout_s,
