@@ -25,6 +25,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import dask
 from distributed import Client, Future
 
 from gogh_flows.catalog import UnknownGpuTypeError, get_gpu_type
@@ -249,8 +250,13 @@ def emulated_pool(fleet: Mapping[str, int] | str, *, truth: ThroughputTable | No
     scheduler = {"cls": Scheduler, "options": {"protocol": protocol, "dashboard": False,
                                                "dashboard_address": ":0",
                                                **({"host": "127.0.0.1"} if processes else {})}}
-    cluster = SpecCluster(workers=workers, scheduler=scheduler, silence_logs=silence_logs,
-                          name="gogh-emulated")
+    # Dask's statistical profiler samples every thread's Python frames 10 ms apart; with bodies
+    # running in the workers' threads of this very process that sampling crashed the
+    # interpreter once (a segfault in Worker.trigger_profile on CPython 3.11, seen in a test
+    # run). An emulated pool has nothing to profile, so it runs without it.
+    with dask.config.set({"distributed.worker.profile.enabled": False}):
+        cluster = SpecCluster(workers=workers, scheduler=scheduler, silence_logs=silence_logs,
+                              name="gogh-emulated")
     try:
         client = Client(cluster, set_as_default=False)
         try:
