@@ -92,3 +92,31 @@ def test_four_processes_starting_together_on_a_fresh_home_all_place(tmp_path):
     outs = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0] * 4, [err[-2000:] for _, err in outs]
     assert [out.split()[:2] for out, _ in outs] == [["1", "None"]] * 4  # one prior registered, used by all
+
+
+def test_a_prefect_failure_after_the_claim_does_not_keep_the_slot(gogh_home, monkeypatch, prefect_server):
+    """The placement task claimed, then failed to report to Prefect: the claim is freed."""
+    import pytest
+
+    from gogh_flows import GpuCluster, gogh_placed
+    from gogh_flows.flows import decorator
+    from gogh_flows.flows.environment import open_environments
+
+    real = decorator.place_with_retry
+
+    def claims_then_fails(*args, **kwargs):
+        real(*args, **kwargs)  # the slot is claimed in the ledger
+        raise RuntimeError("Prefect API refused the task's state (HTTP 503)")
+
+    monkeypatch.setattr(decorator, "place_with_retry", claims_then_fails)
+
+    @gogh_placed(model="ResNet-18", batch_size=32, min_throughput=1.0, work_steps=10,
+                 cluster=GpuCluster(fleet={"v100": 1}))
+    def run() -> None:
+        pass
+
+    with pytest.raises(Exception, match="HTTP 503"):
+        run()
+    (env,) = open_environments().values()
+    assert env.pool.ledger.state().counts.get("claimed") == 1
+    assert not env.pool.ledger.state().leases  # released, not refreshed for the life of the process

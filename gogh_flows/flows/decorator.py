@@ -285,8 +285,14 @@ def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, k
     # one run key for the ledger, the pool and the measurement: the flow run (and its attempt)
     ledger_id = run_id if attempt <= 1 else f"{run_id}#{attempt}"
     # quote(): Prefect must not walk these objects looking for futures (a pool, layer lists)
-    placement = place_run(quote(job), ledger_id, quote(env), quote(registry), quote(policy))
     ledger = env.pool.ledger
+    try:
+        placement = place_run(quote(job), ledger_id, quote(env), quote(registry), quote(policy))
+    except BaseException:
+        # the claim may have been made before the task failed to report to Prefect (an API
+        # error, an interrupt): free it, or this process would keep refreshing it for good
+        _quietly(ledger.release, ledger_id, if_unstarted=True)
+        raise
     started = time.time()
     outcome, error, future = None, None, None
     in_process = env.pool.address.startswith("inproc://")  # thread workers of this process
