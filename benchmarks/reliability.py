@@ -306,10 +306,15 @@ def main() -> None:
             kind = r["error"].split(":")[0]
             errors[kind] = errors.get(kind, 0) + 1
     never_ran = sum(n for k, n in errors.items() if k in ("PlacementTimeout", "InfeasibleRequirement"))
+    # the Prefect server (SQLite) refusing to create or start a flow run ("database is locked"
+    # after its client's retries): such a run never reached gogh's placement. Counted apart,
+    # so that "lost" counts only runs that were placed and not measured.
+    prefect_refused = errors.get("PrefectHTTPStatusError", 0)
     summary = {
         "runs": len(runs), "completed": sum(r["status"] == "completed" for r in runs), "failed_by_kind": errors,
         "measurements": frame.height, "measurements_unique": frame["run_id"].n_unique(),
-        "measurements_lost": len(runs) - never_ran - frame["run_id"].n_unique(),
+        "prefect_api_refused": prefect_refused,
+        "measurements_lost": len(runs) - never_ran - prefect_refused - frame["run_id"].n_unique(),
         "measurements_duplicated": frame.height - frame["run_id"].n_unique(),
         # MLflow, after its 60 s outage: every measurement of the local tables, once
         "mlflow_measurements": len(mlflow_keys), "mlflow_unique": len(set(mlflow_keys)),
