@@ -226,6 +226,18 @@ def _mark_crashed(message: str) -> None:
         log.warning("gogh: could not mark flow run %s as crashed: %s", ctx.flow_run.id, exc)
 
 
+def _done_event(future: Any) -> threading.Event:
+    """An event set when ``future`` is done: what every bounded wait on a run waits on.
+
+    Not ``Future.result(timeout)``: that call can fail with an UnboundLocalError inside
+    distributed when the future is cancelled while it waits (seen when a worker group was
+    killed under load, benchmarks/reliability.py).
+    """
+    done = threading.Event()
+    future.add_done_callback(lambda _: done.set())
+    return done
+
+
 def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start_within_s: float,
               check_s: float = 1.0) -> Any:
     """The run's outcome, with every wait bounded.
@@ -236,11 +248,7 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
     """
     run_id = placement.run_id
     start_by = time.monotonic() + start_within_s
-    # wait on our own event, not in Future.result(timeout): that call can fail with an
-    # UnboundLocalError inside distributed when the future is cancelled while it waits (seen
-    # when a worker group was killed under load, benchmarks/reliability.py)
-    done = threading.Event()
-    future.add_done_callback(lambda _: done.set())
+    done = _done_event(future)
 
     def outcome() -> Any:
         if future.status == "cancelled":
@@ -343,9 +351,7 @@ def _stopped_outcome(ledger: PoolLedger, run_id: str, future: Any) -> Any:
         lease = ledger.get(run_id)
         if lease is None or lease.started_at is None:
             return None
-        done = threading.Event()
-        future.add_done_callback(lambda _: done.set())
-        if not done.wait(ledger.lease_timeout_s / 4 + 5.0) or future.status != "finished":
+        if not _done_event(future).wait(ledger.lease_timeout_s / 4 + 5.0) or future.status != "finished":
             return None
         return future.result()
     except Exception:  # noqa: BLE001 - the run failed already; the reason stands as it is

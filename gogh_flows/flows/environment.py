@@ -346,9 +346,7 @@ class SpoolFlusher:
             self._wake.wait(wait)
             self._wake.clear()
             try:
-                if self.log.spooled():  # an outage raises here, so it backs off and is said once
-                    check_reachable(self.log.tracking_uri)
-                self.log.flush_spool()
+                self.log.flush_spool(raise_unreachable=True)  # an outage raises: backed off, said once
             except Exception as exc:  # keep spooled; retried with back-off, said once per outage
                 if not failing:
                     log.warning("gogh: MLflow is unavailable, measurements stay in the local table and "

@@ -133,9 +133,7 @@ class LedgerPlugin(SchedulerPlugin):
                 continue
             if lease["started_at"] is None:
                 self._drop(run_id, "client_left")
-            elif not lease["cancel"]:
-                lease["cancel"] = True
-                lease["cancel_reason"] = PLACER_LOST
+            elif self._ask_stop(lease, PLACER_LOST):
                 self._count("orphaned")
 
     # -- state -------------------------------------------------------------------------
@@ -156,6 +154,14 @@ class LedgerPlugin(SchedulerPlugin):
             log.warning("gogh ledger: dropped the lease of run %s on %s (%s)", run_id, lease["gpu_id"], {
                 "worker_left": "its worker left", "client_left": "its placing process's client left",
             }.get(why, f"not refreshed for {self.lease_timeout_s:g} s, and its holder is gone"))
+        return True
+
+    @staticmethod
+    def _ask_stop(lease: dict[str, Any], reason: str) -> bool:
+        """Mark the lease's body to stop (the first reason given stands); newly asked?"""
+        if lease["cancel"]:
+            return False
+        lease["cancel"], lease["cancel_reason"] = True, reason
         return True
 
     def _holder_alive(self, lease: dict[str, Any]) -> bool:
@@ -267,8 +273,7 @@ class LedgerPlugin(SchedulerPlugin):
         lease = self.leases.get(run_id)
         if lease is None:
             return {"ok": False}
-        if not lease["cancel"]:
-            lease["cancel"], lease["cancel_reason"] = True, reason
+        self._ask_stop(lease, reason)
         return {"ok": True}
 
 

@@ -339,17 +339,22 @@ class MeasurementLog:
         """Spooled measurements waiting for MLflow, oldest first."""
         return sorted(self.spool_dir.glob("*.json"))
 
-    def flush_spool(self) -> int:
+    def flush_spool(self, *, raise_unreachable: bool = False) -> int:
         """Write spooled measurements to MLflow; remove each once written. Returns how many.
 
         A refused record stays spooled and the others are still tried; if the backend goes
-        away again it stops and leaves the rest for the next call. Unreadable spool files are renamed `*.json.bad`, never deleted.
+        away again it stops and leaves the rest for the next call. Unreadable spool files are
+        renamed `*.json.bad`, never deleted. An unreachable backend is logged and 0 returned,
+        or, with ``raise_unreachable``, raised: for a caller that backs off and says an
+        outage once (the background mirror).
         """
         if not self.spooled():
             return 0
         try:
             check_reachable(self.tracking_uri)
         except ConnectionError as exc:
+            if raise_unreachable:
+                raise
             log.warning("MLflow still unreachable; %d measurement(s) stay spooled in %s: %s",
                         len(self.spooled()), self.spool_dir, exc)
             return 0
