@@ -99,6 +99,16 @@ def _measurements(tmp: Path, hosts: list[str]) -> pl.DataFrame:
     return pl.concat(frames, how="diagonal_relaxed")
 
 
+def _started_lease(ledger, deadline_s: float, not_run: str | None = None):
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        for lease in ledger.state().leases:
+            if lease.started_at is not None and lease.run_id != not_run:
+                return lease
+        time.sleep(0.2)
+    raise AssertionError("no run started on the pool")
+
+
 def test_two_hosts_placing_twenty_runs_onto_one_cli_pool_share_only_knowingly(tmp_path):
     """The issue's 20-run variant: two processes, one emulated A100 pool (2 GPUs, 2 slots each)."""
     with cli_pool(tmp_path, {"a100-0": 2, "a100-1": 2}, lease_timeout_s=10.0) as pool:
@@ -135,15 +145,7 @@ def test_a_run_whose_worker_is_killed_fails_clearly_and_frees_the_gpu(tmp_path):
             from gogh_flows.runtime.leases import PoolLedger
 
             ledger = PoolLedger(client, register=False)
-            deadline = time.monotonic() + 120
-            lease = None
-            while time.monotonic() < deadline:
-                leases = [x for x in ledger.state().leases if x.started_at is not None]
-                if leases:
-                    lease = leases[0]
-                    break
-                time.sleep(0.2)
-            assert lease is not None, "the run never started"
+            lease = _started_lease(ledger, 120)
             killed_at = time.monotonic()
             pool["procs"][lease.worker].send_signal(signal.SIGKILL)
             results = _results(host, 90)
@@ -185,16 +187,6 @@ def test_a_placing_process_killed_after_its_claim_frees_the_gpu_within_the_lease
 
 
 SERVED = REPO / "tests" / "hostproc" / "served_flow.py"
-
-
-def _started_lease(ledger, deadline_s: float, not_run: str | None = None):
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        for lease in ledger.state().leases:
-            if lease.started_at is not None and lease.run_id != not_run:
-                return lease
-        time.sleep(0.2)
-    raise AssertionError("no run started on the pool")
 
 
 def _final_state(flow_run_id, deadline_s: float):
