@@ -29,7 +29,6 @@ from gogh_flows.sim.engine import SimConfig
 from gogh_flows.sim.plots import plot_comparison
 from gogh_flows.sim.holdout import family_types, relabel_to_family, train_holdout
 from gogh_flows.sim.run import (
-    LEARNED_POLICIES,
     SIM_POLICIES,
     parse_cluster,
     prepare_jobs,
@@ -222,7 +221,7 @@ def holdout_section(noise: float = 0.0) -> tuple[list[str], list[str]]:
                               config=SimConfig(seed=SEED, noise=nz), predictors=pred)
             parked = run_policies(jobs, gpus, gavel, LEARNED_RUN,
                                   config=SimConfig(seed=SEED, noise=nz, park_idle=True), predictors=pred)
-            key = f"holdout-{fam.lower()}" + (f"-noise" if nz else "")
+            key = f"holdout-{fam.lower()}" + ("-noise" if nz else "")
             png = plot_comparison(on, IMG / f"eval-{key}.png")
             wall = time.perf_counter() - t1
             lines += [f"### Held-out family {fam}" + (f", noise {nz:g}" if nz else ""), "",

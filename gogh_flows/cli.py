@@ -96,6 +96,7 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"now": state.now, "lease_timeout_s": state.lease_timeout_s,
                           "workers": sorted(state.workers), "counts": state.counts,
+                          "undelivered_measurements": state.undelivered,
                           "leases": [lease.__dict__ for lease in state.leases]}, indent=2))
         return 0
     table = Table(title=f"GPU slots held on {args.address} (lease {state.lease_timeout_s:g} s)")
@@ -113,6 +114,9 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
     idle = sorted(state.workers - {lease.worker for lease in state.leases})
     console.print(f"workers: {len(state.workers)} ({len(idle)} idle: {', '.join(idle) or '-'}); "
                   + ", ".join(f"{k} {v}" for k, v in sorted(state.counts.items())))
+    if state.undelivered:
+        console.print(f"{state.undelivered} measurement(s) of runs whose placing process was lost wait for a "
+                      "placing process logging to their tracking store to collect them")
     return 0
 
 

@@ -173,7 +173,7 @@ def run_product_demo(seed: int = 0, out: Path = Path(".gogh/demo"), waves: int =
                     + ("promoted" if r.get("promoted") else "kept the champion"))
         gogh_rows = _measurements(run_home / "gogh", registry.resolved_tracking_uri())
         source = predictor_source(registry)
-        final = source.get(force=True)
+        final = source.get(force=True, bounded=False)
         versions = source.versions()
         close_all()
         say("replaying the same waves with greedy-fastest placement on a fresh copy of the fleet")

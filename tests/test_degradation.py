@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import socket
+import threading
 import time
 from pathlib import Path
 
+import pytest
 
 from gogh_flows.flows.blocks import PredictorRegistry
 from gogh_flows.flows.environment import PredictorSource, models_dir
@@ -120,3 +123,110 @@ def test_a_prefect_failure_after_the_claim_does_not_keep_the_slot(gogh_home, mon
     (env,) = open_environments().values()
     assert env.pool.ledger.state().counts.get("claimed") == 1
     assert not env.pool.ledger.state().leases  # released, not refreshed for the life of the process
+
+
+def _stalling_registry():
+    """A loopback 'MLflow server' that passes the health check, then never answers a registry call."""
+    import http.server
+
+    release = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if self.path.startswith("/health"):
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"OK")
+                return
+            release.wait(60)  # stalls until the test ends
+            self.send_response(503)
+            self.end_headers()
+
+        do_POST = do_GET  # noqa: N815
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, release
+
+
+def test_a_registry_that_stalls_after_its_health_check_delays_one_placement_by_its_timeout(gogh_home, caplog):
+    server, release = _stalling_registry()
+    uri = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        src = PredictorSource(PredictorRegistry(tracking_uri=uri, refresh_s=0, timeout_s=1.0))
+        with caplog.at_level("WARNING", logger="gogh_flows"):
+            start = time.monotonic()
+            first = src.get()
+            first_s = time.monotonic() - start
+            start = time.monotonic()
+            second = src.get()  # the question is still open: not waited for again
+            second_s = time.monotonic() - start
+        assert first is not None and second is not None
+        assert 0.9 <= first_s < 5.0 and second_s < 0.5, (first_s, second_s)
+        assert "did not answer within 1 s" in src.degraded and "built-in prior 'synthetic'" in src.degraded
+        assert sum("did not answer" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        release.set()
+        server.shutdown()
+
+
+def test_deciding_is_bounded_by_placement_timeout_s_apart_from_waiting():
+    from gogh_flows.flows.placer import PlacementTimeout, place_with_retry
+    from gogh_flows.flows.spec import placed_job
+    from gogh_flows.runtime.devices import GpuDevice
+    from gogh_flows.runtime.leases import Claim, LedgerState
+    from gogh_flows.truth.synthetic import synthetic_table
+
+    table = synthetic_table(["a100"])
+    job = placed_job(model="ResNet-50", batch_size=64, min_throughput=1.0, work_steps=100)
+
+    class Contended:
+        """Every claim is refused as 'changed': other runs keep winning the GPU."""
+
+        def state(self, *, timeout_s=None):
+            return LedgerState(now=time.time(), lease_timeout_s=30.0, versions={}, leases=(),
+                               workers=frozenset({"a100-0"}), counts={})
+
+        def claim(self, *args, timeout_s=None, **kwargs):
+            time.sleep(0.05)
+            return Claim(ok=False, version=1, reason="changed")
+
+    device = GpuDevice(id="a100-0", gpu_type="a100", worker="a100-0", capacity=2)
+    start = time.monotonic()
+    with pytest.raises(PlacementTimeout, match=r"placement_timeout_s=0\.5 s.*claim\(s\) refused|claim\(s\) refused.*placement_timeout_s=0\.5"):
+        place_with_retry(job, "r1", devices=lambda state: [device], ledger=Contended(),
+                         predict=lambda feats: table, features=lambda t: job.features, policy="greedy-fastest",
+                         time_limit_s=0.1, wait_timeout_s=600, poll_s=0.1, versions={},
+                         placement_timeout_s=0.5)
+    assert time.monotonic() - start < 3.0
+
+
+def test_a_scheduler_that_does_not_answer_fails_the_placement_within_its_bound():
+    from gogh_flows.flows.placer import PlacementTimeout, place_with_retry
+    from gogh_flows.flows.spec import placed_job
+    from gogh_flows.runtime import emulated_pool
+
+    job = placed_job(model="ResNet-50", batch_size=64, min_throughput=1.0, work_steps=100)
+    with emulated_pool("a100=1", capacity=2) as pool:
+        ledger = pool.ledger  # registers the ledger on the scheduler
+        scheduler = pool.cluster.scheduler
+
+        async def stalled(**kwargs):
+            await asyncio.sleep(30)
+
+        real = scheduler.handlers["gogh_ledger_state"]
+        scheduler.handlers["gogh_ledger_state"] = stalled
+        try:
+            start = time.monotonic()
+            with pytest.raises(PlacementTimeout, match=r"did not answer state\(\)"):
+                place_with_retry(job, "r1", devices=lambda s: pool.live_devices(s.workers), ledger=ledger,
+                                 predict=lambda feats: None, features=lambda t: job.features,
+                                 policy="greedy-fastest", time_limit_s=0.1, wait_timeout_s=600, poll_s=0.1,
+                                 versions={}, placement_timeout_s=1.0)
+            assert time.monotonic() - start < 4.0
+        finally:
+            scheduler.handlers["gogh_ledger_state"] = real

@@ -257,6 +257,12 @@ def test_served_runs_cancelled_from_prefect_or_killed_end_and_free_the_gpu(tmp_p
                     time.sleep(0.2)
                 freed_s = time.monotonic() - t0
                 state2 = _final_state(killed.id, 60)
+                undelivered = ledger.state().undelivered
+
+                # 3. the next flow run process of this tracking store logs what the killed one's
+                # worker handed in
+                later = run_deployment("held/held", parameters={"hold_s": 4}, timeout=0)
+                state3 = _final_state(later.id, 120)
         finally:
             runner.terminate()
             try:
@@ -272,7 +278,13 @@ def test_served_runs_cancelled_from_prefect_or_killed_end_and_free_the_gpu(tmp_p
     (row,) = frame.filter(pl.col("run_id") == lease.run_id).iter_rows(named=True)
     # the cancelled run: logged once, failed, with the steps its body did before it stopped
     assert row["status"] == "failed" and 0 < row["steps"] < 120 / 0.05 and row["telemetry"] == "emulated"
-    assert frame.filter(pl.col("run_id") == lease2.run_id).height == 0  # its placer died: nobody logs it
+    # the killed run: its worker handed its measurement to the ledger, and the next process
+    # logged it, once, with the steps its body did before it was stopped
+    assert undelivered == 1 and state3.is_completed(), state3
+    assert counts.get("deposited") == 1 and counts.get("delivered") == 1 and "undelivered_dropped" not in counts
+    (row2,) = frame.filter(pl.col("run_id") == lease2.run_id).iter_rows(named=True)
+    assert row2["status"] == "failed" and 0 < row2["steps"] < 120 / 0.05
+    assert "placing process was lost" in json.loads(row2["extra"])["logged_by"]
 
 
 def test_placing_onto_a_tls_secured_pool(tmp_path):

@@ -240,6 +240,91 @@ def test_a_started_body_whose_placing_process_leaves_is_stopped_then_its_slot_fr
     assert pool.ledger.state().counts["orphaned"] == 1
 
 
+def _row_for(store, outcome):
+    return store, {"run_id": outcome.run_id, "steps": outcome.telemetry.steps, "error": outcome.error}
+
+
+def test_the_measurement_of_a_lost_placers_run_is_kept_by_the_ledger_until_delivered(pool):
+    """The worker hands it in; one collector at a time; a collector that leaves hands it back."""
+    import functools
+
+    from distributed import Client
+
+    from gogh_flows.runtime.leases import PoolLedger
+
+    _STEPS.clear()
+    assert pool.ledger.state().undelivered == 0  # registered on the scheduler
+    with Client(pool.client.scheduler.address, set_as_default=False) as placer:
+        led = PoolLedger(placer, register=False)
+        assert _claim(led, "lost").ok
+        future = pool.submit(_reporting, gpu_id="v100-0", job_type="a", run_id="lost", hold_lease=True,
+                             record_if_placer_lost=functools.partial(_row_for, "store-1"))
+        while pool.ledger.get("lost").started_at is None:
+            time.sleep(0.02)
+        led.close()
+    outcome = future.result(timeout=10)
+    deadline = time.monotonic() + 5
+    while pool.ledger.state().undelivered == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert pool.ledger.state().undelivered == 1
+    assert pool.ledger.collect("another-store") == []
+    with Client(pool.client.scheduler.address, set_as_default=False) as first:
+        taken = PoolLedger(first, register=False).collect("store-1")
+        assert [run for run, _ in taken] == ["lost"]
+        row = taken[0][1]
+        assert row["steps"] == outcome.telemetry.steps == len(_STEPS) and "RunCancelled" in row["error"]
+        assert pool.ledger.collect("store-1") == []  # one collector at a time
+    # the first collector left without saying it delivered: handed out again
+    again = pool.ledger.collect("store-1")
+    assert [run for run, _ in again] == ["lost"]
+    assert pool.ledger.delivered(["lost"]) == 1 and pool.ledger.delivered(["lost"]) == 0
+    assert pool.ledger.state().undelivered == 0
+
+
+def test_a_run_whose_placer_stays_is_not_handed_in(pool):
+    import functools
+
+    assert _claim(pool.ledger, "kept").ok
+    outcome = pool.run(_exits, gpu_id="v100-0", job_type="a", run_id="kept", hold_lease=True,
+                       record_if_placer_lost=functools.partial(_row_for, "store-1"))
+    assert outcome.telemetry.steps == 30
+    assert pool.ledger.state().undelivered == 0 and "deposited" not in pool.ledger.state().counts
+
+
+def test_delivering_a_lost_placers_measurement_twice_logs_it_once(tmp_path):
+    from gogh_flows.flows.measure import deliver_lost_placer_measurements
+    from gogh_flows.tracking.measurements import Measurement, MeasurementLog
+
+    log = MeasurementLog(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "measurements")
+    m = Measurement(run_id="r1", flow_name="f", job_type="ResNet-50:64", family="ResNet-50", batch_size=64,
+                    gpu_id="a100-0", gpu_type="a100", device="a100-0@a100-0", partners=(),
+                    required_throughput=5.0, predicted_throughput=6.0, steps=40.0, duration_s=8.0,
+                    throughput=5.0, mean_power_w=None, energy_j=None, status="failed", telemetry="emulated",
+                    started_at=1.0, flow_run_url=None, extra={"logged_by": "worker"})
+
+    class Ledger:
+        def __init__(self):
+            self.rows, self.done = {"r1": m.to_row()}, []
+
+        def collect(self, store):
+            assert store == log.store
+            return list(self.rows.items())
+
+        def delivered(self, run_ids):
+            self.done += run_ids
+            return len(run_ids)
+
+    ledger = Ledger()
+    assert deliver_lost_placer_measurements(ledger, log) == 1
+    assert deliver_lost_placer_measurements(ledger, log) == 1  # handed out again (e.g. a lapsed collector)
+    log.flush_spool()
+    assert ledger.done == ["r1", "r1"]
+    table = log.read()
+    assert table.height == 1 and table["steps"].to_list() == [40.0]
+    runs = log._client.search_runs([log._experiment_id_or_create()])
+    assert len(runs) == 1
+
+
 def _exits() -> None:
     import sys
 

@@ -121,6 +121,9 @@ class PredictorRegistry(Block):
                               "'gavel'); None = the models must already be registered")
     refresh_s: float = Field(default=30.0, ge=0.0, description="how long a loaded alias is trusted "
                              "before the registry is asked again")
+    timeout_s: float = Field(default=10.0, gt=0.0, description="how long a placement waits for the "
+                             "registry (alias lookup and download) before it places with the last good "
+                             "predictors; a late answer is still taken for the next placement")
 
     @field_validator("tracking_uri")
     @classmethod
@@ -171,6 +174,10 @@ class PlacementPolicy(Block):
     wait_timeout_s: float = Field(default=600.0, ge=0.0, description="how long a run waits for a "
                                   "GPU that meets its requirement before it fails")
     poll_s: float = Field(default=1.0, gt=0.0, description="how often a waiting run retries")
+    placement_timeout_s: float = Field(default=60.0, gt=0.0, description="the longest a run may spend "
+                                       "deciding where to go (reading the pool's ledger, predicting, "
+                                       "solving, claiming), apart from waiting for a busy fleet; also "
+                                       "bounds each call to the pool's scheduler")
     allow_migration: bool = Field(default=False, description="reserved: running flow runs are "
                                   "never moved today (a Python process cannot be migrated)")
     refine: bool = Field(default=True, description="correct predictions with P2 from the "

@@ -37,7 +37,7 @@ from prefect.utilities.annotations import quote
 from gogh_flows.flows.blocks import GpuCluster, PlacementPolicy, PredictorRegistry, load_block
 from gogh_flows.flows.current import _CURRENT, CurrentPlacement
 from gogh_flows.flows.environment import Environment, environment, predictor_source
-from gogh_flows.flows.measure import record_run
+from gogh_flows.flows.measure import record_if_placer_lost, record_run
 from gogh_flows.flows.placer import PlacementTimeout, RunLost, RunPlacement, place_with_retry
 from gogh_flows.flows.spec import PlacedJob, placed_job
 from gogh_flows.runtime.context import RunCancelled, current_gpu, use_gpu
@@ -123,7 +123,11 @@ def _wrap(fn: Callable, job: PlacedJob, settings: _Settings) -> Callable:
 @task(name="gogh-place", cache_policy=NO_CACHE, persist_result=False)
 def place_run(job: PlacedJob, run_id: str, env: Environment, registry: PredictorRegistry,
               policy: PlacementPolicy) -> RunPlacement:
-    """Predict, solve, reserve; publish the explanation as a markdown artifact."""
+    """Predict, solve, reserve; publish the explanation as a markdown artifact.
+
+    Bounded apart from waiting for a busy fleet: the registry by the registry block's
+    ``timeout_s`` (then the last good predictors), deciding by ``placement_timeout_s``.
+    """
     logger = get_run_logger()
     source = predictor_source(registry)
     predictor = source.get()
@@ -137,6 +141,7 @@ def place_run(job: PlacedJob, run_id: str, env: Environment, registry: Predictor
         features=env.features.get, policy=policy.policy, time_limit_s=policy.solver_time_limit_s,
         wait_timeout_s=_wait_timeout(job, policy), poll_s=policy.poll_s, versions=source.versions(),
         on_wait=logger.info, sleep=env.wait_for_release, headroom=policy.headroom,
+        placement_timeout_s=policy.placement_timeout_s,
     )
     try:
         create_markdown_artifact(markdown=placement.explanation_md, key="gogh-placement",
@@ -194,7 +199,8 @@ def _execute_body(fn: Callable, args: tuple, kwargs: dict, context: dict, placem
             if gpu is not None and gpu.stop_reason == PLACER_LOST:
                 _mark_crashed(f"the process that placed this run was lost (killed) while its body ran on "
                               f"{placement.gpu_id}; the body was stopped at its next progress report and "
-                              "the GPU freed. Its measurement was not logged; retry the flow run")
+                              "the GPU freed. Its measurement is kept by the pool's ledger until a placing "
+                              "process logging to the same tracking store logs it; retry the flow run")
             raise
     meter = gpu.meter if gpu is not None else None
     if meter is not None and meter.steps == 0:
@@ -312,8 +318,13 @@ def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, k
             _LOCAL_BODIES[token] = (fn, args, kwargs, serialize_context())
             future = env.pool.submit(_execute_local, token, placement, job.work_steps, **where)
         else:
+            # a shared pool outlives this process: if it is lost, the worker hands in the measurement
+            device = env.pool.device(placement.gpu_id)
+            lost = functools.partial(record_if_placer_lost, job, placement, started, flow_run,
+                                     ctx.flow.name if ctx else fn.__name__, f"{device.id}@{device.worker}",
+                                     env.measurements.store)
             future = env.pool.submit(_execute_body, fn, args, kwargs, serialize_context(), placement,
-                                     job.work_steps, **where)
+                                     job.work_steps, record_if_placer_lost=lost, **where)
         left = max(0.0, _wait_timeout(job, policy) - placement.waited_s)
         outcome = await_run(ledger, future, placement, start_within_s=left + _START_GRACE_S)
     except BaseException as exc:  # the pool failed, the worker left, or this process is interrupted

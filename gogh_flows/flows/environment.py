@@ -9,6 +9,7 @@ and closed when the process exits.
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import json
 import logging
@@ -16,7 +17,10 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from concurrent.futures import wait as wait_for_futures
+from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +28,7 @@ import polars as pl
 from filelock import FileLock
 
 from gogh_flows.flows.blocks import GpuCluster, PredictorRegistry, state_dir
+from gogh_flows.flows.measure import deliver_lost_placer_measurements
 from mlflow.exceptions import MlflowException
 
 from gogh_flows.predict.io import ModelFormatError, load_p1, load_p2
@@ -103,6 +108,11 @@ class PredictorSource:
     #: champion versions (P1, P2) that could not be loaded, and why: not downloaded again
     #: while the alias stays on them, and said once, not at every refresh
     _refused: dict[tuple[int | None, int | None], str] = field(default_factory=dict)
+    #: the open question to the registry: asked on a daemon thread, so a placement can stop
+    #: waiting for it (and a process can exit while the registry stalls)
+    _asking: Future | None = None
+    _asked_at: float = 0.0
+    _asking_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
         self.registry = ModelRegistry(self.block.resolved_tracking_uri())
@@ -153,20 +163,56 @@ class PredictorSource:
     def versions(self) -> dict[str, int | None]:
         return {"p1": self._loaded[0], "p2": self._loaded[1]}
 
-    def get(self, *, force: bool = False) -> ThroughputPredictor:
+    def get(self, *, force: bool = False, bounded: bool = True) -> ThroughputPredictor:
         """The champion, reloaded when its alias moved; never a stall, never a failed placement.
 
         MLflow unreachable: the predictors already loaded, else the newest versions cached
         locally, else the built-in prior. A champion that cannot be loaded (garbage or
-        missing artifacts): the last good version, else the built-in prior. Either way the
-        reason is kept in ``degraded`` for the run's log, and the registry is asked again
-        after ``refresh_s``.
+        missing artifacts): the last good version, else the built-in prior. A registry that
+        answers its health check but then does not answer within the block's ``timeout_s``:
+        the same fall-back, while the question stays open in the background and its answer is
+        used by the next placement (one placement waits for a stalled registry, not every
+        one). Either way the reason is kept in ``degraded`` for the run's log, and the
+        registry is asked again after ``refresh_s``. ``bounded=False`` (retraining) waits for
+        the registry's answer however long it takes.
         """
+        if not force and self._fresh():
+            return self._predictor  # type: ignore[return-value]
+        with self._asking_lock:
+            if self._asking is not None and not self._asking.done() and force:
+                wait_for_futures((self._asking,))  # a forced read must not be answered by an older question
+            if self._asking is None or self._asking.done():
+                self._asking, self._asked_at = _in_background(self._ask_registry, force), time.monotonic()
+            asking, asked_at = self._asking, self._asked_at
+        if not bounded:
+            return asking.result()
+        try:  # whoever asked first, the registry gets timeout_s from the question to answer
+            return asking.result(timeout=max(0.0, asked_at + self.block.timeout_s - time.monotonic()))
+        except FuturesTimeout:
+            return self._stalled()
+
+    def _fresh(self) -> bool:
+        return self._predictor is not None and time.monotonic() - self._checked_at < self.block.refresh_s
+
+    def _stalled(self) -> ThroughputPredictor:
+        """The registry has not answered in time: place with what is at hand, without waiting for it."""
+        # not under the lock: the open question holds it while it waits for the registry
+        predictor, using = self._predictor, self._using
+        if predictor is None:
+            # the first question of this process is still open: the cache or the prior for
+            # this placement only; the answer, when it comes, is kept
+            predictor, _, using = self._fallback_predictor(self._stall_reason())
+        return self._fall_back_to(predictor, using, self._stall_reason())
+
+    def _stall_reason(self) -> str:
+        return (f"the MLflow registry at {self.block.resolved_tracking_uri()} did not answer within "
+                f"{self.block.timeout_s:g} s")
+
+    def _ask_registry(self, force: bool) -> ThroughputPredictor:
         with self._lock:
-            now = time.monotonic()
-            if not force and self._predictor is not None and now - self._checked_at < self.block.refresh_s:
-                return self._predictor
-            self._checked_at = now
+            if not force and self._fresh():
+                return self._predictor  # type: ignore[return-value]
+            self._checked_at = time.monotonic()
             uri = self.block.resolved_tracking_uri()
             try:
                 if is_http(uri):  # one short probe instead of MLflow's minutes of retries
@@ -204,31 +250,31 @@ class PredictorSource:
             return self._predictor
 
     def _fall_back(self, reason: str) -> ThroughputPredictor:
-        if self._predictor is not None:
-            using = self._using
-        else:
-            cached = self._newest_cached()
-            if cached is not None:
-                (d1, v1), (d2, v2) = cached
-                self._predictor = ThroughputPredictor(load_p1(d1), load_p2(d2) if d2 is not None else None)
-                self._loaded = (v1, v2)
-                using = f"the versions cached locally (P1 v{v1}, P2 v{v2})"
-            else:
-                base = models_dir() / (self.block.prior or "synthetic")
-                if not (base / "p1").is_dir():
-                    raise RuntimeError(f"{reason}, and there is no cached version nor built-in prior at "
-                                       f"{base} to place with; set GOGH_MODELS_DIR to gogh-flows' models/")
-                p2 = load_p2(base / "p2") if (base / "p2").is_dir() else None
-                self._predictor = ThroughputPredictor(load_p1(base / "p1"), p2)
-                self._loaded = (None, None)
-                using = f"the built-in prior {base.name!r}"
-        self._using = using
+        """Keep what is loaded, else load the newest cached versions, else the prior (under the lock)."""
+        if self._predictor is None:
+            self._predictor, self._loaded, self._using = self._fallback_predictor(reason)
+        return self._fall_back_to(self._predictor, self._using, reason)
+
+    def _fallback_predictor(self, reason: str) -> tuple[ThroughputPredictor, tuple[int | None, int | None], str]:
+        cached = self._newest_cached()
+        if cached is not None:
+            (d1, v1), (d2, v2) = cached
+            return (ThroughputPredictor(load_p1(d1), load_p2(d2) if d2 is not None else None), (v1, v2),
+                    f"the versions cached locally (P1 v{v1}, P2 v{v2})")
+        base = models_dir() / (self.block.prior or "synthetic")
+        if not (base / "p1").is_dir():
+            raise RuntimeError(f"{reason}, and there is no cached version nor built-in prior at "
+                               f"{base} to place with; set GOGH_MODELS_DIR to gogh-flows' models/")
+        p2 = load_p2(base / "p2") if (base / "p2").is_dir() else None
+        return ThroughputPredictor(load_p1(base / "p1"), p2), (None, None), f"the built-in prior {base.name!r}"
+
+    def _fall_back_to(self, predictor: ThroughputPredictor, using: str, reason: str) -> ThroughputPredictor:
         message = (f"gogh: {reason}; placing with {using} until it is back (asked again every "
                    f"{self.block.refresh_s:g} s)")
         if message != self.degraded:
             log.warning(message)
         self.degraded = message
-        return self._predictor
+        return predictor
 
     def _newest_cached(self) -> tuple[tuple[Path, int], tuple[Path | None, int | None]] | None:
         """The newest P1 (and P2) versions downloaded before, verified then: the last good ones."""
@@ -247,6 +293,20 @@ class PredictorSource:
             return None
         p2 = newest(self.block.p2_name)
         return p1, (p2 if p2 is not None else (None, None))
+
+
+def _in_background(call, *args) -> Future:
+    """``call(*args)`` on a daemon thread, its outcome in a future."""
+    future: Future = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(call(*args))
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the future
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="gogh-registry", daemon=True).start()
+    return future
 
 
 def _short(exc: BaseException) -> str:
@@ -329,9 +389,15 @@ class SpoolFlusher:
     of on the run's critical path. Whatever is left at exit is flushed by ``close``.
     """
 
-    def __init__(self, log: MeasurementLog, interval_s: float = 0.5) -> None:
+    def __init__(self, log: MeasurementLog, interval_s: float = 0.5,
+                 collect: Callable[[], object] | None = None, collect_every_s: float = 5.0) -> None:
         self.log = log
         self.interval_s = interval_s
+        # also, every collect_every_s: log what the pool's ledger holds for this store
+        # (measurements of runs whose placing process was lost)
+        self._collect = collect
+        self._collect_every_s = collect_every_s
+        self._collected_at = -1e18
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="gogh-mlflow-mirror", daemon=True)
@@ -345,6 +411,7 @@ class SpoolFlusher:
         while not self._stop.is_set():
             self._wake.wait(wait)
             self._wake.clear()
+            self._collect_lost()
             try:
                 self.log.flush_spool(raise_unreachable=True)  # an outage raises: backed off, said once
             except Exception as exc:  # keep spooled; retried with back-off, said once per outage
@@ -356,6 +423,15 @@ class SpoolFlusher:
             if failing:
                 log.warning("gogh: MLflow is back; the spooled measurements were mirrored")
             failing, wait = False, self.interval_s
+
+    def _collect_lost(self) -> None:
+        if self._collect is None or time.monotonic() - self._collected_at < self._collect_every_s:
+            return
+        self._collected_at = time.monotonic()
+        try:
+            self._collect()
+        except Exception as exc:  # noqa: BLE001 - the ledger keeps them; asked again next time
+            log.debug("gogh: could not collect measurements from the pool's ledger: %s", exc)
 
     def stop(self) -> None:
         self._stop.set()
@@ -397,10 +473,14 @@ def environment(cluster: GpuCluster, tracking_uri: str) -> Environment:
         else:
             pool = open_pool("remote", address=cluster.address, lease_timeout_s=lease)
         measurements = MeasurementLog(tracking_uri, root / "measurements")
+        # a shared pool outlives its placing processes: what a lost one's runs measured is
+        # kept by the pool's ledger, and collected here (a local pool dies with its process)
+        collect = (functools.partial(deliver_lost_placer_measurements, pool.ledger, measurements)
+                   if cluster.mode == "remote" else None)
         env = Environment(cluster=cluster, pool=pool, measurements=measurements,
                           observations=ObservationCache(measurements),
                           features=FeatureStore(root / "jobs"), root=root, truth=truth,
-                          mirror=SpoolFlusher(measurements))
+                          mirror=SpoolFlusher(measurements, collect=collect))
         _ENVS[key] = env
         return env
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gogh_flows.flows.environment import Environment
 from gogh_flows.flows.placer import RunPlacement
 from gogh_flows.flows.spec import PlacedJob
-from gogh_flows.tracking.measurements import Measurement
+from gogh_flows.tracking.measurements import Measurement, MeasurementLog
+
+if TYPE_CHECKING:  # the environment opens the mirror that delivers what the ledger holds
+    from gogh_flows.flows.environment import Environment
 
 log = logging.getLogger("gogh_flows")
 
@@ -31,7 +33,7 @@ def _flow_run_url(flow_run: Any) -> str | None:
 
 def build_measurement(job: PlacedJob, placement: RunPlacement, outcome: Any, error: BaseException | None,
                       *, started: float, wall_s: float, flow_run: Any, flow_name: str,
-                      device: str) -> Measurement:
+                      device: str, logged_by: str = "placer") -> Measurement:
     attempt = getattr(flow_run, "run_count", 1) if flow_run is not None else 1
     run_id = placement.run_id  # the one run key: ledger, pool and measurement
     tel = getattr(outcome, "telemetry", None)
@@ -56,6 +58,8 @@ def build_measurement(job: PlacedJob, placement: RunPlacement, outcome: Any, err
         extra["body_ended_at"] = f"{outcome.ended_at:.6f}"
     if reason:
         extra["error"] = reason[:500]
+    if logged_by != "placer":
+        extra["logged_by"] = logged_by
     partners = tuple(outcome.partners) if outcome is not None else placement.partners
     return Measurement(
         run_id=run_id, flow_name=flow_name, job_type=job.job_type, family=job.family,
@@ -88,4 +92,40 @@ def record_run(env: Environment, job: PlacedJob, placement: RunPlacement, outcom
                   placement.gpu_id, exc)
 
 
-__all__ = ["build_measurement", "record_run"]
+def record_if_placer_lost(job: PlacedJob, placement: RunPlacement, started: float, flow_run: Any, flow_name: str,
+                          device: str, store: str, outcome: Any) -> tuple[str, dict[str, Any]]:
+    """On the worker, when the run's placing process was lost: its measurement, for the ledger to keep.
+
+    The same measurement the placing process would have logged (same key, so a placer that
+    was only cut off and logs it too is not counted twice), marked as logged by the worker.
+    """
+    m = build_measurement(job, placement, outcome, None, started=started, wall_s=time.time() - started,
+                          flow_run=flow_run, flow_name=flow_name, device=device,
+                          logged_by="worker (its placing process was lost)")
+    return store, m.to_row()
+
+
+def deliver_lost_placer_measurements(ledger: Any, measurements: MeasurementLog) -> int:
+    """Log the measurements the pool's ledger holds for this store, once each; how many were logged.
+
+    Each is logged by its idempotency key (a second delivery is a no-op), then said delivered;
+    one that cannot be logged now stays with the ledger and is handed out again.
+    """
+    done = []
+    for run_id, row in ledger.collect(measurements.store):
+        try:
+            m = Measurement.from_row(row)
+            measurements.log(m, defer=True)
+        except Exception as exc:  # noqa: BLE001 - kept by the ledger, retried after a lease timeout
+            log.warning("gogh: could not log the measurement of run %s (its placing process was lost): %s",
+                        run_id, exc)
+            continue
+        log.info("gogh: logged the measurement of run %s on %s, whose placing process was lost (%s, %.0f "
+                 "steps), from its worker's record", run_id, m.gpu_id, m.status, m.steps)
+        done.append(run_id)
+    if done:
+        ledger.delivered(done)
+    return len(done)
+
+
+__all__ = ["build_measurement", "deliver_lost_placer_measurements", "record_if_placer_lost", "record_run"]

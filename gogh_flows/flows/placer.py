@@ -10,11 +10,12 @@ the decision is taken again on the new state.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from gogh_flows.energy import kwh
 from gogh_flows.flows.spec import PlacedJob
@@ -45,10 +46,11 @@ class RunLost(RuntimeError):
 class Ledger(Protocol):
     """What a placement needs of the pool's ledger (:class:`gogh_flows.runtime.PoolLedger`)."""
 
-    def state(self) -> LedgerState: ...
+    def state(self, *, timeout_s: float | None = None) -> LedgerState: ...
 
     def claim(self, run_id: str, gpu_id: str, *, worker: str, capacity: int, job_type: str,
-              required_throughput: float, work: float, expect_version: int) -> Claim: ...
+              required_throughput: float, work: float, expect_version: int,
+              timeout_s: float | None = None) -> Claim: ...
 
 
 @dataclass(frozen=True)
@@ -118,6 +120,7 @@ def place_with_retry(
     features: Callable[[str], WorkloadFeatures], policy: str, time_limit_s: float,
     wait_timeout_s: float, poll_s: float, versions: dict, on_wait: Callable[[str], None] | None = None,
     sleep: Callable[[float], object] = time.sleep, headroom: float = 0.0,
+    placement_timeout_s: float = math.inf,
 ) -> RunPlacement:
     """Read the ledger, solve, claim by compare-and-set; decide again when the claim is refused.
 
@@ -125,12 +128,39 @@ def place_with_retry(
     freed a slot there in between, the claim is refused and the decision is taken again on
     the new state, so a run is never put next to a partner its decision did not see. A
     requirement no GPU type can meet fails at once; a busy fleet is waited for (``sleep``
-    returns early when a run of this process frees its GPU) up to ``wait_timeout_s``.
+    returns early when a run of this process frees its GPU) up to ``wait_timeout_s``. The
+    time spent deciding (everything but that waiting: ledger calls, predictions, solves,
+    claims refused and re-planned) is bounded by ``placement_timeout_s``, each call to the
+    pool's scheduler included.
     """
     start = time.monotonic()
     said_waiting = False
+    slept, attempts, refused = 0.0, 0, 0
+
+    def left_to_decide() -> float:
+        deciding = time.monotonic() - start - slept
+        if deciding >= placement_timeout_s:
+            raise PlacementTimeout(
+                f"deciding where run {run_id} ({job.job_type}) goes took {deciding:.1f} s over {attempts} "
+                f"decision(s) ({refused} claim(s) refused because another run changed the GPU first), more "
+                f"than placement_timeout_s={placement_timeout_s:g} s; the pool's scheduler or this process "
+                "is overloaded. Raise placement_timeout_s on the PlacementPolicy block, or check the "
+                "scheduler's load")
+        return placement_timeout_s - deciding
+
+    def ask(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        budget = left_to_decide()
+        try:
+            return call(*args, timeout_s=budget, **kwargs)
+        except (TimeoutError, asyncio.TimeoutError) as exc:
+            raise PlacementTimeout(
+                f"the pool's scheduler did not answer {getattr(call, '__name__', 'a call')}() for run {run_id} "
+                f"within {budget:.1f} s (what was left of placement_timeout_s={placement_timeout_s:g} s); "
+                "check that the scheduler is alive and not overloaded") from exc
+
     while True:
-        state = ledger.state()
+        state = ask(ledger.state)
+        attempts += 1
         live = list(devices(state))
         elapsed = time.monotonic() - start
         if not live:
@@ -150,10 +180,11 @@ def place_with_retry(
                 a = placement.assignment(run_id)
                 gpu_id = a.gpus[0]
                 device = next(d for d in live if d.id == gpu_id)
-                claim = ledger.claim(run_id, gpu_id, worker=device.worker, capacity=device.capacity,
-                                     job_type=job.job_type, required_throughput=job.min_throughput,
-                                     work=float(job.work_steps), expect_version=state.version(gpu_id))
+                claim = ask(ledger.claim, run_id, gpu_id, worker=device.worker, capacity=device.capacity,
+                            job_type=job.job_type, required_throughput=job.min_throughput,
+                            work=float(job.work_steps), expect_version=state.version(gpu_id))
                 if not claim.ok:
+                    refused += 1
                     continue  # the GPU changed (or filled) since the decision: decide again
                 others = [j for j in problem.occupants(gpu_id) if j.id != run_id]
                 waited = time.monotonic() - start
@@ -184,7 +215,10 @@ def place_with_retry(
                     f"required {job.min_throughput:g}); retrying every {poll_s:g} s for up to "
                     f"{wait_timeout_s:g} s")
             said_waiting = True
+        left_to_decide()
+        nap = time.monotonic()
         sleep(min(poll_s, max(0.0, wait_timeout_s - elapsed)))
+        slept += time.monotonic() - nap
 
 
 def explain_markdown(job: PlacedJob, run_id: str, placement: Placement, problem: PlacementProblem,

@@ -93,7 +93,7 @@ def refine_predictors(
     logger = get_run_logger()
     block = load_block(PredictorRegistry, registry, PredictorRegistry())
     source = predictor_source(block)
-    champion = source.get(force=True)
+    champion = source.get(force=True, bounded=False)
     versions = source.versions()
     root = Path(measurements_dir) if measurements_dir else state_dir() / "measurements"
     mlog = MeasurementLog(block.resolved_tracking_uri(), root)
@@ -135,7 +135,7 @@ def refine_predictors(
     promoted = bool(promote and better)
     if promoted:
         source.registry.set_alias(block.p2_name, block.alias, version)
-        source.get(force=True)
+        source.get(force=True, bounded=False)
     result = {
         "promoted": promoted, "challenger_version": version,
         "champion_version": version if promoted else versions["p2"],

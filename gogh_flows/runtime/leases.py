@@ -10,6 +10,7 @@ slot when the body has really stopped.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +58,7 @@ class LedgerState:
     leases: tuple[Lease, ...]
     workers: frozenset[str]  # names of the workers in the pool now
     counts: dict[str, int]
+    undelivered: int = 0  # measurements of lost placing processes not yet collected
 
     def version(self, gpu_id: str) -> int:
         return self.versions.get(gpu_id, 0)
@@ -103,15 +105,19 @@ class PoolLedger:
         self._keeper: threading.Thread | None = None
         self.lease_timeout_s = self.state().lease_timeout_s
 
-    def _call(self, op: str, **kwargs: Any) -> Any:
-        return self.client.sync(getattr(self.client.scheduler, op), **kwargs)
+    def _call(self, op: str, *, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        """One RPC to the ledger; ``TimeoutError`` when the scheduler does not answer within ``timeout_s``."""
+        bounded = timeout_s is not None and math.isfinite(timeout_s)
+        return self.client.sync(getattr(self.client.scheduler, op), callback_timeout=timeout_s if bounded else None,
+                                **kwargs)
 
     # -- reading -------------------------------------------------------------------------
-    def state(self) -> LedgerState:
-        d = self._call("gogh_ledger_state")
+    def state(self, *, timeout_s: float | None = None) -> LedgerState:
+        d = self._call("gogh_ledger_state", timeout_s=timeout_s)
         return LedgerState(now=d["now"], lease_timeout_s=d["lease_timeout_s"], versions=d["versions"],
                            leases=tuple(Lease.from_wire(x) for x in d["leases"]),
-                           workers=frozenset(d["workers"]), counts=d["counts"])
+                           workers=frozenset(d["workers"]), counts=d["counts"],
+                           undelivered=d.get("undelivered", 0))
 
     def get(self, run_id: str) -> Lease | None:
         found = self._call("gogh_ledger_get", run_ids=[run_id]).get(run_id)
@@ -119,8 +125,11 @@ class PoolLedger:
 
     # -- claiming ------------------------------------------------------------------------
     def claim(self, run_id: str, gpu_id: str, *, worker: str, capacity: int, job_type: str,
-              required_throughput: float, work: float, expect_version: int) -> Claim:
-        d = self._call("gogh_ledger_claim", run_id=run_id, gpu_id=gpu_id, worker=worker, capacity=capacity,
+              required_throughput: float, work: float, expect_version: int,
+              timeout_s: float | None = None) -> Claim:
+        """Claim a slot if the GPU is still at ``expect_version``; a claim that timed out may
+        have been made: the caller releases it (``release(run_id, if_unstarted=True)``)."""
+        d = self._call("gogh_ledger_claim", timeout_s=timeout_s, run_id=run_id, gpu_id=gpu_id, worker=worker, capacity=capacity,
                        job_type=job_type, required_throughput=required_throughput, work=work,
                        expect_version=expect_version, client=self.client.id)
         claim = Claim(ok=d["ok"], version=d["version"], reason=d.get("reason"), detail=d.get("detail"))
@@ -138,6 +147,18 @@ class PoolLedger:
     def cancel(self, run_id: str, reason: str = "cancelled by its placing process") -> bool:
         """Ask the run's body to stop (at its next progress report); its worker frees the slot."""
         return bool(self._call("gogh_ledger_cancel", run_id=run_id, reason=reason)["ok"])
+
+    def collect(self, store: str) -> list[tuple[str, dict[str, Any]]]:
+        """Measurements of runs whose placing process was lost, for the tracking ``store``: (run, row).
+
+        This process delivers them now: say so with :meth:`delivered` once they are logged
+        (if it dies first, they are handed to another process).
+        """
+        d = self._call("gogh_ledger_collect", store=store, client=self.client.id)
+        return [(x["run_id"], x["row"]) for x in d["rows"]]
+
+    def delivered(self, run_ids: list[str]) -> int:
+        return int(self._call("gogh_ledger_delivered", run_ids=list(run_ids))["delivered"])
 
     def hand_over(self, run_id: str) -> None:
         """Stop refreshing ``run_id`` from this process (its worker holds it, or it is gone)."""
@@ -213,12 +234,22 @@ class WorkerLease:
                             self.run_id)
                 return
 
-    def end(self) -> None:
+    def end(self) -> bool:
+        """Free the slot; whether the run's placing process was lost (nobody will log its outcome)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
         try:
-            self._call("gogh_ledger_release", run_id=self.run_id, if_unstarted=False)
+            return bool(self._call("gogh_ledger_release", run_id=self.run_id, if_unstarted=False).get("placer_lost"))
         except Exception as exc:  # noqa: BLE001 - the lease lapses on its own
             log.warning("gogh: worker could not release the lease of run %s (it lapses on its own): %s",
                         self.run_id, exc)
+            return False
+
+    def deposit(self, store: str, row: dict[str, Any]) -> None:
+        """Hand the measurement of a run whose placing process was lost to the ledger, for delivery."""
+        try:
+            self._call("gogh_ledger_deposit", run_id=self.run_id, store=store, row=row)
+        except Exception as exc:  # noqa: BLE001 - said, with what was measured
+            log.error("gogh: the measurement of run %s (its placing process was lost) could not be handed to "
+                      "the pool's ledger and is lost: %s; it was %s", self.run_id, exc, row)

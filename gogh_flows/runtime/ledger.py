@@ -23,6 +23,11 @@ Two rules make a placement safe:
   GIL-holding call): a lease must never lapse under a body that still runs, or another run
   would be put next to it unseen. A crashed placing process or worker frees its GPU at once.
 
+The ledger also keeps what nobody else can: the measurement of a run whose placing process
+was lost while its body ran. The worker hands it in when the body has stopped, and the next
+placing process that logs to the same tracking store collects it, logs it (by its idempotency
+key, so twice is harmless) and says it is delivered; until then it is held here.
+
 Start a shared scheduler with the ledger preloaded (``dask scheduler --preload
 gogh_flows.runtime.ledger``), or let the first client register it (:func:`ensure_ledger`).
 """
@@ -61,6 +66,9 @@ def lease_timeout_from_env(value: float | None = None) -> float:
     return timeout
 
 
+#: the most measurements of lost placing processes kept while nobody collects them
+MAX_UNDELIVERED = 10_000
+
 #: why a started body is asked to stop when the process that placed it disconnects
 PLACER_LOST = "its placing process was lost (its Dask client disconnected)"
 
@@ -89,6 +97,10 @@ class LedgerPlugin(SchedulerPlugin):
         # {"expired" | "worker_left" | "client_left" | "orphaned" (a started body whose placing
         #  process left) | "released" | "claimed" | "refused_changed" | "refused_full": n}
         self.counts: dict[str, int] = {}
+        # {run_id: {"store" (a hash of the tracking store the run logs to), "row" (its measurement),
+        #           "taker" (the client collecting it, None while nobody has), "taken_at"}}:
+        # measurements of runs whose placing process was lost, until one logged them
+        self.undelivered: dict[str, dict[str, Any]] = {}
         self.scheduler: Any = None
 
     # -- lifetime ----------------------------------------------------------------------
@@ -102,6 +114,9 @@ class LedgerPlugin(SchedulerPlugin):
             "gogh_ledger_begin": self.begin,
             "gogh_ledger_release": self.release,
             "gogh_ledger_cancel": self.cancel,
+            "gogh_ledger_deposit": self.deposit,
+            "gogh_ledger_collect": self.collect,
+            "gogh_ledger_delivered": self.delivered,
         })
         self.names = {addr: str(ws.name) for addr, ws in scheduler.workers.items()}
         # check often enough that a lapsed lease is dropped within a quarter of its timeout
@@ -135,6 +150,9 @@ class LedgerPlugin(SchedulerPlugin):
                 self._drop(run_id, "client_left")
             elif self._ask_stop(lease, PLACER_LOST):
                 self._count("orphaned")
+        for entry in self.undelivered.values():
+            if entry["taker"] == client:  # collected, never said delivered: up for collection again
+                entry["taker"] = None
 
     # -- state -------------------------------------------------------------------------
     def _count(self, what: str) -> None:
@@ -189,7 +207,8 @@ class LedgerPlugin(SchedulerPlugin):
         """Everything a decision needs: leases, per-GPU versions, live workers, the clock."""
         return {"now": time(), "lease_timeout_s": self.lease_timeout_s, "versions": dict(self.versions),
                 "leases": [dict(lease) for lease in self.leases.values()],
-                "workers": sorted(set(self.names.values())), "counts": dict(self.counts)}
+                "workers": sorted(set(self.names.values())), "counts": dict(self.counts),
+                "undelivered": len(self.undelivered)}
 
     def claim(self, run_id: str, gpu_id: str, worker: str, capacity: int, job_type: str,
               required_throughput: float, work: float, expect_version: int,
@@ -262,11 +281,15 @@ class LedgerPlugin(SchedulerPlugin):
         """
         lease = self.leases.get(run_id)
         if lease is None:
-            return {"released": False, "started": None}
+            return {"released": False, "started": None, "placer_lost": False}
         if if_unstarted and lease["started_at"] is not None:
-            return {"released": False, "started": True}
+            return {"released": False, "started": True, "placer_lost": False}
         self._drop(run_id, "released")
-        return {"released": True, "started": lease["started_at"] is not None}
+        # nobody waits for this run's outcome any more: its worker should hand in the measurement
+        placer_lost = lease["cancel_reason"] == PLACER_LOST or (
+            lease["client"] is not None and self.scheduler is not None
+            and lease["client"] not in self.scheduler.clients)
+        return {"released": True, "started": lease["started_at"] is not None, "placer_lost": placer_lost}
 
     def cancel(self, run_id: str, reason: str = "cancelled by its placing process") -> dict[str, Any]:
         """Ask the body to stop: its next progress report raises; the slot is freed when it has."""
@@ -275,6 +298,45 @@ class LedgerPlugin(SchedulerPlugin):
             return {"ok": False}
         self._ask_stop(lease, reason)
         return {"ok": True}
+
+
+    # -- measurements of runs whose placing process was lost -----------------------------
+    def deposit(self, run_id: str, store: str, row: dict[str, Any]) -> dict[str, Any]:
+        """Keep a lost placer's run measurement until a process logging to ``store`` collects it."""
+        if run_id not in self.undelivered and len(self.undelivered) >= MAX_UNDELIVERED:
+            oldest = next(iter(self.undelivered))
+            log.warning("gogh ledger: %d measurements of lost placing processes were never collected; "
+                        "dropping the oldest (run %s): start a placing process that logs to its tracking "
+                        "store", MAX_UNDELIVERED, oldest)
+            del self.undelivered[oldest]
+            self._count("undelivered_dropped")
+        self.undelivered[run_id] = {"store": store, "row": row, "taker": None, "taken_at": None}
+        self._count("deposited")
+        return {"ok": True}
+
+    def collect(self, store: str, client: str, limit: int = 100) -> dict[str, Any]:
+        """Measurements for ``store`` nobody is delivering now; ``client`` is delivering them from here on.
+
+        One collected but not said delivered within a lease timeout (or whose collector left)
+        is handed out again: delivery is at least once, and the idempotency key makes it once.
+        """
+        now = time()
+        rows = []
+        for run_id, entry in self.undelivered.items():
+            if entry["store"] != store:
+                continue
+            stale = entry["taken_at"] is not None and entry["taken_at"] < now - self.lease_timeout_s
+            if entry["taker"] is None or stale:
+                entry["taker"], entry["taken_at"] = client, now
+                rows.append({"run_id": run_id, "row": entry["row"]})
+                if len(rows) >= limit:
+                    break
+        return {"rows": rows}
+
+    def delivered(self, run_ids: list[str]) -> dict[str, Any]:
+        n = sum(self.undelivered.pop(r, None) is not None for r in run_ids)
+        self.counts["delivered"] = self.counts.get("delivered", 0) + n
+        return {"delivered": n}
 
 
 def dask_setup(scheduler: Any) -> None:

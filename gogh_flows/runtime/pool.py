@@ -146,7 +146,9 @@ class GpuPool:
     # -- running ---------------------------------------------------------------------
     def submit(self, fn: Callable[..., Any], *args: Any, gpu_id: str, job_type: str | None = None,
                partners: Sequence[str] | Callable[[], Sequence[str]] | None = None,
-               run_id: str | None = None, hold_lease: bool = False, **kwargs: Any) -> Future:
+               run_id: str | None = None, hold_lease: bool = False,
+               record_if_placer_lost: Callable[[RunOutcome], tuple[str, dict]] | None = None,
+               **kwargs: Any) -> Future:
         """Run ``fn(*args, **kwargs)`` on the worker pinned to ``gpu_id``; a Future of :class:`RunOutcome`.
 
         ``job_type`` names the workload for the emulator and the outcome;
@@ -154,7 +156,9 @@ class GpuPool:
         partners this pool does not run); ``run_id`` is carried into the
         outcome and the Dask key; with ``hold_lease`` the worker holds the
         ledger lease named ``run_id`` while the body runs (and starts the body
-        only if that lease is still held). These names are taken by ``submit``:
+        only if that lease is still held), and ``record_if_placer_lost(outcome)``
+        builds the run's measurement on the worker, handed to the ledger, when the
+        placing process is lost before the body ends. These names are taken by ``submit``:
         pass a body keyword argument with the same name through ``functools.partial``.
         """
         if self._closed:
@@ -162,7 +166,8 @@ class GpuPool:
         device = self.device(gpu_id)
         key = f"gogh-{device.id}-{run_id or getattr(fn, '__name__', 'run')}-{uuid.uuid4().hex[:12]}"
         spec = RunSpec(device=device, mode=self.mode, emulated=device.id in self._emulated, run_key=key,
-                       job_type=job_type, run_id=run_id, partners=partners, hold_lease=hold_lease)
+                       job_type=job_type, run_id=run_id, partners=partners, hold_lease=hold_lease,
+                       record_if_placer_lost=record_if_placer_lost)
         if hold_lease:
             if not run_id:
                 raise ValueError("GpuPool.submit(hold_lease=True) needs the run_id its lease was claimed under")

@@ -10,6 +10,7 @@ plugin (another client connecting to a shared scheduler) cannot lose it.
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import threading
@@ -30,6 +31,8 @@ from gogh_flows.runtime.telemetry import Meter, TelemetryReading, telemetry_for
 from gogh_flows.truth.table import ThroughputTable
 
 __all__ = ["PLUGIN_NAME", "RunNotStarted", "RunSpec", "RuntimeConfig", "execute", "occupancy"]
+
+log = logging.getLogger("gogh_flows.runtime")
 
 PLUGIN_NAME = "gogh-runtime"
 TIME_SCALE_ENV = "GOGH_TIME_SCALE"
@@ -141,6 +144,9 @@ class RunSpec:
     partners: Sequence[str] | Callable[[], Sequence[str]] | None = None
     check_worker: bool = True
     hold_lease: bool = False  # hold the ledger lease named run_id while the body runs
+    #: with hold_lease: the run's measurement as (tracking store, row), built here when its
+    #: placing process was lost, since nobody else is left to log it
+    record_if_placer_lost: Callable[[RunOutcome], tuple[str, dict[str, Any]]] | None = None
 
 
 class RunNotStarted(RuntimeError):
@@ -219,6 +225,7 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
     occupancy.join(device.id, spec.run_key, job_label, meter)
     seen: tuple[str, ...] = ()
     body_start = time.time()
+    placer_lost = False
     try:
         with use_gpu(ctx):
             value = fn(*args, **kwargs)
@@ -232,14 +239,28 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
         seen = occupancy.leave(device.id, spec.run_key)
         reading: TelemetryReading = meter.stop()
         if lease is not None:
-            lease.end()
+            placer_lost = lease.end()
     if override is not None and emulated:
         seen = meter.seen_partners  # type: ignore[attr-defined]
-    return RunOutcome(
+    outcome = RunOutcome(
         value=value, telemetry=reading, partners=seen, error=error, gpu_id=device.id,
         gpu_type=device.gpu_type, job_type=spec.job_type, run_id=spec.run_id, worker=worker_name,
         traceback=tb, exception=exc_out, started_at=body_start, ended_at=body_end,
     )
+    if placer_lost and lease is not None and spec.record_if_placer_lost is not None:
+        _hand_in(lease, spec, outcome)
+    return outcome
+
+
+def _hand_in(lease: WorkerLease, spec: RunSpec, outcome: RunOutcome) -> None:
+    """The placing process is gone: the ledger keeps this run's measurement for the next one."""
+    try:
+        store, row = spec.record_if_placer_lost(outcome)  # type: ignore[misc]
+    except Exception as exc:  # noqa: BLE001 - said; the run's outcome stands
+        log.error("gogh: could not build the measurement of run %s, whose placing process was lost: %s",
+                  spec.run_id, exc)
+        return
+    lease.deposit(store, row)
 
 
 def describe_worker() -> dict[str, Any]:

@@ -17,6 +17,7 @@ makes logging and flushing idempotent, so a retried hook never produces duplicat
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import json
 import logging
@@ -213,6 +214,12 @@ class MeasurementLog:
     @property
     def table_path(self) -> Path:
         return self.root / TABLE_NAME
+
+    @property
+    def store(self) -> str:
+        """A short name of where measurements go (tracking URI and experiment), safe to share: a
+        hash, since a database URI can hold a password."""
+        return hashlib.sha1(f"{self.tracking_uri}|{self.experiment}".encode()).hexdigest()[:16]
 
     @property
     def spool_dir(self) -> Path:
