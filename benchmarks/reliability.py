@@ -7,8 +7,10 @@ tests/hostproc/place_runs.py) placing decorated flow runs in bursts. While runs 
 flight it injects faults: a worker SIGKILLed (its nanny restarts it), a worker group killed
 for good, a placing process SIGKILLed after its claims (its running bodies are stopped), bodies
 that call sys.exit(), one host solving with a 1 ms solver limit, a champion predictor version
-whose artifacts are garbage, and the hosts' MLflow server (`mlflow server`, loopback) stopped for
-60 s and restarted; afterwards every measurement must be in MLflow exactly once. Afterwards it reads every run's own record and reports:
+whose artifacts are garbage, the hosts' MLflow server (`mlflow server`, loopback) stopped for
+60 s and restarted, and a run of a deployment served by a Prefect runner cancelled from the
+Prefect API while its body runs; afterwards every measurement must be in MLflow exactly once,
+those of the killed placing process's runs included (handed in by their workers). Afterwards it reads every run's own record and reports:
 runs completed, oversubscriptions (more bodies on a GPU than its capacity at any instant),
 unknowing shares (a run next to a partner its decision did not see), measurements lost and
 duplicated, and how long each fault's GPUs stayed blocked.
@@ -39,6 +41,7 @@ from runrecords import run_records  # noqa: E402
 
 BIN = Path(sys.executable).parent
 HOST = REPO / "tests" / "hostproc" / "place_runs.py"
+SERVED = REPO / "tests" / "hostproc" / "served_flow.py"
 OUT = REPO / "benchmarks" / "results"
 
 
@@ -129,6 +132,17 @@ class Bench:
                              stderr=open(home / "stderr.log", "w"), text=True, start_new_session=True)
         return p
 
+    def runner(self) -> subprocess.Popen:
+        """A Prefect runner serving the deployment ``held/held`` onto the pool (a team's deployment)."""
+        home = self.tmp / "runner"
+        home.mkdir()
+        p = subprocess.Popen([sys.executable, str(SERVED)], cwd=str(home),
+                             env={**self.env, "GOGH_HOME": str(home), "GOGH_POOL_ADDRESS": self.address,
+                                  "GOGH_SERVED_WAIT_S": "300", "PREFECT_RUNNER_POLL_FREQUENCY": "1"},
+                             stdout=open(home / "runner.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(p)
+        return p
+
     def worker_pid(self, name: str) -> int:
         """The OS pid of the worker process serving GPU ``name`` (a nanny's child)."""
         address = next(a for a, w in self.client.scheduler_info(n_workers=-1)["workers"].items()
@@ -192,6 +206,35 @@ def _garbage_champion(source, tmp: Path) -> int:
     return version
 
 
+def _cancel_from_prefect(bench: Bench) -> dict:
+    """What the UI's Cancel button does, to a run of ``held/held`` whose body is running."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+    from prefect.states import Cancelling
+
+    with get_client(sync_client=True) as pc:
+        _wait(lambda: _deployed(pc, "held/held"), 300, "the runner's deployment")
+        run = run_deployment("held/held", parameters={"hold_s": 120}, timeout=0)
+        run_id = str(run.id)
+        _wait(lambda: (lease := bench.ledger.get(run_id)) is not None and lease.started_at is not None, 600,
+              "the served run's body")
+        t0 = time.monotonic()
+        pc.set_flow_run_state(run.id, Cancelling())
+        _wait(lambda: pc.read_flow_run(run.id).state.is_final(), 180, "the cancelled run's final state")
+        state = pc.read_flow_run(run.id).state
+        _wait(lambda: bench.ledger.get(run_id) is None, 120, "the cancelled run's lease")
+    return {"fault": "a served flow run cancelled from Prefect while its body runs", "run": run_id,
+            "final_state": state.type.value, "gpu_blocked_s": round(time.monotonic() - t0, 2)}
+
+
+def _deployed(pc, name: str) -> bool:
+    try:
+        pc.read_deployment_by_name(name)
+        return True
+    except Exception:  # noqa: BLE001 - not served yet
+        return False
+
+
 def _mlflow_keys(uri: str) -> list[str]:
     """The measurement key of every complete measurement run in MLflow."""
     from mlflow import MlflowClient
@@ -225,6 +268,8 @@ def main() -> None:
     os.environ.update({"GOGH_HOME": str(tmp / "bench"), "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"})
     t_start = time.time()
     bench = Bench(tmp, args.gpus, args.lease_timeout_s)
+    # this process talks to the same Prefect server (to cancel a served run): before prefect is imported
+    os.environ.update({k: bench.env[k] for k in ("PREFECT_API_URL", "PREFECT_HOME")})
     faults: list[dict] = []
     try:
         bench.start_mlflow()
@@ -242,7 +287,8 @@ def main() -> None:
         b = bench.host("host-b", "--runs", str(args.runs - per), "--models", "Transformer,LM,Recommendation",
                        "--solver-limit-s", "0.001", *common)
         victim = bench.host("host-victim", "--runs", "4", "--threads", "4", "--hold-s", "8",
-                            "--min-throughput", "1.0", "--wait-timeout-s", "300")
+                            "--min-throughput", "1.0", "--wait-timeout-s", "300", "--tracking-uri", bench.mlflow_uri)
+        bench.runner()
         _wait(lambda: bench.ledger.state().counts.get("claimed", 0) >= 20, 600, "the first claims")
 
         # 1. a worker SIGKILLed under a run: its nanny restarts it
@@ -257,15 +303,21 @@ def main() -> None:
             faults.append({"fault": f"worker {gpu} SIGKILLed (restarted by its nanny)",
                            "gpu_blocked_s": round(time.monotonic() - t0, 2)})
         # 2. the placing process with long runs SIGKILLed after its claims
-        _wait(lambda: any(x.job_type.startswith("ResNet-50 (batch size 64)") for x in bench.ledger.state().leases),
-              600, "the victim's claims")
-        mine = {x.run_id for x in bench.ledger.state().leases if x.job_type.startswith("ResNet-50 (batch size 64)")}
+        _wait(lambda: any(x.job_type.startswith("ResNet-50 (batch size 64)") and x.started_at is not None
+                          for x in bench.ledger.state().leases), 600, "the victim's claims and a body of it running")
+        victims = [x for x in bench.ledger.state().leases if x.job_type.startswith("ResNet-50 (batch size 64)")]
+        mine = {x.run_id for x in victims}
         t0 = time.monotonic()
         os.killpg(victim.pid, signal.SIGKILL)
         _wait(lambda: not mine & {x.run_id for x in bench.ledger.state().leases}, 120, "the victim's leases")
         faults.append({"fault": "a placing process SIGKILLed after its claims",
                        "claims": len(mine), "gpu_blocked_s": round(time.monotonic() - t0, 2),
-                       "note": "running bodies (8 s) are asked to stop at their next report"})
+                       "bodies_running": sorted(x.run_id for x in victims if x.started_at is not None),
+                       "note": "running bodies (8 s) are asked to stop at their next report; their workers "
+                               "hand their measurements to the ledger, and host-a or host-b (same tracking "
+                               "store) logs them"})
+        # 6. a flow run of a served deployment cancelled from Prefect while its body runs
+        faults.append(_cancel_from_prefect(bench))
         # 4. a new champion whose artifacts are garbage: the hosts keep the last good version
         version = _garbage_champion(source, tmp)
         faults.append({"fault": f"champion moved to gogh-p1 v{version}, whose weights are garbage",
@@ -289,16 +341,30 @@ def main() -> None:
         faults.append({"fault": f"{len(gone)} v100 workers and their nanny SIGKILLed for good",
                        "gpu_blocked_s": round(time.monotonic() - t0, 2)})
         results = {"host-a": _lines(a, 3600), "host-b": _lines(b, 3600)}
-        left = bench.ledger.state().leases
+        end_state = bench.ledger.state()
+        left, counts = end_state.leases, {**end_state.counts, "undelivered_at_end": end_state.undelivered}
         mlflow_keys = _mlflow_keys(bench.mlflow_uri)
         degraded = sum((tmp / h / "stderr.log").read_text().count("cannot be loaded") for h in ("host-a", "host-b"))
     finally:
         bench.close()
 
-    frames = [pl.read_parquet(p) for h in ("host-a", "host-b") for p in (tmp / h).rglob("measurements.parquet")]
-    frame = pl.concat(frames, how="diagonal_relaxed")
+    def table(*hosts: str) -> pl.DataFrame:
+        return pl.concat([pl.read_parquet(p) for h in hosts for p in (tmp / h).rglob("measurements.parquet")],
+                         how="diagonal_relaxed")
+
+    frame = table("host-a", "host-b")  # the hosts' own runs, and the victim's delivered by them
+    delivered = frame.filter(pl.col("extra").str.contains('"logged_by"'))
+    own = frame.filter(~pl.col("extra").str.contains('"logged_by"'))
+    served = table("runner")
     keys = (frame["run_id"] + ":" + frame["gpu_id"]).to_list()
-    records = [r for r in run_records(frame.filter(pl.col("extra").str.contains("body_started_at")))]
+    everything = pl.concat([frame, served], how="diagonal_relaxed")  # every body that ran, for the audit
+    records = [r for r in run_records(everything.filter(pl.col("extra").str.contains("body_started_at")))]
+    victim_fault = next(f for f in faults if f["fault"].startswith("a placing process"))
+    victim_fault["measurements_delivered"] = sorted(set(delivered["run_id"]) & set(victim_fault["bodies_running"]))
+    cancel_fault = next(f for f in faults if "cancelled from Prefect" in f["fault"])
+    rows = served.filter(pl.col("run_id") == cancel_fault["run"])
+    cancel_fault["measurements"] = rows.height
+    cancel_fault["measured"] = rows.select("status", "steps").to_dicts()
     runs = [r for rs in results.values() for r in rs]
     errors: dict[str, int] = {}
     for r in runs:
@@ -312,10 +378,13 @@ def main() -> None:
     prefect_refused = errors.get("PrefectHTTPStatusError", 0)
     summary = {
         "runs": len(runs), "completed": sum(r["status"] == "completed" for r in runs), "failed_by_kind": errors,
-        "measurements": frame.height, "measurements_unique": frame["run_id"].n_unique(),
+        "measurements": own.height, "measurements_unique": own["run_id"].n_unique(),
         "prefect_api_refused": prefect_refused,
-        "measurements_lost": len(runs) - never_ran - prefect_refused - frame["run_id"].n_unique(),
-        "measurements_duplicated": frame.height - frame["run_id"].n_unique(),
+        "measurements_lost": len(runs) - never_ran - prefect_refused - own["run_id"].n_unique(),
+        "measurements_duplicated": everything.height - everything["run_id"].n_unique(),
+        # of runs whose placing process was killed: handed in by their workers, logged by a host
+        "lost_placer_measurements_delivered": delivered.height,
+        "ledger_counts": counts,
         # MLflow, after its 60 s outage: every measurement of the local tables, once
         "mlflow_measurements": len(mlflow_keys), "mlflow_unique": len(set(mlflow_keys)),
         "mlflow_missing": len(set(keys) - set(mlflow_keys)),

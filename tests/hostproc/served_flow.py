@@ -22,7 +22,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 @gogh_placed(model="ResNet-50", batch_size=64, min_throughput=5.0, work_steps=100,
              cluster=GpuCluster(mode="remote", address=os.environ.get("GOGH_POOL_ADDRESS", "tcp://unset:0")),
-             policy=PlacementPolicy(poll_s=0.2, wait_timeout_s=60.0))
+             policy=PlacementPolicy(poll_s=0.2, wait_timeout_s=float(os.environ.get("GOGH_SERVED_WAIT_S", "60"))))
 def held(hold_s: float = 60.0) -> str:
     where = current_placement()
     deadline = time.monotonic() + hold_s
