@@ -40,7 +40,7 @@ def main() -> None:
     from prefect import flow
 
     from gogh_flows import GpuCluster, gogh_placed
-    from gogh_flows.flows.environment import close_all
+    from gogh_flows.flows.session import close_all
 
     def body(x: int) -> int:
         return x + 1

@@ -191,7 +191,7 @@ def audit(records: list[dict], capacity: int = 2) -> dict:
 
 def _garbage_champion(source, tmp: Path) -> int:
     """Register a copy of the champion P1, then overwrite its stored weights with garbage."""
-    from gogh_flows.flows.environment import models_dir
+    from gogh_flows.flows.predictors import models_dir
 
     copy = tmp / "p1-copy"
     shutil.copytree(models_dir() / "synthetic" / "p1", copy)
@@ -274,10 +274,10 @@ def main() -> None:
     try:
         bench.start_mlflow()
         from gogh_flows.flows.blocks import PredictorRegistry
-        from gogh_flows.flows.environment import PredictorSource
+        from gogh_flows.flows.predictors import PredictorSource
 
         source = PredictorSource(PredictorRegistry(tracking_uri=bench.mlflow_uri))
-        source.get()  # the shipped prior registered once, as a team's admin would
+        source.get(bounded=False)  # the shipped prior registered once, as a team's admin would
         per = args.runs // 2
         common = ["--threads", str(args.threads), "--hold-s", str(args.hold_s), "--burst", str(args.threads),
                   "--wait-timeout-s", "300", "--min-throughput", "1.0", "--tracking-uri", bench.mlflow_uri,

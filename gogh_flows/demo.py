@@ -140,7 +140,9 @@ def run_product_demo(seed: int = 0, out: Path = Path(".gogh/demo"), waves: int =
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     from gogh_flows.flows.blocks import GpuCluster, PlacementPolicy, PredictorRegistry
-    from gogh_flows.flows.environment import close_all, observations_from_measurements, predictor_source
+    from gogh_flows.flows.observations import observations_from_measurements
+    from gogh_flows.flows.predictors import predictor_source
+    from gogh_flows.flows.session import close_all
     from gogh_flows.flows.retrain import refine_predictors
     from gogh_flows.predict.service import ThroughputPredictor
     from gogh_flows.truth.synthetic import synthetic_table

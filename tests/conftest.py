@@ -85,7 +85,7 @@ def gogh_models(tmp_path_factory) -> Path:
 @pytest.fixture
 def gogh_home(tmp_path, monkeypatch, gogh_models) -> Path:
     """A fresh $GOGH_HOME (MLflow SQLite, ledger, measurements) per test; pools closed after."""
-    from gogh_flows.flows.environment import close_all
+    from gogh_flows.flows.session import close_all
 
     home = tmp_path / "gogh"
     monkeypatch.setenv("GOGH_HOME", str(home))

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gogh_flows.flows.blocks import PredictorRegistry
-from gogh_flows.flows.environment import PredictorSource, models_dir
+from gogh_flows.flows.predictors import PredictorSource, models_dir
 
 
 def _dead_http_uri() -> str:
@@ -81,7 +81,7 @@ def test_four_processes_starting_together_on_a_fresh_home_all_place(tmp_path):
     go = tmp_path / "go"
     code = ("import sys, time, pathlib\n"
             "from gogh_flows.flows.blocks import PredictorRegistry\n"
-            "from gogh_flows.flows.environment import PredictorSource\n"
+            "from gogh_flows.flows.predictors import PredictorSource\n"
             "go = pathlib.Path(sys.argv[1])\n"
             "while not go.exists(): time.sleep(0.01)\n"
             "src = PredictorSource(PredictorRegistry())\n"
@@ -103,7 +103,7 @@ def test_a_prefect_failure_after_the_claim_does_not_keep_the_slot(gogh_home, mon
 
     from gogh_flows import GpuCluster, gogh_placed
     from gogh_flows.flows import decorator
-    from gogh_flows.flows.environment import open_environments
+    from gogh_flows.flows.session import open_sessions
 
     real = decorator.place_with_retry
 
@@ -120,7 +120,7 @@ def test_a_prefect_failure_after_the_claim_does_not_keep_the_slot(gogh_home, mon
 
     with pytest.raises(Exception, match="HTTP 503"):
         run()
-    (env,) = open_environments().values()
+    (env,) = open_sessions().values()
     assert env.pool.ledger.state().counts.get("claimed") == 1
     assert not env.pool.ledger.state().leases  # released, not refreshed for the life of the process
 

@@ -12,7 +12,7 @@ import pytest
 from prefect import flow, task
 
 from gogh_flows import GpuCluster, PlacementPolicy, current_placement, gogh_placed
-from gogh_flows.flows.environment import open_environments
+from gogh_flows.flows.session import open_sessions
 from gogh_flows.flows.placer import InfeasibleRequirement, PlacementTimeout
 from runrecords import assert_shared_only_knowingly, run_records
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.usefixtures("prefect_server")
 
 
 def _env():
-    envs = list(open_environments().values())
+    envs = list(open_sessions().values())
     assert len(envs) == 1
     return envs[0]
 
@@ -178,7 +178,7 @@ def test_forty_concurrent_runs_never_overbook_and_lose_no_measurement(gogh_home)
     assert frame.height == 40 and frame["run_id"].n_unique() == 40
     assert (frame["status"] == "completed").all()
     # the MLflow mirror is written in the background; closing flushes what is left
-    from gogh_flows.flows.environment import close_all
+    from gogh_flows.flows.session import close_all
     from mlflow import MlflowClient
 
     close_all()
@@ -219,7 +219,7 @@ def test_own_model_needs_example_inputs_and_wrong_block_types_are_named():
 
 def test_inference_runs_of_a_zoo_model_are_a_job_type_of_their_own(tmp_path):
     """Training and inference of one model must not share measurements or cached features."""
-    from gogh_flows.flows.environment import FeatureStore
+    from gogh_flows.flows.features import FeatureStore
     from gogh_flows.flows.spec import placed_job
 
     train = placed_job(model="ResNet-50", batch_size=64, min_throughput=1, work_steps=1)
@@ -284,7 +284,7 @@ def test_a_busy_fleet_is_waited_for_then_times_out_saying_it_was_busy(gogh_home)
 
 
 def _env_ready() -> bool:
-    return len(open_environments()) == 1
+    return len(open_sessions()) == 1
 
 
 def test_block_documents_are_validated_saved_and_used_by_name(gogh_home, tmp_path):

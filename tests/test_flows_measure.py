@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gogh_flows import GpuCluster, current_placement, gogh_placed
-from gogh_flows.flows.environment import open_environments
+from gogh_flows.flows.session import open_sessions
 from gogh_flows.runtime.devices import GpuDevice
 from gogh_flows.runtime.telemetry import Meter, WallClockMeter
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.usefixtures("prefect_server")
 
 
 def _rows():
-    (env,) = open_environments().values()
+    (env,) = open_sessions().values()
     return env.measurements.read()
 
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from gogh_flows.flows.blocks import PredictorRegistry, state_dir
-from gogh_flows.flows.environment import predictor_source
+from gogh_flows.flows.predictors import predictor_source
 from gogh_flows.flows.retrain import refine_predictors, split_recent
 from gogh_flows.predict.data import MeasuredSet
 from gogh_flows.predict.io import save_model
@@ -125,7 +125,7 @@ def test_runs_starting_together_register_the_shipped_prior_once(gogh_home):
     from concurrent.futures import ThreadPoolExecutor
 
     from gogh_flows.flows.blocks import PredictorRegistry
-    from gogh_flows.flows.environment import PredictorSource
+    from gogh_flows.flows.predictors import PredictorSource
 
     block = PredictorRegistry()
     with ThreadPoolExecutor(max_workers=8) as ex:

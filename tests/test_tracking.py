@@ -33,7 +33,7 @@ from gogh_flows.tracking.measurements import COMPLETE_TAG, KEY_TAG
 
 # imported here, not in a test: importing Prefect configures logging, which would drop
 # the handler caplog installed for that test
-from gogh_flows.flows.environment import SpoolFlusher  # noqa: E402
+from gogh_flows.flows.mirror import SpoolFlusher  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------

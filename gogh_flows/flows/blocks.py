@@ -142,7 +142,7 @@ class PredictorRegistry(Block):
     def _shipped_prior(cls, value: str | None) -> str | None:
         if value is None:
             return value
-        from gogh_flows.flows.environment import models_dir
+        from gogh_flows.flows.predictors import models_dir
 
         shipped = sorted(p.name for p in models_dir().glob("*") if (p / "p1").is_dir())
         if shipped and value not in shipped:  # no models folder here: said when a run needs it

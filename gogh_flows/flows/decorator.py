@@ -36,7 +36,8 @@ from prefect.utilities.annotations import quote
 
 from gogh_flows.flows.blocks import GpuCluster, PlacementPolicy, PredictorRegistry, load_block
 from gogh_flows.flows.current import _CURRENT, CurrentPlacement
-from gogh_flows.flows.environment import Environment, environment, predictor_source
+from gogh_flows.flows.predictors import predictor_source
+from gogh_flows.flows.session import Session, shared_session
 from gogh_flows.flows.measure import record_if_placer_lost, record_run
 from gogh_flows.flows.placer import PlacementTimeout, RunLost, RunPlacement, place_with_retry
 from gogh_flows.flows.spec import PlacedJob, placed_job
@@ -121,7 +122,7 @@ def _wrap(fn: Callable, job: PlacedJob, settings: _Settings) -> Callable:
 
 
 @task(name="gogh-place", cache_policy=NO_CACHE, persist_result=False)
-def place_run(job: PlacedJob, run_id: str, env: Environment, registry: PredictorRegistry,
+def place_run(job: PlacedJob, run_id: str, session: Session, registry: PredictorRegistry,
               policy: PlacementPolicy) -> RunPlacement:
     """Predict, solve, reserve; publish the explanation as a markdown artifact.
 
@@ -133,14 +134,14 @@ def place_run(job: PlacedJob, run_id: str, env: Environment, registry: Predictor
     predictor = source.get()
     if source.degraded:
         logger.warning(source.degraded)
-    gpu_types = sorted({d.gpu_type for d in env.pool.devices})
-    observations = env.observations.get() if policy.refine else None
+    gpu_types = sorted({d.gpu_type for d in session.pool.devices})
+    observations = session.observations.get() if policy.refine else None
     placement = place_with_retry(
-        job, run_id, devices=lambda state: env.pool.live_devices(state.workers), ledger=env.pool.ledger,
+        job, run_id, devices=lambda state: session.pool.live_devices(state.workers), ledger=session.pool.ledger,
         predict=lambda feats: predictor.predict_table(feats, gpu_types, observations),
-        features=env.features.get, policy=policy.policy, time_limit_s=policy.solver_time_limit_s,
+        features=session.features.get, policy=policy.policy, time_limit_s=policy.solver_time_limit_s,
         wait_timeout_s=_wait_timeout(job, policy), poll_s=policy.poll_s, versions=source.versions(),
-        on_wait=logger.info, sleep=env.wait_for_release, headroom=policy.headroom,
+        on_wait=logger.info, sleep=session.wait_for_release, headroom=policy.headroom,
         placement_timeout_s=policy.placement_timeout_s,
     )
     try:
@@ -289,19 +290,19 @@ def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, k
     cluster = load_block(GpuCluster, settings.cluster, GpuCluster())
     registry = load_block(PredictorRegistry, settings.registry, PredictorRegistry())
     policy = load_block(PlacementPolicy, settings.policy, PlacementPolicy())
-    env = environment(cluster, registry.resolved_tracking_uri())
-    if env.truth is not None and not env.truth.knows(job.job_type):
+    session = shared_session(cluster, registry.resolved_tracking_uri())
+    if session.truth is not None and not session.truth.knows(job.job_type):
         raise ValueError(
-            f"the emulated fleet runs at the throughputs of its truth table ({env.truth.source}), which "
+            f"the emulated fleet runs at the throughputs of its truth table ({session.truth.source}), which "
             f"has no entry for {job.job_type!r}; emulated fleets run the job types of that table, e.g. "
-            f"{', '.join(list(env.truth.job_types)[:6])} ...")
-    env.features.put(job.job_type, job.features)
+            f"{', '.join(list(session.truth.job_types)[:6])} ...")
+    session.features.put(job.job_type, job.features)
     # one run key for the ledger, the pool and the measurement: the flow run (and its attempt)
     ledger_id = run_id if attempt <= 1 else f"{run_id}#{attempt}"
     # quote(): Prefect must not walk these objects looking for futures (a pool, layer lists)
-    ledger = env.pool.ledger
+    ledger = session.pool.ledger
     try:
-        placement = place_run(quote(job), ledger_id, quote(env), quote(registry), quote(policy))
+        placement = place_run(quote(job), ledger_id, quote(session), quote(registry), quote(policy))
     except BaseException:
         # the claim may have been made before the task failed to report to Prefect (an API
         # error, an interrupt): free it, or this process would keep refreshing it for good
@@ -309,21 +310,21 @@ def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, k
         raise
     started = time.time()
     outcome, error, future = None, None, None
-    in_process = env.pool.address.startswith("inproc://")  # thread workers of this process
+    in_process = session.pool.address.startswith("inproc://")  # thread workers of this process
     token = ""
     try:
         where = {"gpu_id": placement.gpu_id, "job_type": job.job_type, "run_id": ledger_id, "hold_lease": True}
         if in_process:
             token = uuid.uuid4().hex
             _LOCAL_BODIES[token] = (fn, args, kwargs, serialize_context())
-            future = env.pool.submit(_execute_local, token, placement, job.work_steps, **where)
+            future = session.pool.submit(_execute_local, token, placement, job.work_steps, **where)
         else:
             # a shared pool outlives this process: if it is lost, the worker hands in the measurement
-            device = env.pool.device(placement.gpu_id)
+            device = session.pool.device(placement.gpu_id)
             lost = functools.partial(record_if_placer_lost, job, placement, started, flow_run,
                                      ctx.flow.name if ctx else fn.__name__, f"{device.id}@{device.worker}",
-                                     env.measurements.store)
-            future = env.pool.submit(_execute_body, fn, args, kwargs, serialize_context(), placement,
+                                     session.measurements.store)
+            future = session.pool.submit(_execute_body, fn, args, kwargs, serialize_context(), placement,
                                      job.work_steps, record_if_placer_lost=lost, **where)
         left = max(0.0, _wait_timeout(job, policy) - placement.waited_s)
         outcome = await_run(ledger, future, placement, start_within_s=left + _START_GRACE_S)
@@ -345,8 +346,8 @@ def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, k
                 if outcome is None:
                     future.cancel()
         _quietly(ledger.release, ledger_id, if_unstarted=True)
-        env.notify_released()
-        record_run(env, job, placement, outcome, error, started=started, flow_run=flow_run,
+        session.notify_released()
+        record_run(session, job, placement, outcome, error, started=started, flow_run=flow_run,
                    flow_name=ctx.flow.name if ctx else fn.__name__)
     return outcome.unwrap()
 

@@ -15,8 +15,8 @@ from gogh_flows.flows.placer import RunPlacement
 from gogh_flows.flows.spec import PlacedJob
 from gogh_flows.tracking.measurements import Measurement, MeasurementLog
 
-if TYPE_CHECKING:  # the environment opens the mirror that delivers what the ledger holds
-    from gogh_flows.flows.environment import Environment
+if TYPE_CHECKING:  # the session opens the mirror that delivers what the ledger holds
+    from gogh_flows.flows.session import Session
 
 log = logging.getLogger("gogh_flows")
 
@@ -76,17 +76,17 @@ def build_measurement(job: PlacedJob, placement: RunPlacement, outcome: Any, err
     )
 
 
-def record_run(env: Environment, job: PlacedJob, placement: RunPlacement, outcome: Any,
+def record_run(session: Session, job: PlacedJob, placement: RunPlacement, outcome: Any,
                error: BaseException | None, *, started: float, flow_run: Any, flow_name: str) -> None:
     """Log the run's measurement; a failure to log is reported, never raised over the run's result."""
-    device = env.pool.device(placement.gpu_id)
+    device = session.pool.device(placement.gpu_id)
     try:
         m = build_measurement(job, placement, outcome, error, started=started,
                               wall_s=time.time() - started, flow_run=flow_run, flow_name=flow_name,
                               device=f"{device.id}@{device.worker}")
-        env.measurements.log(m, defer=env.mirror is not None)
-        if env.mirror is not None:
-            env.mirror.kick()
+        session.measurements.log(m, defer=session.mirror is not None)
+        if session.mirror is not None:
+            session.mirror.kick()
     except Exception as exc:
         log.error("gogh: could not record the measurement of run %s on %s: %s", placement.run_id,
                   placement.gpu_id, exc)

@@ -24,9 +24,9 @@ from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
 from gogh_flows.flows.blocks import PredictorRegistry, load_block, state_dir
-from gogh_flows.flows.environment import (
-    FeatureStore, observations_from_measurements, predictor_source,
-)
+from gogh_flows.flows.features import FeatureStore
+from gogh_flows.flows.observations import observations_from_measurements
+from gogh_flows.flows.predictors import predictor_source
 from gogh_flows.predict.data import MeasuredSet
 from gogh_flows.predict.io import save_model
 from gogh_flows.predict.p2 import P2Config

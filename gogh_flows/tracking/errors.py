@@ -22,3 +22,9 @@ class ModelNotFoundError(LookupError):
 
 class TrackingUnavailableError(ConnectionError):
     """The MLflow tracking/registry backend cannot be reached."""
+
+
+def short_error(exc: BaseException) -> str:
+    """``Type: message``, cut to 300 characters: for a log line that must stay one line."""
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= 300 else text[:297] + "..."

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     from gogh_flows import GpuCluster, PlacementPolicy, PredictorRegistry, current_placement, gogh_placed
-    from gogh_flows.flows.environment import close_all
+    from gogh_flows.flows.session import close_all
 
     cluster = GpuCluster(mode="remote", address=args.address)
     policy = PlacementPolicy(poll_s=0.2, wait_timeout_s=args.wait_timeout_s,

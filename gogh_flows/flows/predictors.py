@@ -1,95 +1,40 @@
-"""Everything a placed run needs from its process, opened once and shared by every run.
+"""The champion predictors of a registry, as placements use them: loaded once, reloaded when
+the alias moves, and never a reason for a placement to stall or fail.
 
-A Dask pool takes a second or two to start and an MLflow registry lookup tens of
-milliseconds; a flow run should pay neither. So the pool, the ledger, the measurement log
-and the loaded predictors are kept per process, keyed by the blocks that describe them,
-and closed when the process exits.
+Sources are kept per process, one per registry block: a registry lookup costs tens of
+milliseconds, a download more, and a flow run should pay neither.
 """
 
 from __future__ import annotations
 
-import atexit
-import functools
 import hashlib
-import json
 import logging
 import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from concurrent.futures import wait as wait_for_futures
 from concurrent.futures import TimeoutError as FuturesTimeout
+from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import polars as pl
 from filelock import FileLock
-
-from gogh_flows.flows.blocks import GpuCluster, PredictorRegistry, state_dir
-from gogh_flows.flows.measure import deliver_lost_placer_measurements
 from mlflow.exceptions import MlflowException
 
+from gogh_flows.flows.blocks import PredictorRegistry, state_dir
 from gogh_flows.predict.io import ModelFormatError, load_p1, load_p2
-from gogh_flows.predict.service import ThroughputPredictor, observations_frame
-from gogh_flows.runtime.pool import GpuPool, open_pool
+from gogh_flows.predict.service import ThroughputPredictor
 from gogh_flows.tracking.backend import check_reachable, is_http
-from gogh_flows.tracking.errors import TrackingUnavailableError, UnsafeArtifactError
-from gogh_flows.tracking.measurements import MeasurementLog
+from gogh_flows.tracking.errors import TrackingUnavailableError, UnsafeArtifactError, short_error
 from gogh_flows.tracking.registry import ModelRegistry
-from gogh_flows.truth import load_truth
-from gogh_flows.workloads.features import WorkloadFeatures
-from gogh_flows.workloads.zoo import parse_job_kind, zoo_features
 
 log = logging.getLogger("gogh_flows")
+
 
 def models_dir() -> Path:
     """Shipped priors (data, not code): ``$GOGH_MODELS_DIR`` or the repository's models/."""
     return Path(os.environ.get("GOGH_MODELS_DIR", Path(__file__).resolve().parents[2] / "models"))
-
-
-class FeatureStore:
-    """Layer features by job type, shared across processes through small JSON files.
-
-    A run placed by another process is a co-location partner here too, and its
-    predictions need its features; zoo job types can be rebuilt from their name,
-    user models cannot.
-    """
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.root.mkdir(parents=True, exist_ok=True)
-        self._mem: dict[str, WorkloadFeatures] = {}
-
-    def _path(self, job_type: str) -> Path:
-        return self.root / (hashlib.sha1(job_type.encode()).hexdigest()[:16] + ".json")
-
-    def put(self, job_type: str, features: WorkloadFeatures) -> None:
-        if job_type in self._mem:
-            return
-        self._mem[job_type] = features
-        path = self._path(job_type)
-        if not path.exists():  # unique temp name per process and thread; the rename is atomic
-            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_text(json.dumps({"job_type": job_type, "features": features.to_dict()}))
-            os.replace(tmp, path)
-
-    def get(self, job_type: str) -> WorkloadFeatures:
-        if job_type in self._mem:
-            return self._mem[job_type]
-        path = self._path(job_type)
-        if path.exists():
-            doc = json.loads(path.read_text())
-            feats = WorkloadFeatures.from_dict(doc["features"])
-        else:
-            try:
-                family, bs, kind = parse_job_kind(job_type)
-            except (KeyError, ValueError) as exc:
-                raise KeyError(f"no layer features recorded for job type {job_type!r}") from exc
-            feats = zoo_features(family, bs, kind)
-        self._mem[job_type] = feats
-        return feats
 
 
 @dataclass
@@ -221,7 +166,7 @@ class PredictorSource:
                 v1 = self.registry.version_for(self.block.p1_name, self.block.alias)
                 v2 = self.registry.version_for(self.block.p2_name, self.block.alias)
             except (TrackingUnavailableError, MlflowException, OSError) as exc:
-                return self._fall_back(f"the MLflow registry at {uri} is unreachable ({_short(exc)})")
+                return self._fall_back(f"the MLflow registry at {uri} is unreachable ({short_error(exc)})")
             if v1 is None:
                 raise ValueError(
                     f"no version of {self.block.p1_name!r} has alias {self.block.alias!r} in {uri}; register "
@@ -236,11 +181,11 @@ class PredictorSource:
                 except (ModelFormatError, UnsafeArtifactError, FileNotFoundError, ValueError) as exc:
                     # garbage or missing artifacts: asking again will not help until the alias moves
                     self._refused[(v1, v2)] = (f"the champion ({self.block.p1_name} v{v1}, {self.block.p2_name} "
-                                               f"v{v2}) cannot be loaded ({_short(exc)})")
+                                               f"v{v2}) cannot be loaded ({short_error(exc)})")
                     return self._fall_back(self._refused[(v1, v2)])
                 except (MlflowException, OSError) as exc:  # the registry failed to serve them: asked again
                     return self._fall_back(f"the champion ({self.block.p1_name} v{v1}, {self.block.p2_name} "
-                                           f"v{v2}) could not be downloaded ({_short(exc)})")
+                                           f"v{v2}) could not be downloaded ({short_error(exc)})")
                 self._predictor = ThroughputPredictor(p1, p2)
                 self._loaded = (v1, v2)
                 self._using = f"the predictors already loaded (P1 v{v1}, P2 v{v2})"
@@ -309,183 +254,12 @@ def _in_background(call, *args) -> Future:
     return future
 
 
-def _short(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
-class ObservationCache:
-    """Logged measurements as P2 observations, re-read only when the table changed."""
-
-    def __init__(self, log: MeasurementLog) -> None:
-        self.log = log
-        self._stamp: object = None
-        self._frame = observations_from_measurements(pl.DataFrame())
-
-    def get(self) -> pl.DataFrame:
-        path = self.log.table_path
-        stamp = path.stat().st_mtime_ns if path.exists() else None
-        if stamp != self._stamp:
-            self._frame = observations_from_measurements(self.log.read())
-            self._stamp = stamp
-        return self._frame
-
-
-def observations_from_measurements(frame: pl.DataFrame) -> pl.DataFrame:
-    """Measurements -> (job_type, gpu_type, partner, throughput): alone, or next to one partner.
-
-    A run that saw two different partners over its life measured neither pair cleanly,
-    so it is left out of the observations (it stays in the measurement table).
-    """
-    if frame.is_empty() or "throughput" not in frame.columns:
-        return observations_frame()
-    rows = []
-    for r in frame.filter((pl.col("throughput") > 0) & (pl.col("steps") > 0)).iter_rows(named=True):
-        partners = [p for p in (r.get("partners") or []) if p]
-        if len(set(partners)) > 1:
-            continue
-        rows.append({"job_type": r["job_type"], "gpu_type": r["gpu_type"],
-                     "partner": partners[0] if partners else None, "throughput": float(r["throughput"])})
-    return observations_frame(rows)
-
-
-@dataclass
-class Environment:
-    cluster: GpuCluster
-    pool: GpuPool
-    measurements: MeasurementLog
-    observations: ObservationCache
-    features: FeatureStore
-    root: Path
-    truth: object = None  # the emulated fleet's ground truth (None on real GPUs)
-    mirror: object = None  # background MLflow writer (SpoolFlusher)
-    released: threading.Condition = field(default_factory=threading.Condition)
-
-    def notify_released(self) -> None:
-        # one slot was freed: wake one waiting run (waking all of them makes every waiting
-        # run re-solve at once; the others still retry every poll_s)
-        with self.released:
-            self.released.notify(1)
-
-    def wait_for_release(self, timeout: float) -> None:
-        """Sleep until a run of this process frees a slot, or ``timeout`` (other processes: polled)."""
-        with self.released:
-            self.released.wait(timeout)
-
-    def close(self) -> None:
-        try:
-            if self.mirror is not None:
-                self.mirror.stop()
-            self.measurements.flush_spool()
-        finally:
-            self.pool.close()
-
-
-class SpoolFlusher:
-    """Writes deferred measurements to MLflow in the background.
-
-    A run's measurement is durable before the run returns (parquet table + spool file);
-    the MLflow mirror costs ~100-200 ms per run on SQLite, so it is written here instead
-    of on the run's critical path. Whatever is left at exit is flushed by ``close``.
-    """
-
-    def __init__(self, log: MeasurementLog, interval_s: float = 0.5,
-                 collect: Callable[[], object] | None = None, collect_every_s: float = 5.0) -> None:
-        self.log = log
-        self.interval_s = interval_s
-        # also, every collect_every_s: log what the pool's ledger holds for this store
-        # (measurements of runs whose placing process was lost)
-        self._collect = collect
-        self._collect_every_s = collect_every_s
-        self._collected_at = -1e18
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="gogh-mlflow-mirror", daemon=True)
-        self._thread.start()
-
-    def kick(self) -> None:
-        self._wake.set()
-
-    def _loop(self) -> None:
-        wait, failing = self.interval_s, False
-        while not self._stop.is_set():
-            self._wake.wait(wait)
-            self._wake.clear()
-            self._collect_lost()
-            try:
-                self.log.flush_spool(raise_unreachable=True)  # an outage raises: backed off, said once
-            except Exception as exc:  # keep spooled; retried with back-off, said once per outage
-                if not failing:
-                    log.warning("gogh: MLflow is unavailable, measurements stay in the local table and "
-                                "spool and are mirrored when it is back: %s", _short(exc))
-                failing, wait = True, min(30.0, max(wait * 2, 1.0))
-                continue
-            if failing:
-                log.warning("gogh: MLflow is back; the spooled measurements were mirrored")
-            failing, wait = False, self.interval_s
-
-    def _collect_lost(self) -> None:
-        if self._collect is None or time.monotonic() - self._collected_at < self._collect_every_s:
-            return
-        self._collected_at = time.monotonic()
-        try:
-            self._collect()
-        except Exception as exc:  # noqa: BLE001 - the ledger keeps them; asked again next time
-            log.debug("gogh: could not collect measurements from the pool's ledger: %s", exc)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._wake.set()
-        self._thread.join(timeout=30)
-
-
-_ENVS: dict[str, Environment] = {}
 _SOURCES: dict[str, PredictorSource] = {}
 _LOCK = threading.Lock()
 
 
-def _truth_for(cluster: GpuCluster):
-    if cluster.mode != "emulated":
-        return None
-    if cluster.truth == "synthetic":
-        from gogh_flows.truth.synthetic import synthetic_table
-
-        return synthetic_table(list(cluster.fleet), seed=cluster.seed)
-    return load_truth(cluster.truth)
-
-
-def environment(cluster: GpuCluster, tracking_uri: str) -> Environment:
-    """The process-wide environment of a fleet (opened on first use)."""
-    key = f"{cluster.key()}|{tracking_uri}|{state_dir()}"
-    with _LOCK:
-        env = _ENVS.get(key)
-        if env is not None:
-            return env
-        root = state_dir()
-        root.mkdir(parents=True, exist_ok=True)
-        truth = _truth_for(cluster)
-        lease = cluster.lease_timeout_s
-        if cluster.mode == "emulated":
-            pool = open_pool("emulated", fleet=cluster.fleet, truth=truth, capacity=cluster.capacity,
-                             time_scale=cluster.time_scale, seed=cluster.seed, lease_timeout_s=lease)
-        elif cluster.mode == "local-cuda":
-            pool = open_pool("local-cuda", capacity=cluster.capacity, lease_timeout_s=lease)
-        else:
-            pool = open_pool("remote", address=cluster.address, lease_timeout_s=lease)
-        measurements = MeasurementLog(tracking_uri, root / "measurements")
-        # a shared pool outlives its placing processes: what a lost one's runs measured is
-        # kept by the pool's ledger, and collected here (a local pool dies with its process)
-        collect = (functools.partial(deliver_lost_placer_measurements, pool.ledger, measurements)
-                   if cluster.mode == "remote" else None)
-        env = Environment(cluster=cluster, pool=pool, measurements=measurements,
-                          observations=ObservationCache(measurements),
-                          features=FeatureStore(root / "jobs"), root=root, truth=truth,
-                          mirror=SpoolFlusher(measurements, collect=collect))
-        _ENVS[key] = env
-        return env
-
-
 def predictor_source(block: PredictorRegistry) -> PredictorSource:
+    """The process's source for ``block`` (one per registry, shared by every run)."""
     key = block.model_dump_json()
     with _LOCK:
         src = _SOURCES.get(key)
@@ -494,25 +268,10 @@ def predictor_source(block: PredictorRegistry) -> PredictorSource:
         return src
 
 
-def close_all() -> None:
-    """Close every pool this process opened (also runs at exit)."""
+def forget_predictor_sources() -> None:
+    """Drop the loaded sources (the next run loads them again)."""
     with _LOCK:
-        envs = list(_ENVS.values())
-        _ENVS.clear()
         _SOURCES.clear()
-    for env in envs:
-        try:
-            env.close()
-        except Exception as exc:  # closing must not hide the real outcome of a program
-            log.warning("gogh: closing a GPU pool failed: %s", exc)
 
 
-atexit.register(close_all)
-
-
-def open_environments() -> Mapping[str, Environment]:
-    return dict(_ENVS)
-
-
-__all__ = ["Environment", "FeatureStore", "ObservationCache", "PredictorSource", "close_all",
-           "environment", "models_dir", "observations_from_measurements", "predictor_source"]
+__all__ = ["PredictorSource", "forget_predictor_sources", "models_dir", "predictor_source"]

@@ -1,0 +1,79 @@
+"""The background MLflow mirror of a session's measurements.
+
+A run's measurement is durable before the run returns (parquet table + spool file); the
+MLflow write costs ~100-200 ms per run on SQLite, so it is made here, off the run's
+critical path, with an outage said once and retried with back-off.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from gogh_flows.tracking.errors import short_error
+from gogh_flows.tracking.measurements import MeasurementLog
+
+log = logging.getLogger("gogh_flows")
+
+
+class SpoolFlusher:
+    """Writes deferred measurements to MLflow in the background.
+
+    A run's measurement is durable before the run returns (parquet table + spool file);
+    the MLflow mirror costs ~100-200 ms per run on SQLite, so it is written here instead
+    of on the run's critical path. Whatever is left at exit is flushed by ``close``.
+    """
+
+    def __init__(self, log: MeasurementLog, interval_s: float = 0.5,
+                 collect: Callable[[], object] | None = None, collect_every_s: float = 5.0) -> None:
+        self.log = log
+        self.interval_s = interval_s
+        # also, every collect_every_s: log what the pool's ledger holds for this store
+        # (measurements of runs whose placing process was lost)
+        self._collect = collect
+        self._collect_every_s = collect_every_s
+        self._collected_at = -1e18
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="gogh-mlflow-mirror", daemon=True)
+        self._thread.start()
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    def _loop(self) -> None:
+        wait, failing = self.interval_s, False
+        while not self._stop.is_set():
+            self._wake.wait(wait)
+            self._wake.clear()
+            self._collect_lost()
+            try:
+                self.log.flush_spool(raise_unreachable=True)  # an outage raises: backed off, said once
+            except Exception as exc:  # keep spooled; retried with back-off, said once per outage
+                if not failing:
+                    log.warning("gogh: MLflow is unavailable, measurements stay in the local table and "
+                                "spool and are mirrored when it is back: %s", short_error(exc))
+                failing, wait = True, min(30.0, max(wait * 2, 1.0))
+                continue
+            if failing:
+                log.warning("gogh: MLflow is back; the spooled measurements were mirrored")
+            failing, wait = False, self.interval_s
+
+    def _collect_lost(self) -> None:
+        if self._collect is None or time.monotonic() - self._collected_at < self._collect_every_s:
+            return
+        self._collected_at = time.monotonic()
+        try:
+            self._collect()
+        except Exception as exc:  # noqa: BLE001 - the ledger keeps them; asked again next time
+            log.debug("gogh: could not collect measurements from the pool's ledger: %s", exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+
+__all__ = ["SpoolFlusher"]

@@ -1,0 +1,46 @@
+"""Logged measurements as P2's observations: what refines the predictions of the next placement."""
+
+from __future__ import annotations
+
+import polars as pl
+
+from gogh_flows.predict.service import observations_frame
+from gogh_flows.tracking.measurements import MeasurementLog
+
+
+class ObservationCache:
+    """Logged measurements as P2 observations, re-read only when the table changed."""
+
+    def __init__(self, log: MeasurementLog) -> None:
+        self.log = log
+        self._stamp: object = None
+        self._frame = observations_from_measurements(pl.DataFrame())
+
+    def get(self) -> pl.DataFrame:
+        path = self.log.table_path
+        stamp = path.stat().st_mtime_ns if path.exists() else None
+        if stamp != self._stamp:
+            self._frame = observations_from_measurements(self.log.read())
+            self._stamp = stamp
+        return self._frame
+
+
+def observations_from_measurements(frame: pl.DataFrame) -> pl.DataFrame:
+    """Measurements -> (job_type, gpu_type, partner, throughput): alone, or next to one partner.
+
+    A run that saw two different partners over its life measured neither pair cleanly,
+    so it is left out of the observations (it stays in the measurement table).
+    """
+    if frame.is_empty() or "throughput" not in frame.columns:
+        return observations_frame()
+    rows = []
+    for r in frame.filter((pl.col("throughput") > 0) & (pl.col("steps") > 0)).iter_rows(named=True):
+        partners = [p for p in (r.get("partners") or []) if p]
+        if len(set(partners)) > 1:
+            continue
+        rows.append({"job_type": r["job_type"], "gpu_type": r["gpu_type"],
+                     "partner": partners[0] if partners else None, "throughput": float(r["throughput"])})
+    return observations_frame(rows)
+
+
+__all__ = ["ObservationCache", "observations_from_measurements"]

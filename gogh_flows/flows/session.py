@@ -1,0 +1,137 @@
+"""Everything a placed run needs from its process, opened once and shared by every run.
+
+A Dask pool takes a second or two to start; a flow run should not pay it. So a session
+(the pool and its ledger, the measurement log and its MLflow mirror, the features and
+observations placements read) is opened once per process and fleet, owns what it opened
+through one exit stack, and is closed when the process exits.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import logging
+import threading
+from collections.abc import Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gogh_flows.flows.blocks import GpuCluster, state_dir
+from gogh_flows.flows.features import FeatureStore
+from gogh_flows.flows.measure import deliver_lost_placer_measurements
+from gogh_flows.flows.mirror import SpoolFlusher
+from gogh_flows.flows.observations import ObservationCache
+from gogh_flows.flows.predictors import forget_predictor_sources
+from gogh_flows.runtime.pool import GpuPool, open_pool
+from gogh_flows.tracking.measurements import MeasurementLog
+from gogh_flows.truth import load_truth
+
+log = logging.getLogger("gogh_flows")
+
+
+@dataclass
+class Session:
+    """One process's resources for one fleet and tracking store; closing it closes what it opened."""
+
+    cluster: GpuCluster
+    pool: GpuPool
+    measurements: MeasurementLog
+    observations: ObservationCache
+    features: FeatureStore
+    root: Path
+    mirror: SpoolFlusher
+    truth: object = None  # the emulated fleet's ground truth (None on real GPUs)
+    released: threading.Condition = field(default_factory=threading.Condition)
+    _resources: ExitStack = field(default_factory=ExitStack)
+
+    @classmethod
+    def open(cls, cluster: GpuCluster, tracking_uri: str) -> Session:
+        """Open the pool, the measurement log and its mirror; anything opened is closed if a later step fails."""
+        root = state_dir()
+        root.mkdir(parents=True, exist_ok=True)
+        truth = _truth_for(cluster)
+        with ExitStack() as stack:
+            lease = cluster.lease_timeout_s
+            if cluster.mode == "emulated":
+                pool = open_pool("emulated", fleet=cluster.fleet, truth=truth, capacity=cluster.capacity,
+                                 time_scale=cluster.time_scale, seed=cluster.seed, lease_timeout_s=lease)
+            elif cluster.mode == "local-cuda":
+                pool = open_pool("local-cuda", capacity=cluster.capacity, lease_timeout_s=lease)
+            else:
+                pool = open_pool("remote", address=cluster.address, lease_timeout_s=lease)
+            stack.callback(pool.close)
+            measurements = MeasurementLog(tracking_uri, root / "measurements")
+            stack.callback(measurements.flush_spool)  # what is left at exit, after the mirror stopped
+            # a shared pool outlives its placing processes: what a lost one's runs measured is
+            # kept by the pool's ledger, and collected here (a local pool dies with its process)
+            collect = (functools.partial(deliver_lost_placer_measurements, pool.ledger, measurements)
+                       if cluster.mode == "remote" else None)
+            mirror = SpoolFlusher(measurements, collect=collect)
+            stack.callback(mirror.stop)
+            session = cls(cluster=cluster, pool=pool, measurements=measurements,
+                          observations=ObservationCache(measurements), features=FeatureStore(root / "jobs"),
+                          root=root, mirror=mirror, truth=truth, _resources=stack.pop_all())
+        return session
+
+    def notify_released(self) -> None:
+        # one slot was freed: wake one waiting run (waking all of them makes every waiting
+        # run re-solve at once; the others still retry every poll_s)
+        with self.released:
+            self.released.notify(1)
+
+    def wait_for_release(self, timeout: float) -> None:
+        """Sleep until a run of this process frees a slot, or ``timeout`` (other processes: polled)."""
+        with self.released:
+            self.released.wait(timeout)
+
+    def close(self) -> None:
+        """Stop the mirror, flush what it left, close the pool (each even if an earlier one failed)."""
+        self._resources.close()
+
+
+def _truth_for(cluster: GpuCluster):
+    if cluster.mode != "emulated":
+        return None
+    if cluster.truth == "synthetic":
+        from gogh_flows.truth.synthetic import synthetic_table
+
+        return synthetic_table(list(cluster.fleet), seed=cluster.seed)
+    return load_truth(cluster.truth)
+
+
+_SESSIONS: dict[str, Session] = {}
+_LOCK = threading.Lock()
+
+
+def shared_session(cluster: GpuCluster, tracking_uri: str) -> Session:
+    """The process-wide session of a fleet and tracking store (opened on first use)."""
+    key = f"{cluster.key()}|{tracking_uri}|{state_dir()}"
+    with _LOCK:
+        session = _SESSIONS.get(key)
+        if session is None:
+            session = _SESSIONS[key] = Session.open(cluster, tracking_uri)
+        return session
+
+
+def close_all() -> None:
+    """Close every session this process opened (also runs at exit)."""
+    with _LOCK:
+        sessions = list(_SESSIONS.values())
+        _SESSIONS.clear()
+    forget_predictor_sources()
+    for session in sessions:
+        try:
+            session.close()
+        except Exception as exc:  # closing must not hide the real outcome of a program
+            log.warning("gogh: closing a GPU pool failed: %s", exc)
+
+
+atexit.register(close_all)
+
+
+def open_sessions() -> Mapping[str, Session]:
+    return dict(_SESSIONS)
+
+
+__all__ = ["Session", "close_all", "open_sessions", "shared_session"]
