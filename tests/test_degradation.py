@@ -230,3 +230,37 @@ def test_a_scheduler_that_does_not_answer_fails_the_placement_within_its_bound()
             assert time.monotonic() - start < 4.0
         finally:
             scheduler.handlers["gogh_ledger_state"] = real
+
+
+def test_waiting_on_a_busy_fleet_does_not_use_up_the_placement_bound():
+    """placement_timeout_s bounds each decision, not the sum of the decisions of a long wait."""
+    from gogh_flows.flows.placer import PlacementTimeout, place_with_retry
+    from gogh_flows.flows.spec import placed_job
+    from gogh_flows.runtime.devices import GpuDevice
+    from gogh_flows.runtime.leases import Lease, LedgerState
+    from gogh_flows.truth.synthetic import synthetic_table
+
+    table = synthetic_table(["a100"])
+    job = placed_job(model="ResNet-50", batch_size=64, min_throughput=1.0, work_steps=100)
+
+    class Full:
+        def state(self, *, timeout_s=None):
+            now = time.time()
+            busy = tuple(Lease(run_id=f"x{i}", gpu_id="a100-0", worker="a100-0", job_type=job.job_type,
+                               required_throughput=1.0, work=1e9, claimed_at=now, seen_at=now, started_at=now,
+                               cancel=False) for i in range(2))
+            return LedgerState(now=now, lease_timeout_s=30.0, versions={"a100-0": 2}, leases=busy,
+                               workers=frozenset({"a100-0"}), counts={})
+
+        def claim(self, *args, timeout_s=None, **kwargs):
+            raise AssertionError("the GPU is full: nothing to claim")
+
+    def slow_predict(feats):
+        time.sleep(0.3)
+        return table
+
+    device = GpuDevice(id="a100-0", gpu_type="a100", worker="a100-0", capacity=2)
+    with pytest.raises(PlacementTimeout, match="was busy"):
+        place_with_retry(job, "r1", devices=lambda state: [device], ledger=Full(), predict=slow_predict,
+                         features=lambda t: job.features, policy="greedy-fastest", time_limit_s=0.1,
+                         wait_timeout_s=2.0, poll_s=0.05, versions={}, placement_timeout_s=0.5)

@@ -306,7 +306,7 @@ def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, k
     except BaseException:
         # the claim may have been made before the task failed to report to Prefect (an API
         # error, an interrupt): free it, or this process would keep refreshing it for good
-        _quietly(ledger.release, ledger_id, if_unstarted=True)
+        _quietly(ledger.release, ledger_id, if_unstarted=True, timeout_s=_CLEANUP_TIMEOUT_S)
         raise
     started = time.time()
     outcome, error, future = None, None, None
@@ -340,12 +340,13 @@ def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, k
             # and keep what it measured up to there. The slot is freed now only if the body
             # never started; a running body keeps it until it has really stopped, then its
             # worker frees it.
-            _quietly(ledger.cancel, ledger_id, reason=f"its flow run was stopped ({type(error).__name__})")
+            _quietly(ledger.cancel, ledger_id, reason=f"its flow run was stopped ({type(error).__name__})",
+                     timeout_s=_CLEANUP_TIMEOUT_S)
             if future is not None:
                 outcome = _stopped_outcome(ledger, ledger_id, future)
                 if outcome is None:
                     future.cancel()
-        _quietly(ledger.release, ledger_id, if_unstarted=True)
+        _quietly(ledger.release, ledger_id, if_unstarted=True, timeout_s=_CLEANUP_TIMEOUT_S)
         session.notify_released()
         record_run(session, job, placement, outcome, error, started=started, flow_run=flow_run,
                    flow_name=ctx.flow.name if ctx else fn.__name__)
@@ -355,12 +356,16 @@ def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, k
 #: extra time a placed body may take to start in Dask beyond the run's remaining wait
 _START_GRACE_S = 10.0
 
+#: how long a run's way out waits for the pool's scheduler (a hung one must not hang the run;
+#: what it did not hear of lapses there on its own)
+_CLEANUP_TIMEOUT_S = 10.0
+
 
 def _stopped_outcome(ledger: PoolLedger, run_id: str, future: Any) -> Any:
     """The outcome of a body asked to stop, if it stops in time; ``None`` if it never started,
     its worker is gone, or it does not stop within a refresh of its lease (plus a grace)."""
     try:
-        lease = ledger.get(run_id)
+        lease = ledger.get(run_id, timeout_s=_CLEANUP_TIMEOUT_S)
         if lease is None or lease.started_at is None:
             return None
         if not _done_event(future).wait(ledger.lease_timeout_s / 4 + 5.0) or future.status != "finished":

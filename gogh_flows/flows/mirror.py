@@ -35,6 +35,7 @@ class SpoolFlusher:
         self._collect = collect
         self._collect_every_s = collect_every_s
         self._collected_at = -1e18
+        self._collect_failing = False
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="gogh-mlflow-mirror", daemon=True)
@@ -68,7 +69,13 @@ class SpoolFlusher:
         try:
             self._collect()
         except Exception as exc:  # noqa: BLE001 - the ledger keeps them; asked again next time
-            log.debug("gogh: could not collect measurements from the pool's ledger: %s", exc)
+            if not self._collect_failing:
+                log.warning("gogh: could not collect the measurements the pool's ledger holds for lost "
+                            "placing processes (asked again every %g s): %s", self._collect_every_s,
+                            short_error(exc))
+            self._collect_failing = True
+        else:
+            self._collect_failing = False
 
     def stop(self) -> None:
         self._stop.set()

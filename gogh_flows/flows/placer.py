@@ -128,21 +128,22 @@ def place_with_retry(
     freed a slot there in between, the claim is refused and the decision is taken again on
     the new state, so a run is never put next to a partner its decision did not see. A
     requirement no GPU type can meet fails at once; a busy fleet is waited for (``sleep``
-    returns early when a run of this process frees its GPU) up to ``wait_timeout_s``. The
-    time spent deciding (everything but that waiting: ledger calls, predictions, solves,
-    claims refused and re-planned) is bounded by ``placement_timeout_s``, each call to the
+    returns early when a run of this process frees its GPU) up to ``wait_timeout_s``. Each
+    decision between two such waits (ledger calls, predictions, solves, and the claims
+    refused and re-planned in a row) is bounded by ``placement_timeout_s``, each call to the
     pool's scheduler included.
     """
     start = time.monotonic()
     said_waiting = False
-    slept, attempts, refused = 0.0, 0, 0
+    attempts, refused = 0, 0
+    deciding_since = start  # reset after each wait for the fleet; refused claims add up
 
     def left_to_decide() -> float:
-        deciding = time.monotonic() - start - slept
+        deciding = time.monotonic() - deciding_since
         if deciding >= placement_timeout_s:
             raise PlacementTimeout(
-                f"deciding where run {run_id} ({job.job_type}) goes took {deciding:.1f} s over {attempts} "
-                f"decision(s) ({refused} claim(s) refused because another run changed the GPU first), more "
+                f"deciding where run {run_id} ({job.job_type}) goes took {deciding:.1f} s ({attempts} "
+                f"decision(s) in all, {refused} claim(s) refused because another run changed the GPU first), more "
                 f"than placement_timeout_s={placement_timeout_s:g} s; the pool's scheduler or this process "
                 "is overloaded. Raise placement_timeout_s on the PlacementPolicy block, or check the "
                 "scheduler's load")
@@ -216,9 +217,8 @@ def place_with_retry(
                     f"{wait_timeout_s:g} s")
             said_waiting = True
         left_to_decide()
-        nap = time.monotonic()
         sleep(min(poll_s, max(0.0, wait_timeout_s - elapsed)))
-        slept += time.monotonic() - nap
+        deciding_since = time.monotonic()
 
 
 def explain_markdown(job: PlacedJob, run_id: str, placement: Placement, problem: PlacementProblem,

@@ -123,12 +123,17 @@ class PredictorSource:
         """
         if not force and self._fresh():
             return self._predictor  # type: ignore[return-value]
-        with self._asking_lock:
-            if self._asking is not None and not self._asking.done() and force:
-                wait_for_futures((self._asking,))  # a forced read must not be answered by an older question
-            if self._asking is None or self._asking.done():
-                self._asking, self._asked_at = _in_background(self._ask_registry, force), time.monotonic()
-            asking, asked_at = self._asking, self._asked_at
+        while True:
+            with self._asking_lock:
+                open_question = self._asking if self._asking is not None and not self._asking.done() else None
+                if open_question is None:
+                    self._asking, self._asked_at = _in_background(self._ask_registry, force), time.monotonic()
+                if open_question is None or not force:
+                    asking, asked_at = self._asking, self._asked_at
+                    break
+            # a forced read must not be answered by an older question: wait for it (not under
+            # the lock, so placements can still fall back meanwhile), then ask anew
+            wait_for_futures((open_question,))
         if not bounded:
             return asking.result()
         try:  # whoever asked first, the registry gets timeout_s from the question to answer

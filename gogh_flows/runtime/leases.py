@@ -119,8 +119,8 @@ class PoolLedger:
                            workers=frozenset(d["workers"]), counts=d["counts"],
                            undelivered=d.get("undelivered", 0))
 
-    def get(self, run_id: str) -> Lease | None:
-        found = self._call("gogh_ledger_get", run_ids=[run_id]).get(run_id)
+    def get(self, run_id: str, *, timeout_s: float | None = None) -> Lease | None:
+        found = self._call("gogh_ledger_get", timeout_s=timeout_s, run_ids=[run_id]).get(run_id)
         return Lease.from_wire(found) if found else None
 
     # -- claiming ------------------------------------------------------------------------
@@ -139,26 +139,28 @@ class PoolLedger:
             self._ensure_keeper()
         return claim
 
-    def release(self, run_id: str, *, if_unstarted: bool = False) -> bool:
+    def release(self, run_id: str, *, if_unstarted: bool = False, timeout_s: float | None = None) -> bool:
         """Free the run's slot (with ``if_unstarted``: only if its body never started); freed?"""
         self.hand_over(run_id)
-        return bool(self._call("gogh_ledger_release", run_id=run_id, if_unstarted=if_unstarted)["released"])
+        return bool(self._call("gogh_ledger_release", timeout_s=timeout_s, run_id=run_id,
+                               if_unstarted=if_unstarted)["released"])
 
-    def cancel(self, run_id: str, reason: str = "cancelled by its placing process") -> bool:
+    def cancel(self, run_id: str, reason: str = "cancelled by its placing process", *,
+               timeout_s: float | None = None) -> bool:
         """Ask the run's body to stop (at its next progress report); its worker frees the slot."""
-        return bool(self._call("gogh_ledger_cancel", run_id=run_id, reason=reason)["ok"])
+        return bool(self._call("gogh_ledger_cancel", timeout_s=timeout_s, run_id=run_id, reason=reason)["ok"])
 
-    def collect(self, store: str) -> list[tuple[str, dict[str, Any]]]:
+    def collect(self, store: str, *, timeout_s: float | None = 5.0) -> list[tuple[str, dict[str, Any]]]:
         """Measurements of runs whose placing process was lost, for the tracking ``store``: (run, row).
 
         This process delivers them now: say so with :meth:`delivered` once they are logged
         (if it dies first, they are handed to another process).
         """
-        d = self._call("gogh_ledger_collect", store=store, client=self.client.id)
+        d = self._call("gogh_ledger_collect", timeout_s=timeout_s, store=store, client=self.client.id)
         return [(x["run_id"], x["row"]) for x in d["rows"]]
 
-    def delivered(self, run_ids: list[str]) -> int:
-        return int(self._call("gogh_ledger_delivered", run_ids=list(run_ids))["delivered"])
+    def delivered(self, run_ids: list[str], *, timeout_s: float | None = 5.0) -> int:
+        return int(self._call("gogh_ledger_delivered", timeout_s=timeout_s, run_ids=list(run_ids))["delivered"])
 
     def hand_over(self, run_id: str) -> None:
         """Stop refreshing ``run_id`` from this process (its worker holds it, or it is gone)."""

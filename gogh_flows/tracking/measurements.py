@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import re
+import socket
 import threading
 import time
 import uuid
@@ -218,8 +219,12 @@ class MeasurementLog:
     @property
     def store(self) -> str:
         """A short name of where measurements go (tracking URI and experiment), safe to share: a
-        hash, since a database URI can hold a password."""
-        return hashlib.sha1(f"{self.tracking_uri}|{self.experiment}".encode()).hexdigest()[:16]
+        hash, since a database URI can hold a password. A file-backed store is named with its
+        host too: the same path on two machines is two stores."""
+        where = self.tracking_uri
+        if where.split(":", 1)[0].lower() in ("sqlite", "file") or "://" not in where:
+            where = f"{socket.gethostname()}|{where}"
+        return hashlib.sha1(f"{where}|{self.experiment}".encode()).hexdigest()[:16]
 
     @property
     def spool_dir(self) -> Path:
