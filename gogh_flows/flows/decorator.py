@@ -309,6 +309,7 @@ def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, k
         _quietly(ledger.release, ledger_id, if_unstarted=True, timeout_s=_CLEANUP_TIMEOUT_S)
         raise
     started = time.time()
+    flow_name = ctx.flow.name if ctx else fn.__name__
     outcome, error, future = None, None, None
     in_process = session.pool.address.startswith("inproc://")  # thread workers of this process
     token = ""
@@ -320,10 +321,8 @@ def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, k
             future = session.pool.submit(_execute_local, token, placement, job.work_steps, **where)
         else:
             # a shared pool outlives this process: if it is lost, the worker hands in the measurement
-            device = session.pool.device(placement.gpu_id)
-            lost = functools.partial(record_if_placer_lost, job, placement, started, flow_run,
-                                     ctx.flow.name if ctx else fn.__name__, f"{device.id}@{device.worker}",
-                                     session.measurements.store)
+            lost = functools.partial(record_if_placer_lost, job, placement, started, flow_run, flow_name,
+                                     session.pool.device(placement.gpu_id).where, session.measurements.store)
             future = session.pool.submit(_execute_body, fn, args, kwargs, serialize_context(), placement,
                                      job.work_steps, record_if_placer_lost=lost, **where)
         left = max(0.0, _wait_timeout(job, policy) - placement.waited_s)
@@ -349,7 +348,7 @@ def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, k
         _quietly(ledger.release, ledger_id, if_unstarted=True, timeout_s=_CLEANUP_TIMEOUT_S)
         session.notify_released()
         record_run(session, job, placement, outcome, error, started=started, flow_run=flow_run,
-                   flow_name=ctx.flow.name if ctx else fn.__name__)
+                   flow_name=flow_name)
     return outcome.unwrap()
 
 

@@ -79,14 +79,12 @@ def build_measurement(job: PlacedJob, placement: RunPlacement, outcome: Any, err
 def record_run(session: Session, job: PlacedJob, placement: RunPlacement, outcome: Any,
                error: BaseException | None, *, started: float, flow_run: Any, flow_name: str) -> None:
     """Log the run's measurement; a failure to log is reported, never raised over the run's result."""
-    device = session.pool.device(placement.gpu_id)
     try:
         m = build_measurement(job, placement, outcome, error, started=started,
                               wall_s=time.time() - started, flow_run=flow_run, flow_name=flow_name,
-                              device=f"{device.id}@{device.worker}")
-        session.measurements.log(m, defer=session.mirror is not None)
-        if session.mirror is not None:
-            session.mirror.kick()
+                              device=session.pool.device(placement.gpu_id).where)
+        session.measurements.log(m, defer=True)  # durable now; the session's mirror writes MLflow
+        session.mirror.kick()
     except Exception as exc:
         log.error("gogh: could not record the measurement of run %s on %s: %s", placement.run_id,
                   placement.gpu_id, exc)

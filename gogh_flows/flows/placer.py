@@ -10,7 +10,6 @@ the decision is taken again on the new state.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -153,7 +152,7 @@ def place_with_retry(
         budget = left_to_decide()
         try:
             return call(*args, timeout_s=budget, **kwargs)
-        except (TimeoutError, asyncio.TimeoutError) as exc:
+        except TimeoutError as exc:  # asyncio's too, since Python 3.11
             raise PlacementTimeout(
                 f"the pool's scheduler did not answer {getattr(call, '__name__', 'a call')}() for run {run_id} "
                 f"within {budget:.1f} s (what was left of placement_timeout_s={placement_timeout_s:g} s); "

@@ -146,17 +146,15 @@ class PredictorSource:
 
     def _stalled(self) -> ThroughputPredictor:
         """The registry has not answered in time: place with what is at hand, without waiting for it."""
+        reason = (f"the MLflow registry at {self.block.resolved_tracking_uri()} did not answer within "
+                  f"{self.block.timeout_s:g} s")
         # not under the lock: the open question holds it while it waits for the registry
         predictor, using = self._predictor, self._using
         if predictor is None:
             # the first question of this process is still open: the cache or the prior for
             # this placement only; the answer, when it comes, is kept
-            predictor, _, using = self._fallback_predictor(self._stall_reason())
-        return self._fall_back_to(predictor, using, self._stall_reason())
-
-    def _stall_reason(self) -> str:
-        return (f"the MLflow registry at {self.block.resolved_tracking_uri()} did not answer within "
-                f"{self.block.timeout_s:g} s")
+            predictor, _, using = self._fallback_predictor(reason)
+        return self._fall_back_to(predictor, using, reason)
 
     def _ask_registry(self, force: bool) -> ThroughputPredictor:
         with self._lock:

@@ -39,6 +39,11 @@ class GpuDevice:
     uuid: str | None = None
     host: str | None = None
 
+    @property
+    def where(self) -> str:
+        """``"a100-0@a100-0"``: the GPU and the worker serving it, as measurements record it."""
+        return f"{self.id}@{self.worker}"
+
     def __post_init__(self) -> None:
         if not isinstance(self.id, str) or not self.id.strip():
             raise ValueError(f"GpuDevice.id must be a non-empty string, got {self.id!r}")

@@ -155,8 +155,8 @@ class LedgerPlugin(SchedulerPlugin):
                 entry["taker"] = None
 
     # -- state -------------------------------------------------------------------------
-    def _count(self, what: str) -> None:
-        self.counts[what] = self.counts.get(what, 0) + 1
+    def _count(self, what: str, n: int = 1) -> None:
+        self.counts[what] = self.counts.get(what, 0) + n
 
     def _bump(self, gpu_id: str) -> int:
         self.versions[gpu_id] = self.versions.get(gpu_id, 0) + 1
@@ -299,7 +299,6 @@ class LedgerPlugin(SchedulerPlugin):
         self._ask_stop(lease, reason)
         return {"ok": True}
 
-
     # -- measurements of runs whose placing process was lost -----------------------------
     def deposit(self, run_id: str, store: str, row: dict[str, Any]) -> dict[str, Any]:
         """Keep a lost placer's run measurement until a process logging to ``store`` collects it."""
@@ -335,7 +334,7 @@ class LedgerPlugin(SchedulerPlugin):
 
     def delivered(self, run_ids: list[str]) -> dict[str, Any]:
         n = sum(self.undelivered.pop(r, None) is not None for r in run_ids)
-        self.counts["delivered"] = self.counts.get("delivered", 0) + n
+        self._count("delivered", n)
         return {"delivered": n}
 
 
