@@ -12,7 +12,11 @@ from pathlib import Path
 import pytest
 
 from gogh_flows.flows.blocks import PredictorRegistry
+from gogh_flows.flows.placer import PlacementTimeout
 from gogh_flows.flows.predictors import PredictorSource, models_dir
+from gogh_flows.flows.spec import placed_job
+from gogh_flows.runtime.leases import Claim, Lease, LedgerState
+from gogh_flows.truth.synthetic import synthetic_table
 
 
 def _dead_http_uri() -> str:
@@ -174,16 +178,24 @@ def test_a_registry_that_stalls_after_its_health_check_delays_one_placement_by_i
         server.shutdown()
 
 
-def test_deciding_is_bounded_by_placement_timeout_s_apart_from_waiting():
-    from gogh_flows.flows.placer import PlacementTimeout, place_with_retry
-    from gogh_flows.flows.spec import placed_job
+def _place(ledger, *, devices=None, predict=None, **options):
+    """One ResNet-50 run (1 step/s) placed by greedy-fastest onto a one-A100 fleet through ``ledger``."""
+    from gogh_flows.flows.placer import place_with_retry
     from gogh_flows.runtime.devices import GpuDevice
-    from gogh_flows.runtime.leases import Claim, LedgerState
     from gogh_flows.truth.synthetic import synthetic_table
 
     table = synthetic_table(["a100"])
-    job = placed_job(model="ResNet-50", batch_size=64, min_throughput=1.0, work_steps=100)
+    device = GpuDevice(id="a100-0", gpu_type="a100", worker="a100-0", capacity=2)
+    settings = {"time_limit_s": 0.1, "wait_timeout_s": 600, "poll_s": 0.1, **options}
+    return place_with_retry(_JOB, "r1", devices=devices or (lambda state: [device]), ledger=ledger,
+                            predict=predict or (lambda feats: table), features=lambda t: _JOB.features,
+                            policy="greedy-fastest", versions={}, **settings)
 
+
+_JOB = placed_job(model="ResNet-50", batch_size=64, min_throughput=1.0, work_steps=100)
+
+
+def test_deciding_is_bounded_by_placement_timeout_s_apart_from_waiting():
     class Contended:
         """Every claim is refused as 'changed': other runs keep winning the GPU."""
 
@@ -195,22 +207,15 @@ def test_deciding_is_bounded_by_placement_timeout_s_apart_from_waiting():
             time.sleep(0.05)
             return Claim(ok=False, version=1, reason="changed")
 
-    device = GpuDevice(id="a100-0", gpu_type="a100", worker="a100-0", capacity=2)
     start = time.monotonic()
     with pytest.raises(PlacementTimeout, match=r"placement_timeout_s=0\.5 s.*claim\(s\) refused|claim\(s\) refused.*placement_timeout_s=0\.5"):
-        place_with_retry(job, "r1", devices=lambda state: [device], ledger=Contended(),
-                         predict=lambda feats: table, features=lambda t: job.features, policy="greedy-fastest",
-                         time_limit_s=0.1, wait_timeout_s=600, poll_s=0.1, versions={},
-                         placement_timeout_s=0.5)
+        _place(Contended(), placement_timeout_s=0.5)
     assert time.monotonic() - start < 3.0
 
 
 def test_a_scheduler_that_does_not_answer_fails_the_placement_within_its_bound():
-    from gogh_flows.flows.placer import PlacementTimeout, place_with_retry
-    from gogh_flows.flows.spec import placed_job
     from gogh_flows.runtime import emulated_pool
 
-    job = placed_job(model="ResNet-50", batch_size=64, min_throughput=1.0, work_steps=100)
     with emulated_pool("a100=1", capacity=2) as pool:
         ledger = pool.ledger  # registers the ledger on the scheduler
         scheduler = pool.cluster.scheduler
@@ -223,10 +228,8 @@ def test_a_scheduler_that_does_not_answer_fails_the_placement_within_its_bound()
         try:
             start = time.monotonic()
             with pytest.raises(PlacementTimeout, match=r"did not answer state\(\)"):
-                place_with_retry(job, "r1", devices=lambda s: pool.live_devices(s.workers), ledger=ledger,
-                                 predict=lambda feats: None, features=lambda t: job.features,
-                                 policy="greedy-fastest", time_limit_s=0.1, wait_timeout_s=600, poll_s=0.1,
-                                 versions={}, placement_timeout_s=1.0)
+                _place(ledger, devices=lambda s: pool.live_devices(s.workers), predict=lambda feats: None,
+                       placement_timeout_s=1.0)
             assert time.monotonic() - start < 4.0
         finally:
             scheduler.handlers["gogh_ledger_state"] = real
@@ -234,19 +237,12 @@ def test_a_scheduler_that_does_not_answer_fails_the_placement_within_its_bound()
 
 def test_waiting_on_a_busy_fleet_does_not_use_up_the_placement_bound():
     """placement_timeout_s bounds each decision, not the sum of the decisions of a long wait."""
-    from gogh_flows.flows.placer import PlacementTimeout, place_with_retry
-    from gogh_flows.flows.spec import placed_job
-    from gogh_flows.runtime.devices import GpuDevice
-    from gogh_flows.runtime.leases import Lease, LedgerState
-    from gogh_flows.truth.synthetic import synthetic_table
-
     table = synthetic_table(["a100"])
-    job = placed_job(model="ResNet-50", batch_size=64, min_throughput=1.0, work_steps=100)
 
     class Full:
         def state(self, *, timeout_s=None):
             now = time.time()
-            busy = tuple(Lease(run_id=f"x{i}", gpu_id="a100-0", worker="a100-0", job_type=job.job_type,
+            busy = tuple(Lease(run_id=f"x{i}", gpu_id="a100-0", worker="a100-0", job_type=_JOB.job_type,
                                required_throughput=1.0, work=1e9, claimed_at=now, seen_at=now, started_at=now,
                                cancel=False) for i in range(2))
             return LedgerState(now=now, lease_timeout_s=30.0, versions={"a100-0": 2}, leases=busy,
@@ -259,8 +255,5 @@ def test_waiting_on_a_busy_fleet_does_not_use_up_the_placement_bound():
         time.sleep(0.3)
         return table
 
-    device = GpuDevice(id="a100-0", gpu_type="a100", worker="a100-0", capacity=2)
     with pytest.raises(PlacementTimeout, match="was busy"):
-        place_with_retry(job, "r1", devices=lambda state: [device], ledger=Full(), predict=slow_predict,
-                         features=lambda t: job.features, policy="greedy-fastest", time_limit_s=0.1,
-                         wait_timeout_s=2.0, poll_s=0.05, versions={}, placement_timeout_s=0.5)
+        _place(Full(), predict=slow_predict, wait_timeout_s=2.0, poll_s=0.05, placement_timeout_s=0.5)
