@@ -234,6 +234,22 @@ def _cancel_from_prefect(bench: Bench) -> dict:
             "gpu_blocked_s": round(freed_s, 2)}
 
 
+def _prefect_states_after(run_ids: set[str], t0: float, timeout_s: float = 60.0) -> tuple[float | None, dict]:
+    """The Prefect state of each lost placer's flow run, once all are final (or after ``timeout_s``)."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as pc:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            states = {r: pc.read_flow_run(r.split("#")[0]).state for r in sorted(run_ids)}
+            if all(s is not None and s.is_final() for s in states.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        done = all(s is not None and s.is_final() for s in states.values())
+    return (round(time.monotonic() - t0, 2) if done else None,
+            {r: s.type.value if s is not None else None for r, s in states.items()})
+
+
 def _deployed(pc, name: str) -> bool:
     try:
         pc.read_deployment_by_name(name)
@@ -317,12 +333,16 @@ def main() -> None:
         t0 = time.monotonic()
         os.killpg(victim.pid, signal.SIGKILL)
         _wait(lambda: not mine & {x.run_id for x in bench.ledger.state().leases}, 120, "the victim's leases")
+        blocked_s = time.monotonic() - t0
+        crashed_s, states = _prefect_states_after(mine, t0)
         faults.append({"fault": "a placing process SIGKILLed after its claims",
-                       "claims": len(mine), "gpu_blocked_s": round(time.monotonic() - t0, 2),
+                       "claims": len(mine), "gpu_blocked_s": round(blocked_s, 2),
+                       "prefect_states": states, "prefect_final_after_s": crashed_s,
                        "bodies_running": sorted(x.run_id for x in victims if x.started_at is not None),
                        "note": "running bodies (8 s) are asked to stop at their next report; their workers "
                                "hand their measurements to the ledger, and host-a or host-b (same tracking "
-                               "store) logs them"})
+                               "store) logs them; that process also marks every claimed run's flow run "
+                               "Crashed (unstarted ones too)"})
         # 6. a flow run of a served deployment cancelled from Prefect while its body runs
         faults.append(_cancel_from_prefect(bench))
         # 4. a new champion whose artifacts are garbage: the hosts keep the last good version

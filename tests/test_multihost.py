@@ -170,7 +170,7 @@ def test_a_placing_process_killed_after_its_claim_frees_the_gpu_within_the_lease
             holder = subprocess.run(
                 [sys.executable, "-c",
                  "import sys\nfrom distributed import Client\nfrom gogh_flows.runtime.leases import PoolLedger\n"
-                 "c = Client(sys.argv[1], timeout=30)\nled = PoolLedger(c, register=False)\n"
+                 "c = Client(sys.argv[1], timeout=30)\nled = PoolLedger(c, register=False)\nled.store = 'team'\n"
                  "s = led.state()\nassert led.claim('doomed', 'a100-0', worker='a100-0', capacity=2, "
                  "job_type='ResNet-50 (batch size 64)', required_throughput=5.0, work=100.0, "
                  "expect_version=s.version('a100-0')).ok\nimport os; os._exit(0)\n", pool["address"]],
@@ -183,6 +183,11 @@ def test_a_placing_process_killed_after_its_claim_frees_the_gpu_within_the_lease
             # its client's connection closed with the process: dropped at once, well inside the lease
             assert ledger.get("doomed") is None and time.monotonic() - t0 <= 3.0
             assert ledger.state().counts["client_left"] == 1
+            # and the processes logging to its store are handed the run, to end its flow run
+            deadline = time.monotonic() + 10
+            while not (lost := ledger.collect("team")) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert [(x.run_id, x.row, x.placer_gone) for x in lost] == [("doomed", None, True)]
             ledger.close()
 
 

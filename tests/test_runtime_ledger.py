@@ -244,6 +244,14 @@ def _row_for(store, outcome):
     return store, {"run_id": outcome.run_id, "steps": outcome.telemetry.steps, "error": outcome.error}
 
 
+def _collect_when_due(ledger, store, timeout_s=5.0):
+    """What the ledger hands out for ``store``: held a quarter lease after the placer's client left."""
+    deadline = time.monotonic() + timeout_s
+    while not (got := ledger.collect(store)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return got
+
+
 def test_the_measurement_of_a_lost_placers_run_is_kept_by_the_ledger_until_delivered(pool):
     """The worker hands it in; one collector at a time; a collector that leaves hands it back."""
     import functools
@@ -267,18 +275,58 @@ def test_the_measurement_of_a_lost_placers_run_is_kept_by_the_ledger_until_deliv
     while pool.ledger.state().undelivered == 0 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert pool.ledger.state().undelivered == 1
-    assert pool.ledger.collect("another-store") == []
     with Client(pool.client.scheduler.address, set_as_default=False) as first:
-        taken = PoolLedger(first, register=False).collect("store-1")
-        assert [run for run, _ in taken] == ["lost"]
-        row = taken[0][1]
+        taken = _collect_when_due(PoolLedger(first, register=False), "store-1")
+        assert [x.run_id for x in taken] == ["lost"] and taken[0].placer_gone and taken[0].gpu_id == "v100-0"
+        row = taken[0].row
         assert row["steps"] == outcome.telemetry.steps == len(_STEPS) and "RunCancelled" in row["error"]
         assert pool.ledger.collect("store-1") == []  # one collector at a time
+    assert pool.ledger.collect("another-store") == []
     # the first collector left without saying it delivered: handed out again
     again = pool.ledger.collect("store-1")
-    assert [run for run, _ in again] == ["lost"]
+    assert [x.run_id for x in again] == ["lost"]
     assert pool.ledger.delivered(["lost"]) == 1 and pool.ledger.delivered(["lost"]) == 0
     assert pool.ledger.state().undelivered == 0
+
+
+def test_an_unstarted_claim_of_a_lost_placer_is_handed_to_its_store(pool):
+    """No body ran, nothing was measured, but its flow run must still be ended by someone."""
+    from distributed import Client
+
+    from gogh_flows.runtime.leases import PoolLedger
+
+    with Client(pool.client.scheduler.address, set_as_default=False) as placer:
+        led = PoolLedger(placer, register=False)
+        led.store = "store-1"
+        assert _claim(led, "never-started").ok
+        led.close()
+    (lost,) = _collect_when_due(pool.ledger, "store-1")
+    assert (lost.run_id, lost.row, lost.gpu_id, lost.placer_gone) == ("never-started", None, "v100-0", True)
+    assert pool.ledger.get("never-started") is None  # its slot was freed when its client left
+    assert pool.ledger.delivered(["never-started"]) == 0  # no measurement: counted apart
+    counts = pool.ledger.state().counts
+    assert counts["unstarted_reported"] == 1 and "delivered" not in counts
+
+
+def test_a_placer_that_comes_back_is_not_reported_lost():
+    """A client that reconnects (same id) carries on with its runs: nobody else ends them."""
+
+    class Scheduler:
+        clients = {"placer-1": object()}
+
+    plugin = LedgerPlugin(0.4)
+    plugin.scheduler = Scheduler()
+    plugin.names = {"tcp://w": "v100-0"}
+    assert plugin.claim("r1", "v100-0", "v100-0", 2, "a", 1.0, 1.0, 0, client="placer-1", store="s")["ok"]
+    assert plugin.claim("r2", "v100-0", "v100-0", 2, "a", 1.0, 1.0, 1, client="placer-1", store="s")["ok"]
+    plugin.begin("r2", "v100-0", key="k2")
+    plugin.remove_client(Scheduler(), "placer-1")  # the connection dropped...
+    plugin.deposit("r2", "s", {"run_id": "r2"}, client="placer-1", gpu_id="v100-0")
+    assert plugin.collect("s", "other")["rows"] == []  # not before a quarter lease
+    time.sleep(0.15)
+    rows = plugin.collect("s", "other")["rows"]  # ...and it came back: r1 forgotten, r2's measurement kept
+    assert [(r["run_id"], r["placer_gone"]) for r in rows] == [("r2", False)]
+    assert set(plugin.undelivered) == {"r2"}
 
 
 def test_a_run_whose_placer_stays_is_not_handed_in(pool):
@@ -292,7 +340,8 @@ def test_a_run_whose_placer_stays_is_not_handed_in(pool):
 
 
 def test_delivering_a_lost_placers_measurement_twice_logs_it_once(tmp_path):
-    from gogh_flows.flows.measure import deliver_lost_placer_measurements
+    from gogh_flows.flows.lost_runs import deliver_lost_runs
+    from gogh_flows.runtime.leases import LostRun
     from gogh_flows.tracking.measurements import Measurement, MeasurementLog
 
     log = MeasurementLog(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "measurements")
@@ -304,19 +353,19 @@ def test_delivering_a_lost_placers_measurement_twice_logs_it_once(tmp_path):
 
     class Ledger:
         def __init__(self):
-            self.rows, self.done = {"r1": m.to_row()}, []
+            self.done = []
 
         def collect(self, store):
             assert store == log.store
-            return list(self.rows.items())
+            return [LostRun("r1", m.to_row(), "a100-0", placer_gone=False)]
 
         def delivered(self, run_ids):
             self.done += run_ids
             return len(run_ids)
 
     ledger = Ledger()
-    assert deliver_lost_placer_measurements(ledger, log) == 1
-    assert deliver_lost_placer_measurements(ledger, log) == 1  # handed out again (e.g. a lapsed collector)
+    assert deliver_lost_runs(ledger, log) == 1
+    assert deliver_lost_runs(ledger, log) == 1  # handed out again (e.g. a lapsed collector)
     log.flush_spool()
     assert ledger.done == ["r1", "r1"]
     table = log.read()

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from gogh_flows.flows.placer import RunPlacement
 from gogh_flows.flows.spec import PlacedJob
-from gogh_flows.tracking.measurements import Measurement, MeasurementLog
+from gogh_flows.tracking.measurements import Measurement
 
 if TYPE_CHECKING:  # the session opens the mirror that delivers what the ledger holds
     from gogh_flows.flows.session import Session
@@ -103,27 +103,4 @@ def record_if_placer_lost(job: PlacedJob, placement: RunPlacement, started: floa
     return store, m.to_row()
 
 
-def deliver_lost_placer_measurements(ledger: Any, measurements: MeasurementLog) -> int:
-    """Log the measurements the pool's ledger holds for this store, once each; how many were logged.
-
-    Each is logged by its idempotency key (a second delivery is a no-op), then said delivered;
-    one that cannot be logged now stays with the ledger and is handed out again.
-    """
-    done = []
-    for run_id, row in ledger.collect(measurements.store):
-        try:
-            m = Measurement.from_row(row)
-            measurements.log(m, defer=True)
-        except Exception as exc:  # noqa: BLE001 - kept by the ledger, retried after a lease timeout
-            log.warning("gogh: could not log the measurement of run %s (its placing process was lost): %s",
-                        run_id, exc)
-            continue
-        log.info("gogh: logged the measurement of run %s on %s, whose placing process was lost (%s, %.0f "
-                 "steps), from its worker's record", run_id, m.gpu_id, m.status, m.steps)
-        done.append(run_id)
-    if done:
-        ledger.delivered(done)
-    return len(done)
-
-
-__all__ = ["build_measurement", "deliver_lost_placer_measurements", "record_if_placer_lost", "record_run"]
+__all__ = ["build_measurement", "record_if_placer_lost", "record_run"]

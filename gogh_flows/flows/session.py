@@ -19,7 +19,7 @@ from pathlib import Path
 
 from gogh_flows.flows.blocks import GpuCluster, state_dir
 from gogh_flows.flows.features import FeatureStore
-from gogh_flows.flows.measure import deliver_lost_placer_measurements
+from gogh_flows.flows.lost_runs import deliver_lost_runs
 from gogh_flows.flows.mirror import SpoolFlusher
 from gogh_flows.flows.observations import ObservationCache
 from gogh_flows.flows.predictors import forget_predictor_sources
@@ -63,10 +63,12 @@ class Session:
             stack.callback(pool.close)
             measurements = MeasurementLog(tracking_uri, root / "measurements")
             stack.callback(measurements.flush_spool)  # what is left at exit, after the mirror stopped
-            # a shared pool outlives its placing processes: what a lost one's runs measured is
-            # kept by the pool's ledger, and collected here (a local pool dies with its process)
-            collect = (functools.partial(deliver_lost_placer_measurements, pool.ledger, measurements)
-                       if cluster.mode == "remote" else None)
+            # a shared pool outlives its placing processes: a lost one's runs (and what they
+            # measured) are kept by the pool's ledger and ended here (a local pool dies with its process)
+            collect = None
+            if cluster.mode == "remote":
+                pool.ledger.store = measurements.store
+                collect = functools.partial(deliver_lost_runs, pool.ledger, measurements)
             mirror = SpoolFlusher(measurements, collect=collect)
             stack.callback(mirror.stop)
             session = cls(cluster=cluster, pool=pool, measurements=measurements,

@@ -20,7 +20,7 @@ from distributed import Client
 
 from gogh_flows.runtime.ledger import PLUGIN_NAME, LedgerPlugin
 
-__all__ = ["Claim", "Lease", "LedgerState", "PoolLedger", "WorkerLease", "ensure_ledger"]
+__all__ = ["Claim", "Lease", "LedgerState", "LostRun", "PoolLedger", "WorkerLease", "ensure_ledger"]
 
 log = logging.getLogger("gogh_flows.runtime")
 
@@ -81,6 +81,20 @@ class Claim:
     detail: str | None = None
 
 
+@dataclass(frozen=True)
+class LostRun:
+    """A run whose placing process was lost, as the ledger hands it to a process of the same store.
+
+    ``row`` is the measurement its worker made (None: lost before its body started);
+    ``placer_gone``: its placer's client has not come back, so nobody else ends its flow run.
+    """
+
+    run_id: str
+    row: dict[str, Any] | None
+    gpu_id: str | None
+    placer_gone: bool
+
+
 def ensure_ledger(client: Client, lease_timeout_s: float | None = None) -> None:
     """Register the ledger on the client's scheduler unless it already has one (which is kept)."""
     client.register_plugin(LedgerPlugin(lease_timeout_s), name=PLUGIN_NAME)
@@ -96,6 +110,9 @@ class PoolLedger:
 
     def __init__(self, client: Client, *, lease_timeout_s: float | None = None, register: bool = True) -> None:
         self.client = client
+        # the tracking store (``MeasurementLog.store``) this process logs to: if it is lost, the
+        # processes that log there are handed its runs (``collect``)
+        self.store: str | None = None
         if register:
             ensure_ledger(client, lease_timeout_s)
         self._held: set[str] = set()
@@ -131,7 +148,7 @@ class PoolLedger:
         have been made: the caller releases it (``release(run_id, if_unstarted=True)``)."""
         d = self._call("gogh_ledger_claim", timeout_s=timeout_s, run_id=run_id, gpu_id=gpu_id, worker=worker, capacity=capacity,
                        job_type=job_type, required_throughput=required_throughput, work=work,
-                       expect_version=expect_version, client=self.client.id)
+                       expect_version=expect_version, client=self.client.id, store=self.store)
         claim = Claim(ok=d["ok"], version=d["version"], reason=d.get("reason"), detail=d.get("detail"))
         if claim.ok:
             with self._lock:
@@ -150,14 +167,15 @@ class PoolLedger:
         """Ask the run's body to stop (at its next progress report); its worker frees the slot."""
         return bool(self._call("gogh_ledger_cancel", timeout_s=timeout_s, run_id=run_id, reason=reason)["ok"])
 
-    def collect(self, store: str, *, timeout_s: float | None = 5.0) -> list[tuple[str, dict[str, Any]]]:
-        """Measurements of runs whose placing process was lost, for the tracking ``store``: (run, row).
+    def collect(self, store: str, *, timeout_s: float | None = 5.0) -> list[LostRun]:
+        """Runs whose placing process was lost and logged to the tracking ``store``.
 
-        This process delivers them now: say so with :meth:`delivered` once they are logged
-        (if it dies first, they are handed to another process).
+        This process delivers them now: say so with :meth:`delivered` once their measurements
+        are logged (if it dies first, they are handed to another process).
         """
         d = self._call("gogh_ledger_collect", timeout_s=timeout_s, store=store, client=self.client.id)
-        return [(x["run_id"], x["row"]) for x in d["rows"]]
+        return [LostRun(run_id=x["run_id"], row=x["row"], gpu_id=x.get("gpu_id"),
+                        placer_gone=bool(x.get("placer_gone", True))) for x in d["rows"]]
 
     def delivered(self, run_ids: list[str], *, timeout_s: float | None = 5.0) -> int:
         return int(self._call("gogh_ledger_delivered", timeout_s=timeout_s, run_ids=list(run_ids))["delivered"])
@@ -210,6 +228,7 @@ class WorkerLease:
         self._on_cancel = on_cancel
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._released: dict[str, Any] = {}  # the ledger's answer to end()
 
     def begin(self, worker: str, key: str | None = None) -> bool:
         d = self._call("gogh_ledger_begin", run_id=self.run_id, worker=worker, key=key)
@@ -242,7 +261,8 @@ class WorkerLease:
         if self._thread is not None:
             self._thread.join(timeout=5)
         try:
-            return bool(self._call("gogh_ledger_release", run_id=self.run_id, if_unstarted=False).get("placer_lost"))
+            self._released = self._call("gogh_ledger_release", run_id=self.run_id, if_unstarted=False)
+            return bool(self._released.get("placer_lost"))
         except Exception as exc:  # noqa: BLE001 - the lease lapses on its own
             log.warning("gogh: worker could not release the lease of run %s (it lapses on its own): %s",
                         self.run_id, exc)
@@ -251,7 +271,8 @@ class WorkerLease:
     def deposit(self, store: str, row: dict[str, Any]) -> None:
         """Hand the measurement of a run whose placing process was lost to the ledger, for delivery."""
         try:
-            self._call("gogh_ledger_deposit", run_id=self.run_id, store=store, row=row)
+            self._call("gogh_ledger_deposit", run_id=self.run_id, store=store, row=row,
+                       client=self._released.get("client"), gpu_id=self._released.get("gpu_id"))
         except Exception as exc:  # noqa: BLE001 - said, with what was measured
             log.error("gogh: the measurement of run %s (its placing process was lost) could not be handed to "
                       "the pool's ledger and is lost: %s; it was %s", self.run_id, exc, row)

@@ -95,11 +95,14 @@ class LedgerPlugin(SchedulerPlugin):
         # scheduler has forgotten the name
         self.names: dict[str, str] = {}
         # {"expired" | "worker_left" | "client_left" | "orphaned" (a started body whose placing
-        #  process left) | "released" | "claimed" | "refused_changed" | "refused_full": n}
+        #  process left) | "released" | "claimed" | "refused_changed" | "refused_full" |
+        #  "deposited" | "delivered" | "unstarted_reported" | "undelivered_dropped": n}
         self.counts: dict[str, int] = {}
-        # {run_id: {"store" (a hash of the tracking store the run logs to), "row" (its measurement),
-        #           "taker" (the client collecting it, None while nobody has), "taken_at"}}:
-        # measurements of runs whose placing process was lost, until one logged them
+        # {run_id: {"store" (a hash of the tracking store the run logs to), "row" (its measurement;
+        #           None when its body never started), "gpu_id", "client" (the lost placer's),
+        #           "since", "taker" (the client collecting it, None while nobody has), "taken_at"}}:
+        # runs whose placing process was lost, until a process logging to that store has logged
+        # their measurement and marked their flow run crashed
         self.undelivered: dict[str, dict[str, Any]] = {}
         self.scheduler: Any = None
 
@@ -148,6 +151,8 @@ class LedgerPlugin(SchedulerPlugin):
                 continue
             if lease["started_at"] is None:
                 self._drop(run_id, "client_left")
+                if lease.get("store"):  # no body ran, nothing measured: its flow run still says Running
+                    self._hold(run_id, lease["store"], None, client, lease["gpu_id"])
             elif self._ask_stop(lease, PLACER_LOST):
                 self._count("orphaned")
         for entry in self.undelivered.values():
@@ -156,7 +161,8 @@ class LedgerPlugin(SchedulerPlugin):
 
     # -- state -------------------------------------------------------------------------
     def _count(self, what: str, n: int = 1) -> None:
-        self.counts[what] = self.counts.get(what, 0) + n
+        if n:
+            self.counts[what] = self.counts.get(what, 0) + n
 
     def _bump(self, gpu_id: str) -> int:
         self.versions[gpu_id] = self.versions.get(gpu_id, 0) + 1
@@ -212,11 +218,13 @@ class LedgerPlugin(SchedulerPlugin):
 
     def claim(self, run_id: str, gpu_id: str, worker: str, capacity: int, job_type: str,
               required_throughput: float, work: float, expect_version: int,
-              client: str | None = None) -> dict[str, Any]:
+              client: str | None = None, store: str | None = None) -> dict[str, Any]:
         """Take one slot of ``gpu_id`` if its version is still ``expect_version`` and it has room.
 
         Claiming again what the run already holds succeeds (a retried call); the answer's
         ``reason`` says why a claim was refused: ``changed``, ``full``, ``gone`` or ``held``.
+        ``store`` names the tracking store the placing process logs to: if that process is
+        lost, the processes logging there are told (see :meth:`collect`).
         """
         version = self.versions.get(gpu_id, 0)
         held = self.leases.get(run_id)
@@ -240,7 +248,7 @@ class LedgerPlugin(SchedulerPlugin):
             "run_id": run_id, "gpu_id": gpu_id, "worker": worker, "job_type": job_type,
             "required_throughput": float(required_throughput), "work": float(work),
             "claimed_at": now, "seen_at": now, "started_at": None, "cancel": False,
-            "cancel_reason": None, "client": client, "key": None,
+            "cancel_reason": None, "client": client, "key": None, "store": store,
         }
         self._count("claimed")
         return {"ok": True, "version": self._bump(gpu_id)}
@@ -289,7 +297,8 @@ class LedgerPlugin(SchedulerPlugin):
         placer_lost = lease["cancel_reason"] == PLACER_LOST or (
             lease["client"] is not None and self.scheduler is not None
             and lease["client"] not in self.scheduler.clients)
-        return {"released": True, "started": lease["started_at"] is not None, "placer_lost": placer_lost}
+        return {"released": True, "started": lease["started_at"] is not None, "placer_lost": placer_lost,
+                "client": lease["client"], "gpu_id": lease["gpu_id"]}
 
     def cancel(self, run_id: str, reason: str = "cancelled by its placing process") -> dict[str, Any]:
         """Ask the body to stop: its next progress report raises; the slot is freed when it has."""
@@ -299,42 +308,61 @@ class LedgerPlugin(SchedulerPlugin):
         self._ask_stop(lease, reason)
         return {"ok": True}
 
-    # -- measurements of runs whose placing process was lost -----------------------------
-    def deposit(self, run_id: str, store: str, row: dict[str, Any]) -> dict[str, Any]:
-        """Keep a lost placer's run measurement until a process logging to ``store`` collects it."""
+    # -- runs whose placing process was lost ---------------------------------------------
+    def _hold(self, run_id: str, store: str, row: dict[str, Any] | None, client: str | None,
+              gpu_id: str | None) -> None:
         if run_id not in self.undelivered and len(self.undelivered) >= MAX_UNDELIVERED:
             oldest = next(iter(self.undelivered))
-            log.warning("gogh ledger: %d measurements of lost placing processes were never collected; "
+            log.warning("gogh ledger: %d runs of lost placing processes were never collected; "
                         "dropping the oldest (run %s): start a placing process that logs to its tracking "
                         "store", MAX_UNDELIVERED, oldest)
             del self.undelivered[oldest]
             self._count("undelivered_dropped")
-        self.undelivered[run_id] = {"store": store, "row": row, "taker": None, "taken_at": None}
+        self.undelivered[run_id] = {"store": store, "row": row, "gpu_id": gpu_id, "client": client,
+                                    "since": time(), "taker": None, "taken_at": None}
+
+    def deposit(self, run_id: str, store: str, row: dict[str, Any], client: str | None = None,
+                gpu_id: str | None = None) -> dict[str, Any]:
+        """Keep a lost placer's run measurement until a process logging to ``store`` collects it."""
+        self._hold(run_id, store, row, client, gpu_id)
         self._count("deposited")
         return {"ok": True}
 
     def collect(self, store: str, client: str, limit: int = 100) -> dict[str, Any]:
-        """Measurements for ``store`` nobody is delivering now; ``client`` is delivering them from here on.
+        """Lost placers' runs for ``store`` nobody is delivering now; ``client`` delivers them from here on.
 
-        One collected but not said delivered within a lease timeout (or whose collector left)
-        is handed out again: delivery is at least once, and the idempotency key makes it once.
+        Each is handed out a quarter of a lease timeout after its placer's client left, with
+        ``placer_gone``: whether that client is still away (a placer that only lost its
+        connection and came back ends its flow run itself; one with no measurement is then
+        forgotten). One collected but not said delivered within a lease timeout (or whose
+        collector left) is handed out again: delivery is at least once, and the idempotency
+        key makes it once.
         """
         now = time()
+        due = now - self.lease_timeout_s / 4
+        clients = self.scheduler.clients if self.scheduler is not None else {}
         rows = []
-        for run_id, entry in self.undelivered.items():
-            if entry["store"] != store:
+        for run_id, entry in list(self.undelivered.items()):
+            if entry["store"] != store or entry["since"] > due:
+                continue
+            gone = entry["client"] is None or entry["client"] not in clients
+            if entry["row"] is None and not gone:
+                del self.undelivered[run_id]  # its placer is back and carries on with the run
                 continue
             stale = entry["taken_at"] is not None and entry["taken_at"] < now - self.lease_timeout_s
             if entry["taker"] is None or stale:
                 entry["taker"], entry["taken_at"] = client, now
-                rows.append({"run_id": run_id, "row": entry["row"]})
+                rows.append({"run_id": run_id, "row": entry["row"], "gpu_id": entry["gpu_id"],
+                             "placer_gone": gone})
                 if len(rows) >= limit:
                     break
         return {"rows": rows}
 
     def delivered(self, run_ids: list[str]) -> dict[str, Any]:
-        n = sum(self.undelivered.pop(r, None) is not None for r in run_ids)
-        self._count("delivered", n)
+        taken = [e for e in (self.undelivered.pop(r, None) for r in run_ids) if e is not None]
+        n = sum(e["row"] is not None for e in taken)
+        self._count("delivered", n)  # measurements logged
+        self._count("unstarted_reported", len(taken) - n)  # lost before their body started
         return {"delivered": n}
 
 

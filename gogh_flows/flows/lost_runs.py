@@ -1,0 +1,92 @@
+"""Runs whose placing process was lost, ended by another process that logs to the same store.
+
+A SIGKILLed placing process cannot log what its runs did nor end their Prefect flow runs,
+which would say Running for ever. The pool's ledger keeps those runs (with the measurement
+their worker made, if a body ran) and hands them to a live process of the same tracking
+store, whose MLflow mirror calls :func:`deliver_lost_runs` every few seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import uuid
+from typing import Any
+
+from gogh_flows.tracking.errors import short_error
+from gogh_flows.tracking.measurements import Measurement, MeasurementLog
+
+log = logging.getLogger("gogh_flows")
+
+
+def deliver_lost_runs(ledger: Any, measurements: MeasurementLog) -> int:
+    """Log the measurements the pool's ledger holds for this store and mark their flow runs Crashed.
+
+    Each measurement is logged by its idempotency key (a second delivery is a no-op), then
+    said delivered; one that cannot be logged now stays with the ledger and is handed out
+    again. Returns how many measurements were logged.
+    """
+    done, to_crash, logged = [], [], 0
+    for lost in ledger.collect(measurements.store):
+        if lost.row is not None:
+            try:
+                m = Measurement.from_row(lost.row)
+                measurements.log(m, defer=True)
+            except Exception as exc:  # noqa: BLE001 - kept by the ledger, retried after a lease timeout
+                log.warning("gogh: could not log the measurement of run %s (its placing process was lost): %s",
+                            lost.run_id, exc)
+                continue
+            logged += 1
+            log.info("gogh: logged the measurement of run %s on %s, whose placing process was lost (%s, %.0f "
+                     "steps), from its worker's record", lost.run_id, m.gpu_id, m.status, m.steps)
+            what = (f"its body was stopped on {m.gpu_id} after {m.steps:.0f} steps and its measurement "
+                    f"was logged by {socket.gethostname()}")
+        else:
+            what = f"it held a slot of {lost.gpu_id} but its body never started; the slot was freed"
+        done.append(lost.run_id)
+        if lost.placer_gone:
+            to_crash.append((lost.run_id, f"gogh: the process that placed this run was lost (its Dask "
+                                          f"client left the pool); {what}"))
+    if done:
+        ledger.delivered(done)
+    for run_id, message in to_crash:
+        crash_flow_run(run_id, message)
+    return logged
+
+
+def crash_flow_run(run_id: str, message: str) -> bool:
+    """Set the run's Prefect flow run to Crashed, unless it already ended; whether it was set.
+
+    Only against a configured Prefect API: a process on a temporary server of its own would
+    start one here, and the lost run was not on it anyway. A failure is said, never raised
+    (the measurement is what must not be lost; the state is for the people watching).
+    """
+    flow_run_id = run_id.split("#", 1)[0]  # the ledger's id of a retried attempt is "<run>#<n>"
+    try:
+        uuid.UUID(flow_run_id)
+    except ValueError:
+        return False  # a run called outside a flow run has no Prefect state
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+    from prefect.settings import get_current_settings
+    from prefect.states import Crashed
+
+    if not get_current_settings().api.url:
+        return False
+    try:
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(flow_run_id).state
+            if state is not None and state.is_final():
+                return False  # its runner or its process ended it
+            client.set_flow_run_state(flow_run_id, Crashed(message=message), force=True)
+    except ObjectNotFound:
+        return False  # a flow run of another Prefect server
+    except Exception as exc:  # noqa: BLE001 - said once per run; its measurement is logged regardless
+        log.warning("gogh: could not mark flow run %s Crashed (its placing process was lost): %s",
+                    flow_run_id, short_error(exc))
+        return False
+    log.warning("gogh: marked flow run %s Crashed: %s", flow_run_id, message)
+    return True
+
+
+__all__ = ["crash_flow_run", "deliver_lost_runs"]

@@ -1,0 +1,72 @@
+"""Runs of a lost placing process are ended by a live process of the same store: measured, and Crashed in Prefect."""
+
+from __future__ import annotations
+
+import pytest
+
+from gogh_flows.flows.lost_runs import crash_flow_run, deliver_lost_runs
+from gogh_flows.runtime.leases import LostRun
+from gogh_flows.tracking.measurements import Measurement, MeasurementLog
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+
+def _flow_run(state):
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+
+    @flow(name="placed-elsewhere")
+    def placed_elsewhere() -> None: ...
+
+    with get_client(sync_client=True) as client:
+        return client.create_flow_run(placed_elsewhere, state=state)
+
+
+def _state(flow_run_id):
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run_id).state
+
+
+class _Ledger:
+    def __init__(self, lost):
+        self.lost, self.done = lost, []
+
+    def collect(self, store):
+        return list(self.lost)
+
+    def delivered(self, run_ids):
+        self.done += run_ids
+        return len(run_ids)
+
+
+def test_lost_runs_are_measured_once_and_their_flow_runs_say_crashed(tmp_path):
+    from prefect.states import Completed, Running
+
+    measured, unstarted, back, ended = (_flow_run(Running()), _flow_run(Running()), _flow_run(Running()),
+                                        _flow_run(Completed()))
+    m = Measurement(run_id=str(measured.id), flow_name="f", job_type="ResNet-50:64", family="ResNet-50",
+                    batch_size=64, gpu_id="a100-0", gpu_type="a100", device="a100-0@a100-0", partners=(),
+                    required_throughput=5.0, predicted_throughput=6.0, steps=40.0, duration_s=8.0,
+                    throughput=5.0, mean_power_w=None, energy_j=None, status="failed", telemetry="emulated",
+                    started_at=1.0, flow_run_url=None, extra={"logged_by": "worker"})
+    log = MeasurementLog(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "measurements")
+    ledger = _Ledger([
+        LostRun(str(measured.id), m.to_row(), "a100-0", placer_gone=True),
+        LostRun(f"{unstarted.id}#2", None, "a100-1", placer_gone=True),  # a retried attempt's ledger id
+        LostRun(str(back.id), None, "a100-2", placer_gone=False),  # its placer came back: it ends it
+        LostRun(str(ended.id), None, "a100-3", placer_gone=True),
+    ])
+    assert deliver_lost_runs(ledger, log) == 1
+    assert len(ledger.done) == 4
+    first, second = _state(measured.id), _state(unstarted.id)
+    assert first.is_crashed() and "after 40 steps" in first.message and "placed this run was lost" in first.message
+    assert second.is_crashed() and "never started" in second.message and "a100-1" in second.message
+    assert _state(back.id).is_running() and _state(ended.id).is_completed()
+    assert log.read()["steps"].to_list() == [40.0]
+
+
+def test_only_flow_runs_are_marked():
+    assert not crash_flow_run("local-0123456789ab", "lost")  # called outside any flow run
+    assert not crash_flow_run("00000000-0000-4000-8000-000000000000", "lost")  # not on this server
