@@ -198,6 +198,8 @@ def test_forty_concurrent_runs_never_overbook_and_lose_no_measurement(gogh_home)
     ({"model": "NoSuchNet"}, "unknown model family"),
     ({"kind": "serving"}, "kind"),
     ({"wait_timeout_s": -5}, "wait_timeout_s"),
+    ({"wait_timeout_s": float("nan")}, "wait_timeout_s"),
+    ({"batch_size": 500_000}, "GB of GPU memory"),  # fits no GPU of the catalog
 ])
 def test_bad_decorator_arguments_fail_at_decoration(kwargs, match):
     args = {"model": "ResNet-50", "batch_size": 64, "min_throughput": 1.0, "work_steps": 10, **kwargs}
@@ -222,8 +224,12 @@ def test_inference_runs_of_a_zoo_model_are_a_job_type_of_their_own(tmp_path):
     from gogh_flows.flows.features import FeatureStore
     from gogh_flows.flows.spec import placed_job
 
+    from gogh_flows.workloads.job import JobSpec
+
     train = placed_job(model="ResNet-50", batch_size=64, min_throughput=1, work_steps=1)
     infer = placed_job(model="ResNet-50", batch_size=64, min_throughput=1, work_steps=1, kind="inference")
+    # the decorator's job is the project's one job model: min_throughput is its required throughput
+    assert isinstance(train, JobSpec) and train.required_throughput == 1.0 and train.family == "ResNet-50"
     assert infer.job_type == "ResNet-50 (batch size 64) [inference]" != train.job_type
     store = FeatureStore(tmp_path)
     store.put(train.job_type, train.features)

@@ -40,7 +40,7 @@ from gogh_flows.flows.predictors import predictor_source
 from gogh_flows.flows.session import Session, shared_session
 from gogh_flows.flows.measure import record_if_placer_lost, record_run
 from gogh_flows.flows.placer import PlacementTimeout, RunLost, RunPlacement, place_with_retry
-from gogh_flows.flows.spec import PlacedJob, placed_job
+from gogh_flows.flows.spec import check_wait_timeout, placed_job
 from gogh_flows.runtime.context import RunCancelled, current_gpu, use_gpu
 from gogh_flows.runtime.leases import PoolLedger
 from gogh_flows.runtime.ledger import PLACER_LOST
@@ -53,6 +53,7 @@ class _Settings:
     cluster: GpuCluster | str | None
     registry: PredictorRegistry | str | None
     policy: PlacementPolicy | str | None
+    wait_timeout_s: float | None = None  # the decorator's override of the policy's
 
 
 def _check_block_arg(name: str, value: Any, kind: type) -> None:
@@ -78,11 +79,12 @@ def gogh_placed(
     """
     job = placed_job(model=model, batch_size=batch_size, min_throughput=min_throughput,
                      work_steps=work_steps, kind=kind, example_inputs=example_inputs,
-                     job_name=job_name, wait_timeout_s=wait_timeout_s)
+                     job_name=job_name)
+    wait_s = check_wait_timeout(wait_timeout_s)
     _check_block_arg("cluster", cluster, GpuCluster)
     _check_block_arg("registry", registry, PredictorRegistry)
     _check_block_arg("policy", policy, PlacementPolicy)
-    settings = _Settings(cluster, registry, policy)
+    settings = _Settings(cluster, registry, policy, wait_s)
 
     def decorate(obj: Any) -> Flow:
         if isinstance(obj, Flow):
@@ -103,7 +105,7 @@ def gogh_placed(
     return decorate(__fn) if __fn is not None else decorate
 
 
-def _wrap(fn: Callable, job: PlacedJob, settings: _Settings) -> Callable:
+def _wrap(fn: Callable, job: JobSpec, settings: _Settings) -> Callable:
     if inspect.iscoroutinefunction(fn):
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -122,8 +124,8 @@ def _wrap(fn: Callable, job: PlacedJob, settings: _Settings) -> Callable:
 
 
 @task(name="gogh-place", cache_policy=NO_CACHE, persist_result=False)
-def place_run(job: PlacedJob, run_id: str, session: Session, registry: PredictorRegistry,
-              policy: PlacementPolicy) -> RunPlacement:
+def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRegistry,
+              policy: PlacementPolicy, wait_timeout_s: float) -> RunPlacement:
     """Predict, solve, reserve; publish the explanation as a markdown artifact.
 
     Bounded apart from waiting for a busy fleet: the registry by the registry block's
@@ -140,7 +142,7 @@ def place_run(job: PlacedJob, run_id: str, session: Session, registry: Predictor
         job, run_id, devices=lambda state: session.pool.live_devices(state.workers), ledger=session.pool.ledger,
         predict=lambda feats: predictor.predict_table(feats, gpu_types, observations),
         features=session.features.get, policy=policy.policy, time_limit_s=policy.solver_time_limit_s,
-        wait_timeout_s=_wait_timeout(job, policy), poll_s=policy.poll_s, versions=source.versions(),
+        wait_timeout_s=wait_timeout_s, poll_s=policy.poll_s, versions=source.versions(),
         on_wait=logger.info, sleep=session.wait_for_release, headroom=policy.headroom,
         placement_timeout_s=policy.placement_timeout_s,
     )
@@ -150,7 +152,7 @@ def place_run(job: PlacedJob, run_id: str, session: Session, registry: Predictor
     except Exception as exc:  # the explanation is a convenience; the run must go on
         logger.warning("could not publish the placement artifact: %s", exc)
     logger.info("placed %s on %s (%s): predicted %.4g steps/s, required %.4g", job.job_type,
-                placement.gpu_id, placement.gpu_type, placement.predicted_throughput, job.min_throughput)
+                placement.gpu_id, placement.gpu_type, placement.predicted_throughput, job.required_throughput)
     return placement
 
 
@@ -282,7 +284,7 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
                 "raise wait_timeout_s, or check the worker's slot resource")
 
 
-def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, kwargs: dict) -> Any:
+def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwargs: dict) -> Any:
     ctx = FlowRunContext.get()
     flow_run = ctx.flow_run if ctx else None
     run_id = str(flow_run.id) if flow_run else f"local-{uuid.uuid4().hex[:12]}"
@@ -301,8 +303,9 @@ def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, k
     ledger_id = run_id if attempt <= 1 else f"{run_id}#{attempt}"
     # quote(): Prefect must not walk these objects looking for futures (a pool, layer lists)
     ledger = session.pool.ledger
+    wait_s = _wait_timeout(settings, policy)
     try:
-        placement = place_run(quote(job), ledger_id, quote(session), quote(registry), quote(policy))
+        placement = place_run(quote(job), ledger_id, quote(session), quote(registry), quote(policy), wait_s)
     except BaseException:
         # the claim may have been made before the task failed to report to Prefect (an API
         # error, an interrupt): free it, or this process would keep refreshing it for good
@@ -325,7 +328,7 @@ def run_placed(fn: Callable, job: PlacedJob, settings: _Settings, args: tuple, k
                                      session.pool.device(placement.gpu_id).where, session.measurements.store)
             future = session.pool.submit(_execute_body, fn, args, kwargs, serialize_context(), placement,
                                      job.work_steps, record_if_placer_lost=lost, **where)
-        left = max(0.0, _wait_timeout(job, policy) - placement.waited_s)
+        left = max(0.0, wait_s - placement.waited_s)
         outcome = await_run(ledger, future, placement, start_within_s=left + _START_GRACE_S)
     except BaseException as exc:  # the pool failed, the worker left, or this process is interrupted
         error = exc
@@ -374,9 +377,9 @@ def _stopped_outcome(ledger: PoolLedger, run_id: str, future: Any) -> Any:
         return None
 
 
-def _wait_timeout(job: PlacedJob, policy: PlacementPolicy) -> float:
+def _wait_timeout(settings: _Settings, policy: PlacementPolicy) -> float:
     """How long a run may wait for a GPU: the decorator's ``wait_timeout_s``, else the policy's."""
-    return job.wait_timeout_s if job.wait_timeout_s is not None else policy.wait_timeout_s
+    return settings.wait_timeout_s if settings.wait_timeout_s is not None else policy.wait_timeout_s
 
 
 def _quietly(call: Callable, *args: Any, **kwargs: Any) -> None:

@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from gogh_flows.flows.placer import RunPlacement
-from gogh_flows.flows.spec import PlacedJob
+from gogh_flows.workloads.job import JobSpec
 from gogh_flows.tracking.measurements import Measurement
 
 if TYPE_CHECKING:  # the session opens the mirror that delivers what the ledger holds
@@ -31,7 +31,7 @@ def _flow_run_url(flow_run: Any) -> str | None:
         return None
 
 
-def build_measurement(job: PlacedJob, placement: RunPlacement, outcome: Any, error: BaseException | None,
+def build_measurement(job: JobSpec, placement: RunPlacement, outcome: Any, error: BaseException | None,
                       *, started: float, wall_s: float, flow_run: Any, flow_name: str,
                       device: str, logged_by: str = "placer") -> Measurement:
     attempt = getattr(flow_run, "run_count", 1) if flow_run is not None else 1
@@ -64,7 +64,7 @@ def build_measurement(job: PlacedJob, placement: RunPlacement, outcome: Any, err
     return Measurement(
         run_id=run_id, flow_name=flow_name, job_type=job.job_type, family=job.family,
         batch_size=job.batch_size, gpu_id=placement.gpu_id, gpu_type=placement.gpu_type, device=device,
-        partners=partners, required_throughput=job.min_throughput,
+        partners=partners, required_throughput=job.required_throughput,
         predicted_throughput=placement.predicted_throughput,
         steps=float(tel.steps) if tel is not None else 0.0,
         duration_s=float(tel.duration_s) if tel is not None else float(wall_s),
@@ -76,7 +76,7 @@ def build_measurement(job: PlacedJob, placement: RunPlacement, outcome: Any, err
     )
 
 
-def record_run(session: Session, job: PlacedJob, placement: RunPlacement, outcome: Any,
+def record_run(session: Session, job: JobSpec, placement: RunPlacement, outcome: Any,
                error: BaseException | None, *, started: float, flow_run: Any, flow_name: str) -> None:
     """Log the run's measurement; a failure to log is reported, never raised over the run's result."""
     try:
@@ -90,7 +90,7 @@ def record_run(session: Session, job: PlacedJob, placement: RunPlacement, outcom
                   placement.gpu_id, exc)
 
 
-def record_if_placer_lost(job: PlacedJob, placement: RunPlacement, started: float, flow_run: Any, flow_name: str,
+def record_if_placer_lost(job: JobSpec, placement: RunPlacement, started: float, flow_run: Any, flow_name: str,
                           device: str, store: str, outcome: Any) -> tuple[str, dict[str, Any]]:
     """On the worker, when the run's placing process was lost: its measurement, for the ledger to keep.
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from gogh_flows.energy import kwh
-from gogh_flows.flows.spec import PlacedJob
+from gogh_flows.workloads.job import JobSpec
 from gogh_flows.placement import Gpu, Job, PlacementProblem, get_policy
 from gogh_flows.placement.result import Placement
 from gogh_flows.runtime.devices import GpuDevice
@@ -93,28 +93,28 @@ def running_jobs(state: LedgerState, gpu_ids: set[str], headroom: float = 0.0) -
 
 
 def decide(
-    job: PlacedJob, run_id: str, devices: Sequence[GpuDevice], running: list[Job],
+    job: JobSpec, run_id: str, devices: Sequence[GpuDevice], running: list[Job],
     table: ThroughputTable, policy: str, time_limit_s: float, headroom: float = 0.0,
 ) -> tuple[Placement, PlacementProblem]:
     gpus = [Gpu(d.id, d.gpu_type, d.capacity) for d in devices]
-    new = Job(run_id, job.job_type, job.min_throughput * (1 + headroom), float(job.work_steps))
+    new = Job(run_id, job.job_type, job.required_throughput * (1 + headroom), float(job.work_steps))
     problem = PlacementProblem.build(gpus, [*running, new], table)
     options = {"time_limit_s": time_limit_s} if policy == "optimizer" else {}
     return get_policy(policy, **options).place(problem), problem
 
 
-def _infeasible_message(job: PlacedJob, best: float, types: Sequence[str]) -> str:
+def _infeasible_message(job: JobSpec, best: float, types: Sequence[str]) -> str:
     if not best > 0:
         return (f"{job.job_type!r} does not fit in the memory of any GPU type of this fleet "
                 f"({', '.join(types)}) by the predictions; use a smaller batch_size, or add a GPU type "
                 "with more memory")
     return (f"no GPU type of this fleet ({', '.join(types)}) can run {job.job_type!r} at its required "
-            f"{job.min_throughput:g} steps/s, even alone: the best predicted throughput is {best:.4g} "
+            f"{job.required_throughput:g} steps/s, even alone: the best predicted throughput is {best:.4g} "
             "steps/s. Lower min_throughput, or add a faster GPU type")
 
 
 def place_with_retry(
-    job: PlacedJob, run_id: str, *, devices: Callable[[LedgerState], Sequence[GpuDevice]], ledger: Ledger,
+    job: JobSpec, run_id: str, *, devices: Callable[[LedgerState], Sequence[GpuDevice]], ledger: Ledger,
     predict: Callable[[dict[str, WorkloadFeatures]], ThroughputTable],
     features: Callable[[str], WorkloadFeatures], policy: str, time_limit_s: float,
     wait_timeout_s: float, poll_s: float, versions: dict, on_wait: Callable[[str], None] | None = None,
@@ -172,7 +172,7 @@ def place_with_retry(
             table = predict(feats)
             placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, headroom)
             short = next((w for w in placement.waiting if w.job_id == run_id), None)
-            if short is not None and headroom > 0 and job.min_throughput <= short.best_throughput:
+            if short is not None and headroom > 0 and job.required_throughput <= short.best_throughput:
                 # no GPU type clears the requirement with headroom, but some clear it exactly:
                 # plan without headroom rather than wait for a GPU that cannot exist
                 placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, 0.0)
@@ -181,7 +181,7 @@ def place_with_retry(
                 gpu_id = a.gpus[0]
                 device = next(d for d in live if d.id == gpu_id)
                 claim = ask(ledger.claim, run_id, gpu_id, worker=device.worker, capacity=device.capacity,
-                            job_type=job.job_type, required_throughput=job.min_throughput,
+                            job_type=job.job_type, required_throughput=job.required_throughput,
                             work=float(job.work_steps), expect_version=state.version(gpu_id))
                 if not claim.ok:
                     refused += 1
@@ -190,7 +190,7 @@ def place_with_retry(
                 waited = time.monotonic() - start
                 return RunPlacement(
                     run_id=run_id, job_type=job.job_type, gpu_id=gpu_id, gpu_type=a.gpu_type,
-                    required_throughput=job.min_throughput, predicted_throughput=a.throughput,
+                    required_throughput=job.required_throughput, predicted_throughput=a.throughput,
                     predicted_energy_j=a.energy_j, partners=tuple(j.job_type for j in others),
                     policy=placement.policy, solve_ms=placement.solve_ms, waited_s=waited,
                     predictor_versions=dict(versions),
@@ -203,16 +203,16 @@ def place_with_retry(
             waiting = next((w for w in placement.waiting if w.job_id == run_id), None)
             reason = waiting.reason if waiting else "not placed"
             best = waiting.best_throughput if waiting else math.nan
-            if not best >= job.min_throughput:
+            if not best >= job.required_throughput:
                 raise InfeasibleRequirement(_infeasible_message(job, best, sorted({d.gpu_type for d in live})))
         if elapsed >= wait_timeout_s:
             raise PlacementTimeout(
-                f"no GPU could run {job.job_type!r} at its required {job.min_throughput:g} steps/s "
+                f"no GPU could run {job.job_type!r} at its required {job.required_throughput:g} steps/s "
                 f"within {wait_timeout_s:g} s ({reason}); the fleet can run it (best predicted "
                 f"{best:.4g} steps/s) but was busy. Raise wait_timeout_s, or add GPUs")
         if on_wait is not None and not said_waiting:
             on_wait(f"run {run_id} waits for a GPU: {reason} (best predicted {best:.4g} steps/s, "
-                    f"required {job.min_throughput:g}); retrying every {poll_s:g} s for up to "
+                    f"required {job.required_throughput:g}); retrying every {poll_s:g} s for up to "
                     f"{wait_timeout_s:g} s")
             said_waiting = True
         left_to_decide()
@@ -220,7 +220,7 @@ def place_with_retry(
         deciding_since = time.monotonic()
 
 
-def explain_markdown(job: PlacedJob, run_id: str, placement: Placement, problem: PlacementProblem,
+def explain_markdown(job: JobSpec, run_id: str, placement: Placement, problem: PlacementProblem,
                      gpu_id: str, waited_s: float, versions: dict) -> str:
     """The Prefect artifact: chosen slot, its predicted figures, runner-ups, and rejections."""
     a = placement.assignment(run_id)
@@ -232,7 +232,7 @@ def explain_markdown(job: PlacedJob, run_id: str, placement: Placement, problem:
         f"**{gpu_id}** ({a.gpu_type})" + (f", sharing with {', '.join(partners)}" if partners else ", alone"),
         "",
         "| | value |", "| --- | ---: |",
-        f"| required throughput | {job.min_throughput:.4g} steps/s |",
+        f"| required throughput | {job.required_throughput:.4g} steps/s |",
         f"| predicted throughput | {a.throughput:.4g} steps/s |",
         f"| predicted energy to completion | {kwh(a.energy_j):.4g} kWh |",
         f"| work | {job.work_steps:,} steps |",

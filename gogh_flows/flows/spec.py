@@ -2,35 +2,24 @@
 
 A wrong argument is a programming error, so it must fail at import time with a message that
 names the argument, not minutes later inside a flow run. Layer features are extracted here,
-once, on the ``meta`` device (no memory, no GPU): each run then only looks them up.
+once, on the ``meta`` device (no memory, no GPU): each run then only looks them up. The
+result is the project's one job model, :class:`~gogh_flows.workloads.job.JobSpec`, the same
+the CLI and the simulator use.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
 from torch import nn
 
 from gogh_flows.workloads.features import WorkloadFeatures, check_kind, extract_features
+from gogh_flows.workloads.job import JobSpec
 from gogh_flows.workloads.zoo import _BUILDERS, FAMILIES, canonical_family, job_type_name, zoo_features
 
 _ZOO_BY_BUILDER = {builder: family for family, builder in _BUILDERS.items()}
-
-
-@dataclass(frozen=True)
-class PlacedJob:
-    """A decorated flow's job: what it runs, what it needs, how much of it there is."""
-
-    job_type: str
-    family: str | None
-    batch_size: int
-    kind: str
-    features: WorkloadFeatures
-    min_throughput: float
-    work_steps: int
-    wait_timeout_s: float | None
 
 
 def _positive_number(name: str, value: Any, *, integer: bool = False) -> float:
@@ -73,25 +62,36 @@ def _features_of(model: Any, batch_size: int, kind: str, example_inputs: Any,
         f"builder, a torch.nn.Module or a function returning one, or WorkloadFeatures; got {model!r}")
 
 
+def check_wait_timeout(wait_timeout_s: Any) -> float | None:
+    """``@gogh_placed(wait_timeout_s=...)``: how long a run may wait for a GPU, overriding the policy's."""
+    if wait_timeout_s is None:
+        return None
+    if isinstance(wait_timeout_s, bool) or not isinstance(wait_timeout_s, (int, float)) or not (
+            math.isfinite(wait_timeout_s) and wait_timeout_s >= 0):
+        raise ValueError(f"@gogh_placed(wait_timeout_s=...) must be a number of seconds >= 0, "
+                         f"got {wait_timeout_s!r}")
+    return float(wait_timeout_s)
+
+
 def placed_job(
     *, model: Any, batch_size: Any, min_throughput: Any, work_steps: Any, kind: str = "training",
-    example_inputs: Any = None, job_name: str | None = None, wait_timeout_s: Any = None,
-) -> PlacedJob:
+    example_inputs: Any = None, job_name: str | None = None,
+) -> JobSpec:
+    """The decorated flow's job; ``min_throughput`` becomes its ``required_throughput``."""
     bs = int(_positive_number("batch_size", batch_size, integer=True))
     rho = float(_positive_number("min_throughput", min_throughput))
     work = int(_positive_number("work_steps", work_steps, integer=True))
-    if wait_timeout_s is not None:
-        if isinstance(wait_timeout_s, bool) or not isinstance(wait_timeout_s, (int, float)) or wait_timeout_s < 0:
-            raise ValueError(f"@gogh_placed(wait_timeout_s=...) must be a number of seconds >= 0, "
-                             f"got {wait_timeout_s!r}")
     try:
         check_kind(kind)
     except ValueError as exc:
         raise ValueError(f"@gogh_placed(kind=...): {exc}") from exc
     features, family, job_type = _features_of(model, bs, kind, example_inputs, job_name)
-    return PlacedJob(job_type=job_type, family=family, batch_size=bs, kind=kind, features=features,
-                     min_throughput=rho, work_steps=work,
-                     wait_timeout_s=None if wait_timeout_s is None else float(wait_timeout_s))
+    try:
+        return JobSpec(name=job_type, family=family, batch_size=bs, kind=kind, required_throughput=rho,
+                       work_steps=work, features=features, job_type=job_type)
+    except ValidationError as exc:  # e.g. a batch too large for any GPU's memory
+        reasons = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+        raise ValueError(f"@gogh_placed(...) for {job_type!r}: {reasons}") from None
 
 
-__all__ = ["PlacedJob", "placed_job"]
+__all__ = ["check_wait_timeout", "placed_job"]
