@@ -44,6 +44,7 @@ from gogh_flows.flows.spec import check_wait_timeout, placed_job
 from gogh_flows.runtime.context import RunCancelled, current_gpu, use_gpu
 from gogh_flows.runtime.leases import PoolLedger
 from gogh_flows.runtime.ledger import PLACER_LOST
+from gogh_flows.workloads.job import JobSpec
 
 log = logging.getLogger("gogh_flows")
 
