@@ -69,7 +69,13 @@ class Bench:
                     "PREFECT_SERVER_DATABASE_SQLALCHEMY_MAX_OVERFLOW": "40", "PREFECT_SERVER_DATABASE_TIMEOUT": "60",
                     "PREFECT_CLIENT_MAX_RETRIES": "9", "PREFECT_LOGGING_LEVEL": "WARNING",
                     "PREFECT_SERVER_LOGGING_LEVEL": "WARNING", "GOGH_EMULATED": "1",
-                    "GOGH_LEASE_TIMEOUT_S": str(lease_timeout_s), "GOGH_MODELS_DIR": str(REPO / "models")}
+                    "GOGH_LEASE_TIMEOUT_S": str(lease_timeout_s), "GOGH_MODELS_DIR": str(REPO / "models"),
+                    "GOGH_CACHE_DIR": str(tmp / "cache")}
+        # the zoo's features extracted once, here, and read by every worker and host it starts
+        os.environ["GOGH_CACHE_DIR"] = self.env["GOGH_CACHE_DIR"]
+        from gogh_flows.truth.synthetic import default_jobs
+
+        default_jobs()
         logs = tmp / "logs"
         logs.mkdir(parents=True)
         port = _port()

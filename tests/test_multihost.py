@@ -48,6 +48,9 @@ def cli_pool(tmp: Path, workers: dict[str, int], *, lease_timeout_s: float = 4.0
     sec = security or []
     env = _env(GOGH_LEASE_TIMEOUT_S=str(lease_timeout_s), GOGH_EMULATED="1")
     protocol = "tls" if sec else "tcp"
+    from gogh_flows.truth.synthetic import default_jobs
+
+    default_jobs()  # the zoo's features on disk ($GOGH_CACHE_DIR) before every worker needs them
     try:
         procs["scheduler"] = subprocess.Popen(
             [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0", "--protocol", protocol,

@@ -295,6 +295,7 @@ def test_an_unstarted_claim_of_a_lost_placer_is_handed_to_its_store(pool):
 
     from gogh_flows.runtime.leases import PoolLedger
 
+    assert pool.ledger.state().undelivered == 0  # registered on the scheduler
     with Client(pool.client.scheduler.address, set_as_default=False) as placer:
         led = PoolLedger(placer, register=False)
         led.store = "store-1"

@@ -268,3 +268,30 @@ def test_rescaled_zoo_features_equal_a_real_extraction(family, batch_size):
         assert a.params == b.params
         assert a.activation_bytes == pytest.approx(b.activation_bytes, abs=1)
         assert a.input_bytes == pytest.approx(b.input_bytes, abs=1)
+
+
+def test_zoo_reference_features_are_kept_on_disk_and_equal_a_fresh_extraction(tmp_path, monkeypatch):
+    """Read back exactly; a corrupt file is extracted again; another zoo version has a key of its own."""
+    from gogh_flows.workloads import build_model, extract_features
+    from gogh_flows.workloads import feature_cache, zoo
+
+    monkeypatch.setenv(feature_cache.CACHE_ENV, str(tmp_path))
+    calls = []
+
+    def extract():
+        calls.append(1)
+        built = build_model("A3C", 4, device="meta")
+        return extract_features(built.module, built.example_inputs, batch_size=4)
+
+    first = feature_cache.cached_features("A3C-4-training", extract)
+    (path,) = tmp_path.glob("zoo-features-*/A3C-4-training.json")
+    assert feature_cache.cached_features("A3C-4-training", extract) == first and len(calls) == 1
+    zoo._zoo_reference.cache_clear()
+    assert zoo._zoo_reference("A3C", 4, "training") == first and len(calls) == 1  # the zoo reads it too
+    path.write_text("{not json")
+    assert feature_cache.cached_features("A3C-4-training", extract) == first and len(calls) == 2
+    assert feature_cache.cached_features("A3C-4-training", lambda: first) == first and len(calls) == 2  # rewritten
+    monkeypatch.setattr(feature_cache, "_version", lambda: "another-zoo")
+    feature_cache.cached_features("A3C-4-training", extract)
+    assert len(calls) == 3 and (tmp_path / "zoo-features-another-zoo" / "A3C-4-training.json").exists()
+    zoo._zoo_reference.cache_clear()
