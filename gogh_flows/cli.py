@@ -96,7 +96,7 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"now": state.now, "lease_timeout_s": state.lease_timeout_s,
                           "workers": sorted(state.workers), "counts": state.counts,
-                          "undelivered_measurements": state.undelivered,
+                          "lost_placer_runs_waiting": state.undelivered,
                           "leases": [lease.__dict__ for lease in state.leases]}, indent=2))
         return 0
     table = Table(title=f"GPU slots held on {args.address} (lease {state.lease_timeout_s:g} s)")
@@ -115,8 +115,8 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
     console.print(f"workers: {len(state.workers)} ({len(idle)} idle: {', '.join(idle) or '-'}); "
                   + ", ".join(f"{k} {v}" for k, v in sorted(state.counts.items())))
     if state.undelivered:
-        console.print(f"{state.undelivered} measurement(s) of runs whose placing process was lost wait for a "
-                      "placing process logging to their tracking store to collect them")
+        console.print(f"{state.undelivered} run(s) whose placing process was lost wait for a placing process "
+                      "logging to their tracking store to log their measurements and mark their flow runs Crashed")
     return 0
 
 
