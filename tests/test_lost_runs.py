@@ -61,10 +61,30 @@ def test_lost_runs_are_measured_once_and_their_flow_runs_say_crashed(tmp_path):
     assert deliver_lost_runs(ledger, log) == 1
     assert len(ledger.done) == 4
     first, second = _state(measured.id), _state(unstarted.id)
-    assert first.is_crashed() and "after 40 steps" in first.message and "placed this run was lost" in first.message
+    assert first.is_crashed() and "was stopped on a100-0 after 40 steps" in first.message and "placed this run was lost" in first.message
     assert second.is_crashed() and "never started" in second.message and "a100-1" in second.message
     assert _state(back.id).is_running() and _state(ended.id).is_completed()
     assert log.read()["steps"].to_list() == [40.0]
+
+
+def test_a_run_prefect_cannot_be_told_about_stays_with_the_ledger(tmp_path, monkeypatch):
+    """Its measurement is logged now (by its key), its Crashed mark tried again when handed out again."""
+    import prefect.client.orchestration
+    from prefect.states import Running
+
+    run = _flow_run(Running())
+    log = MeasurementLog(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "measurements")
+    ledger = _Ledger([LostRun(str(run.id), None, "a100-0", placer_gone=True)])
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("Prefect API unreachable")
+
+    with monkeypatch.context() as m:
+        m.setattr(prefect.client.orchestration, "get_client", unreachable)
+        deliver_lost_runs(ledger, log)
+    assert ledger.done == [] and _state(run.id).is_running()
+    deliver_lost_runs(ledger, log)  # handed out again, Prefect back
+    assert ledger.done == [str(run.id)] and _state(run.id).is_crashed()
 
 
 def test_only_flow_runs_are_marked():

@@ -283,15 +283,18 @@ def test_zoo_reference_features_are_kept_on_disk_and_equal_a_fresh_extraction(tm
         built = build_model("A3C", 4, device="meta")
         return extract_features(built.module, built.example_inputs, batch_size=4)
 
-    first = feature_cache.cached_features("A3C-4-training", extract)
+    first = feature_cache.cached_features("A3C-4-training", extract, batch_size=4, kind="training")
     (path,) = tmp_path.glob("zoo-features-*/A3C-4-training.json")
-    assert feature_cache.cached_features("A3C-4-training", extract) == first and len(calls) == 1
+    assert feature_cache.cached_features("A3C-4-training", extract, batch_size=4, kind="training") == first and len(calls) == 1
     zoo._zoo_reference.cache_clear()
     assert zoo._zoo_reference("A3C", 4, "training") == first and len(calls) == 1  # the zoo reads it too
     path.write_text("{not json")
-    assert feature_cache.cached_features("A3C-4-training", extract) == first and len(calls) == 2
-    assert feature_cache.cached_features("A3C-4-training", lambda: first) == first and len(calls) == 2  # rewritten
+    assert feature_cache.cached_features("A3C-4-training", extract, batch_size=4, kind="training") == first and len(calls) == 2
+    assert feature_cache.cached_features("A3C-4-training", lambda: first, batch_size=4, kind="training") == first and len(calls) == 2  # rewritten
+    (path.parent / "A3C-8-training.json").write_text(path.read_text())  # a batch-4 file under a batch-8 name
+    assert feature_cache.cached_features("A3C-8-training", extract, batch_size=8, kind="training") == first
+    assert len(calls) == 3  # not taken for batch 8: extracted (here by the batch-4 extractor) and rewritten
     monkeypatch.setattr(feature_cache, "_version", lambda: "another-zoo")
-    feature_cache.cached_features("A3C-4-training", extract)
-    assert len(calls) == 3 and (tmp_path / "zoo-features-another-zoo" / "A3C-4-training.json").exists()
+    feature_cache.cached_features("A3C-4-training", extract, batch_size=4, kind="training")
+    assert len(calls) == 4 and (tmp_path / "zoo-features-another-zoo" / "A3C-4-training.json").exists()
     zoo._zoo_reference.cache_clear()

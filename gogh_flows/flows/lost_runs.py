@@ -22,11 +22,12 @@ log = logging.getLogger("gogh_flows")
 def deliver_lost_runs(ledger: Any, measurements: MeasurementLog) -> int:
     """Log the measurements the pool's ledger holds for this store and mark their flow runs Crashed.
 
-    Each measurement is logged by its idempotency key (a second delivery is a no-op), then
-    said delivered; one that cannot be logged now stays with the ledger and is handed out
-    again. Returns how many measurements were logged.
+    Each measurement is logged by its idempotency key (a second delivery is a no-op); a run is
+    said delivered only once both are done, so one that cannot be logged or marked now stays
+    with the ledger and is handed out again after a lease timeout. Returns how many
+    measurements were logged.
     """
-    done, to_crash, logged = [], [], 0
+    done, logged = [], 0
     for lost in ledger.collect(measurements.store):
         if lost.row is not None:
             try:
@@ -39,34 +40,39 @@ def deliver_lost_runs(ledger: Any, measurements: MeasurementLog) -> int:
             logged += 1
             log.info("gogh: logged the measurement of run %s on %s, whose placing process was lost (%s, %.0f "
                      "steps), from its worker's record", lost.run_id, m.gpu_id, m.status, m.steps)
-            what = (f"its body was stopped on {m.gpu_id} after {m.steps:.0f} steps and its measurement "
-                    f"was logged by {socket.gethostname()}")
+            ended = "finished" if m.status == "completed" else "was stopped"
+            what = (f"its body {ended} on {m.gpu_id} after {m.steps:.0f} steps and its measurement was logged "
+                    f"by {socket.gethostname()}")
         else:
             what = f"it held a slot of {lost.gpu_id} but its body never started; the slot was freed"
+        if lost.placer_gone and crash_flow_run(
+                lost.run_id, f"gogh: the process that placed this run was lost (its Dask client left the "
+                             f"pool); {what}") is None:
+            continue  # Prefect did not answer: handed out again, and marked then
         done.append(lost.run_id)
-        if lost.placer_gone:
-            to_crash.append((lost.run_id, f"gogh: the process that placed this run was lost (its Dask "
-                                          f"client left the pool); {what}"))
     if done:
         ledger.delivered(done)
-    for run_id, message in to_crash:
-        crash_flow_run(run_id, message)
     return logged
 
 
-def crash_flow_run(run_id: str, message: str) -> bool:
-    """Set the run's Prefect flow run to Crashed, unless it already ended; whether it was set.
+def crash_flow_run(run_id: str, message: str) -> bool | None:
+    """Set the run's Prefect flow run to Crashed if it still runs that attempt.
 
-    Only against a configured Prefect API: a process on a temporary server of its own would
-    start one here, and the lost run was not on it anyway. A failure is said, never raised
-    (the measurement is what must not be lost; the state is for the people watching).
+    True: marked; False: nothing to mark (not a flow run, on another server, ended, or a
+    later attempt runs); None: Prefect did not answer (said, never raised: the measurement
+    is what must not be lost, the state is for the people watching). Only against a
+    configured Prefect API: a process on a temporary server of its own would start one here,
+    and the lost run was not on it anyway. Never forced: Prefect's own rules refuse Crashed
+    over a state that ended meanwhile.
     """
-    flow_run_id = run_id.split("#", 1)[0]  # the ledger's id of a retried attempt is "<run>#<n>"
+    flow_run_id, _, attempt = run_id.partition("#")  # the ledger's id of a retried attempt is "<run>#<n>"
     try:
         uuid.UUID(flow_run_id)
     except ValueError:
         return False  # a run called outside a flow run has no Prefect state
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.objects import StateType
+    from prefect.client.schemas.responses import SetStateStatus
     from prefect.exceptions import ObjectNotFound
     from prefect.settings import get_current_settings
     from prefect.states import Crashed
@@ -75,15 +81,19 @@ def crash_flow_run(run_id: str, message: str) -> bool:
         return False
     try:
         with get_client(sync_client=True) as client:
-            state = client.read_flow_run(flow_run_id).state
-            if state is not None and state.is_final():
-                return False  # its runner or its process ended it
-            client.set_flow_run_state(flow_run_id, Crashed(message=message), force=True)
+            run = client.read_flow_run(flow_run_id)
+            if run.state is None or run.state.type not in (StateType.RUNNING, StateType.PENDING):
+                return False  # ended by its runner or its process, or being cancelled
+            if run.run_count > int(attempt or 1):
+                return False  # a later attempt of the flow run is under way
+            result = client.set_flow_run_state(flow_run_id, Crashed(message=message))
     except ObjectNotFound:
         return False  # a flow run of another Prefect server
-    except Exception as exc:  # noqa: BLE001 - said once per run; its measurement is logged regardless
+    except Exception as exc:  # noqa: BLE001 - said; tried again when the ledger hands the run out again
         log.warning("gogh: could not mark flow run %s Crashed (its placing process was lost): %s",
                     flow_run_id, short_error(exc))
+        return None
+    if result.status != SetStateStatus.ACCEPT:
         return False
     log.warning("gogh: marked flow run %s Crashed: %s", flow_run_id, message)
     return True

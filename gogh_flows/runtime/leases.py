@@ -58,7 +58,7 @@ class LedgerState:
     leases: tuple[Lease, ...]
     workers: frozenset[str]  # names of the workers in the pool now
     counts: dict[str, int]
-    undelivered: int = 0  # measurements of lost placing processes not yet collected
+    undelivered: int = 0  # runs of lost placing processes (with their measurement if a body ran) not yet delivered
 
     def version(self, gpu_id: str) -> int:
         return self.versions.get(gpu_id, 0)

@@ -23,10 +23,13 @@ Two rules make a placement safe:
   GIL-holding call): a lease must never lapse under a body that still runs, or another run
   would be put next to it unseen. A crashed placing process or worker frees its GPU at once.
 
-The ledger also keeps what nobody else can: the measurement of a run whose placing process
-was lost while its body ran. The worker hands it in when the body has stopped, and the next
-placing process that logs to the same tracking store collects it, logs it (by its idempotency
-key, so twice is harmless) and says it is delivered; until then it is held here.
+The ledger also keeps what nobody else can: the runs of a placing process that was lost,
+so that their flow runs do not say Running for ever. A claim whose body never started is kept
+when the placer's client leaves; a run whose body ran, when its worker hands in the
+measurement it made once the body stopped. A lease timeout later (a placer that only lost its
+connection comes back within it and ends its runs itself), a placing process that logs to the
+same tracking store collects them, logs the measurements (by their idempotency key, so twice is
+harmless), marks the flow runs Crashed and says they are delivered; until then they are held here.
 
 Start a shared scheduler with the ledger preloaded (``dask scheduler --preload
 gogh_flows.runtime.ledger``), or let the first client register it (:func:`ensure_ledger`).
@@ -331,15 +334,15 @@ class LedgerPlugin(SchedulerPlugin):
     def collect(self, store: str, client: str, limit: int = 100) -> dict[str, Any]:
         """Lost placers' runs for ``store`` nobody is delivering now; ``client`` delivers them from here on.
 
-        Each is handed out a quarter of a lease timeout after its placer's client left, with
+        Each is handed out a lease timeout after its placer's client left, with
         ``placer_gone``: whether that client is still away (a placer that only lost its
-        connection and came back ends its flow run itself; one with no measurement is then
-        forgotten). One collected but not said delivered within a lease timeout (or whose
+        connection and came back within that time ends its flow run itself; one with no
+        measurement is then forgotten). One collected but not said delivered within a lease timeout (or whose
         collector left) is handed out again: delivery is at least once, and the idempotency
         key makes it once.
         """
         now = time()
-        due = now - self.lease_timeout_s / 4
+        due = now - self.lease_timeout_s
         clients = self.scheduler.clients if self.scheduler is not None else {}
         rows = []
         for run_id, entry in list(self.undelivered.items()):

@@ -16,7 +16,6 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable
-from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -36,35 +35,51 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "gogh-flows"
 
 
-@lru_cache(maxsize=1)
-def _version() -> str:
-    """What the features depend on: the zoo's and the extractor's source, and torch."""
-    from gogh_flows.workloads import features, zoo
+def _source_version() -> str:
+    """What the features depend on: the zoo's and the extractor's source, and torch.
 
+    Read once, when the zoo is imported, so that a long-lived process whose files were
+    updated under it keeps writing under the key of the code it runs.
+    """
     h = hashlib.sha256(torch.__version__.encode())
-    for module in (zoo, features):
-        h.update(Path(module.__file__).read_bytes())  # type: ignore[arg-type]
+    here = Path(__file__).parent
+    for name in ("zoo.py", "features.py"):
+        h.update((here / name).read_bytes())
     return h.hexdigest()[:16]
 
 
-def cached_features(name: str, compute: Callable[[], WorkloadFeatures]) -> WorkloadFeatures:
+_VERSION = _source_version()
+
+
+def _version() -> str:
+    return _VERSION
+
+
+def cached_features(name: str, compute: Callable[[], WorkloadFeatures], *, batch_size: int,
+                    kind: str) -> WorkloadFeatures:
     """The features stored under ``name`` for this zoo version, computed and stored if absent."""
     path = cache_dir() / f"zoo-features-{_version()}" / f"{name}.json"
     try:
-        return WorkloadFeatures.from_dict(json.loads(path.read_text()))
+        feats = WorkloadFeatures.from_dict(json.loads(path.read_text()))
+        if (feats.batch_size, feats.kind) == (batch_size, kind):
+            return feats
+        log.debug("gogh: zoo feature cache %s holds another batch size or kind; extracting again", path)
     except FileNotFoundError:
         pass
     except (OSError, ValueError, KeyError, TypeError) as exc:  # unreadable: computed again, rewritten
         log.debug("gogh: zoo feature cache %s unreadable (%s); extracting again", path, exc)
     feats = compute()
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
         with os.fdopen(fd, "w") as f:
             json.dump(feats.to_dict(), f)
         os.replace(tmp, path)
-    except OSError as exc:  # a read-only home: features are still right, only not kept
+    except Exception as exc:  # noqa: BLE001 - a read-only or full disk: features are right, only not kept
         log.debug("gogh: could not keep zoo features in %s: %s", path.parent, exc)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
     return feats
 
 

@@ -35,6 +35,7 @@ from functools import lru_cache
 import torch
 from torch import nn
 
+from gogh_flows.workloads.feature_cache import cached_features
 from gogh_flows.workloads.features import (
     WorkloadFeatures,
     check_batch_size,
@@ -465,13 +466,11 @@ def _zoo_features_cached(family: str, batch_size: int, kind: str) -> WorkloadFea
 
 @lru_cache(maxsize=None)
 def _zoo_reference(family: str, batch_size: int, kind: str) -> WorkloadFeatures:
-    from gogh_flows.workloads.feature_cache import cached_features
-
     def extract() -> WorkloadFeatures:
         built = build_model(family, batch_size, device="meta")
         return extract_features(built.module, built.example_inputs, kind=kind, batch_size=batch_size)
 
-    return cached_features(f"{family}-{batch_size}-{kind}", extract)
+    return cached_features(f"{family}-{batch_size}-{kind}", extract, batch_size=batch_size, kind=kind)
 
 
 def _interpolate(lo: WorkloadFeatures, hi: WorkloadFeatures, batch_size: int) -> WorkloadFeatures:
