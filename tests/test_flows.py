@@ -384,3 +384,46 @@ def test_three_runs_started_together_on_one_a100_never_share_unknowingly(gogh_ho
     assert assert_shared_only_knowingly(records) == 0  # the pair would miss: nobody shared
     spans = sorted((r["start"], r["end"]) for r in records)
     assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:]))
+
+
+def test_a_run_cancelled_in_prefect_without_its_process_being_told_stops_its_body(gogh_home):
+    """Prefect's runner can miss a cancellation under load: the placing process reads the state itself."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelling
+
+    started, ids, reported = threading.Event(), [], []
+
+    @gogh_placed(model="ResNet-18", batch_size=32, min_throughput=1.0, work_steps=1_000,
+                 cluster=GpuCluster(fleet={"v100": 1}))
+    def long_run() -> None:
+        where = current_placement()
+        for _ in range(1_200):  # 60 s unless stopped
+            where.report(1)
+            reported.append(1)
+            started.set()
+            time.sleep(0.05)
+
+    def call():
+        try:
+            long_run()
+        except BaseException as exc:  # noqa: BLE001 - what the flow run raised, asserted below
+            ids.append(exc)
+
+    t = threading.Thread(target=call)
+    t0 = time.monotonic()
+    t.start()
+    assert started.wait(60)
+    with get_client(sync_client=True) as client:
+        (run,) = [r for r in client.read_flow_runs(sort="START_TIME_DESC", limit=20)
+                  if r.state and r.state.is_running() and client.read_flow(r.flow_id).name == "long-run"]
+        client.set_flow_run_state(run.id, Cancelling(), force=True)  # no runner: nobody signals this process
+        t.join(60)
+        state = client.read_flow_run(run.id).state
+    assert not t.is_alive() and time.monotonic() - t0 < 45
+    assert len(reported) < 1_200  # stopped at a report, not run to its end
+    (env,) = open_sessions().values()
+    row = env.measurements.read().row(0, named=True)
+    assert row["status"] == "failed" and 0 < row["steps"] == len(reported)
+    # ended, saying why (the engine's Failed follows the Cancelled gogh set; Cancelling refused it)
+    assert state.is_final() and "cancelled in Prefect" in state.message, state
+    assert [type(e).__name__ for e in ids] == ["RunCancelled"]

@@ -34,6 +34,7 @@ from prefect.context import FlowRunContext, hydrated_context, serialize_context
 from prefect.logging import get_run_logger
 from prefect.utilities.annotations import quote
 
+from gogh_flows.flows.cancellation import PrefectCancellation
 from gogh_flows.flows.blocks import GpuCluster, PlacementPolicy, PredictorRegistry, load_block
 from gogh_flows.flows.current import _CURRENT, CurrentPlacement
 from gogh_flows.flows.predictors import predictor_source
@@ -249,16 +250,22 @@ def _done_event(future: Any) -> threading.Event:
 
 
 def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start_within_s: float,
-              check_s: float = 1.0) -> Any:
+              check_s: float = 1.0, cancelled_in_prefect: Callable[[], bool] | None = None,
+              prefect_check_s: float = 5.0) -> Any:
     """The run's outcome, with every wait bounded.
 
     Dask waits forever for a worker that died (the task is pinned to it), so the lease is
     checked every ``check_s``: gone means the worker left (or the lease lapsed) and the run
     is lost; not started within ``start_within_s`` means it queued in Dask for too long.
+    Every ``prefect_check_s``, ``cancelled_in_prefect()`` is asked too: a cancellation
+    reaches this process through its Prefect runner or worker, which can miss it (see
+    :class:`PrefectCancellation`), and a body left running would hold its GPU to the end.
     """
     run_id = placement.run_id
     start_by = time.monotonic() + start_within_s
     done = _done_event(future)
+    next_prefect_check = time.monotonic() + prefect_check_s
+    stop_asked = False
 
     def outcome() -> Any:
         if future.status == "cancelled":
@@ -278,6 +285,16 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
             if done.wait(max(check_s, 2.0)):
                 return outcome()
             raise RunLost(lost)
+        if cancelled_in_prefect is not None and not stop_asked and time.monotonic() >= next_prefect_check:
+            next_prefect_check = time.monotonic() + prefect_check_s
+            if cancelled_in_prefect():
+                # the body stops at its next report and its worker frees the slot; its outcome
+                # (RunCancelled, with the steps done) comes back through the future as usual
+                stop_asked = True
+                log.warning("gogh: run %s was cancelled in Prefect without its process being told; asking its "
+                            "body on %s to stop", run_id, placement.gpu_id)
+                _quietly(ledger.cancel, run_id, "its flow run was cancelled in Prefect",
+                         timeout_s=_CLEANUP_TIMEOUT_S)
         if lease.started_at is None and time.monotonic() > start_by:
             raise PlacementTimeout(
                 f"run {run_id} was placed on {placement.gpu_id} but its body did not start within "
@@ -317,6 +334,7 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
     outcome, error, future = None, None, None
     in_process = session.pool.address.startswith("inproc://")  # thread workers of this process
     token = ""
+    cancellation = PrefectCancellation.for_run(flow_run)
     try:
         where = {"gpu_id": placement.gpu_id, "job_type": job.job_type, "run_id": ledger_id, "hold_lease": True}
         if in_process:
@@ -330,7 +348,8 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
             future = session.pool.submit(_execute_body, fn, args, kwargs, serialize_context(), placement,
                                      job.work_steps, record_if_placer_lost=lost, **where)
         left = max(0.0, wait_s - placement.waited_s)
-        outcome = await_run(ledger, future, placement, start_within_s=left + _START_GRACE_S)
+        outcome = await_run(ledger, future, placement, start_within_s=left + _START_GRACE_S,
+                            cancelled_in_prefect=cancellation)
     except BaseException as exc:  # the pool failed, the worker left, or this process is interrupted
         error = exc
         raise
@@ -353,6 +372,8 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
         session.notify_released()
         record_run(session, job, placement, outcome, error, started=started, flow_run=flow_run,
                    flow_name=flow_name)
+        if cancellation is not None and cancellation.seen:
+            cancellation.finish(f"gogh: cancelled; its body was stopped on {placement.gpu_id} and its GPU freed")
     return outcome.unwrap()
 
 
