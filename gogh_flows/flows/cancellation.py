@@ -14,19 +14,27 @@ and a run must not stay Cancelling for ever.
 
 from __future__ import annotations
 
+import contextvars
 import logging
+import threading
 from typing import Any
 
 log = logging.getLogger("gogh_flows")
 
 
 class PrefectCancellation:
-    """Asks Prefect whether one flow run is being cancelled; ``seen`` once it was."""
+    """Asks Prefect whether one flow run is being cancelled; ``seen`` once it was.
+
+    Each question is asked on a thread of its own and answered by the next call: a loaded
+    Prefect server (whose client retries for minutes) must not delay the caller, which also
+    watches the run's lease and outcome.
+    """
 
     def __init__(self, flow_run_id: Any) -> None:
         self.flow_run_id = flow_run_id
         self.seen = False
         self._said = False
+        self._asking: threading.Thread | None = None
 
     @classmethod
     def for_run(cls, flow_run: Any) -> PrefectCancellation | None:
@@ -38,6 +46,15 @@ class PrefectCancellation:
         return cls(flow_run.id) if get_current_settings().api.url else None
 
     def __call__(self) -> bool:
+        """Whether a cancellation was seen so far; asks again unless a question is still open."""
+        if not self.seen and (self._asking is None or not self._asking.is_alive()):
+            # with this thread's context: Prefect's settings (its API's address) may live there
+            self._asking = threading.Thread(target=contextvars.copy_context().run, args=(self._ask,),
+                                            name=f"gogh-cancelled-{self.flow_run_id}", daemon=True)
+            self._asking.start()
+        return self.seen
+
+    def _ask(self) -> None:
         from prefect.client.orchestration import get_client
         from prefect.client.schemas.objects import StateType
 
@@ -49,10 +66,9 @@ class PrefectCancellation:
                 log.warning("gogh: could not read the Prefect state of flow run %s (asked again): %s",
                             self.flow_run_id, exc)
             self._said = True
-            return False
+            return
         if state is not None and state.type in (StateType.CANCELLING, StateType.CANCELLED):
             self.seen = True
-        return self.seen
 
     def finish(self, message: str) -> None:
         """The body has stopped: move a run still Cancelling on to Cancelled (said, never raised)."""

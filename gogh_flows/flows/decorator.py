@@ -257,7 +257,7 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
     Dask waits forever for a worker that died (the task is pinned to it), so the lease is
     checked every ``check_s``: gone means the worker left (or the lease lapsed) and the run
     is lost; not started within ``start_within_s`` means it queued in Dask for too long.
-    Every ``prefect_check_s``, ``cancelled_in_prefect()`` is asked too: a cancellation
+    Every ``prefect_check_s``, ``cancelled_in_prefect()`` (which must not block) is asked too: a cancellation
     reaches this process through its Prefect runner or worker, which can miss it (see
     :class:`PrefectCancellation`), and a body left running would hold its GPU to the end.
     """
