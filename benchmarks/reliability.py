@@ -220,7 +220,15 @@ def _cancel_from_prefect(bench: Bench) -> dict:
 
     with get_client(sync_client=True) as pc:
         _wait(lambda: _deployed(pc, "held/held"), 300, "the runner's deployment")
-        run = run_deployment("held/held", parameters={"hold_s": 120}, timeout=0)
+        for attempt in range(6):  # the server, on SQLite, answers 503 when saturated: as a user would, retry
+            try:
+                run = run_deployment("held/held", parameters={"hold_s": 120}, timeout=0)
+                break
+            except Exception as exc:  # noqa: BLE001 - PrefectHTTPStatusError 503 past the client's retries
+                if attempt == 5:
+                    raise
+                print(f"run_deployment refused ({exc.__class__.__name__}); retrying in 10 s", file=sys.stderr)
+                time.sleep(10)
         run_id = str(run.id)
         _wait(lambda: (lease := bench.ledger.get(run_id)) is not None and lease.started_at is not None, 600,
               "the served run's body")
@@ -298,7 +306,7 @@ def main() -> None:
     t_start = time.time()
     bench = Bench(tmp, args.gpus, args.lease_timeout_s)
     # this process talks to the same Prefect server (to cancel a served run): before prefect is imported
-    os.environ.update({k: bench.env[k] for k in ("PREFECT_API_URL", "PREFECT_HOME")})
+    os.environ.update({k: bench.env[k] for k in ("PREFECT_API_URL", "PREFECT_HOME", "PREFECT_CLIENT_MAX_RETRIES")})
     faults: list[dict] = []
     try:
         bench.start_mlflow()
