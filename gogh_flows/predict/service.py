@@ -132,7 +132,7 @@ class ThroughputPredictor:
             get_gpu_type(g)  # unknown type -> error naming it
         obs = _aggregate(observations_frame(observations) if observations is not None else observations_frame())
         iso, pair = self._predict(dict(jobs), gpus, obs)
-        return _table(names, gpus, iso, pair)
+        return _table(names, gpus, iso, pair, _activities(jobs, names, gpus))
 
     def refine_error(self, features: Mapping[str, WorkloadFeatures], train_obs: pl.DataFrame,
                      test_obs: pl.DataFrame) -> dict:
@@ -301,7 +301,19 @@ class ThroughputPredictor:
                     pair[:, b, gi] = np.where(ok, np.exp(np.where(ok, v, 0.0)), pair[:, b, gi])
 
 
-def _table(names: tuple[str, ...], gpus: tuple[str, ...], iso: np.ndarray, pair: np.ndarray) -> ThroughputTable:
+def _activities(jobs: Mapping[str, WorkloadFeatures], names: tuple[str, ...], gpus: tuple[str, ...]) -> np.ndarray:
+    """``[J, G]`` each job's power activity by the power model (fitted where a board was
+    measured), from the same layer features the predictors read: without it every job was
+    planned at one default activity, so the energy of a choice only followed its speed."""
+    from gogh_flows.catalog import get_gpu_type
+    from gogh_flows.truth.synthetic import step_profile
+
+    types = [get_gpu_type(g) for g in gpus]
+    return np.array([[step_profile(jobs[n], t).activity for t in types] for n in names], dtype=float)
+
+
+def _table(names: tuple[str, ...], gpus: tuple[str, ...], iso: np.ndarray, pair: np.ndarray,
+           activity: np.ndarray) -> ThroughputTable:
     J, G = len(names), len(gpus)
     jj, gg = np.meshgrid(np.arange(J), np.arange(G), indexing="ij")
     a, b = np.triu_indices(J)
@@ -314,15 +326,16 @@ def _table(names: tuple[str, ...], gpus: tuple[str, ...], iso: np.ndarray, pair:
     iso_rows = pl.DataFrame({
         "job_type": nm[jj.ravel()].tolist(), "gpu_type": gp[gg.ravel()].tolist(),
         "partner": [None] * (J * G), "throughput": iso.ravel().astype(float),
-        "partner_throughput": [None] * (J * G),
-    }, schema={k: SCHEMA[k] for k in ("job_type", "gpu_type", "partner", "throughput", "partner_throughput")})
+        "partner_throughput": [None] * (J * G), "activity": activity.ravel(),
+    }, schema={k: SCHEMA[k] for k in ("job_type", "gpu_type", "partner", "throughput", "partner_throughput",
+                                      "activity")})
     pair_rows = pl.DataFrame({
         "job_type": nm[pa].tolist(), "gpu_type": gp[pg].tolist(), "partner": nm[pb].tolist(),
         "throughput": pair[pa, pb, pg].astype(float), "partner_throughput": pair[pb, pa, pg].astype(float),
-    }, schema={k: SCHEMA[k] for k in ("job_type", "gpu_type", "partner", "throughput", "partner_throughput")})
-    frame = pl.concat([iso_rows, pair_rows]).with_columns(
-        scale_factor=pl.lit(1, dtype=pl.Int32), activity=pl.lit(None, dtype=pl.Float64),
-    )
+        "activity": [None] * n_pairs * G,
+    }, schema={k: SCHEMA[k] for k in ("job_type", "gpu_type", "partner", "throughput", "partner_throughput",
+                                      "activity")})
+    frame = pl.concat([iso_rows, pair_rows]).with_columns(scale_factor=pl.lit(1, dtype=pl.Int32))
     return ThroughputTable(frame, source="predicted")
 
 

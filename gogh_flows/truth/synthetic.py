@@ -29,6 +29,8 @@ Model (documented in docs/synthetic-fleet.md):
 * **Multi-GPU.** Data-parallel gangs add a ring all-reduce of the gradients over
   the GPU type's interconnect, half hidden behind the backward pass; the table
   holds the gang's aggregate steps/s, as Gavel's does.
+* **Activity (power).** Fitted to measured boards where one was measured
+  (``gogh_flows.power_model``: the H100 today), spec-based elsewhere.
 * **Noise.** Seeded multiplicative log-normal noise per (job, GPU type) entry,
   keyed by a stable hash so adding a job or a GPU type never changes others.
 """
@@ -45,6 +47,7 @@ import numpy as np
 
 from gogh_flows import catalog
 from gogh_flows.catalog import GpuType, get_gpu_type
+from gogh_flows.power_model import activity_inputs, fitted_activity, spec_activity
 from gogh_flows.truth.table import ThroughputTable
 from gogh_flows.workloads import (
     DEFAULT_BATCH_SIZES,
@@ -126,7 +129,9 @@ def step_profile(features: WorkloadFeatures, gpu: GpuType, precision: str = "fp3
     step_s = max(kernel_s, launch_s) + HOST_OVERHEAD_S
     busy = kernel_s / step_s
     compute_share = compute_s / kernel_s if kernel_s > 0 else 0.0
-    activity = min(1.0, max(0.05, busy * (0.55 + 0.45 * compute_share)))
+    activity = fitted_activity(gpu.name, precision, activity_inputs(features, kernel_s, step_s))
+    if activity is None:  # a GPU type (or precision) no board was measured on
+        activity = spec_activity(busy, compute_share)
     mem = features.memory_bytes_estimate
     return StepProfile(
         step_s=step_s, busy=busy, compute_share=compute_share, activity=activity,
