@@ -40,7 +40,12 @@ def test_a_body_that_reports_half_the_work_logs_half(gogh_home):
             current_placement().report(50)
 
     half()
-    assert _rows().row(0, named=True)["steps"] == 200
+    row = _rows().row(0, named=True)
+    assert row["steps"] == 200
+    # reported over wall time: measured from the first report (the warm-up of 5 steps is done
+    # there) to the last, the start-up apart
+    assert row["window"] == "steady" and row["startup_s"] is not None and row["startup_s"] >= 0
+    assert row["run_energy_j"] >= row["energy_j"] > 0
 
 
 def test_a_body_that_reports_nothing_logs_the_declared_work_once(gogh_home):
@@ -49,7 +54,51 @@ def test_a_body_that_reports_nothing_logs_the_declared_work_once(gogh_home):
         pass
 
     silent()
-    assert _rows().row(0, named=True)["steps"] == 300
+    row = _rows().row(0, named=True)
+    assert row["steps"] == 300 and row["window"] == "emulated"  # emulated time has no start-up
+
+
+def test_whole_run_and_shared_figures_reach_the_table_as_measured():
+    from gogh_flows.flows.measure import build_measurement
+    from gogh_flows.flows.observations import observations_from_measurements
+    from gogh_flows.runtime.outcome import RunOutcome
+    from gogh_flows.runtime.telemetry import TelemetryReading
+    from gogh_flows.tracking.measurements import Measurement, empty_table
+    from gogh_flows.workloads.job import JobSpec
+    import polars as pl
+    from types import SimpleNamespace
+
+    job = JobSpec.from_zoo("ResNet-50", 64, required_throughput=10.0, work_steps=300)
+    placement = SimpleNamespace(run_id="r1", policy="optimizer", predicted_energy_j=1.0, waited_s=0.0,
+                                predictor_versions={}, partner_runs=(), partners=("b",), gpu_id="h100-0",
+                                gpu_type="h100", predicted_throughput=20.0)
+
+    def row(reading: TelemetryReading, run_id: str) -> dict:
+        outcome = RunOutcome(value=None, telemetry=reading, partners=("LM (batch size 10)",), error=None,
+                             gpu_id="h100-0", gpu_type="h100", job_type=job.job_type, run_id=run_id)
+        m = build_measurement(job, SimpleNamespace(**{**vars(placement), "run_id": run_id}), outcome, None,
+                              started=1.0, wall_s=31.0, flow_run=None, flow_name="f", device="local")
+        return m.to_row()
+
+    shared = TelemetryReading(source="nvml", duration_s=12.0, steps=293, throughput=24.0, mean_power_w=507.0,
+                              energy_j=6084.0, max_memory_bytes=None, mean_utilisation=None, wall_s=30.5,
+                              attributed_energy_j=3300.0, energy_method="counter", window="steady",
+                              window_steps=288, startup_s=18.2, startup_energy_j=2700.0, run_energy_j=6100.0,
+                              board_run_energy_j=9000.0, energy_split="model")
+    whole = TelemetryReading(source="nvml", duration_s=30.0, steps=300, throughput=10.0, mean_power_w=400.0,
+                             energy_j=12000.0, max_memory_bytes=None, mean_utilisation=None, wall_s=30.0,
+                             attributed_energy_j=12000.0, energy_method="counter", window="whole_run",
+                             window_steps=300, run_energy_j=12000.0, board_run_energy_j=12000.0)
+    a, b = row(shared, "r1"), row(whole, "r2")
+    # the run's share, never the board's: the board's figure is kept apart
+    assert a["energy_j"] == 3300.0 and a["run_energy_j"] == 6100.0 and a["startup_energy_j"] == 2700.0
+    assert '"device_energy_j": "6084"' in a["extra"] and '"energy_split": "model"' in a["extra"]
+    assert Measurement.from_row(a).window == "steady"
+    table = pl.concat([empty_table(), pl.DataFrame([{**a, "logged_at": 1.0}, {**b, "logged_at": 2.0}],
+                                                  schema=empty_table().schema)])
+    obs = observations_from_measurements(table)
+    # the refiner learns the steady run only: the whole-run figure includes 18 s of start-up
+    assert obs["throughput"].to_list() == [24.0]
 
 
 def test_every_meter_declares_the_members_callers_use():
@@ -65,10 +114,25 @@ def test_every_meter_declares_the_members_callers_use():
 
 
 def test_wall_clock_meter_counts_steps_over_wall_time_and_claims_no_energy():
-    ticks = iter([10.0, 12.0])
+    ticks = iter([10.0, 11.5, 12.0])
     meter = WallClockMeter(clock=lambda: next(ticks))
     meter.start()
     meter.advance(50)  # no truth table needed: the real GPU did the work
     reading = meter.stop()
+    # one report is no window: the whole run, marked so
     assert (reading.source, reading.steps, reading.duration_s, reading.throughput) == ("wallclock", 50, 2.0, 25.0)
+    assert reading.window == "whole_run" and reading.startup_s is None
     assert reading.energy_j is None and reading.mean_power_w is None
+
+
+def test_wall_clock_meter_measures_the_steady_window_after_the_warm_up():
+    ticks = iter([0.0, *[20.0 + 0.5 * k for k in range(10)], 26.0])  # start, 10 reports, stop
+    meter = WallClockMeter(clock=lambda: next(ticks), warmup_steps=3)
+    meter.start()
+    for _ in range(10):
+        meter.report()
+    reading = meter.stop()
+    # the window opens at the third report (20 + 1.0 s) and ends at the tenth (24.5 s): 7 steps in 3.5 s
+    assert reading.window == "steady" and reading.window_steps == 7 and reading.duration_s == 3.5
+    assert reading.throughput == 2.0 and reading.steps == 10
+    assert reading.startup_s == 21.0 and reading.wall_s == 26.0

@@ -382,3 +382,38 @@ def test_emulated_pool_with_process_workers():
         outcome = p.run(_advance, 100, gpu_id="t4-0", job_type="a")
     # a alone on a T4: 50 steps/s -> 2 s at 10 + 0.6 * 60 = 46 W -> 92 J
     assert outcome.worker == "t4-0" and outcome.telemetry.energy_j == pytest.approx(92.0)
+
+
+_BOTH = threading.Barrier(2)
+
+
+def _report_together(n: int) -> None:
+    ctx = current_gpu()
+    _BOTH.wait(timeout=30)  # the two runs are on the board together
+    for _ in range(n):
+        ctx.report()
+        time.sleep(0.01)
+
+
+def test_runs_sharing_a_local_board_split_its_energy_and_never_log_it_twice(monkeypatch):
+    from test_runtime_telemetry import fake_pynvml
+
+    nvml = fake_pynvml(names=["NVIDIA H100 80GB HBM3"], power_w=500.0)  # counter = 500 W x t
+    monkeypatch.setitem(sys.modules, "dask_cuda", types.SimpleNamespace(LocalCUDACluster=FakeLocalCUDACluster))
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    body = _report_together
+    _BOTH.reset()
+    with local_cuda_pool(capacity=2) as p:
+        futures = [p.submit(body, 40, gpu_id="h100-0", job_type="ResNet-50 (batch size 64)"),
+                   p.submit(body, 60, gpu_id="h100-0", job_type="LM (batch size 10)")]
+        outcomes = [f.result() for f in futures]
+    readings = [o.telemetry for o in outcomes]
+    assert all(r.source == "nvml" and r.window == "steady" for r in readings)
+    assert {o.partners for o in outcomes} == {("LM (batch size 10)",), ("ResNet-50 (batch size 64)",)}
+    first_start = min(o.started_at for o in outcomes)
+    last_end = max(o.ended_at for o in outcomes)
+    board = 500.0 * (last_end - first_start)  # the board's energy while either ran (bodies' clock)
+    shares = sum(r.run_energy_j for r in readings)
+    assert shares == pytest.approx(board, rel=0.1)  # one board's energy, not two
+    for r in readings:  # each run carries a part of the shared stretch, split by the power model
+        assert r.run_energy_j < 0.9 * r.board_run_energy_j and "model" in r.energy_split

@@ -48,10 +48,17 @@ def fake_pynvml(*, names=("Tesla V100-SXM2-16GB",), power_w: Callable[[float], f
     def shutdown():
         m.live -= 1
 
+    class Handle:  # like pynvml's: a new object on every lookup, its repr naming its address
+        def __init__(self, i: int) -> None:
+            self.i = i
+
+        def __getitem__(self, k: int):
+            return ("handle", self.i)[k]
+
     def by_index(i):
         if not 0 <= i < len(names):
             raise m.NVMLError_NotFound(f"no device {i}")
-        return ("handle", i)
+        return Handle(i)
 
     def by_uuid(u):
         return by_index(int(u.removeprefix("GPU-")))
@@ -70,6 +77,7 @@ def fake_pynvml(*, names=("Tesla V100-SXM2-16GB",), power_w: Callable[[float], f
     m.nvmlDeviceGetTotalEnergyConsumption = energy
     m.nvmlDeviceGetUtilizationRates = lambda h: types.SimpleNamespace(gpu=util, memory=10)
     m.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(used=mem_used, total=16 * 2**30)
+    m.nvmlDeviceGetPowerManagementLimit = lambda h: 700_000  # mW, read only: never set in tests
     return m
 
 
@@ -89,14 +97,18 @@ def test_sampler_uses_the_energy_counter_when_the_board_has_one():
     nvml = fake_pynvml(power_w=150.0, clock=clock)
     sampler = NvmlSampler(V100, interval_s=0.005, nvml=nvml, clock=clock)
     sampler.start()
-    sampler.report(40)
+    clock.t = 2.0
+    sampler.report(40)  # the warm-up (5 steps) is done: the steady window opens here
     time.sleep(0.03)  # let the background thread take a few samples
-    clock.t = 10.0
+    clock.t = 12.0
     sampler.report(10)
     reading = sampler.stop()
     assert reading.source == "nvml" and reading.energy_method == "counter"
-    assert reading.duration_s == 10.0 and reading.steps == 50 and reading.throughput == 5.0
+    assert reading.window == "steady" and reading.duration_s == 10.0 and reading.window_steps == 10
+    assert reading.steps == 50 and reading.throughput == 1.0
     assert reading.energy_j == pytest.approx(1500.0)
+    assert reading.startup_s == 2.0 and reading.startup_energy_j == pytest.approx(300.0)
+    assert reading.run_energy_j == pytest.approx(1800.0) and reading.wall_s == 12.0
     assert reading.mean_power_w == pytest.approx(150.0)
     assert reading.attributed_energy_j == pytest.approx(1500.0)  # alone all along
     assert reading.mean_utilisation == pytest.approx(0.75) and reading.max_memory_bytes == 2 * 2**30
@@ -113,13 +125,15 @@ def test_sampler_integrates_power_when_there_is_no_counter():
         clock.t = t
         time.sleep(0.02)
     clock.t = 10.0
-    sampler.set_partners(("b",))  # shared at some point: no per-run attribution from NVML
+    # a partner the worker knows of but that is not measured on this board (another process's
+    # job) cannot take a share: the run is the board's only measured occupant
+    sampler.set_partners(("b",))
     reading = sampler.stop()
-    # integral of 100 + 10 t over [0, 10] = 1000 + 500 J
-    assert reading.energy_method == "integrated"
+    # integral of 100 + 10 t over [0, 10] = 1000 + 500 J; no report: the whole run, marked so
+    assert reading.energy_method == "integrated" and reading.window == "whole_run"
     assert reading.energy_j == pytest.approx(1500.0)
     assert reading.mean_power_w == pytest.approx(150.0)
-    assert reading.attributed_energy_j is None
+    assert reading.attributed_energy_j == pytest.approx(1500.0) and reading.energy_split == "alone"
 
 
 def test_sampler_leaves_unsupported_metrics_empty():
@@ -185,3 +199,171 @@ def test_working_nvml_gives_a_sampler_and_emulated_mode_never_touches_it(monkeyp
     monkeypatch.setitem(sys.modules, "pynvml", None)
     assert isinstance(telemetry_for(V100, "emulated"), EmulatedMeter)
     assert not telemetry_mod.nvml_fallback_warned()
+
+
+# -- replays of what a real H100 showed (issue: start-up counted, shared energy doubled) ------
+def _replay_clock_and_board(power: Callable[[float], float], energy: Callable[[float], float]):
+    clock = FakeClock()
+    nvml = fake_pynvml(names=["NVIDIA H100 80GB HBM3"], power_w=power, energy_j=energy, clock=clock)
+    return clock, nvml
+
+
+def _step_to(clock: FakeClock, sampler: NvmlSampler, t: float) -> None:
+    clock.t = t
+    sampler.board.sample()  # what the board's thread does every interval
+
+
+def test_first_run_replay_logs_steady_throughput_and_startup_apart():
+    # a fresh worker: 18 s building the model, the CUDA context and cuDNN's autotuning at 150 W,
+    # then 293 steps in 12 s (24.4 steps/s by the body's own clock) at 487 W
+    power = lambda t: 150.0 if t < 18.0 else 487.0  # noqa: E731
+    energy = lambda t: 150.0 * min(t, 18.0) + 487.0 * max(0.0, t - 18.0)  # noqa: E731
+    clock, nvml = _replay_clock_and_board(power, energy)
+    sampler = NvmlSampler(GpuDevice("h100-0", "h100", "h100-0", cuda_index=0), interval_s=3600, nvml=nvml,
+                          clock=clock)
+    sampler.start()
+    for i in range(1, 37):
+        _step_to(clock, sampler, i * 0.5)  # start-up, sampled twice a second
+    steps = 293
+    for k in range(1, steps + 1):
+        clock.t = 18.0 + 12.0 * k / steps
+        sampler.report()
+        if k % 12 == 0:
+            sampler.board.sample()
+    clock.t = 30.5  # the body returns a little after its last step
+    reading = sampler.stop()
+    body_rate = (steps - 5) / (12.0 * (steps - 5) / steps)  # the steps after the warm-up, by its own clock
+    assert reading.window == "steady"
+    assert reading.throughput == pytest.approx(body_rate, rel=0.05)
+    assert reading.throughput == pytest.approx(24.4, rel=0.05)
+    assert steps / reading.wall_s < 10  # what the old rule logged: 2.5x too low
+    assert reading.startup_s == pytest.approx(18.0 + 12.0 * 5 / steps)
+    assert reading.startup_energy_j == pytest.approx(energy(reading.startup_s), rel=1e-6)
+    assert reading.attributed_energy_j == pytest.approx(487.0 * reading.duration_s, rel=1e-6)
+    assert reading.mean_power_w == pytest.approx(487.0, rel=1e-6)
+    assert reading.run_energy_j == pytest.approx(energy(30.5), rel=1e-6)  # nothing lost: tail included
+    assert reading.steps == steps and reading.power_limit_w == 700.0
+
+
+def test_overlapping_runs_split_the_board_energy_never_doubling_it():
+    # run A alone 0-5 s (300 W), B joins 5-17 s (board 507 W), A alone again 17-20 s
+    def power(t: float) -> float:
+        return 507.0 if 5.0 <= t < 17.0 else (300.0 if t < 20.0 else 71.0)
+
+    def energy(t: float) -> float:
+        return 300.0 * min(t, 5.0) + 507.0 * max(0.0, min(t, 17.0) - 5.0) + 300.0 * max(0.0, min(t, 20.0) - 17.0)
+
+    clock, nvml = _replay_clock_and_board(power, energy)
+    h100 = GpuDevice("h100-0", "h100", "h100-0", cuda_index=0)
+    a = NvmlSampler(h100, interval_s=3600, nvml=nvml, clock=clock, power_w=300.0, warmup_steps=0)
+    b = NvmlSampler(h100, interval_s=3600, nvml=nvml, clock=clock, power_w=250.0, warmup_steps=0)
+    a.start()
+    assert a.board.runs == 1
+    t = 0.0
+    while t < 20.0 - 1e-9:
+        t = round(t + 0.25, 6)
+        clock.t = t
+        if t == 5.0:
+            b.start()
+            assert b.board is a.board  # one sampler per board, whoever runs on it
+        if t == 17.0:
+            rb = b.stop()
+        a.report()
+        if 5.0 < t < 17.0:
+            b.report()
+        a.board.sample()
+    ra = a.stop()
+    board_total = energy(20.0)
+    assert ra.run_energy_j + rb.run_energy_j == pytest.approx(board_total, rel=0.01)
+    assert ra.board_run_energy_j == pytest.approx(board_total, rel=1e-6)
+    shared = 507.0 * 12.0
+    assert rb.board_run_energy_j == pytest.approx(shared, rel=1e-6)  # the board's, kept apart
+    assert rb.run_energy_j < 0.6 * shared  # no run carries the whole board's energy of a shared stretch
+    # A was measured alone (300 W); B had only the model (250 W), scaled by the model's error on A (1.0)
+    assert rb.run_energy_j == pytest.approx(shared * 250.0 / 550.0, rel=0.02)
+    assert "measured" not in rb.energy_split and "model" in rb.energy_split and "alone" in ra.energy_split
+
+
+def test_two_runs_started_together_share_one_sampler_across_threads():
+    import threading
+
+    nvml = fake_pynvml(names=["NVIDIA H100 80GB HBM3"], power_w=400.0)
+    h100 = GpuDevice("h100-0", "h100", "h100-0", cuda_index=0)
+    readings: list = []
+    barrier = threading.Barrier(4)
+
+    def run() -> None:
+        m = NvmlSampler(h100, interval_s=0.002, nvml=nvml)
+        barrier.wait()
+        m.start()
+        for _ in range(20):
+            m.report()
+            time.sleep(0.002)
+        readings.append(m.stop())
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    first, last = min(r.wall_s for r in readings), max(r.wall_s for r in readings)
+    assert len(readings) == 4 and first > 0 and last > 0
+    # every share is part of one board's energy; the board's energy over the union of the runs
+    # is at most 400 W times the longest run (they overlap), so the shares cannot add to 4x it
+    total = sum(r.run_energy_j for r in readings)
+    assert total <= 400.0 * last * 1.05
+    assert nvml.live == 0
+
+
+def test_a_board_without_power_readings_still_splits_its_counter_energy():
+    # MIG handles and some boards answer no power: the counter alone must still be split, never
+    # divided by a zero weight
+    clock = FakeClock()
+    nvml = fake_pynvml(names=["NVIDIA H100 80GB HBM3"], power_w=0.0, energy_j=lambda t: 300.0 * t, clock=clock)
+
+    def no_power(h):
+        raise nvml.NVMLError_NotSupported("no power readings here")
+
+    nvml.nvmlDeviceGetPowerUsage = no_power
+    h100 = GpuDevice("h100-0", "h100", "h100-0", cuda_index=0)
+    a = NvmlSampler(h100, interval_s=3600, nvml=nvml, clock=clock, warmup_steps=0)
+    b = NvmlSampler(h100, interval_s=3600, nvml=nvml, clock=clock, warmup_steps=0)
+    a.start()
+    for t in range(1, 11):
+        clock.t = float(t)
+        if t == 3:
+            b.start()
+        a.report()
+        b.report() if t > 3 else None
+        a.board.sample()
+    rb = b.stop()
+    ra = a.stop()
+    assert ra.run_energy_j + rb.run_energy_j == pytest.approx(3000.0)
+    assert ra.energy_method == "counter" and ra.mean_power_w is None
+    assert rb.energy_split == "equal"  # no power alone measured, no prediction given
+
+
+def test_a_failed_counter_read_loses_no_energy_and_keeps_the_shares_whole():
+    clock = FakeClock()
+    fail_at = {4.0}
+
+    def energy(t: float) -> float:
+        if t in fail_at:
+            raise RuntimeError("transient NVML error")
+        return 400.0 * t
+
+    nvml = fake_pynvml(names=["NVIDIA H100 80GB HBM3"], power_w=lambda t: 400.0, energy_j=energy, clock=clock)
+    h100 = GpuDevice("h100-0", "h100", "h100-0", cuda_index=0)
+    a = NvmlSampler(h100, interval_s=3600, nvml=nvml, clock=clock, power_w=300.0, warmup_steps=0)
+    b = NvmlSampler(h100, interval_s=3600, nvml=nvml, clock=clock, power_w=100.0, warmup_steps=0)
+    a.start()
+    b.start()
+    for t in range(1, 9):
+        clock.t = float(t)
+        a.report()
+        b.report()
+        a.board.sample()
+    ra, rb = a.stop(), b.stop()
+    # the counter's reading after the gap covers it: 8 s x 400 W, split 3:1 by the model
+    assert ra.run_energy_j + rb.run_energy_j == pytest.approx(3200.0)
+    assert ra.run_energy_j == pytest.approx(2400.0) and ra.energy_method == "counter+integrated"

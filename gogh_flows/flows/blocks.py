@@ -73,6 +73,13 @@ class GpuCluster(Block):
     lease_timeout_s: float = Field(default=30.0, gt=0.0, description="a GPU slot whose holder stops "
                                    "refreshing it (placing process or worker died) is freed after this "
                                    "many seconds; a shared scheduler keeps the value it was started with")
+    power_cap_w: float | None = Field(default=None, gt=0.0, description="local-cuda mode, off by default: "
+                                      "cap every board's power limit at this many watts while the pool's "
+                                      "workers live (restored when they stop). It changes the board for every "
+                                      "user of the machine and needs root; never on a shared machine")
+    power_cap_fraction: float | None = Field(default=None, gt=0.0, le=1.0, description="local-cuda mode, "
+                                             "off by default: cap every board at this fraction of its default "
+                                             "power limit (0 < f <= 1) instead of power_cap_w")
 
     @field_validator("fleet")
     @classmethod
@@ -92,6 +99,13 @@ class GpuCluster(Block):
                              "whose workers advertise their GPU (docs/runtime.md)")
         if self.mode == "emulated" and not self.fleet:
             raise ValueError("an emulated GpuCluster needs a fleet, e.g. fleet={'v100': 2, 't4': 2}")
+        if self.power_cap_w is not None and self.power_cap_fraction is not None:
+            raise ValueError(f"give power_cap_w ({self.power_cap_w:g} W) or power_cap_fraction "
+                             f"({self.power_cap_fraction:g} of the default limit), not both")
+        if (self.power_cap_w is not None or self.power_cap_fraction is not None) and self.mode != "local-cuda":
+            raise ValueError(f"power caps apply to mode='local-cuda' only (this cluster is {self.mode!r}): a "
+                             "remote pool's boards belong to their hosts (cap them there with `nvidia-smi -pl`), "
+                             "and an emulated GPU has no power limit to change")
         return self
 
     def key(self) -> str:

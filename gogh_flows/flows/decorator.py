@@ -38,13 +38,14 @@ from gogh_flows.flows.cancellation import PrefectCancellation
 from gogh_flows.flows.blocks import GpuCluster, PlacementPolicy, PredictorRegistry, load_block
 from gogh_flows.flows.current import _CURRENT, CurrentPlacement
 from gogh_flows.flows.predictors import predictor_source
-from gogh_flows.flows.session import Session, shared_session
+from gogh_flows.flows.session import Session, shared_session, starting
 from gogh_flows.flows.measure import record_if_placer_lost, record_run
 from gogh_flows.flows.placer import PlacementTimeout, RunLost, RunPlacement, place_with_retry
-from gogh_flows.flows.spec import check_wait_timeout, placed_job
+from gogh_flows.flows.spec import check_wait_timeout, check_warmup_steps, placed_job
 from gogh_flows.runtime.context import RunCancelled, current_gpu, use_gpu
 from gogh_flows.runtime.leases import PoolLedger
 from gogh_flows.runtime.ledger import PLACER_LOST
+from gogh_flows.runtime.telemetry import DEFAULT_WARMUP_STEPS
 from gogh_flows.workloads.job import JobSpec
 
 log = logging.getLogger("gogh_flows")
@@ -56,6 +57,7 @@ class _Settings:
     registry: PredictorRegistry | str | None
     policy: PlacementPolicy | str | None
     wait_timeout_s: float | None = None  # the decorator's override of the policy's
+    warmup_steps: int = DEFAULT_WARMUP_STEPS  # steps before the run's steady-state window
 
 
 def _check_block_arg(name: str, value: Any, kind: type) -> None:
@@ -69,7 +71,7 @@ def gogh_placed(
     work_steps: int, cluster: GpuCluster | str | None = None,
     registry: PredictorRegistry | str | None = None, policy: PlacementPolicy | str | None = None,
     kind: str = "training", example_inputs: Any = None, job_name: str | None = None,
-    wait_timeout_s: float | None = None,
+    wait_timeout_s: float | None = None, warmup_steps: int | None = None,
 ) -> Any:
     """Place every run of the decorated flow on the GPU that meets ``min_throughput`` at least energy.
 
@@ -77,16 +79,20 @@ def gogh_placed(
     function returning one, with ``example_inputs``), or ``WorkloadFeatures``. ``cluster``,
     ``registry`` and ``policy`` name saved blocks (or are block instances); ``None`` uses the
     embedded defaults: an emulated four-type fleet, MLflow on SQLite under ./.gogh, the
-    optimiser. ``wait_timeout_s`` overrides the policy's wait for a GPU.
+    optimiser. ``wait_timeout_s`` overrides the policy's wait for a GPU. ``warmup_steps``: the
+    steps (reported through ``current_placement().report()``) before the run's steady-state
+    measurement opens (default: 5, or fewer when the work is shorter); throughput and energy
+    are logged from there to the last report, and the start-up apart.
     """
     job = placed_job(model=model, batch_size=batch_size, min_throughput=min_throughput,
                      work_steps=work_steps, kind=kind, example_inputs=example_inputs,
                      job_name=job_name)
     wait_s = check_wait_timeout(wait_timeout_s)
+    warmup = check_warmup_steps(warmup_steps, job.work_steps)
     _check_block_arg("cluster", cluster, GpuCluster)
     _check_block_arg("registry", registry, PredictorRegistry)
     _check_block_arg("policy", policy, PlacementPolicy)
-    settings = _Settings(cluster, registry, policy, wait_s)
+    settings = _Settings(cluster, registry, policy, wait_s, warmup)
 
     def decorate(obj: Any) -> Flow:
         if isinstance(obj, Flow):
@@ -135,7 +141,11 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
     """
     logger = get_run_logger()
     source = predictor_source(registry)
-    predictor = source.get()
+    if source.loaded:
+        predictor = source.get()
+    else:  # the first run of this process: registering the prior and loading take seconds
+        with starting("the predictors", f"{registry.p1_name}/{registry.p2_name} @{registry.alias}"):
+            predictor = source.get()
     if source.degraded:
         logger.warning(source.degraded)
     gpu_types = sorted({d.gpu_type for d in session.pool.devices})
@@ -336,7 +346,8 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
     token = ""
     cancellation = PrefectCancellation.for_run(flow_run)
     try:
-        where = {"gpu_id": placement.gpu_id, "job_type": job.job_type, "run_id": ledger_id, "hold_lease": True}
+        where = {"gpu_id": placement.gpu_id, "job_type": job.job_type, "run_id": ledger_id, "hold_lease": True,
+                 "warmup_steps": settings.warmup_steps}
         if in_process:
             token = uuid.uuid4().hex
             _LOCAL_BODIES[token] = (fn, args, kwargs, serialize_context())

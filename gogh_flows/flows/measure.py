@@ -39,15 +39,19 @@ def build_measurement(job: JobSpec, placement: RunPlacement, outcome: Any, error
     tel = getattr(outcome, "telemetry", None)
     failed = error is not None or (outcome is not None and not outcome.ok)
     reason = str(error) if error is not None else (outcome.error if outcome is not None else None)
-    energy = None
-    if tel is not None:
-        energy = tel.attributed_energy_j if tel.attributed_energy_j is not None else tel.energy_j
+    # the run's own share of the board's energy: a board shared by two runs must not be
+    # counted twice in the table (the board's figure is kept apart, in ``device_energy_j``)
+    energy = tel.attributed_energy_j if tel is not None else None
     extra = {"attempt": str(attempt), "policy": placement.policy,
              "predicted_energy_j": f"{placement.predicted_energy_j:.6g}",
              "waited_s": f"{placement.waited_s:.3f}", "kind": job.kind,
              "p1_version": str(placement.predictor_versions.get("p1")),
              "p2_version": str(placement.predictor_versions.get("p2")),
-             "device_energy_j": "" if tel is None or tel.energy_j is None else f"{tel.energy_j:.6g}"}
+             "device_energy_j": _fmt(tel.energy_j if tel is not None else None)}
+    if tel is not None:
+        extra.update({"window_steps": _fmt(tel.window_steps), "wall_s": _fmt(tel.wall_s),
+                      "board_run_energy_j": _fmt(tel.board_run_energy_j), "energy_split": tel.energy_split or "",
+                      "energy_method": tel.energy_method or "", "power_limit_w": _fmt(tel.power_limit_w)})
     if placement.partner_runs:
         # what the decision saw on this GPU, and what it predicted for each partner next to this run
         extra["placed_next_to"] = ",".join(placement.partner_runs)
@@ -73,7 +77,15 @@ def build_measurement(job: JobSpec, placement: RunPlacement, outcome: Any, error
         status="failed" if failed else "completed",
         telemetry=tel.source if tel is not None else "none",
         started_at=started, flow_run_url=_flow_run_url(flow_run), extra=extra,
+        window=tel.window if tel is not None else None,
+        startup_s=tel.startup_s if tel is not None else None,
+        startup_energy_j=tel.startup_energy_j if tel is not None else None,
+        run_energy_j=tel.run_energy_j if tel is not None else None,
     )
+
+
+def _fmt(value: float | None) -> str:
+    return "" if value is None else f"{value:.6g}"
 
 
 def record_run(session: Session, job: JobSpec, placement: RunPlacement, outcome: Any,

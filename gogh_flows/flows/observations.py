@@ -29,12 +29,18 @@ def observations_from_measurements(frame: pl.DataFrame) -> pl.DataFrame:
     """Measurements -> (job_type, gpu_type, partner, throughput): alone, or next to one partner.
 
     A run that saw two different partners over its life measured neither pair cleanly,
-    so it is left out of the observations (it stays in the measurement table).
+    so it is left out of the observations (it stays in the measurement table). So is a run
+    measured over its whole life rather than its steady state (a body that reported too
+    little): its throughput includes start-up, and learning it taught the refiner that a
+    fresh worker's GPU is 2.5x slower than it is. Rows from before the window was recorded
+    are kept only when emulated (emulated time has no start-up).
     """
     if frame.is_empty() or "throughput" not in frame.columns:
         return observations_frame()
+    window = pl.col("window") if "window" in frame.columns else pl.lit(None, dtype=pl.String)
+    steady = window.is_in(["steady", "emulated"]) | (window.is_null() & (pl.col("telemetry") == "emulated"))
     rows = []
-    for r in frame.filter((pl.col("throughput") > 0) & (pl.col("steps") > 0)).iter_rows(named=True):
+    for r in frame.filter((pl.col("throughput") > 0) & (pl.col("steps") > 0) & steady).iter_rows(named=True):
         partners = [p for p in (r.get("partners") or []) if p]
         if len(set(partners)) > 1:
             continue

@@ -197,6 +197,11 @@ class PredictorSource:
             self.degraded = None
             return self._predictor
 
+    @property
+    def loaded(self) -> bool:
+        """Whether predictors were loaded (or fallen back to) in this process already."""
+        return self._predictor is not None
+
     def _fall_back(self, reason: str) -> ThroughputPredictor:
         """Keep what is loaded, else load the newest cached versions, else the prior (under the lock)."""
         if self._predictor is None:

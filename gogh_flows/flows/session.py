@@ -11,9 +11,11 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
+import re
 import threading
-from collections.abc import Mapping
-from contextlib import ExitStack
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +30,57 @@ from gogh_flows.tracking.measurements import MeasurementLog
 from gogh_flows.truth import load_truth
 
 log = logging.getLogger("gogh_flows")
+#: start-up progress: shown on the console by default (see :func:`starting`)
+startup_log = logging.getLogger("gogh_flows.startup")
+
+
+def _show_startup_lines() -> None:
+    """Make the start-up lines visible unless the user configured gogh's logging themselves.
+
+    A first run takes seconds to tens of seconds (a Dask cluster, the MLflow store, the
+    emulated fleet's truth table) and silence looks like a hang; later runs start nothing
+    and print nothing. Prefect's console handler on the root logger shows WARNING and up by
+    default, so only this child logger is raised to INFO, and only when neither it nor
+    ``gogh_flows`` has a level set; with no handler anywhere it gets one of its own.
+    """
+    if startup_log.level == logging.NOTSET and logging.getLogger("gogh_flows").level == logging.NOTSET \
+            and startup_log.getEffectiveLevel() > logging.INFO:
+        startup_log.setLevel(logging.INFO)
+    if not startup_log.hasHandlers():
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        startup_log.addHandler(handler)
+
+
+@contextmanager
+def starting(component: str, detail: str = "") -> Iterator[None]:
+    """One INFO line when ``component`` starts and one when it is ready, with the time it took."""
+    _show_startup_lines()
+    startup_log.info("gogh: starting %s%s ...", component, f" ({detail})" if detail else "")
+    began = time.monotonic()
+    try:
+        yield
+    except BaseException:
+        startup_log.info("gogh: %s failed after %.1f s", component, time.monotonic() - began)
+        raise
+    startup_log.info("gogh: %s ready in %.1f s", component, time.monotonic() - began)
+
+
+def _safe_uri(uri: str) -> str:
+    """A tracking URI fit for a log line: a password in it is masked."""
+    return re.sub(r"//([^/@:]*):[^/@]*@", r"//\1:***@", uri)
+
+
+def _pool_detail(cluster: GpuCluster) -> str:
+    if cluster.mode == "emulated":
+        fleet = ", ".join(f"{t}={n}" for t, n in cluster.fleet.items())
+        return f"emulated: {fleet}, one worker thread per GPU"
+    if cluster.mode == "local-cuda":
+        cap = (f", power cap {cluster.power_cap_w:g} W" if cluster.power_cap_w is not None else
+               f", power cap {cluster.power_cap_fraction:g} of default" if cluster.power_cap_fraction is not None
+               else "")
+        return f"local-cuda: one dask-cuda worker process per NVIDIA GPU{cap}"
+    return f"remote: the Dask scheduler at {cluster.address}"
 
 
 @dataclass
@@ -50,18 +103,26 @@ class Session:
         """Open the pool, the measurement log and its mirror; anything opened is closed if a later step fails."""
         root = state_dir()
         root.mkdir(parents=True, exist_ok=True)
-        truth = _truth_for(cluster)
+        if cluster.mode == "emulated":
+            with starting("the emulated fleet's throughput table",
+                          f"{cluster.truth}, {', '.join(cluster.fleet)}"):
+                truth = _truth_for(cluster)
+        else:
+            truth = None
         with ExitStack() as stack:
             lease = cluster.lease_timeout_s
-            if cluster.mode == "emulated":
-                pool = open_pool("emulated", fleet=cluster.fleet, truth=truth, capacity=cluster.capacity,
-                                 time_scale=cluster.time_scale, seed=cluster.seed, lease_timeout_s=lease)
-            elif cluster.mode == "local-cuda":
-                pool = open_pool("local-cuda", capacity=cluster.capacity, lease_timeout_s=lease)
-            else:
-                pool = open_pool("remote", address=cluster.address, lease_timeout_s=lease)
+            with starting("the Dask GPU pool", _pool_detail(cluster)):
+                if cluster.mode == "emulated":
+                    pool = open_pool("emulated", fleet=cluster.fleet, truth=truth, capacity=cluster.capacity,
+                                     time_scale=cluster.time_scale, seed=cluster.seed, lease_timeout_s=lease)
+                elif cluster.mode == "local-cuda":
+                    pool = open_pool("local-cuda", capacity=cluster.capacity, lease_timeout_s=lease,
+                                     power_cap_w=cluster.power_cap_w, power_cap_fraction=cluster.power_cap_fraction)
+                else:
+                    pool = open_pool("remote", address=cluster.address, lease_timeout_s=lease)
             stack.callback(pool.close)
-            measurements = MeasurementLog(tracking_uri, root / "measurements")
+            with starting("the MLflow measurement store", _safe_uri(tracking_uri)):
+                measurements = MeasurementLog(tracking_uri, root / "measurements")
             stack.callback(measurements.flush_spool)  # what is left at exit, after the mirror stopped
             # a shared pool outlives its placing processes: a lost one's runs (and what they
             # measured) are kept by the pool's ledger and ended here (a local pool dies with its process)
@@ -136,4 +197,4 @@ def open_sessions() -> Mapping[str, Session]:
     return dict(_SESSIONS)
 
 
-__all__ = ["Session", "close_all", "open_sessions", "shared_session"]
+__all__ = ["Session", "close_all", "open_sessions", "shared_session", "starting"]

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 from torch import nn
 
+from gogh_flows.runtime.telemetry import DEFAULT_WARMUP_STEPS
 from gogh_flows.workloads.features import WorkloadFeatures, check_kind, extract_features
 from gogh_flows.workloads.job import JobSpec
 from gogh_flows.workloads.zoo import _BUILDERS, FAMILIES, canonical_family, job_type_name, zoo_features
@@ -73,6 +74,23 @@ def check_wait_timeout(wait_timeout_s: Any) -> float | None:
     return float(wait_timeout_s)
 
 
+def check_warmup_steps(warmup_steps: Any, work_steps: int) -> int:
+    """``@gogh_placed(warmup_steps=...)``: a whole number of steps >= 0, fewer than the work.
+
+    ``None`` is the default warm-up, shortened for work too short to have it.
+    """
+    if warmup_steps is None:
+        return max(0, min(DEFAULT_WARMUP_STEPS, work_steps - 1))
+    if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+        raise ValueError(f"@gogh_placed(warmup_steps=...) must be a whole number of steps >= 0, got {warmup_steps!r}")
+    if warmup_steps >= work_steps:
+        raise ValueError(
+            f"@gogh_placed(warmup_steps={warmup_steps}) leaves no steady-state steps of the {work_steps} work steps: "
+            "the run's throughput would include its start-up; lower warmup_steps (0 opens the window at the "
+            "first report)")
+    return warmup_steps
+
+
 def placed_job(
     *, model: Any, batch_size: Any, min_throughput: Any, work_steps: Any, kind: str = "training",
     example_inputs: Any = None, job_name: str | None = None,
@@ -94,4 +112,4 @@ def placed_job(
         raise ValueError(f"@gogh_placed(...) for {job_type!r}: {reasons}") from None
 
 
-__all__ = ["check_wait_timeout", "placed_job"]
+__all__ = ["check_wait_timeout", "check_warmup_steps", "placed_job"]

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 from gogh_flows.energy import DEFAULT_ACTIVITY, EnergyModel
 from gogh_flows.runtime.devices import GpuDevice
-from gogh_flows.runtime.telemetry import StepCounter, TelemetryReading
+from gogh_flows.runtime.telemetry import DEFAULT_WARMUP_STEPS, StepCounter, TelemetryReading
 from gogh_flows.truth.table import ThroughputTable
 
 __all__ = ["EmulatedMeter", "EmulationError", "device_power"]
@@ -92,7 +92,8 @@ class EmulatedMeter(StepCounter):
                  time_scale: float = 0.0, energy: EnergyModel | None = None,
                  partners: Callable[[], Sequence[str]] | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep,
+                 warmup_steps: float = DEFAULT_WARMUP_STEPS) -> None:
         if not time_scale >= 0:
             raise ValueError(f"time_scale must be >= 0 (0 = do not sleep), got {time_scale!r}")
         self.device = device
@@ -102,8 +103,8 @@ class EmulatedMeter(StepCounter):
         self.time_scale = float(time_scale)
         self.energy = energy or EnergyModel()
         self._override = partners
-        self._clock, self._sleep = clock, sleep
-        super().__init__(threading.RLock())
+        self._sleep = sleep
+        super().__init__(threading.RLock(), clock=clock, warmup_steps=warmup_steps)
         self._seen: list[str] = []
         self._emulated_s = 0.0
         self._emulated_j = 0.0
@@ -113,6 +114,8 @@ class EmulatedMeter(StepCounter):
         self._t0: float | None = None
         self._seg_t = 0.0
         self._seg_power = (0.0, 1.0)
+        self._window_j: tuple[float, float] | None = None  # (device, attributed) J at the window's opening
+        self._last_j = (0.0, 0.0)  # ... and at the latest report
 
     # -- partners ------------------------------------------------------------------
     @property
@@ -139,14 +142,20 @@ class EmulatedMeter(StepCounter):
                     self._seen.append(p)
             self._seg_power = device_power(self.energy, self.truth, self.gpu_type, self.job_type, partners)
 
-    def _close_segment(self) -> None:
+    def _close_segment(self, now: float | None = None) -> None:
         if self._t0 is None:
             return
-        now = self._clock()
+        now = self._clock() if now is None else now
         watts, share = self._seg_power
         self._wall_j += watts * (now - self._seg_t)
         self._wall_attr_j += watts * share * (now - self._seg_t)
         self._seg_t = now
+
+    def _on_report(self, now: float, opened: bool) -> None:
+        self._close_segment(now)
+        if opened:
+            self._window_j = (self._wall_j, self._wall_attr_j)
+        self._last_j = (self._wall_j, self._wall_attr_j)
 
     # -- the run -------------------------------------------------------------------
     def start(self) -> None:
@@ -202,21 +211,25 @@ class EmulatedMeter(StepCounter):
                 raise RuntimeError("EmulatedMeter.stop() called before start()")
             self._close_segment()
             wall = self._seg_t - self._t0
+            common = dict(source="emulated", steps=self._steps, max_memory_bytes=None, mean_utilisation=None,
+                          wall_s=wall, energy_method="model")
             if self._emulated_s > 0:
                 duration, energy, attr = self._emulated_s, self._emulated_j, self._emulated_attr_j
-            else:
-                duration, energy, attr = wall, self._wall_j, self._wall_attr_j
-            mean_power = energy / duration if duration > 0 else self._seg_power[0]
+                return TelemetryReading(
+                    duration_s=duration, throughput=self._steps / duration, mean_power_w=energy / duration,
+                    energy_j=energy, attributed_energy_j=attr, window="emulated", window_steps=self._steps,
+                    run_energy_j=attr, board_run_energy_j=energy, **common)
+            win = self.window()
+            if win is not None and win.steady and self._window_j is not None:
+                energy = self._last_j[0] - self._window_j[0]
+                return TelemetryReading(
+                    duration_s=win.duration_s, throughput=win.steps / win.duration_s,
+                    mean_power_w=energy / win.duration_s, energy_j=energy,
+                    attributed_energy_j=self._last_j[1] - self._window_j[1], window="steady",
+                    window_steps=win.steps, startup_s=win.start_t - self._t0, startup_energy_j=self._window_j[1],
+                    run_energy_j=self._wall_attr_j, board_run_energy_j=self._wall_j, **common)
             return TelemetryReading(
-                source="emulated",
-                duration_s=duration,
-                steps=self._steps,
-                throughput=self._steps / duration if duration > 0 else 0.0,
-                mean_power_w=mean_power,
-                energy_j=energy,
-                max_memory_bytes=None,
-                mean_utilisation=None,
-                wall_s=wall,
-                attributed_energy_j=attr,
-                energy_method="model",
-            )
+                duration_s=wall, throughput=self._steps / wall if wall > 0 else 0.0,
+                mean_power_w=self._wall_j / wall if wall > 0 else self._seg_power[0], energy_j=self._wall_j,
+                attributed_energy_j=self._wall_attr_j, window="whole_run", window_steps=self._steps,
+                run_energy_j=self._wall_attr_j, board_run_energy_j=self._wall_j, **common)

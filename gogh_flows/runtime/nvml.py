@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import importlib
 import os
-import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
+from gogh_flows.runtime.board import BoardShare, EnergyAt, SharedBoard, join_board, leave_board
 from gogh_flows.runtime.devices import GpuDevice
-from gogh_flows.runtime.telemetry import StepCounter, TelemetryReading
+from gogh_flows.runtime.telemetry import DEFAULT_WARMUP_STEPS, StepCounter, TelemetryReading
 
 __all__ = ["NvmlBoard", "NvmlSampler", "NvmlUnavailable", "discover", "load_pynvml", "probe"]
 
@@ -108,124 +109,106 @@ def probe(device: GpuDevice | None, nvml: ModuleType | None = None) -> None:
 
 
 class NvmlSampler(StepCounter):
-    """Samples one board in a background thread between :meth:`start` and :meth:`stop`.
+    """One run's measurement of its board through NVML, from :meth:`start` to :meth:`stop`.
 
-    Power (``nvmlDeviceGetPowerUsage``, mW) is sampled every ``interval_s`` plus
-    once at start and at stop, so even a short run has a bracket to integrate.
-    Energy comes from ``nvmlDeviceGetTotalEnergyConsumption`` (mJ since the
-    driver loaded; Volta and newer) when the board has it and it advanced;
-    otherwise from the trapezoid integral of the power samples. Metrics the
-    board does not support are left ``None``.
+    The board is sampled by the process's :class:`~gogh_flows.runtime.board.SharedBoard`
+    (power every ``interval_s``, plus at every run's start and stop), which splits the
+    board's energy between the runs on it. Energy comes from
+    ``nvmlDeviceGetTotalEnergyConsumption`` (mJ since the driver loaded; Volta and newer)
+    when the board has it and it advanced, otherwise from the trapezoid integral of the
+    power samples. Throughput and energy cover the steady-state window (see
+    :class:`~gogh_flows.runtime.telemetry.StepWindow`). Metrics the board does not support
+    are left ``None``.
     """
 
     source = "nvml"
 
     def __init__(self, device: GpuDevice | None = None, *, interval_s: float = 0.1,
-                 nvml: ModuleType | None = None, clock=time.monotonic) -> None:
+                 nvml: ModuleType | None = None, clock: Callable[[], float] = time.monotonic,
+                 warmup_steps: float = DEFAULT_WARMUP_STEPS,
+                 power_w: float | None = None) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0 seconds, got {interval_s!r}")
+        super().__init__(clock=clock, warmup_steps=warmup_steps)
         self.device = device
         self.interval_s = interval_s
         self._nvml = nvml
-        super().__init__()
-        self._clock = clock
-        self._shared = False
-        self._power: list[tuple[float, float]] = []  # (t, W)
-        self._util: list[float] = []
-        self._max_mem: int | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._energy0_mj: float | None = None
-        self._t0 = 0.0
+        self._share = BoardShare(power_w)
+        self._board: SharedBoard | None = None
+        self._key: Any = None
+        self._limit_w: float | None = None
 
-    # -- partners: the board's figures are the run's own only if it was never shared --
-    def set_partners(self, partners: tuple[str, ...]) -> None:
-        super().set_partners(partners)  # takes the (non-reentrant) lock itself
-        with self._lock:
-            self._shared = self._shared or bool(partners)
+    @property
+    def board(self) -> SharedBoard | None:
+        """The process's sampler of this run's board while the run is on it."""
+        return self._board
 
-    # -- sampling ------------------------------------------------------------------
+    def _on_report(self, now: float, opened: bool) -> None:
+        if opened:
+            self._share.mark("window_start", now)
+        self._share.mark("last_report", now)
+
     def start(self) -> None:
         nvml = self._nvml = self._nvml or load_pynvml()
         nvml.nvmlInit()
-        self._h = _handle(nvml, self.device)
-        self._t0 = self._clock()
-        self._energy0_mj = self._energy_mj()
-        self._sample()
-        self._thread = threading.Thread(target=self._loop, name="gogh-nvml-sampler", daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._sample()
-
-    def _energy_mj(self) -> float | None:
+        handle = _handle(nvml, self.device)
+        # one sampler per board and NVML module (tests give each their own fake): by the board's
+        # UUID, since pynvml hands out a new handle object on every lookup
         try:
-            return float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._h))
-        except Exception:  # NotSupported before Volta, or on some boards
-            return None
-
-    def _sample(self) -> None:
-        nvml, h, t = self._nvml, self._h, self._clock()
-        try:
-            watts = nvml.nvmlDeviceGetPowerUsage(h) / 1000.0
-        except Exception:
-            watts = None
-        try:
-            util = nvml.nvmlDeviceGetUtilizationRates(h).gpu / 100.0
-        except Exception:
-            util = None
-        try:
-            used = int(nvml.nvmlDeviceGetMemoryInfo(h).used)
-        except Exception:
-            used = None
-        with self._lock:
-            if watts is not None:
-                self._power.append((t, watts))
-            if util is not None:
-                self._util.append(util)
-            if used is not None:
-                self._max_mem = used if self._max_mem is None else max(self._max_mem, used)
+            board_id: Any = _text(nvml.nvmlDeviceGetUUID(handle))
+        except Exception:  # noqa: BLE001 - no UUID: the device we were given names the board
+            board_id = (self.device.uuid or self.device.cuda_index or self.device.id) if self.device else "visible"
+        self._key = (id(nvml), board_id)
+        try:  # the limit the board ran under (a cap, by gogh or an administrator, changes every figure)
+            self._limit_w: float | None = nvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000.0
+        except Exception:  # noqa: BLE001 - not every board (or fake) reports it
+            self._limit_w = None
+        self._board = join_board(self._key, nvml, handle, self._share, interval_s=self.interval_s,
+                                 clock=self._clock)
 
     def stop(self) -> TelemetryReading:
-        if self._thread is None:
+        if self._board is None:
             raise RuntimeError("NvmlSampler.stop() called before start()")
-        self._stop.set()
-        self._thread.join()
-        self._sample()
-        t1 = self._clock()
-        energy1 = self._energy_mj()
+        leave_board(self._key, self._board, self._share)
         _shutdown(self._nvml)
-        duration = max(t1 - self._t0, 0.0)
-        with self._lock:
-            power, steps = list(self._power), self._steps
-        integrated = sum((p0 + p1) / 2 * (t1_ - t0_) for (t0_, p0), (t1_, p1) in zip(power, power[1:]))
-        if len(power) == 1:
-            integrated = power[0][1] * duration
-        energy: float | None
-        if self._energy0_mj is not None and energy1 is not None and energy1 > self._energy0_mj:
-            energy, method = (energy1 - self._energy0_mj) / 1000.0, "counter"
-        elif power:
-            energy, method = integrated, "integrated"
+        share = self._share
+        use_counter = share.use_counter
+
+        def run_j(p: EnergyAt) -> float:
+            return p.run_counter if use_counter else p.run_integrated
+
+        def board_j(p: EnergyAt) -> float:  # mean power always comes from the power samples: a
+            # counter's resolution is too coarse over a short window
+            return p.board_counter if use_counter else p.board_integrated
+
+        total = share.total.minus(share.joined)  # type: ignore[arg-type]
+        wall = total.t
+        powered = share.power_samples > 0 or use_counter  # energy is known from one or the other
+        if use_counter:  # stretches the counter could not give were filled from the power samples
+            method = "counter" if not share.filled_stretches else "counter+integrated"
         else:
-            energy, method = None, None
-        if power and duration > 0 and len(power) > 1:
-            mean_power = integrated / (power[-1][0] - power[0][0]) if power[-1][0] > power[0][0] else power[0][1]
-        elif power:
-            mean_power = sum(p for _, p in power) / len(power)
-        else:
-            mean_power = None
-        return TelemetryReading(
-            source="nvml",
-            duration_s=duration,
-            steps=steps,
-            throughput=steps / duration if duration > 0 else 0.0,
-            mean_power_w=mean_power,
-            energy_j=energy,
-            max_memory_bytes=self._max_mem,
-            mean_utilisation=sum(self._util) / len(self._util) if self._util else None,
-            wall_s=duration,
-            attributed_energy_j=None if self._shared else energy,
-            energy_method=method,
-            samples=len(power),
+            method = "integrated" if share.power_samples > 0 else None
+        win = self.window()
+        start, last = share.at("window_start"), share.at("last_report")
+        common = dict(
+            source="nvml", steps=self._steps, max_memory_bytes=share.max_memory,
+            mean_utilisation=share.util_sum / share.util_n if share.util_n else None, wall_s=wall,
+            energy_method=method, samples=share.power_samples,
+            run_energy_j=run_j(total) if powered else None, board_run_energy_j=board_j(total) if powered else None,
+            energy_split="+".join(sorted(share.splits)) or "alone", power_limit_w=self._limit_w,
         )
+        if win is not None and win.steady and start is not None and last is not None:
+            stretch, before = last.minus(start), start.minus(share.joined)  # type: ignore[arg-type]
+            return TelemetryReading(
+                duration_s=win.duration_s, throughput=win.steps / win.duration_s, window="steady",
+                window_steps=win.steps,
+                mean_power_w=stretch.board_integrated / stretch.t if share.power_samples and stretch.t > 0 else None,
+                energy_j=board_j(stretch) if powered else None,
+                attributed_energy_j=run_j(stretch) if powered else None,
+                startup_s=before.t, startup_energy_j=run_j(before) if powered else None, **common)
+        return TelemetryReading(
+            duration_s=wall, throughput=self._steps / wall if wall > 0 else 0.0, window="whole_run",
+            window_steps=self._steps,
+            mean_power_w=total.board_integrated / wall if share.power_samples and wall > 0 else None,
+            energy_j=board_j(total) if powered else None, attributed_energy_j=run_j(total) if powered else None,
+            **common)

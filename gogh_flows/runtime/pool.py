@@ -19,8 +19,13 @@ one GPU even if the caller's bookkeeping is wrong.
 
 from __future__ import annotations
 
+import atexit
 import logging
+import multiprocessing
+import os
+import textwrap
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -33,12 +38,15 @@ from gogh_flows.energy import EnergyModel
 from gogh_flows.runtime.devices import GpuDevice, device_id, fleet_devices, split_device_id
 from gogh_flows.runtime.leases import PoolLedger
 from gogh_flows.runtime.outcome import RunOutcome
+from gogh_flows.runtime.telemetry import DEFAULT_WARMUP_STEPS
 from gogh_flows.runtime.worker import PLUGIN_NAME, RunSpec, RuntimeConfig, describe_worker, execute
 from gogh_flows.truth.table import ThroughputTable
 
 __all__ = [
     "MODES",
+    "START_TIMEOUT_S",
     "GpuPool",
+    "PoolStartTimeout",
     "UnknownDeviceError",
     "emulated_pool",
     "local_cuda_pool",
@@ -49,6 +57,9 @@ __all__ = [
 log = logging.getLogger("gogh_flows.runtime")
 MODES = ("emulated", "local-cuda", "remote")
 CUDA_HINT = "install gogh-flows[cuda] (pip install 'gogh-flows[cuda]') on a machine with an NVIDIA GPU and driver"
+
+#: the longest a local pool of worker processes may take to start (``GOGH_POOL_START_TIMEOUT_S``)
+START_TIMEOUT_S = 60.0
 
 
 class UnknownDeviceError(KeyError, ValueError):
@@ -148,7 +159,7 @@ class GpuPool:
                partners: Sequence[str] | Callable[[], Sequence[str]] | None = None,
                run_id: str | None = None, hold_lease: bool = False,
                record_if_placer_lost: Callable[[RunOutcome], tuple[str, dict]] | None = None,
-               **kwargs: Any) -> Future:
+               warmup_steps: float = DEFAULT_WARMUP_STEPS, **kwargs: Any) -> Future:
         """Run ``fn(*args, **kwargs)`` on the worker pinned to ``gpu_id``; a Future of :class:`RunOutcome`.
 
         ``job_type`` names the workload for the emulator and the outcome;
@@ -158,7 +169,8 @@ class GpuPool:
         ledger lease named ``run_id`` while the body runs (and starts the body
         only if that lease is still held), and ``record_if_placer_lost(outcome)``
         builds the run's measurement on the worker, handed to the ledger, when the
-        placing process is lost before the body ends. These names are taken by ``submit``:
+        placing process is lost before the body ends; ``warmup_steps`` are the steps before the
+        run's steady-state measurement window opens. These names are taken by ``submit``:
         pass a body keyword argument with the same name through ``functools.partial``.
         """
         if self._closed:
@@ -167,7 +179,7 @@ class GpuPool:
         key = f"gogh-{device.id}-{run_id or getattr(fn, '__name__', 'run')}-{uuid.uuid4().hex[:12]}"
         spec = RunSpec(device=device, mode=self.mode, emulated=device.id in self._emulated, run_key=key,
                        job_type=job_type, run_id=run_id, partners=partners, hold_lease=hold_lease,
-                       record_if_placer_lost=record_if_placer_lost)
+                       record_if_placer_lost=record_if_placer_lost, warmup_steps=warmup_steps)
         if hold_lease:
             if not run_id:
                 raise ValueError("GpuPool.submit(hold_lease=True) needs the run_id its lease was claimed under")
@@ -237,6 +249,10 @@ def emulated_pool(fleet: Mapping[str, int] | str, *, truth: ThroughputTable | No
 
     if not time_scale >= 0:
         raise ValueError(f"time_scale must be >= 0 (0 = do not sleep), got {time_scale!r}")
+    if processes:  # thread workers start no process: nothing re-imports the main script
+        from gogh_flows.runtime.main_guard import check_main_guard
+
+        check_main_guard("emulated GPU worker processes (emulated_pool(processes=True))")
     devices = fleet_devices(fleet, capacity=capacity)
     types = sorted({d.gpu_type for d in devices})
     if truth is None:
@@ -259,13 +275,19 @@ def emulated_pool(fleet: Mapping[str, int] | str, *, truth: ThroughputTable | No
     # running in the workers' threads of this very process that sampling crashed the
     # interpreter once (a segfault in Worker.trigger_profile on CPython 3.11, seen in a test
     # run). An emulated pool has nothing to profile, so it runs without it.
+    options = {"workers": workers, "scheduler": scheduler, "silence_logs": silence_logs, "name": "gogh-emulated"}
+    # worker processes may never start (a script without its __main__ guard): bounded; threads start at once
+    deadline = time.monotonic() + (_start_timeout() if processes else 60.0)
     with dask.config.set({"distributed.worker.profile.enabled": False}):
-        cluster = SpecCluster(workers=workers, scheduler=scheduler, silence_logs=silence_logs,
-                              name="gogh-emulated")
+        if processes:
+            cluster = _start_within(SpecCluster, options, deadline=deadline,
+                                    what=f"an emulated pool of {len(devices)} worker process(es)")
+        else:
+            cluster = SpecCluster(**options)
     try:
         client = Client(cluster, set_as_default=False)
         try:
-            client.wait_for_workers(len(devices), timeout=60)
+            client.wait_for_workers(len(devices), timeout=max(1.0, deadline - time.monotonic()))
             pool = GpuPool(mode="emulated", devices=devices, client=client, cluster=cluster,
                            lease_timeout_s=lease_timeout_s)
             pool.configure(truth=truth, time_scale=time_scale, energy=energy)
@@ -294,12 +316,135 @@ def _visible_index(cluster: Any, client: Client) -> dict[Any, str]:
             for a, e in env.items() if a in info}
 
 
+def _start_timeout(value: float | None = None) -> float:
+    """The start-up bound: ``value``, else ``GOGH_POOL_START_TIMEOUT_S``, else 60 s."""
+    if value is None:
+        raw = os.environ.get("GOGH_POOL_START_TIMEOUT_S", "").strip()
+        try:
+            value = float(raw) if raw else START_TIMEOUT_S
+        except ValueError:
+            raise ValueError(f"GOGH_POOL_START_TIMEOUT_S must be a number of seconds, got {raw!r}") from None
+    if not value > 0:
+        raise ValueError(f"the pool start timeout must be > 0 seconds, got {value!r}")
+    return float(value)
+
+
+class PoolStartTimeout(TimeoutError):
+    """A local cluster of worker processes did not start in time (and what it started was closed)."""
+
+
+def _stop_children(children: list[Any], grace_s: float = 3.0) -> None:
+    for child in children:
+        if child.is_alive():
+            child.terminate()
+    for child in children:
+        child.join(grace_s)
+        if child.is_alive():
+            child.kill()
+            child.join(grace_s)
+
+
+def _start_within(factory: Callable[..., Any], options: Mapping[str, Any], *, deadline: float, what: str) -> Any:
+    """``factory(**options)`` (a Dask cluster class), given up at ``deadline``.
+
+    A cluster's constructor waits for its worker processes, and one whose worker cannot
+    start may wait without end (seen: more than 7 minutes with dask-cuda). So it runs on a
+    thread of its own; past the deadline, the half-built cluster is closed (bounded too), any
+    process it started is stopped, and :class:`PoolStartTimeout` says what was being started,
+    how long it waited and the likely causes.
+    """
+    from gogh_flows.runtime.main_guard import KEEP_NOTE, guard_advice, unguarded_call
+
+    before = set(multiprocessing.active_children())
+    box: dict[str, Any] = {}
+    try:
+        box["cluster"] = factory.__new__(factory) if isinstance(factory, type) else None
+    except TypeError:
+        box["cluster"] = None
+
+    def build() -> None:
+        try:
+            if box["cluster"] is not None:
+                box["cluster"].__init__(**options)
+            else:
+                box["cluster"] = factory(**options)
+            box["ok"] = True
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            box["error"] = exc
+
+    started = time.monotonic()
+    thread = threading.Thread(target=build, name="gogh-pool-start", daemon=True)
+    thread.start()
+    thread.join(max(0.0, deadline - started))
+    if "error" in box:
+        raise box["error"]
+    if box.get("ok"):
+        return box["cluster"]
+    waited = time.monotonic() - started
+    closed = _close_within(box.get("cluster"), 10.0)
+    _stop_children([c for c in multiprocessing.active_children() if c not in before])
+    call = unguarded_call()
+    if call is not None:
+        cause = (f"The likely cause: {call.path}, line {call.line}, runs at the script's top level, outside "
+                 'an `if __name__ == "__main__":` block, so every spawned worker runs it again and fails. Write:\n\n'
+                 + textwrap.indent(guard_advice(call), "    ") + f"\n\n{KEEP_NOTE}")
+    else:
+        cause = ("Look at what the worker processes printed above. If it says \"An attempt has been made to start "
+                 "a new process before the current process has finished its bootstrapping phase\", the script "
+                 'that opened the pool lacks an `if __name__ == "__main__":` guard; write:\n\n'
+                 + textwrap.indent(guard_advice(), "    ") + f"\n\n{KEEP_NOTE}. Otherwise a worker fails on its "
+                 "own (a CUDA or driver error, a package it cannot import; start one by hand to see it), or "
+                 "starting is only slow on this machine: raise the bound with GOGH_POOL_START_TIMEOUT_S "
+                 "(seconds) or start_timeout_s=")
+    raise PoolStartTimeout(
+        f"gogh: starting {what} did not finish within {waited:.0f} s, so it was given up and "
+        f"{'what it had started was closed' if closed else 'its worker processes were stopped'}. "
+        f"{cause}."
+    )
+
+
+def _close_within(cluster: Any, timeout_s: float) -> bool:
+    """Close a (maybe half-built) cluster on a thread, waiting at most ``timeout_s``; whether it closed."""
+    if cluster is None or not hasattr(cluster, "close"):
+        return False
+    done = threading.Event()
+
+    def close() -> None:
+        try:
+            cluster.close(timeout=timeout_s)
+        except TypeError:
+            cluster.close()
+        except Exception as exc:  # noqa: BLE001 - best effort on a cluster that never started
+            log.debug("closing a cluster that did not start: %s", exc)
+        else:
+            done.set()
+
+    closer = threading.Thread(target=close, name="gogh-pool-close", daemon=True)
+    closer.start()
+    closer.join(timeout_s + 2.0)
+    return done.is_set()
+
+
 def local_cuda_pool(*, capacity: int = 2, interval_s: float = 0.1, silence_logs: int = logging.ERROR,
-                    lease_timeout_s: float | None = None, **cluster_options: Any) -> GpuPool:
+                    lease_timeout_s: float | None = None, start_timeout_s: float | None = None,
+                    power_cap_w: float | None = None, power_cap_fraction: float | None = None,
+                    **cluster_options: Any) -> GpuPool:
     """One ``LocalCUDACluster`` worker per local NVIDIA board, matched to the catalog by NVML name.
 
-    Extra keyword arguments go to ``LocalCUDACluster``.
+    Fails fast instead of hanging: a script that would re-run itself in every spawned
+    worker (no ``if __name__ == "__main__":`` guard) is refused before anything starts, and
+    starting the cluster and its workers is bounded by ``start_timeout_s`` (default
+    ``GOGH_POOL_START_TIMEOUT_S``, else 60 s). ``power_cap_w`` (watts) or
+    ``power_cap_fraction`` (of each board's default limit) caps every board while the
+    pool's workers live; off by default, see :mod:`gogh_flows.runtime.power_cap`. Extra
+    keyword arguments go to ``LocalCUDACluster``.
     """
+    from gogh_flows.runtime.main_guard import check_main_guard
+    from gogh_flows.runtime.power_cap import check_cap_request
+
+    check_main_guard("dask-cuda GPU worker processes (local_cuda_pool)")
+    check_cap_request(power_cap_w, power_cap_fraction)
+    bound = _start_timeout(start_timeout_s)
     try:
         from dask_cuda import LocalCUDACluster
     except ImportError as exc:
@@ -314,13 +459,26 @@ def local_cuda_pool(*, capacity: int = 2, interval_s: float = 0.1, silence_logs:
     if not boards:
         raise RuntimeError(f"local-cuda mode found no NVIDIA GPU (check CUDA_VISIBLE_DEVICES); {CUDA_HINT}")
     types = [from_nvml_name(b.name).name for b in boards]  # unknown boards -> clear UnknownGpuTypeError
-    cluster = LocalCUDACluster(
-        CUDA_VISIBLE_DEVICES=[b.index for b in boards], n_workers=len(boards), threads_per_worker=capacity,
-        resources={"slot": capacity}, dashboard_address=None, silence_logs=silence_logs, **cluster_options,
-    )
+    caps = _plan_caps(boards, power_cap_w, power_cap_fraction)  # range checked before anything changes
+    deadline = time.monotonic() + bound
+    cluster = _start_within(
+        LocalCUDACluster,
+        {"CUDA_VISIBLE_DEVICES": [b.index for b in boards], "n_workers": len(boards),
+         "threads_per_worker": capacity, "resources": {"slot": capacity}, "dashboard_address": None,
+         "silence_logs": silence_logs, **cluster_options},
+        deadline=deadline,
+        what=f"dask-cuda's LocalCUDACluster ({len(boards)} worker process(es), one per GPU: "
+             + ", ".join(f"{b.index} {b.name}" for b in boards) + ")")
+    client = None
     try:
         client = Client(cluster, set_as_default=False)
-        client.wait_for_workers(len(boards), timeout=120)
+        try:
+            client.wait_for_workers(len(boards), timeout=max(1.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise PoolStartTimeout(
+                f"gogh: the {len(boards)} dask-cuda worker(s) did not all join within {bound:g} s of starting the "
+                "pool; it was closed. Look at what the workers printed above, or raise the bound with "
+                "GOGH_POOL_START_TIMEOUT_S (seconds)") from None
         first = _visible_index(cluster, client)
         counters: dict[str, int] = {}
         devices, pins = [], {}
@@ -335,11 +493,47 @@ def local_cuda_pool(*, capacity: int = 2, interval_s: float = 0.1, silence_logs:
                                      cuda_index=b.index, uuid=b.uuid, host="localhost"))
             pins[gid] = name
         devices.sort(key=lambda d: d.cuda_index or 0)
+        if caps:
+            _apply_caps(client, caps, {str(name): visible for name, visible in first.items()})
         return GpuPool(mode="local-cuda", devices=devices, client=client, cluster=cluster, pins=pins,
                        emulated=frozenset(), lease_timeout_s=lease_timeout_s)
     except BaseException:
-        cluster.close()
+        if client is not None:
+            client.close()
+        cluster.close()  # its workers' teardown restores any power limit they changed
         raise
+
+
+def _plan_caps(boards: Sequence[Any], power_cap_w: float | None, power_cap_fraction: float | None) -> list[Any]:
+    """Each board's cap, range checked; ``[]`` (and no NVML call at all) when none was asked."""
+    if power_cap_w is None and power_cap_fraction is None:
+        return []
+    from gogh_flows.runtime.nvml import load_pynvml
+    from gogh_flows.runtime.power_cap import plan_power_caps, restore_if_still_capped
+
+    nvml = load_pynvml()
+    plan = plan_power_caps([b.uuid or b.index for b in boards], power_cap_w=power_cap_w,
+                           power_cap_fraction=power_cap_fraction, nvml=nvml)
+    # a worker killed outright cannot put its board back: this process does at its exit
+    atexit.register(restore_if_still_capped, plan, nvml)
+    return plan
+
+
+def _apply_caps(client: Client, plan: Sequence[Any], visible: Mapping[str, str]) -> None:
+    """Register the power-cap plugin: each worker caps its own board now and restores it when it stops."""
+    from gogh_flows.runtime.power_cap import PLUGIN_NAME as CAP_PLUGIN
+    from gogh_flows.runtime.power_cap import PowerCapPlugin, caps_here, record_reported
+
+    by_board = {}
+    for cap in plan:
+        by_board[cap.board] = cap
+        if cap.index is not None:
+            by_board[str(cap.index)] = cap
+    caps = {name: by_board[board] for name, board in visible.items() if board in by_board}
+    client.register_plugin(PowerCapPlugin(caps), name=CAP_PLUGIN)
+    record_reported(client.run(caps_here), plan)
+    log.info("gogh: GPU power capped while this pool runs: %s; restored when its workers stop",
+             ", ".join(f"{c.label} at {c.cap_w:g} W (was {c.restore_w:g} W)" for c in plan))
 
 
 def _remote_device(address: str, name: Any, info: Mapping[str, Any], env: Mapping[str, Any]) -> GpuDevice:

@@ -10,10 +10,20 @@ from, only ``reading.source``:
 * ``"emulated"``: the truth table and the energy model say what the run would
   have drawn (see :mod:`gogh_flows.runtime.emulation`).
 
-NVML readings are *device* figures: when two runs share a GPU, both see the
-board's whole power. ``attributed_energy_j`` is the run's own share where it can
-be known (alone all along, or emulated); it is ``None`` otherwise rather than a
-guess.
+Throughput and energy describe the run's **steady state**: the stretch between
+the report at which ``warmup_steps`` steps have been done and the last report
+(:class:`StepWindow`), the way Zeus measures between ``begin_window`` and
+``end_window``. Building the model, the CUDA context and autotuning happen before
+it and are recorded apart (``startup_s``, ``startup_energy_j``): counted in the
+throughput, they made a fresh worker's first run look 2.5x slower than it ran,
+and the refiner learned that. A body that reports too little for a window (one
+report, or none and the declared work counted at the end) is measured over the
+whole run, and says so (``window="whole_run"``).
+
+NVML readings of a board shared by several runs are split between them
+(:mod:`gogh_flows.runtime.board`): ``attributed_energy_j`` is the run's share,
+``energy_j`` the board's over the same window, so summing runs never counts a
+shared stretch twice.
 """
 
 from __future__ import annotations
@@ -30,11 +40,14 @@ if TYPE_CHECKING:
     from gogh_flows.truth.table import ThroughputTable
 
 __all__ = [
+    "DEFAULT_WARMUP_STEPS",
     "Meter",
     "StepCounter",
+    "StepWindow",
     "WallClockMeter",
     "NvmlSampler",
     "TelemetryReading",
+    "WINDOWS",
     "nvml_fallback_warned",
     "telemetry_for",
 ]
@@ -42,17 +55,61 @@ __all__ = [
 log = logging.getLogger("gogh_flows.runtime")
 
 
+#: Steps a run does before its steady-state window opens, unless the decorator says otherwise:
+#: the first steps pay for cuDNN autotuning, lazy allocation and caches warming up.
+DEFAULT_WARMUP_STEPS = 5
+
+#: How a reading's throughput was measured: over the steady-state window, over the whole run
+#: (the body reported too little for a window), or in emulated time (no start-up to exclude).
+WINDOWS = ("steady", "whole_run", "emulated")
+
+
+@dataclass(frozen=True)
+class StepWindow:
+    """The steady-state stretch of a run: from the report that completed the warm-up to the last.
+
+    Times are the meter's clock; steps are the body's cumulative count at each end.
+    """
+
+    start_t: float
+    start_steps: float
+    end_t: float
+    end_steps: float
+
+    @property
+    def steady(self) -> bool:
+        """Whether there is a stretch to measure (two reports apart in time and in steps)."""
+        return self.end_t > self.start_t and self.end_steps > self.start_steps
+
+    @property
+    def duration_s(self) -> float:
+        return self.end_t - self.start_t
+
+    @property
+    def steps(self) -> float:
+        return self.end_steps - self.start_steps
+
+
 @dataclass(frozen=True)
 class TelemetryReading:
     """One run's measurements.
 
-    ``duration_s`` is emulated seconds for emulated runs that called
-    ``advance()``, wall seconds otherwise (``wall_s`` is always wall time).
-    ``throughput`` is ``steps / duration_s`` (0 when nothing was reported).
-    ``mean_power_w`` and ``energy_j`` are the device's (both occupants' when
-    shared); ``mean_utilisation`` is a fraction in [0, 1]; ``energy_method`` is
-    ``"counter"`` (NVML energy counter), ``"integrated"`` (sampled power) or
-    ``"model"`` (energy model, emulated).
+    ``window`` says what ``duration_s``, ``throughput`` and the energies cover: ``"steady"``
+    (from the end of the warm-up to the last report; ``window_steps`` in ``duration_s``),
+    ``"whole_run"`` (the body reported too little for a window: start to stop), or
+    ``"emulated"`` (emulated seconds of ``advance()``, which have no start-up).
+    ``steps`` is every step the body did, warm-up included; ``throughput`` is
+    ``window_steps / duration_s`` (0 when nothing was reported). ``wall_s`` is always the
+    whole run's wall time.
+
+    Energies: ``energy_j`` is the board's over the window (both occupants' when shared),
+    ``attributed_energy_j`` the run's own share of it; ``run_energy_j`` is the run's share of
+    the whole run (start-up and tail included: what totals add up) and ``board_run_energy_j``
+    the board's. ``startup_s``/``startup_energy_j`` cover the start of the run to the window.
+    ``mean_power_w`` is the board's mean power over the window. ``energy_method`` is
+    ``"counter"`` (NVML energy counter), ``"integrated"`` (sampled power) or ``"model"``
+    (emulated); ``energy_split`` says how a shared board's energy was divided
+    (``"alone"``, ``"model"``, ``"measured"``, ``"equal"``, or several joined by ``+``).
     """
 
     source: str
@@ -67,12 +124,21 @@ class TelemetryReading:
     attributed_energy_j: float | None = None
     energy_method: str | None = None
     samples: int = 0
+    window: str = "whole_run"
+    window_steps: float | None = None
+    startup_s: float | None = None
+    startup_energy_j: float | None = None
+    run_energy_j: float | None = None
+    board_run_energy_j: float | None = None
+    energy_split: str | None = None
+    power_limit_w: float | None = None  # the board's power limit during the run (NVML)
 
     def as_metrics(self) -> dict[str, float]:
         """The numeric fields that are set, flat, for a metrics logger."""
         out: dict[str, float] = {}
         for name in ("duration_s", "steps", "throughput", "mean_power_w", "energy_j", "max_memory_bytes",
-                     "mean_utilisation", "wall_s", "attributed_energy_j"):
+                     "mean_utilisation", "wall_s", "attributed_energy_j", "window_steps", "startup_s",
+                     "startup_energy_j", "run_energy_j", "board_run_energy_j", "power_limit_w"):
             value = getattr(self, name)
             if value is not None:
                 out[name] = float(value)
@@ -109,20 +175,42 @@ class Meter(Protocol):
 
 
 class StepCounter:
-    """The part every meter shares: the body's progress count and who shares the GPU.
+    """The part every meter shares: the body's progress count, its steady-state window, and
+    who shares the GPU.
 
     ``report`` may be called from the body's threads while the worker's occupancy
-    tracking calls ``set_partners`` from others, so both go through ``_lock``.
+    tracking calls ``set_partners`` from others, so both go through ``_lock``. The window
+    opens at the report that brings the count to ``warmup_steps`` (the first report when
+    0) and ends at the latest report; :meth:`_on_report` lets a meter mark its energy
+    account at those instants.
     """
 
-    def __init__(self, lock: threading.Lock | threading.RLock | None = None) -> None:
+    def __init__(self, lock: threading.Lock | threading.RLock | None = None, *,
+                 clock: Callable[[], float] | None = None, warmup_steps: float = DEFAULT_WARMUP_STEPS) -> None:
+        import time
+
+        if not warmup_steps >= 0:
+            raise ValueError(f"warmup_steps must be a number of steps >= 0, got {warmup_steps!r}")
         self._lock = lock or threading.Lock()
+        self._clock = clock or time.monotonic
+        self.warmup_steps = float(warmup_steps)
         self._steps = 0.0
         self._partners: tuple[str, ...] = ()
+        self._window_start: tuple[float, float] | None = None
+        self._last_report: tuple[float, float] | None = None
 
     def report(self, steps: float = 1.0) -> None:
         with self._lock:
             self._steps += float(steps)
+            now = self._clock()
+            opened = self._window_start is None and self._steps >= self.warmup_steps
+            if opened:
+                self._window_start = (now, self._steps)
+            self._last_report = (now, self._steps)
+            self._on_report(now, opened)
+
+    def _on_report(self, now: float, opened: bool) -> None:
+        """Called under the lock after each report; ``opened``: this report opened the window."""
 
     def advance(self, steps: float) -> None:
         self.report(steps)  # a real GPU did the work itself; advancing only counts it
@@ -139,6 +227,13 @@ class StepCounter:
     def steps(self) -> float:
         return self._steps
 
+    def window(self) -> StepWindow | None:
+        """The steady-state window so far, or ``None`` while the warm-up is not done."""
+        with self._lock:
+            if self._window_start is None or self._last_report is None:
+                return None
+            return StepWindow(*self._window_start, *self._last_report)
+
 
 class WallClockMeter(StepCounter):
     """Steps over wall time, and nothing else: a GPU whose board cannot be read.
@@ -149,11 +244,9 @@ class WallClockMeter(StepCounter):
 
     source = "wallclock"
 
-    def __init__(self, clock: Callable[[], float] | None = None) -> None:
-        import time
-
-        super().__init__()
-        self._clock = clock or time.monotonic
+    def __init__(self, clock: Callable[[], float] | None = None, *,
+                 warmup_steps: float = DEFAULT_WARMUP_STEPS) -> None:
+        super().__init__(clock=clock, warmup_steps=warmup_steps)
         self._t0: float | None = None
 
     def start(self) -> None:
@@ -162,10 +255,18 @@ class WallClockMeter(StepCounter):
     def stop(self) -> TelemetryReading:
         if self._t0 is None:
             raise RuntimeError("WallClockMeter.stop() called before start()")
-        wall = self._clock() - self._t0
+        t1 = self._clock()
+        wall = t1 - self._t0
+        win = self.window()
+        if win is not None and win.steady:
+            return TelemetryReading(source="wallclock", duration_s=win.duration_s, steps=self._steps,
+                                    throughput=win.steps / win.duration_s, mean_power_w=None, energy_j=None,
+                                    max_memory_bytes=None, mean_utilisation=None, wall_s=wall, window="steady",
+                                    window_steps=win.steps, startup_s=win.start_t - self._t0)
         return TelemetryReading(source="wallclock", duration_s=wall, steps=self._steps,
                                 throughput=self._steps / wall if wall > 0 else 0.0, mean_power_w=None,
-                                energy_j=None, max_memory_bytes=None, mean_utilisation=None, wall_s=wall)
+                                energy_j=None, max_memory_bytes=None, mean_utilisation=None, wall_s=wall,
+                                window_steps=self._steps)
 
 
 # The sampler lives in nvml.py (it needs pynvml, imported lazily); it is
@@ -210,6 +311,8 @@ def telemetry_for(
     energy: EnergyModel | None = None,
     interval_s: float = 0.1,
     partners: Callable[[], Sequence[str]] | None = None,
+    warmup_steps: float = DEFAULT_WARMUP_STEPS,
+    power_w: float | None = None,
 ) -> Meter:
     """The meter for one run on ``device``: NVML unless the mode is ``"emulated"``.
 
@@ -218,13 +321,15 @@ def telemetry_for(
     no energy) after one warning per process: an emulated figure would replace a real
     throughput with a made-up one, and needs a truth table the worker may not have.
     ``partners`` (emulated only) overrides the tracked co-located job types, for
-    partners the pool does not run itself.
+    partners the pool does not run itself. ``warmup_steps`` opens the steady-state window;
+    ``power_w`` is the run's predicted board power alone, used to split a shared board's
+    energy until the run's own power alone has been measured.
     """
     from gogh_flows.runtime.emulation import EmulatedMeter
 
     def emulated() -> Meter:
         return EmulatedMeter(device, job_type=job_type, truth=truth, time_scale=time_scale, energy=energy,
-                             partners=partners)
+                             partners=partners, warmup_steps=warmup_steps)
 
     if mode == "emulated":
         return emulated()
@@ -234,5 +339,5 @@ def telemetry_for(
         probe(device)
     except NvmlUnavailable as exc:
         _warn_fallback(str(exc))
-        return WallClockMeter()
-    return NvmlSampler(device, interval_s=interval_s)
+        return WallClockMeter(warmup_steps=warmup_steps)
+    return NvmlSampler(device, interval_s=interval_s, warmup_steps=warmup_steps, power_w=power_w)

@@ -27,7 +27,7 @@ from gogh_flows.runtime.context import GpuContext, use_gpu
 from gogh_flows.runtime.devices import GpuDevice
 from gogh_flows.runtime.leases import WorkerLease
 from gogh_flows.runtime.outcome import RunOutcome
-from gogh_flows.runtime.telemetry import Meter, TelemetryReading, telemetry_for
+from gogh_flows.runtime.telemetry import DEFAULT_WARMUP_STEPS, Meter, TelemetryReading, telemetry_for
 from gogh_flows.truth.table import ThroughputTable
 
 __all__ = ["PLUGIN_NAME", "RunNotStarted", "RunSpec", "RuntimeConfig", "execute", "occupancy"]
@@ -147,10 +147,35 @@ class RunSpec:
     #: with hold_lease: the run's measurement as (tracking store, row), built here when its
     #: placing process was lost, since nobody else is left to log it
     record_if_placer_lost: Callable[[RunOutcome], tuple[str, dict[str, Any]]] | None = None
+    warmup_steps: float = DEFAULT_WARMUP_STEPS  # steps before the steady-state window opens
 
 
 class RunNotStarted(RuntimeError):
     """The body was not started: its lease was gone (lapsed, released, worker replaced) or a stop was asked."""
+
+
+def _predicted_power(device: GpuDevice, job_type: str | None, truth: ThroughputTable | None,
+                     energy: EnergyModel | None) -> float | None:
+    """The run's board power alone by the power model: its weight on a shared board until measured.
+
+    From the pool's truth table when it has the job, else from the zoo model's own features
+    (one model, not the whole table: the run waits for this); ``None`` for a job of the
+    user's own that the worker cannot see the features of.
+    """
+    try:
+        model = energy or EnergyModel()
+        activity = truth.activity(job_type, device.gpu_type) if truth is not None and job_type else None
+        if activity is None and job_type:
+            from gogh_flows.catalog import get_gpu_type
+            from gogh_flows.truth.synthetic import step_profile
+            from gogh_flows.workloads.zoo import parse_job_kind, zoo_features
+
+            family, batch_size, kind = parse_job_kind(job_type)
+            activity = step_profile(zoo_features(family, batch_size, kind), get_gpu_type(device.gpu_type)).activity
+        return None if activity is None else model.power_alone(device.gpu_type, activity)
+    except Exception as exc:  # noqa: BLE001 - without it a shared board is split by measured power or evenly
+        log.debug("no predicted power for %s on %s: %s", job_type, device.id, exc)
+        return None
 
 
 def _scheduler_call(worker: Any) -> Callable[..., Any]:
@@ -198,7 +223,8 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
         override = lambda: fixed  # noqa: E731
     meter = telemetry_for(
         device, "emulated" if spec.emulated else spec.mode, job_type=spec.job_type, truth=truth,
-        time_scale=config.time_scale, energy=config.energy, partners=override,
+        time_scale=config.time_scale, energy=config.energy, partners=override, warmup_steps=spec.warmup_steps,
+        power_w=None if spec.emulated else _predicted_power(device, spec.job_type, truth, config.energy),
     )
     emulated = meter.source == "emulated"
     ctx = GpuContext(

@@ -55,6 +55,8 @@ STATUSES = ("completed", "failed")
 #: alone (a GPU whose board cannot be read: no energy), or nothing (the run never reported
 #: back, e.g. its worker died: only the placing process's wall time is known)
 TELEMETRY = ("nvml", "emulated", "wallclock", "none")
+#: what a measurement's throughput covers (see Measurement.window)
+WINDOWS = ("steady", "whole_run", "emulated")
 KEY_TAG = "gogh.measurement_key"
 COMPLETE_TAG = "gogh.logged"  # set in the same batch as the metrics: marks a whole run
 _LOCK_TIMEOUT_S = 120.0
@@ -99,6 +101,13 @@ class Measurement:
     started_at: float  # epoch seconds
     flow_run_url: str | None = None
     extra: Mapping[str, str] = field(default_factory=dict, hash=False)
+    #: what ``duration_s``, ``throughput`` and ``energy_j`` cover: "steady" (after the warm-up,
+    #: to the last report), "whole_run" (the body reported too little; start-up included, so
+    #: the refiner does not learn from it) or "emulated" (emulated time, no start-up)
+    window: str | None = None
+    startup_s: float | None = None  # start of the run to the steady window
+    startup_energy_j: float | None = None  # the run's share of the board's energy in that time
+    run_energy_j: float | None = None  # the run's share of the whole run: what totals add up
 
     def __post_init__(self) -> None:
         for name in ("run_id", "flow_name", "job_type", "gpu_id", "gpu_type", "device"):
@@ -124,8 +133,11 @@ class Measurement:
             raise ValueError(f"Measurement.batch_size must be a positive int or None, got {self.batch_size!r}")
         for name in ("required_throughput", "steps", "duration_s", "throughput", "started_at"):
             _check_number(name, getattr(self, name), optional=False)
-        for name in ("predicted_throughput", "mean_power_w", "energy_j"):
+        for name in ("predicted_throughput", "mean_power_w", "energy_j", "startup_s", "startup_energy_j",
+                     "run_energy_j"):
             _check_number(name, getattr(self, name), optional=True)
+        if self.window is not None and self.window not in WINDOWS:
+            raise ValueError(f"Measurement.window must be one of {WINDOWS} or None, got {self.window!r}")
 
     @property
     def key(self) -> str:
@@ -183,11 +195,21 @@ SCHEMA: dict[str, pl.DataType] = {
     "flow_run_url": pl.String,
     "extra": pl.String,  # JSON object (keys vary between flows)
     "logged_at": pl.Float64,
+    "window": pl.String,
+    "startup_s": pl.Float64,
+    "startup_energy_j": pl.Float64,
+    "run_energy_j": pl.Float64,
 }
 
 
 def empty_table() -> pl.DataFrame:
     return pl.DataFrame(schema=SCHEMA)
+
+
+def _current_schema(frame: pl.DataFrame) -> pl.DataFrame:
+    """A table written by an earlier version, with the columns added since (empty)."""
+    missing = [pl.lit(None, dtype=dtype).alias(name) for name, dtype in SCHEMA.items() if name not in frame.columns]
+    return frame.with_columns(missing).select(list(SCHEMA)) if missing else frame
 
 
 class MeasurementLog:
@@ -265,7 +287,7 @@ class MeasurementLog:
                 data = fh.read()
         except FileNotFoundError:
             return empty_table()
-        return pl.read_parquet(io.BytesIO(data))
+        return _current_schema(pl.read_parquet(io.BytesIO(data)))
 
     def read(self, since: float | None = None) -> pl.DataFrame:
         """Every measurement, one row each, sorted by started_at (then key).
@@ -312,7 +334,7 @@ class MeasurementLog:
     def _terminate(self, run_id: str, m: Measurement) -> None:
         """End the MLflow run as the flow run ended (FAILED mirrors a failed flow run)."""
         status = "FAILED" if m.status == "failed" else "FINISHED"
-        self._client.set_terminated(run_id, status, end_time=int((m.started_at + m.duration_s) * 1000))
+        self._client.set_terminated(run_id, status, end_time=int((m.started_at + _wall_s(m)) * 1000))
 
     def _write_mlflow(self, m: Measurement, *, check_existing: bool) -> str:
         check_reachable(self.tracking_uri)
@@ -432,14 +454,25 @@ def _quote(text: str) -> str:
     return text.replace("\\", "\\\\").replace("'", "\\'")
 
 
+def _wall_s(m: Measurement) -> float:
+    """The run's whole wall time (``duration_s`` is its steady window's)."""
+    try:
+        return float(m.extra["wall_s"])
+    except (KeyError, ValueError):
+        return m.duration_s
+
+
 def _metrics(m: Measurement) -> list[Metric]:
-    ts = int((m.started_at + m.duration_s) * 1000)
+    ts = int((m.started_at + _wall_s(m)) * 1000)
     values: dict[str, float | None] = {
         "throughput": m.throughput,
         "mean_power_w": m.mean_power_w,
         "energy_j": m.energy_j,
         "duration_s": m.duration_s,
         "steps": m.steps,
+        "startup_s": m.startup_s,
+        "startup_energy_j": m.startup_energy_j,
+        "run_energy_j": m.run_energy_j,
     }
     if m.predicted_throughput is not None and m.throughput > 0:
         # Signed relative error of the placement's prediction: what P2 retraining reduces.
@@ -460,6 +493,7 @@ def _params(m: Measurement) -> list[Param]:
         "required_throughput": repr(m.required_throughput),
         "predicted_throughput": "" if m.predicted_throughput is None else repr(m.predicted_throughput),
         "telemetry": m.telemetry,
+        "window": m.window or "",
     }
     values.update({f"extra.{k}": v for k, v in m.extra.items()})
     return [Param(k, v) for k, v in values.items()]
