@@ -60,7 +60,7 @@ def _tensors(out: Any) -> list:
 
 
 def train_for(family: str, batch_size: int, seconds: float | None = None, *, steps_to_do: int | None = None,
-              report: bool = True, fail_after: int | None = None) -> int:
+              report: bool = True) -> int:
     """Train a zoo model on the placed GPU for ``seconds`` after its first step (or
     ``steps_to_do`` steps); the steps done."""
     import torch
@@ -87,8 +87,6 @@ def train_for(family: str, batch_size: int, seconds: float | None = None, *, ste
             place.report()
         if end is None and seconds is not None:
             end = time.monotonic() + seconds  # the clock starts after the first step
-        if fail_after is not None and steps >= fail_after:
-            raise RuntimeError(f"gpu_check: the failing case fails on purpose after {steps} steps")
     return steps
 
 
@@ -107,20 +105,20 @@ def _flows(seconds: float, emulated: bool):
         def body(family: str = family, bs: int = bs, silent: bool = silent, failing: bool = failing) -> int:
             if silent:  # does its declared work, reports none of it
                 return train_for(family, bs, steps_to_do=200, report=False)
-            return train_for(family, bs, seconds, fail_after=50 if failing else None)
+            steps = train_for(family, bs, seconds / 2 if failing else seconds)
+            if failing:
+                raise RuntimeError(f"gpu_check: the failing case fails on purpose after {steps} steps")
+            return steps
 
         made[case] = body.with_options(name=f"gpu-check-{case}")
     return made
 
 
 def _predicted(job_type: str, gpu_type: str) -> dict[str, float | None]:
-    from gogh_flows.catalog import get_gpu_type
     from gogh_flows.energy import EnergyModel
-    from gogh_flows.truth.synthetic import step_profile
-    from gogh_flows.workloads.zoo import parse_job_kind, zoo_features
+    from gogh_flows.power_model import zoo_profile
 
-    family, bs, kind = parse_job_kind(job_type)
-    prof = step_profile(zoo_features(family, bs, kind), get_gpu_type(gpu_type))
+    prof = zoo_profile(job_type, gpu_type)[1]
     power = EnergyModel().power_alone(gpu_type, prof.activity)
     return {"synthetic_throughput": prof.throughput, "model_power_w": power,
             "model_energy_per_step_j": power / prof.throughput if prof.throughput > 0 else None}
@@ -190,13 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     gpu = "-".join(sorted(r["gpu_type"] for r in out[:1])) or "gpu"
     results.update({"boards": sorted(names), "seconds": args.seconds, "runs": out,
                     "command": "python benchmarks/gpu_check.py " + " ".join(argv or sys.argv[1:])})
-    print(f"\n{'flow':<20} {'window':<9} {'steps/s':>8} {'pred.':>7} {'synth.':>7} {'W':>6} {'model W':>8} "
+    print(f"\n{'flow':<20} {'status':<9} {'window':<9} {'steps/s':>8} {'pred.':>7} {'synth.':>7} {'W':>6} {'model W':>8} "
           f"{'J/step':>7} {'model':>7} {'startup s':>9}")
     for x in out:
         def f(v: Any, spec: str = ".3g") -> str:
             return "-" if v is None else format(v, spec)
 
-        print(f"{x['flow']:<20} {x['window'] or '-':<9} {f(x['throughput']):>8} {f(x['predicted_throughput']):>7} "
+        print(f"{x['flow']:<20} {x['status']:<9} {x['window'] or '-':<9} {f(x['throughput']):>8} {f(x['predicted_throughput']):>7} "
               f"{f(x['synthetic_throughput']):>7} {f(x['mean_power_w'], '.0f'):>6} {f(x['model_power_w'], '.0f'):>8} "
               f"{f(x['energy_per_step_j']):>7} {f(x['model_energy_per_step_j']):>7} {f(x['startup_s'], '.1f'):>9}")
     if "pair_shares_j" in results:

@@ -95,7 +95,7 @@ def spec_activity(busy: float, compute_share: float) -> float:
     return min(1.0, max(0.05, busy * (0.55 + 0.45 * compute_share)))
 
 
-def _profile(job_type: str, gpu_type: str, precision: str = "fp32"):
+def zoo_profile(job_type: str, gpu_type: str, precision: str = "fp32"):
     """(features, roofline profile) of a zoo job type; ValueError when it is not one."""
     # imported here: truth.synthetic imports this module for its activity
     from gogh_flows.truth.synthetic import step_profile
@@ -306,7 +306,7 @@ class PowerModel:
 
     def activity(self, job_type: str, gpu_type: str, precision: str = "fp32") -> float:
         """A zoo job type's activity: fitted where this model applies, spec-based elsewhere."""
-        features, prof = _profile(job_type, gpu_type, precision)
+        features, prof = zoo_profile(job_type, gpu_type, precision)
         if not self.applies(catalog.get_gpu_type(gpu_type).name, precision):
             return spec_activity(prof.busy, prof.compute_share)
         return self.predict(activity_inputs(features, prof.busy * prof.step_s, prof.step_s))
@@ -371,7 +371,7 @@ def fitted_activity(gpu_type: str, precision: str, inputs: ActivityInputs) -> fl
 def _design(points: Sequence[MeasuredPoint]) -> np.ndarray:
     rows = []
     for p in points:
-        features, prof = _profile(p.job_type, p.gpu_type, p.precision)
+        features, prof = zoo_profile(p.job_type, p.gpu_type, p.precision)
         rows.append(activity_inputs(features, prof.busy * prof.step_s, prof.step_s).vector())
     return np.vstack(rows)
 
@@ -411,7 +411,7 @@ class LofoResult:
 
 
 def _spec_power(p: MeasuredPoint) -> float:
-    _, prof = _profile(p.job_type, p.gpu_type, p.precision)
+    _, prof = zoo_profile(p.job_type, p.gpu_type, p.precision)
     return p.power(spec_activity(prof.busy, prof.compute_share))
 
 
@@ -443,7 +443,7 @@ def transfer_check(model: PowerModel, points: Sequence[MeasuredPoint]) -> pl.Dat
     """``model``'s fitted activity applied to boards it was not fitted on, against the spec formula."""
     rows = []
     for p in points:
-        features, prof = _profile(p.job_type, p.gpu_type, p.precision)
+        features, prof = zoo_profile(p.job_type, p.gpu_type, p.precision)
         fw = p.power(model.predict(activity_inputs(features, prof.busy * prof.step_s, prof.step_s)))
         sw = p.power(spec_activity(prof.busy, prof.compute_share))
         rows.append({"job_type": p.job_type, "gpu_type": p.gpu_type, "measured_w": p.power_w, "fitted_w": fw,

@@ -12,10 +12,10 @@ import sys
 import types
 
 import pytest
-from distributed import Scheduler, SpecCluster, Worker
 
 from gogh_flows.runtime import power_cap as pc
 from gogh_flows.runtime.devices import GpuDevice
+from test_runtime import FakeLocalCUDACluster
 
 W = 1000  # NVML speaks milliwatts
 
@@ -246,19 +246,6 @@ def test_worker_plugin_caps_its_own_board_and_restores_at_teardown(monkeypatch):
     stranger = pc.PowerCapPlugin({"0": plan[0]})
     stranger.setup(types.SimpleNamespace(name="someone-else"))  # not in the plan: left alone
     assert len(nvml.set_calls) == 2
-
-
-class FakeLocalCUDACluster(SpecCluster):
-    """dask-cuda's shape: integer worker names, each worker's own board first in CUDA_VISIBLE_DEVICES."""
-
-    def __init__(self, *, CUDA_VISIBLE_DEVICES, n_workers, threads_per_worker, resources, **_):
-        visible = [str(i) for i in CUDA_VISIBLE_DEVICES]
-        workers = {i: {"cls": Worker, "options": {"name": i, "nthreads": threads_per_worker,
-                                                   "resources": resources}} for i in range(n_workers)}
-        super().__init__(workers=workers, scheduler={"cls": Scheduler, "options": {
-            "dashboard": False, "dashboard_address": ":0", "protocol": "inproc"}}, silence_logs=40)
-        for i in range(n_workers):
-            self.worker_spec[i]["options"]["env"] = {"CUDA_VISIBLE_DEVICES": ",".join(visible[i:] + visible[:i])}
 
 
 @pytest.fixture

@@ -70,7 +70,7 @@ def test_synthetic_fleet_h100_power_is_close_to_the_board(h100_points):
     g = get_gpu_type("h100")
     err = []
     for p in h100_points:
-        features, prof = pm._profile(p.job_type, "h100")
+        features, prof = pm.zoo_profile(p.job_type, "h100")
         err.append(abs(g.idle_w + prof.activity * g.dynamic_range_w - p.power_w) / p.power_w)
     assert np.median(err) <= 0.15  # in-sample; the LOFO test above is the honest figure
 

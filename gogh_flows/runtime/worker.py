@@ -166,12 +166,9 @@ def _predicted_power(device: GpuDevice, job_type: str | None, truth: ThroughputT
         model = energy or EnergyModel()
         activity = truth.activity(job_type, device.gpu_type) if truth is not None and job_type else None
         if activity is None and job_type:
-            from gogh_flows.catalog import get_gpu_type
-            from gogh_flows.truth.synthetic import step_profile
-            from gogh_flows.workloads.zoo import parse_job_kind, zoo_features
+            from gogh_flows.power_model import zoo_profile
 
-            family, batch_size, kind = parse_job_kind(job_type)
-            activity = step_profile(zoo_features(family, batch_size, kind), get_gpu_type(device.gpu_type)).activity
+            activity = zoo_profile(job_type, device.gpu_type)[1].activity
         return None if activity is None else model.power_alone(device.gpu_type, activity)
     except Exception as exc:  # noqa: BLE001 - without it a shared board is split by measured power or evenly
         log.debug("no predicted power for %s on %s: %s", job_type, device.id, exc)
