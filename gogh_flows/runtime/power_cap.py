@@ -430,7 +430,9 @@ def restore_if_still_capped(boards: Sequence[BoardCap], nvml: ModuleType | None 
         for cap in boards:
             try:
                 handle = _handle(nvml, cap.board)
-                if nvml.nvmlDeviceGetPowerManagementLimit(handle) == _mw(cap.cap_w) != _mw(cap.restore_w):
+                now_mw = nvml.nvmlDeviceGetPowerManagementLimit(handle)
+                # within a watt: a driver may round a fractional cap to whole watts
+                if abs(now_mw - _mw(cap.cap_w)) <= 1000 and now_mw != _mw(cap.restore_w):
                     restore(nvml, cap)
                     log.info("gogh: power limit of %s restored to %g W at exit", cap.label, cap.restore_w)
                 else:
