@@ -30,7 +30,6 @@ import json
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -47,51 +46,9 @@ CASES = {
 }
 
 
-def _tensors(out: Any) -> list:
-    import torch
-
-    if torch.is_tensor(out):
-        return [out] if out.is_floating_point() else []
-    if isinstance(out, (tuple, list)):
-        return [t for o in out for t in _tensors(o)]
-    if isinstance(out, dict):
-        return [t for o in out.values() for t in _tensors(o)]
-    return []
-
-
-def train_for(family: str, batch_size: int, seconds: float | None = None, *, steps_to_do: int | None = None,
-              report: bool = True) -> int:
-    """Train a zoo model on the placed GPU for ``seconds`` after its first step (or
-    ``steps_to_do`` steps); the steps done."""
-    import torch
-
-    from gogh_flows import current_placement
-    from gogh_flows.workloads.zoo import build_model
-
-    place = current_placement()
-    zoo = build_model(family, batch_size, device=place.device)
-    module = zoo.module.train()
-    inputs = zoo.example_inputs if isinstance(zoo.example_inputs, tuple) else (zoo.example_inputs,)
-    opt = torch.optim.SGD(module.parameters(), lr=1e-4)
-    cuda = place.device.startswith("cuda")
-    steps, end = 0, None
-    while (steps < steps_to_do) if steps_to_do is not None else (end is None or time.monotonic() < end):
-        opt.zero_grad(set_to_none=True)
-        loss = sum(t.float().mean() for t in _tensors(module(*inputs)))
-        loss.backward()
-        opt.step()
-        if cuda:
-            torch.cuda.synchronize()
-        steps += 1
-        if report:
-            place.report()
-        if end is None and seconds is not None:
-            end = time.monotonic() + seconds  # the clock starts after the first step
-    return steps
-
-
 def _flows(seconds: float, emulated: bool):
     from gogh_flows import GpuCluster, gogh_placed
+    from gogh_flows.runtime.training import train_zoo
 
     # --emulated checks the script's own path on a machine without a GPU (bodies train on the
     # CPU; the figures are then the emulator's and the CPU's, not a GPU's)
@@ -104,8 +61,8 @@ def _flows(seconds: float, emulated: bool):
                      cluster=cluster, job_name=None)
         def body(family: str = family, bs: int = bs, silent: bool = silent, failing: bool = failing) -> int:
             if silent:  # does its declared work, reports none of it
-                return train_for(family, bs, steps_to_do=200, report=False)
-            steps = train_for(family, bs, seconds / 2 if failing else seconds)
+                return train_zoo(family, bs, steps=200, report=False)
+            steps = train_zoo(family, bs, seconds=seconds / 2 if failing else seconds)
             if failing:
                 raise RuntimeError(f"gpu_check: the failing case fails on purpose after {steps} steps")
             return steps

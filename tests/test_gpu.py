@@ -1,0 +1,55 @@
+"""On a real NVIDIA GPU only: a trained body's steady window, and a shared board split in two.
+
+Skipped, with the reason, wherever NVML cannot list a GPU (CI has none); ``make test`` on a
+GPU machine runs them.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from gogh_flows.runtime.training import train_zoo
+
+
+def _gpu_reason() -> str | None:
+    try:
+        import dask_cuda  # noqa: F401
+    except ImportError:
+        return "needs dask-cuda (pip install gogh-flows[cuda])"
+    try:
+        from gogh_flows.runtime.nvml import NvmlUnavailable, discover
+
+        if not discover():
+            return "NVML lists no GPU (check CUDA_VISIBLE_DEVICES)"
+    except NvmlUnavailable as exc:
+        return f"needs an NVIDIA GPU with its driver: {exc}"
+    return None
+
+
+GPU_REASON = _gpu_reason()
+
+
+def test_train_zoo_trains_on_the_cpu_outside_a_pool():
+    assert train_zoo("ResNet-18", 4, steps=2) == 2
+    with pytest.raises(ValueError, match="exactly one of seconds"):
+        train_zoo("ResNet-18", 4)
+
+
+@pytest.mark.skipif(GPU_REASON is not None, reason=GPU_REASON or "")
+def test_a_real_board_measures_the_steady_window_and_splits_a_shared_board():
+    from gogh_flows.runtime.pool import local_cuda_pool
+
+    with local_cuda_pool(capacity=2) as pool:
+        gid = pool.gpu_ids[0]
+        alone = pool.run(train_zoo, "ResNet-18", 32, seconds=3.0, gpu_id=gid, job_type="ResNet-18 (batch size 32)")
+        both = [pool.submit(train_zoo, family, bs, seconds=4.0, gpu_id=gid, job_type=f"{family} (batch size {bs})")
+                for family, bs in (("ResNet-18", 32), ("LM", 10))]
+        pair = [f.result() for f in both]
+    t = alone.telemetry
+    assert alone.error is None and t.source == "nvml" and t.window == "steady"
+    assert t.throughput == pytest.approx(t.window_steps / t.duration_s) and t.startup_s > 0
+    assert t.attributed_energy_j == pytest.approx(t.energy_j)  # alone: the run's share is the board's
+    readings = [o.telemetry for o in pair]
+    assert all(o.error is None for o in pair) and all(r.window == "steady" for r in readings)
+    overlap = [r for r in readings if r.run_energy_j < r.board_run_energy_j * 0.99]
+    assert overlap, "two runs on one board must each carry a part of the shared stretch, not all of it"
