@@ -1,5 +1,7 @@
 import json
 
+import pytest
+
 from gogh_flows.cli import main
 
 
@@ -76,6 +78,33 @@ def test_simulate_on_gavel_trace_writes_every_policy(gavel_dir, tmp_path, capsys
         assert figures["jobs_completed"] == data["jobs"]
     assert data["policies"]["oracle"]["sla_attainment"] == 1.0
     assert png.stat().st_size > 10_000
+
+
+def test_simulate_over_seeds_reports_one_window_for_every_policy_and_the_spread(gavel_dir, tmp_path, capsys):
+    out = tmp_path / "seeds.json"
+    rc = main(["simulate", "--truth", str(gavel_dir / "simulation_throughputs.json"),
+               "--trace", str(gavel_dir / "traces" / "physical_cluster" / "small_test.trace"),
+               "--cluster", "v100=2,p100=2,k80=4", "--policy", "oracle,greedy-fastest,first-fit",
+               "--seeds", "0,1,2", "--json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["seeds"] == [0, 1, 2] and set(data["per_seed"]) == {"0", "1", "2"}
+    for figures in data["per_seed"].values():
+        window = {f["window_h"] for f in figures.values()}
+        assert len(window) == 1  # one window for every policy of a run
+        for name, f in figures.items():
+            assert f["energy_kwh_on"] >= f["energy_kwh_parked"] > 0
+            # a policy's own run ends at or before the window: the window charges it more, never less
+            assert f["energy_kwh_on"] >= f["energy_kwh"] - 1e-9
+        assert figures["oracle"]["on_vs_oracle"] == 1.0 and figures["greedy-fastest"]["on_vs_greedy-fastest"] == 1.0
+        assert figures["first-fit"]["on_vs_greedy-fastest"] == pytest.approx(
+            figures["first-fit"]["energy_kwh_on"] / figures["greedy-fastest"]["energy_kwh_on"])
+    spread = data["spread"]["first-fit"]["on_vs_oracle"]
+    ratios = [data["per_seed"][s]["first-fit"]["on_vs_oracle"] for s in ("0", "1", "2")]
+    assert spread == {"mean": pytest.approx(sum(ratios) / 3), "min": min(ratios), "max": max(ratios)}
+    assert "over seeds 0, 1, 2" in capsys.readouterr().out
+    assert main(["simulate", "--trace", "generate:2", "--cluster", "v100=1", "--seeds", "0,x"]) == 2
+    assert "--seeds must be comma-separated integers such as 0,1,2, got '0,x'" in capsys.readouterr().err
 
 
 def test_simulate_generated_arrivals_on_synthetic_fleet(gavel_dir, tmp_path, monkeypatch):

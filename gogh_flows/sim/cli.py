@@ -47,6 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--p1-epochs", type=int, default=100, help="P1 epochs with --holdout-family")
     p.add_argument("--p2-epochs", type=int, default=300, help="P2 epochs with --holdout-family")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", help="comma-separated seeds (e.g. 0,1,2): one run per seed, then each "
+                   "policy's spread over them; overrides --seed")
     p.add_argument("--rate", type=float, default=6.0, help="arrivals per hour for generate:N")
     p.add_argument("--noise", type=float, default=0.0, help="log-normal sigma on true throughputs")
     p.add_argument("--capacity", type=int, default=2, help="jobs per GPU: 1 exclusive, 2 pairs may share")
@@ -134,10 +136,74 @@ def _bar(name: str, done: int, total: int) -> None:
               end=end, file=sys.stderr, flush=True)
 
 
-def cmd_simulate(args: argparse.Namespace) -> int:
+def _seeds(args: argparse.Namespace) -> list[int]:
+    if not args.seeds:
+        return [args.seed]
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        raise ValueError(f"--seeds must be comma-separated integers such as 0,1,2, got {args.seeds!r}") from None
+    if not seeds:
+        raise ValueError("--seeds names no seed; e.g. --seeds 0,1,2")
+    return seeds
+
+
+def _run_one(args: argparse.Namespace, truth: ThroughputTable, gpus: list, names: list[str], seed: int):
+    from gogh_flows.sim.account import energy_accounts
+    from gogh_flows.sim.engine import SimConfig
+
+    one = argparse.Namespace(**{**vars(args), "seed": seed})
+    jobs = _jobs(one, truth, gpus)
+    predictors = _predictors(one, truth, names)
+    config = SimConfig(seed=seed, noise=args.noise, rebalance=not args.no_rebalance,
+                       rebalance_gain=args.rebalance_gain, migration_s=args.migration_s)
+    results = run_policies(jobs, gpus, truth, names, config=config, progress=_bar, predictors=predictors)
+    accounts = energy_accounts(results)
+    policies = {name: {**r.summary(), **accounts[name].as_row()} for name, r in results.items()}
+    return jobs, predictors, results, policies
+
+
+#: What the spread table shows per policy, over the seeds.
+SPREAD = ("on_vs_greedy-fastest", "on_vs_oracle", "parked_vs_greedy-fastest", "parked_vs_oracle",
+          "sla_attainment", "avg_jct_s", "makespan_s")
+
+
+def _spread(per_seed: dict[int, dict[str, dict]]) -> dict[str, dict[str, dict[str, float]]]:
+    """policy -> figure -> {mean, min, max} over the seeds."""
+    import math
+
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for figures in per_seed.values():
+        for policy, row in figures.items():
+            for key in SPREAD:
+                if key in row and row[key] is not None and not math.isnan(row[key]):
+                    out.setdefault(policy, {}).setdefault(key, []).append(float(row[key]))  # type: ignore[arg-type]
+    return {p: {k: {"mean": sum(v) / len(v), "min": min(v), "max": max(v)} for k, v in figs.items()}
+            for p, figs in out.items()}
+
+
+#: The printed table's columns (the JSON has every figure).
+SHOWN = ("energy_kwh", "energy_kwh_on", "on_vs_greedy-fastest", "on_vs_oracle", "energy_kwh_parked",
+         "parked_vs_greedy-fastest", "parked_vs_oracle", "sla_attainment", "avg_jct_s", "makespan_s",
+         "migrations", "jobs_unfinished", "decision_p99_ms")
+
+
+def _table(figures: dict[str, dict]):
     import polars as pl
 
-    from gogh_flows.sim.engine import SimConfig
+    rows = []
+    for name, row in figures.items():
+        out = {"policy": name}
+        for key in SHOWN:
+            if key in row:
+                h = key.endswith("_s") and key != "decision_p99_ms"
+                out[key.removesuffix("_s") + "_h" if h else key] = row[key] / 3600 if h else row[key]
+        rows.append(out)
+    return pl.DataFrame(rows)
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    import polars as pl
 
     truth = load_truth(args.truth)
     gpus = parse_cluster(args.cluster, capacity=args.capacity)
@@ -147,24 +213,43 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise ValueError(f"cluster GPU types {missing} are not in the truth table "
                          f"({truth.source}); it covers {list(truth.gpu_types)}")
     names = [n.strip() for n in args.policy.split(",") if n.strip()]
-    jobs = _jobs(args, truth, gpus)
-    predictors = _predictors(args, truth, names)
-    config = SimConfig(seed=args.seed, noise=args.noise, rebalance=not args.no_rebalance,
-                       rebalance_gain=args.rebalance_gain, migration_s=args.migration_s)
-    results = run_policies(jobs, gpus, truth, names, config=config, progress=_bar,
-                           predictors=predictors)
-    figures = {"policies": {name: r.summary() for name, r in results.items()},
-               "jobs": len(jobs), "gpus": len(gpus), "seed": args.seed,
+    seeds = _seeds(args)
+    per_seed: dict[int, dict[str, dict]] = {}
+    results = jobs = predictors = None
+    for seed in seeds:
+        jobs, predictors, results, per_seed[seed] = _run_one(args, truth, gpus, names, seed)
+    figures = {"policies": per_seed[seeds[0]], "jobs": len(jobs), "gpus": len(gpus), "seed": seeds[0],
                "truth": truth.source, "trace": args.trace, "cluster": args.cluster,
                "capacity": args.capacity, "requirement_q": args.requirement_q,
                "noise": args.noise, "rebalance": not args.no_rebalance,
                "rebalance_gain": args.rebalance_gain, "migration_s": args.migration_s,
                "holdout_family": args.holdout_family,
+               "energy_account": "energy_kwh is each policy's own run (idle until its own last completion); "
+                                 "energy_kwh_on / energy_kwh_parked cover one window for every policy (0 to the "
+                                 "last completion of any): always on (every GPU at least idle) and parked "
+                                 "(empty GPUs at 0 W); on_vs_X / parked_vs_X are ratios to policy X",
                "predictors": predictors.description if predictors is not None else None}
-    table = pl.DataFrame([{"policy": n, **s} for n, s in figures["policies"].items()])
-    with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=200, float_precision=3,
+    if len(seeds) > 1:
+        figures["seeds"] = seeds
+        figures["per_seed"] = {str(s): f for s, f in per_seed.items()}
+        figures["spread"] = _spread(per_seed)
+    with pl.Config(tbl_rows=-1, tbl_cols=-1, tbl_width_chars=250, float_precision=3,
                    tbl_hide_dataframe_shape=True):
-        print(table)
+        for seed in seeds:
+            if len(seeds) > 1:
+                print(f"seed {seed}")
+            print(_table(per_seed[seed]))
+        if len(seeds) > 1:
+            def cell(key: str, v: dict[str, float]) -> tuple[str, str]:
+                scale, name = (3600.0, key.removesuffix("_s") + "_h") if key.endswith("_s") else (1.0, key)
+                return name, f"{v['mean'] / scale:.3f} [{v['min'] / scale:.3f}, {v['max'] / scale:.3f}]"
+
+            rows = [{"policy": p, **dict(cell(k, v) for k, v in figs.items())}
+                    for p, figs in figures["spread"].items()]
+            print(f"over seeds {', '.join(map(str, seeds))}: mean [min, max]")
+            print(pl.DataFrame(rows))
+    print("energy_kwh: each policy's own run; energy_kwh_on / _parked: one common window for every "
+          "policy, always on / idle GPUs parked; on_vs_X, parked_vs_X: ratios to policy X", file=sys.stderr)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")

@@ -1,0 +1,47 @@
+"""One window for every policy: always-on and parked energy from one run, fair ratios."""
+
+from __future__ import annotations
+
+import pytest
+
+from gogh_flows.catalog import get_gpu_type
+from gogh_flows.placement import Gpu, get_policy
+from gogh_flows.sim.account import energy_accounts
+from gogh_flows.sim.engine import SimConfig, simulate
+from gogh_flows.sim.run import parse_cluster, run_policies
+from test_sim_engine import J, _random_stream, _table
+
+
+def test_hand_computed_window_charges_the_early_finisher_its_idle_tail():
+    v100, t4 = get_gpu_type("v100"), get_gpu_type("t4")
+    gpus = [Gpu("v", "v100"), Gpu("t", "t4")]
+    fast = simulate([J("x", "a", 1000.0, 0.0, 8.0)], gpus, _table(), get_policy("greedy-fastest"))
+    assert fast.end_s == pytest.approx(100.0)  # 1000 steps at 10/s on the V100
+    slow = simulate([J("x", "a", 1000.0, 0.0, 2.0)], gpus, _table(), get_policy("first-fit"))
+    acc = energy_accounts({"greedy-fastest": fast, "first-fit": slow})
+    window = max(fast.end_s, slow.end_s)
+    both_idle = v100.idle_w + t4.idle_w
+    assert acc["greedy-fastest"].window_s == window == acc["first-fit"].window_s
+    # always on: the run's own energy (idle included) plus the whole fleet idling to the window's end
+    assert acc["greedy-fastest"].always_on_kwh * 3.6e6 == pytest.approx(fast.energy_j + both_idle * (window - 100.0))
+    # parked: only what the job drew (the V100 alone at activity 0.5 for 100 s)
+    assert acc["greedy-fastest"].parked_kwh * 3.6e6 == pytest.approx(
+        (v100.idle_w + 0.5 * (v100.tdp_w - v100.idle_w)) * 100.0)
+    assert acc["first-fit"].always_on_vs["greedy-fastest"] == pytest.approx(
+        acc["first-fit"].always_on_kwh / acc["greedy-fastest"].always_on_kwh)
+    assert "oracle" not in acc["first-fit"].parked_vs  # only references that ran
+
+
+def test_parked_account_of_an_always_on_run_equals_a_parked_run():
+    jobs = _random_stream(25, seed=7)
+    gpus = parse_cluster("v100=3,t4=3")
+    names = ["oracle", "greedy-fastest", "first-fit"]
+    on = run_policies(jobs, gpus, _table(), names, config=SimConfig(rebalance=False))
+    off = run_policies(jobs, gpus, _table(), names, config=SimConfig(rebalance=False, park_idle=True))
+    a_on, a_off = energy_accounts(on), energy_accounts(off, parked_run=True)
+    for n in names:
+        assert on[n].end_s == pytest.approx(off[n].end_s)  # same decisions either way
+        assert a_on[n].parked_kwh == pytest.approx(a_off[n].parked_kwh, rel=1e-9)
+        assert a_on[n].always_on_kwh == pytest.approx(a_off[n].always_on_kwh, rel=1e-9)
+        assert a_on[n].always_on_vs["oracle"] == pytest.approx(a_on[n].always_on_kwh / a_on["oracle"].always_on_kwh)
+    assert a_on["oracle"].always_on_vs["oracle"] == 1.0 and a_on["oracle"].parked_vs["greedy-fastest"] > 0
