@@ -23,11 +23,11 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from gogh_flows.energy import EnergyModel, kwh
 from gogh_flows.predict.p1 import P1Config
 from gogh_flows.sim.engine import SimConfig
 from gogh_flows.sim.plots import plot_comparison
 from gogh_flows.sim.holdout import family_types, relabel_to_family, train_holdout
+from gogh_flows.sim.account import energy_accounts
 from gogh_flows.sim.run import (
     SIM_POLICIES,
     parse_cluster,
@@ -131,11 +131,10 @@ def same_window_kwh(on: dict, gpus: list) -> dict[str, float]:
 
     ``energy_kwh`` stops at a policy's own last completion, so a policy that finishes
     earlier is spared the whole fleet's idle draw until the others finish, though an
-    always-on fleet draws it anyway. Adding it compares every policy over one window.
+    always-on fleet draws it anyway. Adding it compares every policy over one window
+    (``gogh_flows.sim.account``, as ``gogh simulate`` reports it).
     """
-    idle_w = sum(EnergyModel().idle_power(g.gpu_type) for g in gpus)
-    end = max(r.end_s for r in on.values())
-    return {n: kwh(r.energy_j + idle_w * (end - r.end_s)) for n, r in on.items()}
+    return {n: a.always_on_kwh for n, a in energy_accounts(on).items()}
 
 
 def acceptance(on: dict, parked: dict, gpus: list) -> str:
