@@ -61,6 +61,10 @@ class GpuType:
     and newer) can be used instead of integrating sampled power.
     ``nvml_patterns`` are lower-case substrings of NVML device names that
     identify this type (see :func:`from_nvml_name` for how they are matched).
+    ``power_limit_range_w`` is the (min, max) power limit in watts NVML accepts
+    for the board (``nvmlDeviceGetPowerManagementLimitConstraints``, what
+    ``nvidia-smi -q -d POWER`` prints as Min/Max Power Limit); ``None`` where
+    unknown (types registered without it). See :mod:`gogh_flows.power_limits`.
     """
 
     name: str
@@ -74,6 +78,7 @@ class GpuType:
     idle_w: float
     has_energy_counter: bool
     nvml_patterns: tuple[str, ...] = ()
+    power_limit_range_w: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
         # Bad figures would silently skew every throughput and energy estimate,
@@ -101,6 +106,17 @@ class GpuType:
             if not isinstance(pattern, str) or not _normalise(pattern):
                 raise ValueError(f"GpuType {self.name!r}: nvml_patterns must be non-empty strings, got {pattern!r}")
         object.__setattr__(self, "nvml_patterns", patterns)
+        if self.power_limit_range_w is not None:
+            lo_hi = tuple(self.power_limit_range_w)
+            if len(lo_hi) != 2 or any(
+                isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0
+                for v in lo_hi
+            ) or not lo_hi[0] < lo_hi[1]:
+                raise ValueError(
+                    f"GpuType {self.name!r}: power_limit_range_w must be (min, max) watts with "
+                    f"0 < min < max, got {self.power_limit_range_w!r}"
+                )
+            object.__setattr__(self, "power_limit_range_w", (float(lo_hi[0]), float(lo_hi[1])))
 
     @property
     def memory_bytes(self) -> int:
@@ -129,6 +145,17 @@ class UnknownGpuTypeError(KeyError, ValueError):
 # Idle power: no NVIDIA datasheet publishes an idle figure. The idle_w values
 # below are estimates from commonly reported nvidia-smi readings of idle,
 # powered-on boards (persistence mode on, no processes).
+#
+# Power-limit ranges (power_limit_range_w): datasheets give the TDP, not the
+# range a limit can be set in. The figures below are the Min/Max Power Limit
+# that NVML reports (nvidia-smi -q -d POWER) for the board each entry
+# describes: read on a real board for the H100 SXM (200-700 W, see
+# ../shared/data/h100/README.md) and the A40 (100-300 W, the range of Zeus's
+# A40 trace, ../shared/data/zeus); for the others, the ranges commonly seen in
+# published nvidia-smi -q outputs, not re-checked here against a board or a
+# primary source: V100 SXM2 (150-300), T4 (60-70), A10 (100-150), L4 (40-72),
+# A100 SXM4 (100-400), K80 (100-175 per die), P100 SXM2 (150-300). PCIe variants mapped to the same entry have other
+# ranges (V100 and P100 PCIe: 100-250 and 125-250 W, as in Zeus's traces).
 _BUILTIN: tuple[GpuType, ...] = (
     # Tesla K80 datasheet (board with two GK210 dies): 8.73 TFLOPS FP32 with GPU
     # Boost, 24 GB GDDR5, 480 GB/s, 300 W. This entry is ONE GK210 die, i.e.
@@ -148,6 +175,7 @@ _BUILTIN: tuple[GpuType, ...] = (
         idle_w=25,
         has_energy_counter=False,
         nvml_patterns=("k80",),
+        power_limit_range_w=(100, 175),
     ),
     # Tesla P100 datasheet, SXM2 16GB: 10.6 TFLOPS FP32, 21.2 TFLOPS FP16,
     # 16 GB CoWoS HBM2, 732 GB/s, 300 W. PCIe boards (9.3 / 18.7 TFLOPS, 250 W)
@@ -164,6 +192,7 @@ _BUILTIN: tuple[GpuType, ...] = (
         idle_w=30,
         has_energy_counter=False,
         nvml_patterns=("p100",),
+        power_limit_range_w=(150, 300),
     ),
     # Tesla V100 datasheet, SXM2: 15.7 TFLOPS FP32, 125 TFLOPS tensor (FP16),
     # 16 or 32 GB HBM2, 900 GB/s, 300 W. 16 GB as in Gavel's testbed; PCIe and
@@ -180,6 +209,7 @@ _BUILTIN: tuple[GpuType, ...] = (
         idle_w=40,
         has_energy_counter=True,
         nvml_patterns=("v100",),
+        power_limit_range_w=(150, 300),
     ),
     # NVIDIA T4 Tensor Core GPU datasheet: 8.1 TFLOPS FP32, 65 TFLOPS mixed
     # precision (FP16/FP32) tensor, 16 GB GDDR6, 320+ GB/s, 70 W.
@@ -196,6 +226,7 @@ _BUILTIN: tuple[GpuType, ...] = (
         idle_w=10,
         has_energy_counter=True,
         nvml_patterns=("t4",),
+        power_limit_range_w=(60, 70),
     ),
     # NVIDIA A10 Tensor Core GPU datasheet: 31.2 TFLOPS FP32, 125 TFLOPS
     # FP16 tensor dense (250 with sparsity), 24 GB GDDR6, 600 GB/s, 150 W.
@@ -212,6 +243,7 @@ _BUILTIN: tuple[GpuType, ...] = (
         idle_w=20,
         has_energy_counter=True,
         nvml_patterns=("a10",),
+        power_limit_range_w=(100, 150),
     ),
     # NVIDIA L4 Tensor Core GPU datasheet: 30.3 TFLOPS FP32, 242 TFLOPS FP16
     # tensor with sparsity, so 121 dense; 24 GB GDDR6, 300 GB/s, 72 W.
@@ -228,6 +260,7 @@ _BUILTIN: tuple[GpuType, ...] = (
         idle_w=16,
         has_energy_counter=True,
         nvml_patterns=("l4",),
+        power_limit_range_w=(40, 72),
     ),
     # NVIDIA A100 Tensor Core GPU datasheet, SXM4 80GB: 19.5 TFLOPS FP32,
     # 312 TFLOPS FP16 tensor dense, 80 GB HBM2e, 2,039 GB/s, 400 W. The 40GB
@@ -245,6 +278,24 @@ _BUILTIN: tuple[GpuType, ...] = (
         idle_w=55,
         has_energy_counter=True,
         nvml_patterns=("a100",),
+        power_limit_range_w=(100, 400),
+    ),
+    # NVIDIA A40 datasheet: Ampere, 37.4 TFLOPS FP32, 149.7 TFLOPS FP16 tensor
+    # dense (299.4 with sparsity), 48 GB GDDR6 with ECC, 696 GB/s, 300 W.
+    # Idle ~30 W (estimate, like the others). Power limit 100-300 W (NVML).
+    GpuType(
+        name="a40",
+        display_name="NVIDIA A40 48GB",
+        architecture="Ampere",
+        fp32_tflops=37.4,
+        fp16_tflops=149.7,
+        memory_gb=48,
+        memory_bandwidth_gbs=696,
+        tdp_w=300,
+        idle_w=30,
+        has_energy_counter=True,
+        nvml_patterns=("a40",),
+        power_limit_range_w=(100, 300),
     ),
     # NVIDIA H100 Tensor Core GPU datasheet, SXM5 80GB: 67 TFLOPS FP32,
     # 1,979 TFLOPS FP16 tensor with sparsity, so 989 dense; 80 GB HBM3,
@@ -262,6 +313,7 @@ _BUILTIN: tuple[GpuType, ...] = (
         idle_w=70,
         has_energy_counter=True,
         nvml_patterns=("h100",),
+        power_limit_range_w=(200, 700),
     ),
 )
 

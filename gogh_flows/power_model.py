@@ -251,8 +251,8 @@ def load_measured_points(
 def zeus_points(data: str | os.PathLike[str] | None = None) -> list[MeasuredPoint]:
     """Zeus's ResNet-50/ImageNet traces at each board's top power limit: a transfer check only.
 
-    Only ResNet-50 on ImageNet is a zoo model; only the V100 and P100 are catalog types (the
-    A40 is not). The boards are 250 W PCIe parts, so the limit is their TDP; their idle was not
+    Only ResNet-50 on ImageNet is a zoo model; the V100 and P100 traces are used (the A40's,
+    added to the catalog later, is not, so the published check stays as it was). The boards are 250 W PCIe parts, so the limit is their TDP; their idle was not
     measured (catalog estimates); the runs read real data with Adadelta. Too many unknowns to
     fit on, enough to ask whether the H100 fit transfers to other types.
     """

@@ -17,7 +17,7 @@ from gogh_flows.catalog import (
     register_gpu_type,
 )
 
-BUILTIN_NAMES = ("a10", "a100", "h100", "k80", "l4", "p100", "t4", "v100")
+BUILTIN_NAMES = ("a10", "a100", "a40", "h100", "k80", "l4", "p100", "t4", "v100")
 
 
 @pytest.fixture
@@ -47,7 +47,7 @@ def _custom(**overrides) -> GpuType:
     return GpuType(**fields)
 
 
-def test_all_eight_builtins_present_with_sane_figures():
+def test_all_nine_builtins_present_with_sane_figures():
     assert tuple(sorted(CATALOG)) == BUILTIN_NAMES
     assert tuple(g.name for g in gpu_types()) == BUILTIN_NAMES
     for gpu in CATALOG.values():
@@ -130,7 +130,7 @@ def test_unknown_nvml_name_says_how_to_add_it(device_name):
     assert repr(device_name) in message
     assert "register_gpu_type" in message
     assert "nvml_patterns" in message
-    assert "a10, a100, h100" in message
+    assert "a10, a100, a40, h100" in message
 
 
 def test_get_gpu_type_is_case_and_space_insensitive():
@@ -145,7 +145,7 @@ def test_get_gpu_type_unknown_lists_known_names():
     assert isinstance(err, KeyError) and isinstance(err, ValueError)
     message = str(err)
     assert message.startswith("unknown GPU type 'x100'")  # not repr-quoted like a plain KeyError
-    assert "known types: a10, a100, h100, k80, l4, p100, t4, v100." in message
+    assert "known types: a10, a100, a40, h100, k80, l4, p100, t4, v100." in message
     assert "register_gpu_type" in message
     with pytest.raises(ValueError, match="x100"):
         get_gpu_type("x100")

@@ -221,7 +221,7 @@ def test_cli_reads_the_measurement_log(placement_home, tmp_path, capsys):
     (["--job", "ResNet-50 (batch size 0)"], ["batch_size", "Transformer (16, 32, 64, 128, 256)"]),
     (["--model", "Transformer"], ["--batch-size", "16, 32, 64, 128, 256"]),
     (["--job", "LM (batch size 20)", "--partner", "bogus"], ["--partner 'bogus'", "CycleGAN"]),
-    (["--job", "LM (batch size 20)", "--gpu", "h100,h200"], ["'h200'", "a10, a100, h100, k80, l4, p100, t4, v100"]),
+    (["--job", "LM (batch size 20)", "--gpu", "h100,h200"], ["'h200'", "a10, a100, a40, h100, k80, l4, p100, t4, v100"]),
     ([], ["--job"]),
 ])
 def test_bad_names_give_one_line_naming_the_valid_ones(argv, names, capsys):

@@ -1,0 +1,543 @@
+"""Power limits: a job's time and power at any GPU power limit, from one run at the maximum.
+
+Why: lowering a GPU's power limit (NVML, ``nvidia-smi -pl``) trades a little speed for a
+lot less energy on many training jobs; Zeus (NSDI'23) measured 11-16% less energy per epoch
+on average at the least-energy limit that keeps 90% of full speed. The best limit differs
+per GPU and per job, so no fixed fraction of the range carries over between GPUs. This
+module predicts, from one measurement of the job at the GPU's maximum (full-power) limit and
+the catalog's figures, the job's time and power at every limit, and picks the limit of
+least predicted energy that keeps a required share of full-speed throughput
+(:func:`choose_limit`). See docs/energy.md, "Power limits".
+
+Physics (form ``"dvfs"``, the default). The power-management unit holds the board's mean
+power at or below the limit by lowering the SM clock ``f`` (and with it the voltage):
+
+* the board draws ``P0`` at full power. Part of that does not scale with the SM clock:
+  idle (catalog ``idle_w``) plus a share ``s`` of the job's draw above idle (memory, fans,
+  leakage): ``P_s = idle + s * (P0 - idle)``. The rest scales as ``x ** gamma`` with the
+  relative clock ``x = f / f0`` (``gamma`` is 3 where voltage follows the clock, towards 1
+  where voltage sits at its floor);
+* a limit ``L`` binds when ``eta * L < P0``: the controller keeps the mean a little under
+  the limit (``eta`` <= 1, the power-tracking efficiency). Then
+  ``x = ((eta * L - P_s) / (P0 - P_s)) ** (1 / gamma)``, floored at ``x_min``, and the board
+  draws ``max(eta * L, P_s + (P0 - P_s) * x_min ** gamma)`` (a board cannot clock below
+  its floor, so at the lowest limits it may draw more than the limit, as Zeus's A40 does);
+* only the clock-bound part ``beta`` of a step slows down:
+  ``t(L) = t0 * (beta / x + 1 - beta)``.
+
+Parameters ``eta, s, gamma, beta`` (``x_min`` is fixed at 0.15, about the lowest
+sustained SM clock over the boost clock of these boards) are fitted on the measured curves
+of GPUs other than the one predicted. A second, empirical form (``"powerlaw"``,
+``t = t0 * (1 + k * max(0, P0 - eta * L) / P0) ** alpha``, ``P = min(P0, eta * L)``) is a
+candidate too. Both are fitted by least squares on log time and log power ratios, an
+underpredicted time weighted by ``w`` in (1, 4, 16) (a violated requirement costs more than a
+smaller saving); the form and ``w`` a prediction uses are chosen by leave-one-GPU-out among
+the training GPUs only (:func:`fit_power_limit_model`).
+
+``gogh power evaluate --data DIR --test-gpu NAME`` scores it on Zeus's traces
+(``summary_power_<gpu>.csv``) with NAME held out. A trace whose maximum limit differs from
+the catalog's TDP (Zeus's V100 and P100 are 250 W PCIe boards; the catalog describes the
+300 W SXM2 parts) uses the trace's own limits: its maximum is "full power" and its range is
+the trace's lowest to highest limit.
+
+Imports numpy, polars, the standard library and :mod:`gogh_flows.catalog` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from gogh_flows import catalog
+from gogh_flows.catalog import GpuType
+
+__all__ = [
+    "FORMS", "REQUIREMENTS", "UNDER_WEIGHTS", "LimitMeasurement", "PowerLimitModel", "TraceSet", "add_parser",
+    "choose_limit", "cmd_power_evaluate", "evaluate_held_out", "fit_power_limit_model",
+    "read_traces",
+]
+
+REQUIREMENTS = (0.8, 0.9, 0.95)
+KEYS = ("dataset", "network", "batch_size", "optimizer")
+COLUMNS = (*KEYS, "power_limit", "time_per_epoch", "average_power")
+TRACE_FILE = re.compile(r"^summary_power_(?P<gpu>[A-Za-z0-9_-]+)\.csv$")
+X_MIN = 0.15
+#: candidate weights of an underpredicted time in the fit's loss (chosen by leave-one-GPU-out)
+UNDER_WEIGHTS = (1.0, 4.0, 16.0)
+
+# name -> (parameter names, start values, bounds). Bounds keep the physics meaningful:
+# eta a tracking efficiency, s a share, gamma between linear and cubic-plus, beta a share.
+FORMS: Mapping[str, tuple[tuple[str, ...], tuple[float, ...], tuple[tuple[float, float], ...]]] = {
+    "dvfs": (("eta", "s", "gamma", "beta"), (0.95, 0.3, 2.0, 0.8),
+             ((0.7, 1.0), (0.0, 0.95), (0.5, 4.0), (0.0, 1.0))),
+    "powerlaw": (("eta", "k", "alpha"), (0.95, 1.0, 1.5),
+                 ((0.7, 1.0), (0.01, 20.0), (0.2, 5.0))),
+}
+
+
+# -- the model ------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class LimitMeasurement:
+    """A job measured at full power: time per step (or epoch) and mean board power.
+
+    ``limit_w`` is the limit it ran at (the board's full-power limit); None means the
+    catalog's maximum for the GPU type.
+    """
+
+    time_s: float
+    power_w: float
+    limit_w: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("time_s", "power_w") + (("limit_w",) if self.limit_w is not None else ()):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
+                raise ValueError(f"LimitMeasurement.{name} must be a finite number > 0, got {v!r}")
+
+
+def limit_range(gpu: GpuType, measurement: LimitMeasurement | None = None) -> tuple[float, float]:
+    """(min, full-power) limit: the catalog's range, its top replaced by the measurement's limit."""
+    if gpu.power_limit_range_w is None:
+        raise ValueError(f"GPU type {gpu.name!r} has no power_limit_range_w in the catalog; register it with one")
+    lo, hi = gpu.power_limit_range_w
+    if measurement is not None and measurement.limit_w is not None:
+        hi = float(measurement.limit_w)
+        if hi <= lo:
+            raise ValueError(f"the measurement's limit {hi:g} W is not above {gpu.name}'s minimum limit {lo:g} W")
+    return lo, hi
+
+
+def _predict_arrays(form: str, params: Mapping[str, float], t0: np.ndarray, p0: np.ndarray,
+                    idle: np.ndarray, limit: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Vectorised (time, power) at ``limit`` for jobs measured at (t0, p0) on boards idling at ``idle``."""
+    budget = params["eta"] * limit
+    if form == "powerlaw":
+        short = np.maximum(0.0, p0 - budget) / p0
+        return t0 * (1.0 + params["k"] * short) ** params["alpha"], np.minimum(p0, budget)
+    if form != "dvfs":
+        raise ValueError(f"unknown power-limit model form {form!r}; known: {', '.join(FORMS)}")
+    idle = np.minimum(idle, 0.95 * p0)  # a job drawing about idle: nothing left to scale
+    ps = idle + params["s"] * (p0 - idle)
+    dyn = np.maximum(p0 - ps, 1e-9)
+    frac = np.clip((budget - ps) / dyn, X_MIN ** params["gamma"], 1.0)
+    x = np.where(budget >= p0, 1.0, frac ** (1.0 / params["gamma"]))
+    floor = ps + dyn * X_MIN ** params["gamma"]
+    power = np.where(budget >= p0, p0, np.maximum(budget, floor))
+    time = t0 * (params["beta"] / x + 1.0 - params["beta"])
+    return time, np.minimum(power, p0)
+
+
+@dataclass(frozen=True)
+class PowerLimitModel:
+    """A fitted form and its parameters; :meth:`predict` gives time and power at limits."""
+
+    form: str = "dvfs"
+    params: Mapping[str, float] = field(default_factory=lambda: dict(zip(FORMS["dvfs"][0], FORMS["dvfs"][1])))
+    trained_on: tuple[str, ...] = ()
+    selection: Mapping[str, float] = field(default_factory=dict)  # candidate -> inner leave-one-GPU-out score
+    under_weight: float = 1.0  # the fit's weight on underpredicted time (recorded, not used to predict)
+
+    def __post_init__(self) -> None:
+        if self.form not in FORMS:
+            raise ValueError(f"unknown power-limit model form {self.form!r}; known: {', '.join(FORMS)}")
+        missing = [n for n in FORMS[self.form][0] if n not in self.params]
+        if missing:
+            raise ValueError(f"form {self.form!r} needs parameter(s) {', '.join(missing)}")
+
+    def predict(self, measurement: LimitMeasurement, gpu: GpuType,
+                limits: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+        """Predicted (time per step, mean power W) at each limit, for the job measured at full power."""
+        lim = np.asarray(limits, dtype=float)
+        n = lim.shape
+        return _predict_arrays(self.form, self.params, np.full(n, measurement.time_s),
+                               np.full(n, measurement.power_w), np.full(n, gpu.idle_w), lim)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"form": self.form, "params": {k: round(float(v), 4) for k, v in self.params.items()},
+                "under_weight": self.under_weight,
+                "trained_on": list(self.trained_on),
+                "selection": {k: round(float(v), 4) for k, v in self.selection.items()}}
+
+
+def _choose(t_pred: np.ndarray, e_pred: np.ndarray, t0: float, r: float) -> int:
+    """Index of least predicted energy among limits with t0 / t >= r; ties go to the faster limit."""
+    ok = t0 / t_pred >= r - 1e-12
+    if not ok.any():
+        return int(np.argmin(t_pred))
+    cand = np.flatnonzero(ok)
+    best = e_pred[cand].min()
+    near = cand[e_pred[cand] <= best * (1 + 1e-12)]
+    return int(near[np.argmin(t_pred[near])])
+
+
+def choose_limit(model: PowerLimitModel, measurement: LimitMeasurement, gpu: GpuType | str,
+                 requirement_r: float, levels: Sequence[float] | None = None) -> float:
+    """The limit of least predicted energy whose predicted throughput is >= r of full speed.
+
+    Full speed is the measurement's (taken at the full-power limit). ``levels`` are the limits
+    to choose from (default: 5% steps of the range); each must lie in the GPU's range, whose
+    top is the measurement's ``limit_w`` when given. The full-power limit is always a
+    candidate, so a choice always exists.
+    """
+    gpu = catalog.get_gpu_type(gpu) if isinstance(gpu, str) else gpu
+    if not 0 < requirement_r <= 1:
+        raise ValueError(f"requirement_r must be a share of full-speed throughput in (0, 1], got {requirement_r!r}")
+    lo, hi = limit_range(gpu, measurement)
+    if levels is None:
+        grid = np.linspace(lo, hi, 21)
+    else:
+        grid = np.asarray(sorted({float(v) for v in levels}), dtype=float)
+        outside = [v for v in grid if v < lo - 1e-9 or v > hi + 1e-9]
+        if outside:
+            raise ValueError(f"limit(s) {', '.join(f'{v:g}' for v in outside)} W outside {gpu.name}'s range "
+                             f"{lo:g}-{hi:g} W")
+        if grid.size == 0 or grid[-1] < hi - 1e-9:
+            grid = np.append(grid, hi)
+    t, p = model.predict(measurement, gpu, grid)
+    return float(grid[_choose(t, t * p, measurement.time_s, requirement_r)])
+
+
+# -- measured curves ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TraceSet:
+    """One GPU's measured curves: rows per (configuration, limit), with the full-power figures."""
+
+    gpu: GpuType  # the catalog entry, its range replaced by the trace's (lowest, highest) limit
+    frame: pl.DataFrame  # KEYS, power_limit, time, power, t0, p0, config (int id)
+    skipped: int = 0  # configurations without a measurement at the trace's highest limit
+
+    @property
+    def full_limit(self) -> float:
+        return self.gpu.power_limit_range_w[1]  # type: ignore[index]
+
+
+def _catalog_gpu(name: str) -> GpuType:
+    try:
+        return catalog.get_gpu_type(name)
+    except catalog.UnknownGpuTypeError:
+        raise ValueError(f"GPU {name!r} is not in the catalog (known types: "
+                         f"{', '.join(g.name for g in catalog.gpu_types())}); add it with "
+                         "gogh_flows.catalog.register_gpu_type") from None
+
+
+def read_trace(path: Path, gpu_name: str) -> TraceSet:
+    """One ``summary_power_<gpu>.csv``; errors name the file and what is missing."""
+    gpu = _catalog_gpu(gpu_name)
+    if not path.is_file():
+        raise FileNotFoundError(f"power trace {path} not found (expected summary_power_{gpu_name}.csv)")
+    df = pl.read_csv(path)
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {', '.join(missing)} (need {', '.join(COLUMNS)})")
+    df = (df.select(COLUMNS)
+          .with_columns(pl.col("power_limit").cast(pl.Float64), time=pl.col("time_per_epoch").cast(pl.Float64),
+                        power=pl.col("average_power").cast(pl.Float64))
+          .drop("time_per_epoch", "average_power")
+          .filter(pl.col("time").is_finite() & (pl.col("time") > 0) & pl.col("power").is_finite()
+                  & (pl.col("power") > 0) & (pl.col("power_limit") > 0)))
+    if df.height == 0:
+        raise ValueError(f"{path}: no rows with positive time, power and limit")
+    lo, hi = float(df["power_limit"].min()), float(df["power_limit"].max())  # type: ignore[arg-type]
+    if not lo < hi:
+        raise ValueError(f"{path}: every row is at one power limit ({hi:g} W); need a curve")
+    configs = df.select(KEYS).unique().height
+    top = df.filter(pl.col("power_limit") == hi).group_by(KEYS).agg(t0=pl.col("time").mean(),
+                                                                      p0=pl.col("power").mean())
+    frame = (df.join(top, on=list(KEYS), how="inner")
+             .group_by(*KEYS, "power_limit").agg(pl.col("time", "power", "t0", "p0").mean())
+             .sort(*KEYS, "power_limit")
+             .with_columns(config=pl.struct(KEYS).rank("dense").cast(pl.Int64) - 1))
+    board = dataclasses.replace(gpu, power_limit_range_w=(lo, hi))
+    return TraceSet(board, frame, skipped=configs - top.height)
+
+
+def read_traces(data: str | Path) -> dict[str, TraceSet]:
+    """Every ``summary_power_<gpu>.csv`` in ``data``, by GPU name."""
+    root = Path(data)
+    if not root.is_dir():
+        raise FileNotFoundError(f"power-trace folder {root} not found")
+    found = {m["gpu"].lower(): root / p.name for p in sorted(root.iterdir()) if (m := TRACE_FILE.match(p.name))}
+    if not found:
+        raise FileNotFoundError(f"no summary_power_<gpu>.csv file in {root}")
+    return {g: read_trace(p, g) for g, p in found.items()}
+
+
+# -- fitting --------------------------------------------------------------------------------
+def _to_params(form: str, z: np.ndarray) -> dict[str, float]:
+    names, _, bounds = FORMS[form]
+    return {n: lo + (hi - lo) / (1.0 + math.exp(-float(v))) for n, v, (lo, hi) in zip(names, z, bounds)}
+
+
+def _from_params(form: str, values: Sequence[float]) -> np.ndarray:
+    _, _, bounds = FORMS[form]
+    out = []
+    for v, (lo, hi) in zip(values, bounds):
+        u = min(max((v - lo) / (hi - lo), 1e-4), 1 - 1e-4)
+        out.append(math.log(u / (1 - u)))
+    return np.array(out)
+
+
+def _nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, iters: int = 400, step: float = 0.8) -> np.ndarray:
+    """Plain Nelder-Mead (deterministic); the parameters are few and the loss is cheap."""
+    n = x0.size
+    simplex = [x0] + [x0 + step * np.eye(n)[i] for i in range(n)]
+    values = [f(x) for x in simplex]
+    for _ in range(iters):
+        order = np.argsort(values)
+        simplex, values = [simplex[i] for i in order], [values[i] for i in order]
+        centroid = np.mean(simplex[:-1], axis=0)
+        worst = simplex[-1]
+        xr = centroid + (centroid - worst)
+        fr = f(xr)
+        if fr < values[0]:
+            xe = centroid + 2 * (centroid - worst)
+            fe = f(xe)
+            simplex[-1], values[-1] = (xe, fe) if fe < fr else (xr, fr)
+        elif fr < values[-2]:
+            simplex[-1], values[-1] = xr, fr
+        else:
+            xc = centroid + 0.5 * (worst - centroid)
+            fc = f(xc)
+            if fc < values[-1]:
+                simplex[-1], values[-1] = xc, fc
+            else:
+                simplex = [simplex[0] + 0.5 * (x - simplex[0]) for x in simplex]
+                values = [f(x) for x in simplex]
+        if max(values) - min(values) < 1e-10:
+            break
+    return simplex[int(np.argmin(values))]
+
+
+def _stack(traces: Sequence[TraceSet]) -> dict[str, np.ndarray]:
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in ("t0", "p0", "idle", "limit", "time", "power", "w")}
+    for tr in traces:
+        f = tr.frame
+        cols["t0"].append(f["t0"].to_numpy())
+        cols["p0"].append(f["p0"].to_numpy())
+        cols["idle"].append(np.full(f.height, tr.gpu.idle_w))
+        cols["limit"].append(f["power_limit"].to_numpy())
+        cols["time"].append(f["time"].to_numpy())
+        cols["power"].append(f["power"].to_numpy())
+        cols["w"].append(np.full(f.height, 1.0 / f.height))  # each GPU weighs the same
+    return {k: np.concatenate(v) for k, v in cols.items()}
+
+
+def _fit_form(form: str, traces: Sequence[TraceSet], under_weight: float = 1.0) -> dict[str, float]:
+    """Least squares on log time and log power ratios, each training GPU weighted equally.
+
+    ``under_weight`` multiplies the squared error of a time predicted *shorter* than measured
+    (an underpredicted slowdown is a violated requirement; an overpredicted one only a
+    smaller saving).
+    """
+    d = _stack(traces)
+    lt, lp = np.log(d["time"] / d["t0"]), np.log(d["power"] / d["p0"])
+    root = math.sqrt(under_weight)
+
+    def loss(z: np.ndarray) -> float:
+        t, p = _predict_arrays(form, _to_params(form, z), d["t0"], d["p0"], d["idle"], d["limit"])
+        et = np.log(t / d["t0"]) - lt
+        et = np.where(et < 0, root * et, et)
+        return float(np.sum(d["w"] * (et ** 2 + (np.log(p / d["p0"]) - lp) ** 2)))
+
+    start = FORMS[form][1]
+    best = None
+    # a few deterministic starts around the physical guesses: the loss has kinks (max/min)
+    for shift in (0.0, 1.0, -1.0):
+        z = _nelder_mead(loss, _from_params(form, start) + shift)
+        z = _nelder_mead(loss, z, step=0.3)
+        if best is None or loss(z) < loss(best):
+            best = z
+    return _to_params(form, best)  # type: ignore[arg-type]
+
+
+def _decision_score(model: PowerLimitModel, trace: TraceSet) -> float:
+    """Inner selection score: mean over the requirements of mean regret + violation rate."""
+    res = _score_model(model, trace)
+    return float(np.mean([v["violation_rate"] + v["regret_mean"] for v in res.values()]))
+
+
+def fit_power_limit_model(traces: Sequence[TraceSet], forms: Sequence[str] = tuple(FORMS),
+                          under_weights: Sequence[float] = UNDER_WEIGHTS) -> PowerLimitModel:
+    """Fit each (form, under-weight) on ``traces``; pick one by leave-one-GPU-out among these
+    traces only (score: mean over r of mean regret + violation rate on the inner held-out GPU).
+
+    With one training GPU there is nothing to hold out: the first candidate (``dvfs``, 1) is used.
+    """
+    if not traces:
+        raise ValueError("need at least one GPU's measured curves to fit on")
+    names = tuple(t.gpu.name for t in traces)
+    candidates = [(f, w) for f in forms for w in under_weights]
+    scores: dict[str, float] = {}
+    if len(traces) > 1 and len(candidates) > 1:
+        for form, w in candidates:
+            inner = []
+            for i, held in enumerate(traces):
+                rest = [t for j, t in enumerate(traces) if j != i]
+                inner.append(_decision_score(PowerLimitModel(form, _fit_form(form, rest, w)), held))
+            scores[f"{form}/w{w:g}"] = float(np.mean(inner))
+        form, w = min(candidates, key=lambda c: (scores[f"{c[0]}/w{c[1]:g}"], candidates.index(c)))
+    else:
+        form, w = candidates[0]
+    return PowerLimitModel(form, _fit_form(form, traces, w), trained_on=names, selection=scores, under_weight=w)
+
+
+# -- scoring on measured curves -------------------------------------------------------------
+def _configs(trace: TraceSet):
+    for _, g in trace.frame.group_by("config", maintain_order=True):
+        yield (g["power_limit"].to_numpy(), g["time"].to_numpy(), g["power"].to_numpy(),
+               float(g["t0"][0]), float(g["p0"][0]))
+
+
+def _summary(chosen_e: list[float], best_e: list[float], max_e: list[float], violated: list[bool]) -> dict[str, float]:
+    ce, be, me = np.array(chosen_e), np.array(best_e), np.array(max_e)
+    regret = ce / be - 1.0
+    return {"violation_rate": float(np.mean(violated)), "regret_mean": float(regret.mean()),
+            "regret_max": float(regret.max()), "saving_vs_max": float(np.mean(1.0 - ce / me))}
+
+
+def _measured_best(lim: np.ndarray, t: np.ndarray, p: np.ndarray, t0: float, r: float) -> int:
+    return _choose(t, t * p, t0, r)  # the same rule, on the measured figures
+
+
+def _score_model(model: PowerLimitModel, trace: TraceSet,
+                 requirements: Sequence[float] = REQUIREMENTS) -> dict[float, dict[str, float]]:
+    out = {}
+    for r in requirements:
+        ce, be, me, vio = [], [], [], []
+        for lim, t, p, t0, p0 in _configs(trace):
+            tp, pp = model.predict(LimitMeasurement(t0, p0, trace.full_limit), trace.gpu, lim)
+            i = _choose(tp, tp * pp, t0, r)
+            b = _measured_best(lim, t, p, t0, r)
+            top = int(np.argmax(lim))
+            ce.append(t[i] * p[i]); be.append(t[b] * p[b]); me.append(t[top] * p[top])
+            vio.append(bool(t0 / t[i] < r - 1e-12))
+        out[r] = _summary(ce, be, me, vio)
+    return out
+
+
+def _fraction_of(trace: TraceSet, limit: float) -> float:
+    lo, hi = trace.gpu.power_limit_range_w  # type: ignore[misc]
+    return (limit - lo) / (hi - lo)
+
+
+def median_optimal_fraction(traces: Sequence[TraceSet], r: float) -> float:
+    """Median over every configuration of ``traces`` of its best measured feasible limit's
+    fraction of its GPU's range (0 = lowest limit, 1 = full power)."""
+    fractions = []
+    for tr in traces:
+        for lim, t, p, t0, _ in _configs(tr):
+            fractions.append(_fraction_of(tr, float(lim[_measured_best(lim, t, p, t0, r)])))
+    return float(np.median(fractions))
+
+
+def _score_rule(trace: TraceSet, pick: Callable[[np.ndarray], int], r: float) -> dict[str, float]:
+    ce, be, me, vio = [], [], [], []
+    for lim, t, p, t0, _ in _configs(trace):
+        i = pick(lim)
+        b = _measured_best(lim, t, p, t0, r)
+        top = int(np.argmax(lim))
+        ce.append(t[i] * p[i]); be.append(t[b] * p[b]); me.append(t[top] * p[top])
+        vio.append(bool(t0 / t[i] < r - 1e-12))
+    return _summary(ce, be, me, vio)
+
+
+def evaluate_held_out(traces: Mapping[str, TraceSet], test_gpu: str,
+                      requirements: Sequence[float] = REQUIREMENTS) -> dict[str, Any]:
+    """Fit on every GPU but ``test_gpu``; score the model and both baselines on ``test_gpu``."""
+    test_gpu = test_gpu.strip().lower()
+    _catalog_gpu(test_gpu)
+    if test_gpu not in traces:
+        raise FileNotFoundError(f"no summary_power_{test_gpu}.csv among the traces (found: {', '.join(sorted(traces))})")
+    train = [traces[g] for g in sorted(traces) if g != test_gpu]
+    if not train:
+        raise ValueError(f"need the curves of at least one GPU other than {test_gpu} to fit on")
+    test = traces[test_gpu]
+    model = fit_power_limit_model(train)
+    scored = _score_model(model, test, requirements)
+    result: dict[str, Any] = {
+        "test_gpu": test_gpu, "train_gpus": [t.gpu.name for t in train],
+        "configurations": test.frame["config"].n_unique(), "skipped_configurations": test.skipped,
+        "full_power_limit_w": test.full_limit, "catalog_tdp_w": catalog.get_gpu_type(test_gpu).tdp_w,
+        "limit_range_w": list(test.gpu.power_limit_range_w),  # type: ignore[arg-type]
+        "model": model.to_json(), "requirements": {},
+    }
+    for r in requirements:
+        frac = median_optimal_fraction(train, r)
+        lo, hi = test.gpu.power_limit_range_w  # type: ignore[misc]
+        target = lo + frac * (hi - lo)
+
+        def nearest(lim: np.ndarray, target: float = target) -> int:  # ties go to the higher limit
+            return int(min(range(lim.size), key=lambda i: (abs(lim[i] - target), -lim[i])))
+
+        result["requirements"][f"{r:g}"] = {
+            "model": scored[r],
+            "max": _score_rule(test, lambda lim: int(np.argmax(lim)), r),
+            "median_fraction": {**_score_rule(test, nearest, r), "fraction": frac},
+        }
+    return result
+
+
+# -- the command ----------------------------------------------------------------------------
+def print_evaluation(result: Mapping[str, Any], console: Any = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    m = result["model"]
+    table = Table(title=f"Power limits on {result['test_gpu']} held out (fit on {', '.join(result['train_gpus'])}; "
+                  f"{result['configurations']} configurations)")
+    for col, just in (("r", "right"), ("policy", "left"), ("violations", "right"), ("regret mean", "right"),
+                      ("regret max", "right"), ("saving vs max", "right")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for r, by in result["requirements"].items():
+        for policy in ("model", "max", "median_fraction"):
+            s = by[policy]
+            name = policy if policy != "median_fraction" else f"median-fraction ({s['fraction']:.2f})"
+            table.add_row(r, name, f"{100 * s['violation_rate']:.1f}%", f"{100 * s['regret_mean']:.1f}%",
+                          f"{100 * s['regret_max']:.1f}%", f"{100 * s['saving_vs_max']:.1f}%")
+    console = console or Console()
+    console.print(table)
+    params = ", ".join(f"{k} = {v:g}" for k, v in m["params"].items())
+    sel = "; ".join(f"{k} {v:.4f}" for k, v in m["selection"].items()) or "one training GPU: dvfs"
+    console.print(f"model: {m['form']} ({params}), fitted with under-weight {m['under_weight']:g}; chosen by "
+                  f"leave-one-GPU-out on the training GPUs (mean regret + violation rate: {sel}). Full power: the trace's {result['full_power_limit_w']:g} W "
+                  f"(catalog TDP {result['catalog_tdp_w']:g} W); range {result['limit_range_w'][0]:g}-"
+                  f"{result['limit_range_w'][1]:g} W.", soft_wrap=True, highlight=False)
+
+
+def cmd_power_evaluate(args: argparse.Namespace) -> int:
+    name = args.test_gpu.strip().lower()
+    _catalog_gpu(name)  # an unknown GPU is named before any file is read
+    result = evaluate_held_out(read_traces(args.data), name)
+    print_evaluation(result)
+    if args.json:
+        out = Path(args.json)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("power", help="GPU power limits: model and evaluation on measured curves")
+    psub = p.add_subparsers(dest="power", required=True)
+    ev = psub.add_parser(
+        "evaluate", help="fit the power-limit model on every GPU's curves but one, score it on that one",
+        description="Reads every summary_power_<gpu>.csv in --data (Zeus's traces), fits the power-limit "
+        "model on all GPUs but --test-gpu, and for each configuration of --test-gpu, given only its "
+        "measurement at the maximum limit and the catalog's figures, chooses the limit of least predicted "
+        "energy keeping r of full-speed throughput (r = 0.8, 0.9, 0.95). Reports violation rate, energy "
+        "regret against the best measured feasible limit and saving against the maximum limit, for the model "
+        "and the 'max' and 'median-fraction' baselines.")
+    ev.add_argument("--data", required=True, help="folder with summary_power_<gpu>.csv files")
+    ev.add_argument("--test-gpu", required=True, help="the GPU held out, e.g. v100 (a catalog type)")
+    ev.add_argument("--json", help="also write the figures to this file")
+    ev.set_defaults(func=cmd_power_evaluate)
