@@ -29,7 +29,7 @@ import math
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -244,7 +244,30 @@ def predict_what_if(job: JobChoice, partner: JobChoice | None, gpu_types: Sequen
         partner_alone = energy.power_alone(t, thr.activity(other, t))
         per_step = (board - partner_alone * tk / k_iso) / tj
         rows.append(WhatIfRow(t, me.job_type, other.job_type, tj, tk, board, per_step, True, source))
-    return tuple(rows)
+    return tuple(_flag_unfamiliar(r, predictor, job, partner) for r in rows)
+
+
+def _flag_unfamiliar(row: WhatIfRow, predictor: ThroughputPredictor, job: JobChoice,
+                     partner: JobChoice | None) -> WhatIfRow:
+    """Say where P1 had nothing of the kind to learn from: a GPU type or a model family it was
+    not trained on (its figures there are extrapolations; docs/predictors.md has the errors)."""
+    if not row.fits or row.source == "measured":
+        return row
+    seen = getattr(predictor.p1, "trained_on", None) or {}
+    unfamiliar = []
+    if seen.get("gpus") and row.gpu_type not in seen["gpus"]:
+        unfamiliar.append("GPU type not in P1's training")
+    families = set(seen.get("families") or ())
+    from gogh_flows.workloads.zoo import parse_job_kind
+
+    for choice in (job, partner):
+        try:
+            fam = parse_job_kind(choice.job_type)[0] if choice is not None else None
+        except ValueError:
+            fam = None  # not a zoo job type
+        if families and fam and fam not in families:
+            unfamiliar.append(f"{fam} not in P1's training")
+    return replace(row, note="; ".join(unfamiliar)) if unfamiliar else row
 
 
 # -- the command ------------------------------------------------------------------------------
@@ -326,7 +349,8 @@ def print_what_if(result: WhatIf, console: Any = None) -> None:
             cells.append(_fmt(r.throughput, ".4g"))
             if partner:
                 cells.append(_fmt(r.partner_throughput, ".4g"))
-            cells += [_fmt(r.power_w, ".0f"), _fmt(r.energy_per_step_j, ".4g"), r.source]
+            cells += [_fmt(r.power_w, ".0f"), _fmt(r.energy_per_step_j, ".4g"),
+                      r.source + (f" ({r.note})" if r.note else "")]
         else:
             cells.append("0")
             if partner:

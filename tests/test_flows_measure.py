@@ -89,16 +89,28 @@ def test_whole_run_and_shared_figures_reach_the_table_as_measured():
                              energy_j=12000.0, max_memory_bytes=None, mean_utilisation=None, wall_s=30.0,
                              attributed_energy_j=12000.0, energy_method="counter", window="whole_run",
                              window_steps=300, run_energy_j=12000.0, board_run_energy_j=12000.0)
+    cpu_timed = TelemetryReading(source="emulated", duration_s=1.0, steps=200, throughput=192.0,
+                                 mean_power_w=60.0, energy_j=60.0, max_memory_bytes=None, mean_utilisation=None,
+                                 wall_s=1.2, attributed_energy_j=60.0, energy_method="model", window="steady",
+                                 window_steps=195, startup_s=0.1, startup_energy_j=6.0, run_energy_j=72.0,
+                                 board_run_energy_j=72.0)
+    emulated = TelemetryReading(source="emulated", duration_s=10.0, steps=300, throughput=30.0, mean_power_w=60.0,
+                                energy_j=600.0, max_memory_bytes=None, mean_utilisation=None, wall_s=0.01,
+                                attributed_energy_j=600.0, energy_method="model", window="emulated",
+                                window_steps=300, run_energy_j=600.0, board_run_energy_j=600.0)
     a, b = row(shared, "r1"), row(whole, "r2")
+    c, d = row(cpu_timed, "r3"), row(emulated, "r4")
     # the run's share, never the board's: the board's figure is kept apart
     assert a["energy_j"] == 3300.0 and a["run_energy_j"] == 6100.0 and a["startup_energy_j"] == 2700.0
     assert '"device_energy_j": "6084"' in a["extra"] and '"energy_split": "model"' in a["extra"]
     assert Measurement.from_row(a).window == "steady"
-    table = pl.concat([empty_table(), pl.DataFrame([{**a, "logged_at": 1.0}, {**b, "logged_at": 2.0}],
+    table = pl.concat([empty_table(), pl.DataFrame([{**r, "logged_at": float(i)} for i, r in enumerate((a, b, c, d))],
                                                   schema=empty_table().schema)])
     obs = observations_from_measurements(table)
-    # the refiner learns the steady run only: the whole-run figure includes 18 s of start-up
-    assert obs["throughput"].to_list() == [24.0]
+    # the refiner learns the steady run and the emulated GPU's own time only: the whole-run
+    # figure includes 18 s of start-up, and a report-only body on an emulated fleet was timed
+    # by the CPU, not by the GPU it stood for
+    assert obs["throughput"].to_list() == [24.0, 30.0]
 
 
 def test_every_meter_declares_the_members_callers_use():

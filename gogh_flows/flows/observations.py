@@ -32,13 +32,17 @@ def observations_from_measurements(frame: pl.DataFrame) -> pl.DataFrame:
     so it is left out of the observations (it stays in the measurement table). So is a run
     measured over its whole life rather than its steady state (a body that reported too
     little): its throughput includes start-up, and learning it taught the refiner that a
-    fresh worker's GPU is 2.5x slower than it is. Rows from before the window was recorded
-    are kept only when emulated (emulated time has no start-up).
+    fresh worker's GPU is 2.5x slower than it is. On an emulated fleet only emulated time
+    (``advance()``) is the emulated GPU's: a body there that only reported was timed by the
+    CPU it ran on. Rows from before the window was recorded are kept only when emulated.
     """
     if frame.is_empty() or "throughput" not in frame.columns:
         return observations_frame()
     window = pl.col("window") if "window" in frame.columns else pl.lit(None, dtype=pl.String)
-    steady = window.is_in(["steady", "emulated"]) | (window.is_null() & (pl.col("telemetry") == "emulated"))
+    emulated = pl.col("telemetry") == "emulated"
+    # an emulated GPU's figure is its truth only in emulated time (advance()); a body that only
+    # reported on an emulated fleet was timed by the CPU it ran on, not by the GPU it stood for
+    steady = ((window == "steady") & ~emulated) | (window == "emulated") | (window.is_null() & emulated)
     rows = []
     for r in frame.filter((pl.col("throughput") > 0) & (pl.col("steps") > 0) & steady).iter_rows(named=True):
         partners = [p for p in (r.get("partners") or []) if p]

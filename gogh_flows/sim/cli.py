@@ -183,7 +183,7 @@ def _spread(per_seed: dict[int, dict[str, dict]]) -> dict[str, dict[str, dict[st
 
 
 #: The printed table's columns (the JSON has every figure).
-SHOWN = ("energy_kwh", "energy_kwh_on", "on_vs_greedy-fastest", "on_vs_oracle", "energy_kwh_parked",
+SHOWN = ("window_h", "energy_kwh", "energy_kwh_on", "on_vs_greedy-fastest", "on_vs_oracle", "energy_kwh_parked",
          "parked_vs_greedy-fastest", "parked_vs_oracle", "sla_attainment", "avg_jct_s", "makespan_s",
          "migrations", "jobs_unfinished", "decision_p99_ms")
 
@@ -196,7 +196,7 @@ def _table(figures: dict[str, dict]):
         out = {"policy": name}
         for key in SHOWN:
             if key in row:
-                h = key.endswith("_s") and key != "decision_p99_ms"
+                h = key.endswith("_s")
                 out[key.removesuffix("_s") + "_h" if h else key] = row[key] / 3600 if h else row[key]
         rows.append(out)
     return pl.DataFrame(rows)
@@ -224,6 +224,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                "noise": args.noise, "rebalance": not args.no_rebalance,
                "rebalance_gain": args.rebalance_gain, "migration_s": args.migration_s,
                "holdout_family": args.holdout_family,
+               "policies_are_for_seed": seeds[0],
                "energy_account": "energy_kwh is each policy's own run (idle until its own last completion); "
                                  "energy_kwh_on / energy_kwh_parked cover one window for every policy (0 to the "
                                  "last completion of any): always on (every GPU at least idle) and parked "
