@@ -141,7 +141,7 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
     """
     logger = get_run_logger()
     source = predictor_source(registry)
-    if source.loaded:
+    if source.loaded or not _first_to_load(registry):
         predictor = source.get()
     else:  # the first run of this process: registering the prior and loading take seconds
         with starting("the predictors", f"{registry.p1_name}/{registry.p2_name} @{registry.alias}"):
@@ -189,6 +189,20 @@ def _inside(gpu: Any, cur: CurrentPlacement, fn: Callable, args: tuple, kwargs: 
 #: this process by token: Dask pickles task arguments even for in-process workers, and a
 #: closure over a lock cannot be pickled.
 _LOCAL_BODIES: dict[str, tuple] = {}
+
+
+_announced: set[str] = set()
+_announced_lock = threading.Lock()
+
+
+def _first_to_load(registry: PredictorRegistry) -> bool:
+    """True for one run only per registry: runs starting together say "starting" once."""
+    key = registry.model_dump_json()
+    with _announced_lock:
+        if key in _announced:
+            return False
+        _announced.add(key)
+        return True
 
 
 def _execute_local(token: str, placement: RunPlacement, work_steps: int) -> Any:
