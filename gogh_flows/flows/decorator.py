@@ -38,7 +38,7 @@ from gogh_flows.flows.cancellation import PrefectCancellation
 from gogh_flows.flows.blocks import GpuCluster, PlacementPolicy, PredictorRegistry, load_block
 from gogh_flows.flows.current import _CURRENT, CurrentPlacement
 from gogh_flows.flows.predictors import predictor_source
-from gogh_flows.flows.session import Session, shared_session, starting
+from gogh_flows.flows.session import Session, shared_session
 from gogh_flows.flows.measure import record_if_placer_lost, record_run
 from gogh_flows.flows.placer import PlacementTimeout, RunLost, RunPlacement, place_with_retry
 from gogh_flows.flows.spec import check_wait_timeout, check_warmup_steps, placed_job
@@ -141,11 +141,7 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
     """
     logger = get_run_logger()
     source = predictor_source(registry)
-    if source.loaded or not _first_to_load(registry):
-        predictor = source.get()
-    else:  # the first run of this process: registering the prior and loading take seconds
-        with starting("the predictors", f"{registry.p1_name}/{registry.p2_name} @{registry.alias}"):
-            predictor = source.get()
+    predictor = source.get()
     if source.degraded:
         logger.warning(source.degraded)
     gpu_types = sorted({d.gpu_type for d in session.pool.devices})
@@ -189,20 +185,6 @@ def _inside(gpu: Any, cur: CurrentPlacement, fn: Callable, args: tuple, kwargs: 
 #: this process by token: Dask pickles task arguments even for in-process workers, and a
 #: closure over a lock cannot be pickled.
 _LOCAL_BODIES: dict[str, tuple] = {}
-
-
-_announced: set[str] = set()
-_announced_lock = threading.Lock()
-
-
-def _first_to_load(registry: PredictorRegistry) -> bool:
-    """True for one run only per registry: runs starting together say "starting" once."""
-    key = registry.model_dump_json()
-    with _announced_lock:
-        if key in _announced:
-            return False
-        _announced.add(key)
-        return True
 
 
 def _execute_local(token: str, placement: RunPlacement, work_steps: int) -> Any:

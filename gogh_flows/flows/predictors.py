@@ -23,6 +23,7 @@ from filelock import FileLock
 from mlflow.exceptions import MlflowException
 
 from gogh_flows.flows.blocks import PredictorRegistry, state_dir
+from gogh_flows.flows.startup import starting
 from gogh_flows.predict.io import ModelFormatError, load_p1, load_p2
 from gogh_flows.predict.service import ThroughputPredictor
 from gogh_flows.tracking.backend import check_reachable, is_http
@@ -157,6 +158,13 @@ class PredictorSource:
         return self._fall_back_to(predictor, using, reason)
 
     def _ask_registry(self, force: bool) -> ThroughputPredictor:
+        # one question is open at a time (``get``), so only the process's first load says so
+        if self._predictor is not None:
+            return self._ask(force)
+        with starting("the predictors", f"{self.block.p1_name}/{self.block.p2_name} @{self.block.alias}"):
+            return self._ask(force)
+
+    def _ask(self, force: bool) -> ThroughputPredictor:
         with self._lock:
             if not force and self._fresh():
                 return self._predictor  # type: ignore[return-value]
@@ -196,11 +204,6 @@ class PredictorSource:
                          self.block.p2_name, v2, self.block.alias)
             self.degraded = None
             return self._predictor
-
-    @property
-    def loaded(self) -> bool:
-        """Whether predictors were loaded (or fallen back to) in this process already."""
-        return self._predictor is not None
 
     def _fall_back(self, reason: str) -> ThroughputPredictor:
         """Keep what is loaded, else load the newest cached versions, else the prior (under the lock)."""

@@ -13,9 +13,8 @@ import functools
 import logging
 import re
 import threading
-import time
-from collections.abc import Iterator, Mapping
-from contextlib import ExitStack, contextmanager
+from collections.abc import Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,47 +24,12 @@ from gogh_flows.flows.lost_runs import deliver_lost_runs
 from gogh_flows.flows.mirror import SpoolFlusher
 from gogh_flows.flows.observations import ObservationCache
 from gogh_flows.flows.predictors import forget_predictor_sources
+from gogh_flows.flows.startup import starting
 from gogh_flows.runtime.pool import GpuPool, open_pool
 from gogh_flows.tracking.measurements import MeasurementLog
 from gogh_flows.truth import load_truth
 
 log = logging.getLogger("gogh_flows")
-#: start-up progress: shown on the console by default (see :func:`starting`)
-startup_log = logging.getLogger("gogh_flows.startup")
-
-
-def _show_startup_lines() -> None:
-    """Make the start-up lines visible unless the user configured gogh's logging themselves.
-
-    A first run takes seconds to tens of seconds (a Dask cluster, the MLflow store, the
-    emulated fleet's truth table) and silence looks like a hang; later runs start nothing
-    and print nothing. Prefect's console handler on the root logger shows WARNING and up by
-    default, so only this child logger is raised to INFO, and only when neither it nor
-    ``gogh_flows`` has a level set; with no handler anywhere it gets one of its own.
-    """
-    if startup_log.level == logging.NOTSET and logging.getLogger("gogh_flows").level == logging.NOTSET \
-            and startup_log.getEffectiveLevel() > logging.INFO:
-        startup_log.setLevel(logging.INFO)
-    if not startup_log.hasHandlers():
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(message)s"))
-        startup_log.addHandler(handler)
-
-
-@contextmanager
-def starting(component: str, detail: str = "") -> Iterator[None]:
-    """One INFO line when ``component`` starts and one when it is ready, with the time it took."""
-    _show_startup_lines()
-    startup_log.info("gogh: starting %s%s ...", component, f" ({detail})" if detail else "")
-    began = time.monotonic()
-    try:
-        yield
-    except BaseException:
-        startup_log.info("gogh: %s failed after %.1f s", component, time.monotonic() - began)
-        raise
-    startup_log.info("gogh: %s ready in %.1f s", component, time.monotonic() - began)
-
-
 def _safe_uri(uri: str) -> str:
     """A tracking URI fit for a log line: a password in it is masked."""
     return re.sub(r"//([^/@:]*):[^/@]*@", r"//\1:***@", uri)
