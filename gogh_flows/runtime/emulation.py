@@ -219,17 +219,14 @@ class EmulatedMeter(StepCounter):
                     duration_s=duration, throughput=self._steps / duration, mean_power_w=energy / duration,
                     energy_j=energy, attributed_energy_j=attr, window="emulated", window_steps=self._steps,
                     run_energy_j=attr, board_run_energy_j=energy, **common)
-            win = self.window()
-            if win is not None and win.steady and self._window_j is not None:
+            win, timing = self._timing(self._t0, self._seg_t)
+            if win is not None:  # _on_report marked the energies when the window opened
                 energy = self._last_j[0] - self._window_j[0]
                 return TelemetryReading(
-                    duration_s=win.duration_s, throughput=win.steps / win.duration_s,
                     mean_power_w=energy / win.duration_s, energy_j=energy,
-                    attributed_energy_j=self._last_j[1] - self._window_j[1], window="steady",
-                    window_steps=win.steps, startup_s=win.start_t - self._t0, startup_energy_j=self._window_j[1],
-                    run_energy_j=self._wall_attr_j, board_run_energy_j=self._wall_j, **common)
+                    attributed_energy_j=self._last_j[1] - self._window_j[1], startup_energy_j=self._window_j[1],
+                    run_energy_j=self._wall_attr_j, board_run_energy_j=self._wall_j, **timing, **common)
             return TelemetryReading(
-                duration_s=wall, throughput=self._steps / wall if wall > 0 else 0.0,
                 mean_power_w=self._wall_j / wall if wall > 0 else self._seg_power[0], energy_j=self._wall_j,
-                attributed_energy_j=self._wall_attr_j, window="whole_run", window_steps=self._steps,
-                run_energy_j=self._wall_attr_j, board_run_energy_j=self._wall_j, **common)
+                attributed_energy_j=self._wall_attr_j, run_energy_j=self._wall_attr_j,
+                board_run_energy_j=self._wall_j, **timing, **common)

@@ -177,8 +177,7 @@ class NvmlSampler(StepCounter):
         def run_j(p: EnergyAt) -> float:
             return p.run_counter if use_counter else p.run_integrated
 
-        def board_j(p: EnergyAt) -> float:  # mean power always comes from the power samples: a
-            # counter's resolution is too coarse over a short window
+        def board_j(p: EnergyAt) -> float:
             return p.board_counter if use_counter else p.board_integrated
 
         total = share.total.minus(share.joined)  # type: ignore[arg-type]
@@ -188,27 +187,25 @@ class NvmlSampler(StepCounter):
             method = "counter" if not share.filled_stretches else "counter+integrated"
         else:
             method = "integrated" if share.power_samples > 0 else None
-        win = self.window()
-        start, last = share.at("window_start"), share.at("last_report")
+        win, timing = self._timing(share.joined.t, share.total.t)  # type: ignore[union-attr]
         common = dict(
             source="nvml", steps=self._steps, max_memory_bytes=share.max_memory,
             mean_utilisation=share.util_sum / share.util_n if share.util_n else None, wall_s=wall,
             energy_method=method, samples=share.power_samples,
             run_energy_j=run_j(total) if powered else None, board_run_energy_j=board_j(total) if powered else None,
-            energy_split="+".join(sorted(share.splits)) or "alone", power_limit_w=self._limit_w,
+            energy_split="+".join(sorted(share.splits)) or "alone", power_limit_w=self._limit_w, **timing,
         )
-        if win is not None and win.steady and start is not None and last is not None:
-            stretch, before = last.minus(start), start.minus(share.joined)  # type: ignore[arg-type]
+        # mean power always comes from the power samples: a counter's resolution is too coarse
+        # over a short window
+        if win is not None:  # the window's ends were marked as the reports came
+            start, last = share.at("window_start"), share.at("last_report")
+            stretch, before = last.minus(start), start.minus(share.joined)  # type: ignore[union-attr,arg-type]
             return TelemetryReading(
-                duration_s=win.duration_s, throughput=win.steps / win.duration_s, window="steady",
-                window_steps=win.steps,
                 mean_power_w=stretch.board_integrated / stretch.t if share.power_samples and stretch.t > 0 else None,
                 energy_j=board_j(stretch) if powered else None,
                 attributed_energy_j=run_j(stretch) if powered else None,
-                startup_s=before.t, startup_energy_j=run_j(before) if powered else None, **common)
+                startup_energy_j=run_j(before) if powered else None, **common)
         return TelemetryReading(
-            duration_s=wall, throughput=self._steps / wall if wall > 0 else 0.0, window="whole_run",
-            window_steps=self._steps,
             mean_power_w=total.board_integrated / wall if share.power_samples and wall > 0 else None,
             energy_j=board_j(total) if powered else None, attributed_energy_j=run_j(total) if powered else None,
             **common)

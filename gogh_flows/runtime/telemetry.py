@@ -32,7 +32,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from gogh_flows.energy import EnergyModel
@@ -47,7 +47,6 @@ __all__ = [
     "WallClockMeter",
     "NvmlSampler",
     "TelemetryReading",
-    "WINDOWS",
     "nvml_fallback_warned",
     "telemetry_for",
 ]
@@ -58,10 +57,6 @@ log = logging.getLogger("gogh_flows.runtime")
 #: Steps a run does before its steady-state window opens, unless the decorator says otherwise:
 #: the first steps pay for cuDNN autotuning, lazy allocation and caches warming up.
 DEFAULT_WARMUP_STEPS = 5
-
-#: How a reading's throughput was measured: over the steady-state window, over the whole run
-#: (the body reported too little for a window), or in emulated time (no start-up to exclude).
-WINDOWS = ("steady", "whole_run", "emulated")
 
 
 @dataclass(frozen=True)
@@ -234,6 +229,17 @@ class StepCounter:
                 return None
             return StepWindow(*self._window_start, *self._last_report)
 
+    def _timing(self, t0: float, t1: float) -> tuple[StepWindow | None, dict[str, Any]]:
+        """The steady window (``None`` when there is none) and the reading's timing fields for a
+        run from ``t0`` to ``t1``: the window's when there is one, the whole run's otherwise."""
+        win = self.window()
+        if win is not None and win.steady:
+            return win, {"window": "steady", "duration_s": win.duration_s, "window_steps": win.steps,
+                         "throughput": win.steps / win.duration_s, "startup_s": win.start_t - t0}
+        wall = t1 - t0
+        return None, {"window": "whole_run", "duration_s": wall, "window_steps": self._steps,
+                      "throughput": self._steps / wall if wall > 0 else 0.0}
+
 
 class WallClockMeter(StepCounter):
     """Steps over wall time, and nothing else: a GPU whose board cannot be read.
@@ -256,17 +262,9 @@ class WallClockMeter(StepCounter):
         if self._t0 is None:
             raise RuntimeError("WallClockMeter.stop() called before start()")
         t1 = self._clock()
-        wall = t1 - self._t0
-        win = self.window()
-        if win is not None and win.steady:
-            return TelemetryReading(source="wallclock", duration_s=win.duration_s, steps=self._steps,
-                                    throughput=win.steps / win.duration_s, mean_power_w=None, energy_j=None,
-                                    max_memory_bytes=None, mean_utilisation=None, wall_s=wall, window="steady",
-                                    window_steps=win.steps, startup_s=win.start_t - self._t0)
-        return TelemetryReading(source="wallclock", duration_s=wall, steps=self._steps,
-                                throughput=self._steps / wall if wall > 0 else 0.0, mean_power_w=None,
-                                energy_j=None, max_memory_bytes=None, mean_utilisation=None, wall_s=wall,
-                                window_steps=self._steps)
+        _, timing = self._timing(self._t0, t1)
+        return TelemetryReading(source="wallclock", steps=self._steps, mean_power_w=None, energy_j=None,
+                                max_memory_bytes=None, mean_utilisation=None, wall_s=t1 - self._t0, **timing)
 
 
 # The sampler lives in nvml.py (it needs pynvml, imported lazily); it is
