@@ -1,0 +1,108 @@
+"""How well could *any* simple limit rule do on Zeus's curves? A bound for `gogh power evaluate`.
+
+`gogh power evaluate` (docs/energy.md, "Power limits") asks a model fitted on other GPUs to
+choose a limit from one full-power measurement. Before blaming the model, this script asks
+what the best rule of two simple families achieves when it is tuned **on the held-out GPU's
+own measured curves** (in-sample, with hindsight: an optimistic bound, not a method):
+
+* ``k``: the lowest limit ``L >= k * P0`` (a limit relative to the job's full-power draw);
+* ``affine``: the lowest limit ``L >= idle + k * (P0 - idle) + c * (L_max - idle)``.
+
+For each GPU and requirement r it reports the least mean energy regret among the rule's
+settings whose violation rate is <= 2% (the issue's bar), scored exactly as the evaluation
+scores the model. It also counts the configurations where a limit that cannot bind
+(``L >= 1.5 P0``, below the maximum) was measured slower than r of full speed: run-to-run
+noise that no rule lowering limits can avoid.
+
+    .venv/bin/python benchmarks/power_limit_bound.py [--data ../shared/data/zeus]
+
+Writes ``benchmarks/results/power_limit_bound.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+from pathlib import Path
+
+import numpy as np
+
+from gogh_flows.power_limits import REQUIREMENTS, TraceSet, _configs, _measured_best, read_traces
+
+OUT = Path(__file__).resolve().parent / "results"
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "zeus"
+BAR_VIOLATIONS = 0.02
+
+
+def score_threshold(trace: TraceSet, threshold, r: float) -> tuple[float, float]:
+    """(violation rate, mean regret) of 'the lowest measured limit >= threshold(P0)'."""
+    chosen, best, violated = [], [], []
+    for lim, t, p, t0, p0 in _configs(trace):
+        ok = np.flatnonzero(lim >= threshold(p0))
+        i = int(ok[0]) if ok.size else int(np.argmax(lim))  # lim is sorted ascending
+        b = _measured_best(lim, t, p, t0, r)
+        chosen.append(t[i] * p[i])
+        best.append(t[b] * p[b])
+        violated.append(t0 / t[i] < r - 1e-12)
+    return float(np.mean(violated)), float(np.mean(np.array(chosen) / np.array(best) - 1.0))
+
+
+def best_setting(rows: list[tuple]) -> dict | None:
+    feasible = [row for row in rows if row[-2] <= BAR_VIOLATIONS]
+    if not feasible:
+        return None
+    *setting, vio, regret = min(feasible, key=lambda row: row[-1])
+    return {"setting": [round(float(s), 3) for s in setting], "violation_rate": vio, "regret_mean": regret}
+
+
+def noise_floor(trace: TraceSet, r: float) -> tuple[int, int]:
+    hit = total = 0
+    for lim, t, _, t0, p0 in _configs(trace):
+        slack = (lim >= 1.5 * p0) & (lim < lim.max())
+        if slack.any():
+            total += 1
+            hit += bool((t0 / t[slack] < r - 1e-12).any())
+    return hit, total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=DATA, help="folder with summary_power_<gpu>.csv")
+    args = ap.parse_args()
+    traces = read_traces(args.data)
+    ks = np.arange(0.3, 2.0001, 0.02)
+    cs = np.arange(-0.3, 0.5001, 0.025)
+    result: dict = {}
+    lines = ["| GPU | r | best `k` rule (k: violations / regret) | best `affine` rule (k, c: violations / regret) "
+             "| configs with a non-binding limit measured below r |", "| --- | ---: | --- | --- | ---: |"]
+    for name, trace in traces.items():
+        idle, top = trace.gpu.idle_w, trace.full_limit
+        for r in REQUIREMENTS:
+            k_rows = [(k, *score_threshold(trace, lambda p0, k=k: k * p0, r)) for k in ks]
+            a_rows = [(k, c, *score_threshold(trace, lambda p0, k=k, c=c: idle + k * (p0 - idle) + c * (top - idle), r))
+                      for k, c in itertools.product(ks[::2], cs)]
+            k_best, a_best = best_setting(k_rows), best_setting(a_rows)
+            hit, total = noise_floor(trace, r)
+            result.setdefault(name, {})[f"{r:g}"] = {"k": k_best, "affine": a_best, "noise": [hit, total]}
+
+            def cell(b: dict | None) -> str:
+                if b is None:
+                    return "none reaches <= 2% violations"
+                return (f"{', '.join(f'{s:g}' for s in b['setting'])}: {100 * b['violation_rate']:.1f}% / "
+                        f"{100 * b['regret_mean']:.1f}%")
+
+            lines.append(f"| {name} | {r:g} | {cell(k_best)} | {cell(a_best)} | {hit} of {total} |")
+    table = "\n".join(lines)
+    print(table)
+    OUT.mkdir(exist_ok=True)
+    (OUT / "power_limit_bound.json").write_text(json.dumps(result, indent=2) + "\n")
+    (OUT / "power_limit_bound.md").write_text(
+        "# Best simple limit rules, tuned in-sample on each GPU (benchmarks/power_limit_bound.py)\n\n"
+        "Least mean energy regret at <= 2% violations, the rule tuned on the GPU it is scored on.\n\n"
+        + table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
