@@ -17,6 +17,12 @@ the first finishes, the survivor speeds back up to its isolated rate. This is
 the quantity the optimiser minimises and the baselines are scored with, so the
 two are compared on exactly the same yardstick.
 
+Power limits (docs/energy.md, "Power limits in the decision"): every method takes an optional
+``limit_w``, the board's power limit (None: its maximum, the default). Below the maximum a
+limit slows the board's jobs by a common factor and caps its draw, as the power-limit model
+(:mod:`gogh_flows.power_limits`, fitted on Zeus's measured curves) predicts from the draw at
+full power. One limit holds for the whole board, so two jobs sharing it slow down together.
+
 Idle accounting: with ``count_idle=True`` (default) an occupied GPU's idle
 power is charged to its jobs and an empty GPU is assumed parked, which is how a
 job's energy is reported to users. With ``count_idle=False`` idle power is
@@ -29,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from gogh_flows.catalog import GpuType, get_gpu_type
+from gogh_flows.power_limits import PowerLimitModel, default_limit_model
 
 #: Activity assumed when a source has no power information: training jobs keep
 #: a datacenter GPU near, but below, its TDP (typical nvidia-smi readings).
@@ -66,6 +73,8 @@ class EnergyModel:
 
     count_idle: bool = True
     gpu_types: Mapping[str, GpuType] | None = None
+    #: how a board answers a power limit; None: the shipped model (``gogh power fit``)
+    limit_model: PowerLimitModel | None = None
     # Catalog lookups resolved once per model: this sits on the optimiser's hot path.
     _resolved: dict[str, GpuType] = field(default_factory=dict, repr=False, compare=False)
 
@@ -87,52 +96,98 @@ class EnergyModel:
         g = self.gpu(gpu_type)
         return (g.idle_w if self.count_idle else 0.0), g.tdp_w - g.idle_w
 
+    # -- power limits -----------------------------------------------------------------
+    def max_limit(self, gpu_type: str | GpuType) -> float:
+        """The board's full-power limit: the top of its range, else its TDP."""
+        g = self.gpu(gpu_type)
+        return g.power_limit_range_w[1] if g.power_limit_range_w else g.tdp_w
+
+    def at_limit(self, gpu_type: str | GpuType, p0_w: float, limit_w: float | None) -> tuple[float, float]:
+        """(slowdown, board W) under ``limit_w`` for a board drawing ``p0_w`` at its maximum limit.
+
+        Relative to the maximum limit, where the throughputs and activities were measured, so
+        a board already held back there (a job drawing about TDP) is not charged twice.
+        """
+        if limit_w is None:
+            return 1.0, p0_w
+        g = self.gpu(gpu_type)
+        top = self.max_limit(g)
+        if limit_w >= top:
+            return 1.0, p0_w
+        model = self.limit_model or default_limit_model()
+        s_top, p_top = model.response(p0_w, g.idle_w, top)
+        s, p = model.response(p0_w, g.idle_w, limit_w)
+        return s / s_top, min(p0_w, p * p0_w / p_top)
+
     # -- power by state ---------------------------------------------------------------
     def idle_power(self, gpu_type: str | GpuType) -> float:
         return self.gpu(gpu_type).idle_w
 
-    def power_alone(self, gpu_type: str | GpuType, activity: float) -> float:
+    def power_alone(self, gpu_type: str | GpuType, activity: float, limit_w: float | None = None) -> float:
         _check_unit("activity", activity)
         g = self.gpu(gpu_type)
-        return g.idle_w + activity * (g.tdp_w - g.idle_w)
+        p0 = g.idle_w + activity * (g.tdp_w - g.idle_w)
+        return p0 if limit_w is None else self.at_limit(g, p0, limit_w)[1]
 
     def power_shared(
-        self, gpu_type: str | GpuType, loads: tuple[tuple[float, float], tuple[float, float]]
+        self, gpu_type: str | GpuType, loads: tuple[tuple[float, float], tuple[float, float]],
+        limit_w: float | None = None,
     ) -> float:
-        """Power with two jobs sharing; ``loads`` = ((activity, shared/isolated), ...) per job."""
+        """Power with two jobs sharing; ``loads`` = ((activity, shared/isolated), ...) per job.
+
+        The shares are those at full power: a limit slows both jobs alike, so it caps the
+        board's draw without changing who draws what.
+        """
         g = self.gpu(gpu_type)
         load = min(1.0, sum(a * r for a, r in loads))
-        return g.idle_w + load * (g.tdp_w - g.idle_w)
+        p0 = g.idle_w + load * (g.tdp_w - g.idle_w)
+        return p0 if limit_w is None else self.at_limit(g, p0, limit_w)[1]
 
     # -- energy to completion ---------------------------------------------------------
-    def energy_alone(self, gpu_type: str | GpuType, occ: Occupant, num_gpus: int = 1) -> float:
+    def energy_alone(self, gpu_type: str | GpuType, occ: Occupant, num_gpus: int = 1,
+                     limit_w: float | None = None) -> float:
         """Joules for ``occ`` to finish alone (on each of ``num_gpus`` GPUs of a gang)."""
         idle, dyn = self._levels(gpu_type)
-        return num_gpus * (idle + occ.activity * dyn) * occ.work / occ.isolated
+        p0 = idle + occ.activity * dyn
+        if limit_w is None:
+            return num_gpus * p0 * occ.work / occ.isolated
+        g = self.gpu(gpu_type)
+        slow, board = self.at_limit(g, g.idle_w + occ.activity * dyn, limit_w)
+        return num_gpus * (board - (g.idle_w - idle)) * occ.work * slow / occ.isolated
 
-    def energy_pair(self, gpu_type: str | GpuType, a: Occupant, b: Occupant) -> float:
-        """Joules until both of two co-located jobs finish (survivor speeds back up)."""
+    def energy_pair(self, gpu_type: str | GpuType, a: Occupant, b: Occupant,
+                    limit_w: float | None = None) -> float:
+        """Joules until both of two co-located jobs finish (survivor speeds back up).
+
+        Under a limit both run ``slowdown`` times slower while they share, and the survivor
+        then runs at the same limit alone (one limit per board until it is re-chosen).
+        """
         if a.shared is None or b.shared is None:
             raise ValueError("both occupants of a shared GPU need their shared throughput")
-        idle, dyn = self._levels(gpu_type)
-        ta, tb = a.work / a.shared, b.work / b.shared
-        overlap = min(ta, tb)
+        g = self.gpu(gpu_type)
+        idle, dyn = self._levels(g)
+        unpaid = g.idle_w - idle  # idle power treated as paid anyway (always-on accounting)
         load = min(1.0, a.activity * a.shared / a.isolated + b.activity * b.shared / b.isolated)
-        energy = (idle + load * dyn) * overlap
+        slow, board = self.at_limit(g, g.idle_w + load * dyn, limit_w)
+        ta, tb = slow * a.work / a.shared, slow * b.work / b.shared
+        overlap = min(ta, tb)
+        energy = (board - unpaid) * overlap
         survivor = a if ta > tb else b
-        left = survivor.work - overlap * survivor.shared  # type: ignore[operator]
+        left = survivor.work - overlap * survivor.shared / slow  # type: ignore[operator]
         if left > 0:
-            energy += (idle + survivor.activity * dyn) * left / survivor.isolated
+            s_alone, p_alone = self.at_limit(g, g.idle_w + survivor.activity * dyn, limit_w)
+            energy += (p_alone - unpaid) * left * s_alone / survivor.isolated
         return energy
 
-    def energy(self, gpu_type: str | GpuType, occupants: tuple[Occupant, ...] | list[Occupant]) -> float:
+    def energy(self, gpu_type: str | GpuType, occupants: tuple[Occupant, ...] | list[Occupant],
+               limit_w: float | None = None) -> float:
         """Energy to completion of a single GPU's occupants (0, 1 or 2 jobs)."""
         if len(occupants) == 0:
             return 0.0
         if len(occupants) == 1:
-            return self.energy_alone(gpu_type, occupants[0])
+            return self.energy_alone(gpu_type, occupants[0], limit_w=limit_w)
         if len(occupants) == 2:
-            return self.energy_pair(gpu_type, occupants[0], occupants[1])
+            return self.energy_pair(gpu_type, occupants[0], occupants[1], limit_w=limit_w)
         raise ValueError(
             f"the energy model covers at most 2 co-located jobs (pairwise data), got {len(occupants)}"
         )

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -62,8 +63,9 @@ from gogh_flows import catalog
 from gogh_flows.catalog import GpuType
 
 __all__ = [
-    "FORMS", "REQUIREMENTS", "UNDER_WEIGHTS", "LimitMeasurement", "PowerLimitModel", "TraceSet", "add_parser",
-    "choose_limit", "cmd_power_evaluate", "evaluate_held_out", "fit_power_limit_model",
+    "DEFAULT_MODEL_FILE", "FORMS", "REQUIREMENTS", "UNDER_WEIGHTS", "LimitMeasurement", "PowerLimitModel", "TraceSet", "add_parser",
+    "choose_limit", "cmd_power_evaluate", "cmd_power_fit", "default_limit_model", "evaluate_held_out",
+    "fit_all", "fit_power_limit_model",
     "read_traces",
 ]
 
@@ -161,6 +163,36 @@ class PowerLimitModel:
         n = lim.shape
         return _predict_arrays(self.form, self.params, np.full(n, measurement.time_s),
                                np.full(n, measurement.power_w), np.full(n, gpu.idle_w), lim)
+
+    def response(self, p0_w: float, idle_w: float, limit_w: float) -> tuple[float, float]:
+        """(slowdown ``t(L) / t0``, board power W at ``L``) for a board drawing ``p0_w`` at full power.
+
+        The scalar twin of :meth:`predict`, for the optimiser's hot path (one call per option
+        and level; numpy's per-call overhead would dominate).
+        """
+        q = self.params
+        budget = q["eta"] * limit_w
+        if budget >= p0_w:
+            return 1.0, p0_w
+        if self.form == "powerlaw":
+            return (1.0 + q["k"] * (p0_w - budget) / p0_w) ** q["alpha"], budget
+        idle = min(idle_w, 0.95 * p0_w)
+        ps = idle + q["s"] * (p0_w - idle)
+        dyn = max(p0_w - ps, 1e-9)
+        gamma = q["gamma"]
+        frac = min(max((budget - ps) / dyn, X_MIN ** gamma), 1.0)
+        x = frac ** (1.0 / gamma)
+        power = min(max(budget, ps + dyn * X_MIN ** gamma), p0_w)
+        return q["beta"] / x + 1.0 - q["beta"], power
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PowerLimitModel:
+        try:
+            return cls(form=data["form"], params={k: float(v) for k, v in data["params"].items()},
+                       trained_on=tuple(data.get("trained_on", ())), selection=dict(data.get("selection", {})),
+                       under_weight=float(data.get("under_weight", 1.0)))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a power-limit model (need 'form' and 'params'): {exc}") from None
 
     def to_json(self) -> dict[str, Any]:
         return {"form": self.form, "params": {k: round(float(v), 4) for k, v in self.params.items()},
@@ -487,6 +519,49 @@ def evaluate_held_out(traces: Mapping[str, TraceSet], test_gpu: str,
     return result
 
 
+# -- the shipped model ----------------------------------------------------------------------
+#: Fitted on every GPU of Zeus's traces by ``gogh power fit --data ../shared/data/zeus``; the
+#: model placements plan limits with (docs/energy.md, "Power limits in the decision").
+DEFAULT_MODEL_FILE = Path(__file__).with_name("power_limit_model.json")
+
+
+@functools.cache
+def default_limit_model() -> PowerLimitModel:
+    """The shipped model (JSON, read once); regenerate it with ``gogh power fit``."""
+    return PowerLimitModel.from_json(json.loads(DEFAULT_MODEL_FILE.read_text()))
+
+
+def _log_error(model: PowerLimitModel, trace: TraceSet) -> float:
+    """Root mean square of log(predicted / measured) over time and power on one GPU."""
+    d = _stack([trace])
+    t, p = _predict_arrays(model.form, model.params, d["t0"], d["p0"], d["idle"], d["limit"])
+    return float(np.sqrt(np.mean(np.log(t / d["time"]) ** 2 + np.log(p / d["power"]) ** 2)))
+
+
+def fit_all(traces: Mapping[str, TraceSet]) -> dict[str, Any]:
+    """The model placements plan with: fitted on every GPU, as JSON.
+
+    Unlike :func:`fit_power_limit_model`, which aims at one decision from one measurement and
+    so leans towards predicting too much slowdown, this model describes the curves as they
+    are (unweighted least squares): the simulator charges energy with it and the optimiser
+    weighs limits against GPUs and partners with it; a margin for uncertainty belongs to the
+    requirement, not to the physics. The form is the one of least leave-one-GPU-out log error.
+    """
+    names = sorted(traces)
+    scores: dict[str, float] = {}
+    for form in FORMS:
+        if len(names) > 1:
+            scores[form] = float(np.mean([
+                _log_error(PowerLimitModel(form, _fit_form(form, [traces[g] for g in names if g != h])), traces[h])
+                for h in names]))
+    form = min(scores, key=scores.__getitem__) if scores else "dvfs"
+    model = PowerLimitModel(form, _fit_form(form, [traces[g] for g in names]), trained_on=tuple(names),
+                            selection={f"{f} (leave-one-GPU-out RMS log error)": v for f, v in scores.items()})
+    return {**model.to_json(), "source": "Zeus NSDI'23 power traces (summary_power_<gpu>.csv)",
+            "command": "gogh power fit --data ../shared/data/zeus --out gogh_flows/power_limit_model.json",
+            "configurations": {g: int(traces[g].frame["config"].n_unique()) for g in names}}
+
+
 # -- the command ----------------------------------------------------------------------------
 def print_evaluation(result: Mapping[str, Any], console: Any = None) -> None:
     from rich.console import Console
@@ -526,6 +601,17 @@ def cmd_power_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_power_fit(args: argparse.Namespace) -> int:
+    fitted = fit_all(read_traces(args.data))
+    text = json.dumps(fitted, indent=2) + "\n"
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    print(text, end="")
+    return 0
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("power", help="GPU power limits: model and evaluation on measured curves")
     psub = p.add_subparsers(dest="power", required=True)
@@ -541,3 +627,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--test-gpu", required=True, help="the GPU held out, e.g. v100 (a catalog type)")
     ev.add_argument("--json", help="also write the figures to this file")
     ev.set_defaults(func=cmd_power_evaluate)
+    fit = psub.add_parser(
+        "fit", help="fit the power-limit model on every GPU's curves (the model placements plan limits with)",
+        description="Reads every summary_power_<gpu>.csv in --data and fits the power-limit model on all of "
+        "them (form and under-weight chosen by leave-one-GPU-out). Prints the JSON; --out also writes it "
+        "(gogh_flows/power_limit_model.json is the shipped model).")
+    fit.add_argument("--data", required=True, help="folder with summary_power_<gpu>.csv files")
+    fit.add_argument("--out", help="write the model's JSON to this file")
+    fit.set_defaults(func=cmd_power_fit)

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import pytest
@@ -54,10 +55,10 @@ def random_table(seed: int, n_jobs: int, zero_frac: float) -> ThroughputTable:
 
 
 problems = st.builds(
-    lambda seed, n_jobs, zero, gpus, running, arrivals, cap, types: random_problem(
+    lambda seed, n_jobs, zero, gpus, running, arrivals, cap, types, levels: dataclasses.replace(random_problem(
         random_table(seed, n_jobs, zero), num_gpus=gpus, running=running, arrivals=arrivals,
         seed=seed, types=types, gang_fraction=0.25, capacity=cap,
-    ),
+    ), power_limit_levels=levels),
     seed=st.integers(0, 10_000),
     n_jobs=st.integers(2, 5),
     zero=st.sampled_from([0.0, 0.15, 0.3]),
@@ -67,6 +68,8 @@ problems = st.builds(
     cap=st.sampled_from([1, 2, 2]),
     # Fewer types leave room for gangs, which need free GPUs of one type.
     types=st.sampled_from([TYPES, TYPES[1:3], ("a100",)]),
+    # half the problems choose power limits too (docs/optimizer.md, "Power limits")
+    levels=st.sampled_from([(), (0.0, 0.4, 0.7)]),
 )
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

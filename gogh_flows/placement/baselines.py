@@ -27,6 +27,7 @@ import math
 import random
 import time
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -73,11 +74,16 @@ class SequentialPolicy:
             if choice is None:
                 waiting.append(Waiting(job.id, waiting_reason(opts), opts.best_throughput))
                 continue
-            state.add(job, choice.gpus)
+            state.add(job, choice.gpus, choice.power_limit_w)
+            if choice.partner is not None:
+                # a join sets the board's limit for the partner too, when it was placed just now
+                assignments = [dataclasses.replace(a, power_limit_w=choice.power_limit_w)
+                               if a.job_id == choice.partner else a for a in assignments]
             assignments.append(Assignment(
                 job_id=job.id, gpu_type=choice.gpu_type, gpus=choice.gpus,
                 throughput=choice.throughput, energy_j=choice.energy_j,
                 partner=choice.partner, partner_throughput=choice.partner_throughput,
+                power_limit_w=choice.power_limit_w,
             ))
         return Placement(
             policy=self.name, assignments=tuple(assignments), waiting=tuple(waiting),

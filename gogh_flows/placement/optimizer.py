@@ -25,6 +25,7 @@ before CP-SAT finds anything.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections import defaultdict
@@ -39,7 +40,7 @@ from gogh_flows.placement.options import (
     JobOptions,
     alone_energy,
     options_for,
-    pair_figures,
+    best_pair,
     waiting_reason,
 )
 from gogh_flows.placement.problem import Job, PlacementProblem
@@ -138,7 +139,7 @@ class GoghOptimizer:
                 t = key[0]
                 if not (fast_enough[(a.id, t)] and fast_enough[(b.id, t)]):
                     continue
-                reason, ta, tb, energy, power = pair_figures(problem, a, b, t)
+                reason, ta, tb, energy, power, limit, e_ref = best_pair(problem, a, b, t, problem.limit_levels(t))
                 if reason is not None:
                     continue
                 if plentiful and energy >= best_alone[a.id] + best_alone[b.id]:
@@ -148,8 +149,9 @@ class GoghOptimizer:
                 ea = alone_energy(problem, a, t, max(thr.isolated(a, t), ta))
                 eb = alone_energy(problem, b, t, max(thr.isolated(b, t), tb))
                 sa = ea / (ea + eb) if ea + eb > 0 else 0.5
-                ca = Choice(t, (), ta, energy * sa, power * sa, b.id, tb, True)
-                cb = Choice(t, (), tb, energy * (1 - sa), power * (1 - sa), a.id, ta, True)
+                saved = e_ref - energy
+                ca = Choice(t, (), ta, energy * sa, power * sa, b.id, tb, True, limit, saved * sa)
+                cb = Choice(t, (), tb, energy * (1 - sa), power * (1 - sa), a.id, ta, True, limit, saved * (1 - sa))
                 out.append(_Var(None, (a, b), energy, ("class", key, 1), (ca, cb)))
         return out
 
@@ -250,12 +252,11 @@ class GoghOptimizer:
             else:
                 gpus = (v.resource[1],)
             for job, option in zip(v.jobs, v.choices, strict=True):
-                c = Choice(option.gpu_type, gpus, option.throughput, option.energy_j,
-                           option.power_w, option.partner, option.partner_throughput,
-                           option.partner_is_new)
+                c = dataclasses.replace(option, gpus=gpus)
                 assignments.append(Assignment(
                     job_id=job.id, gpu_type=c.gpu_type, gpus=gpus, throughput=c.throughput,
                     energy_j=c.energy_j, partner=c.partner, partner_throughput=c.partner_throughput,
+                    power_limit_w=c.power_limit_w,
                 ))
                 explanations[job.id] = explain(
                     opts[job.id], c, note=f"{self.name} ({status})", option=option

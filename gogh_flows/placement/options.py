@@ -16,6 +16,7 @@ touches, so a join also pays for slowing its partner down.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
@@ -40,14 +41,22 @@ class FleetState:
         self.occupants: dict[str, list[Job]] = {
             g.id: list(problem.occupants(g.id)) for g in problem.gpus
         }
+        self.limits: dict[str, float | None] = {}  # limits set by this decision so far
 
-    def add(self, job: Job, gpus: tuple[str, ...]) -> None:
+    def add(self, job: Job, gpus: tuple[str, ...], limit_w: float | None = None) -> None:
         for gid in gpus:
             occ = self.occupants[gid]
             cap = self.problem.gpu(gid).capacity
             if len(occ) >= cap:
                 raise RuntimeError(f"GPU {gid} is full; cannot add {job.id}")
             occ.append(job)
+            self.limits[gid] = limit_w
+
+    def limit(self, gpu_id: str) -> float | None:
+        """The limit the GPU runs at in this state (None: its maximum)."""
+        if gpu_id in self.limits:
+            return self.limits[gpu_id]
+        return self.problem.gpu_limit(gpu_id)
 
     def free_by_class(self) -> dict[tuple[str, int], list[str]]:
         """Empty GPUs grouped by (type, capacity), in fleet order."""
@@ -80,39 +89,75 @@ def _occupant(problem: PlacementProblem, job: Job, gpu_type: str, iso: float,
     return Occupant(job.work, iso, problem.throughputs.activity(job, gpu_type), shared)
 
 
-def alone_energy(problem: PlacementProblem, job: Job, gpu_type: str, iso: float) -> float:
+def alone_energy(problem: PlacementProblem, job: Job, gpu_type: str, iso: float,
+                 limit_w: float | None = None) -> float:
     return problem.energy.energy_alone(
-        gpu_type, _occupant(problem, job, gpu_type, iso), num_gpus=job.num_gpus
+        gpu_type, _occupant(problem, job, gpu_type, iso), num_gpus=job.num_gpus, limit_w=limit_w
     )
 
 
 def pair_figures(
-    problem: PlacementProblem, job: Job, partner: Job, gpu_type: str
+    problem: PlacementProblem, job: Job, partner: Job, gpu_type: str, limit_w: float | None = None,
 ) -> tuple[str | None, float, float, float, float]:
-    """(rejection reason or None, job tput, partner tput, pair energy, pair power) on one GPU."""
+    """(rejection reason or None, job tput, partner tput, pair energy, pair power) on one GPU
+    at the board limit ``limit_w`` (None: its maximum)."""
     thr = problem.throughputs
     tj, tk = thr.pair(job, partner, gpu_type)
     if tj <= 0 or tk <= 0:
         return NO_MEMORY, tj, tk, 0.0, 0.0
-    if tj < job.required_throughput:
-        return TOO_SLOW, tj, tk, 0.0, 0.0
-    if tk < partner.required_throughput:
-        return HURTS_PARTNER, tj, tk, 0.0, 0.0
     ij, ik = thr.isolated(job, gpu_type), thr.isolated(partner, gpu_type)
     # A shared rate above the isolated one (noise in measured data) is capped, so
     # the energy model never sees a job speed up by gaining a partner.
     ij, ik = max(ij, tj), max(ik, tk)
     a = _occupant(problem, job, gpu_type, ij, tj)
     b = _occupant(problem, partner, gpu_type, ik, tk)
-    energy = problem.energy.energy_pair(gpu_type, a, b)
-    power = problem.energy.power_shared(gpu_type, ((a.activity, tj / ij), (b.activity, tk / ik)))
+    loads = ((a.activity, tj / ij), (b.activity, tk / ik))
+    slow = 1.0
+    if limit_w is not None:
+        p0 = problem.energy.power_shared(gpu_type, loads)
+        slow = problem.energy.at_limit(gpu_type, p0, limit_w)[0]
+    tj, tk = tj / slow, tk / slow
+    if tj < job.required_throughput:
+        return TOO_SLOW, tj, tk, 0.0, 0.0
+    if tk < partner.required_throughput:
+        return HURTS_PARTNER, tj, tk, 0.0, 0.0
+    energy = problem.energy.energy_pair(gpu_type, a, b, limit_w=limit_w)
+    power = problem.energy.power_shared(gpu_type, loads, limit_w=limit_w)
     return None, tj, tk, energy, power
+
+
+def best_pair(
+    problem: PlacementProblem, job: Job, partner: Job, gpu_type: str, levels: tuple[float | None, ...],
+) -> tuple[str | None, float, float, float, float, float | None, float]:
+    """:func:`pair_figures` at the least-energy feasible level: (..., limit, energy at ``levels[0]``).
+
+    ``levels[0]`` is the reference the saving is measured against (the maximum, or the limit
+    the board has now). When no level is feasible the first level's reason is returned.
+    """
+    first = None
+    best = None
+    for limit in levels:
+        fig = pair_figures(problem, job, partner, gpu_type, limit)
+        if first is None:
+            first = fig
+        if fig[0] is None and (best is None or fig[3] < best[0][3] * (1 - 1e-12)):
+            best = (fig, limit)
+    assert first is not None
+    if best is None:
+        return (*first, levels[0], 0.0)
+    ref = first[3] if first[0] is None else math.nan
+    return (*best[0], best[1], ref)
 
 
 def options_for(problem: PlacementProblem, state: FleetState, job: Job,
                 free: dict[tuple[str, int], list[str]] | None = None,
                 singles: list[tuple[Gpu, Job]] | None = None) -> JobOptions:
-    """Every feasible option of ``job`` on the current state, and why the rest are not."""
+    """Every feasible option of ``job`` on the current state, and why the rest are not.
+
+    With ``problem.power_limit_levels`` each option is costed at every level of its GPU's
+    limit and keeps the least-energy one at which every job on the board meets its
+    requirement; a join may change the limit its partner runs at.
+    """
     thr, energy = problem.throughputs, problem.energy
     free = state.free_by_class() if free is None else free
     singles = state.singles() if singles is None else singles
@@ -121,6 +166,7 @@ def options_for(problem: PlacementProblem, state: FleetState, job: Job,
     rho = job.required_throughput
     iso_by_type = {t: thr.isolated(job, t) for t in problem.gpu_types}
     best = max(iso_by_type.values(), default=0.0)
+    limited = bool(problem.power_limit_levels)
 
     for (gtype, _cap), ids in free.items():
         iso = iso_by_type[gtype]
@@ -132,10 +178,22 @@ def options_for(problem: PlacementProblem, state: FleetState, job: Job,
             rejected[NOT_ENOUGH_GPUS] += len(ids)
         else:
             occ = _occupant(problem, job, gtype, iso)
+            e_max = energy.energy_alone(gtype, occ, num_gpus=job.num_gpus)
+            pick = (e_max, iso, None)
+            if limited:
+                p0 = energy.power_alone(gtype, occ.activity)
+                for limit in problem.limit_levels(gtype)[1:]:
+                    slow = energy.at_limit(gtype, p0, limit)[0]
+                    if iso / slow < rho:
+                        break  # lower limits are slower still
+                    e = energy.energy_alone(gtype, occ, num_gpus=job.num_gpus, limit_w=limit)
+                    if e < pick[0] * (1 - 1e-12):
+                        pick = (e, iso / slow, limit)
+            e, t_lim, limit = pick
             choices.append(Choice(
-                gpu_type=gtype, gpus=tuple(ids[: job.num_gpus]), throughput=iso,
-                energy_j=energy.energy_alone(gtype, occ, num_gpus=job.num_gpus),
-                power_w=job.num_gpus * energy.power_alone(gtype, occ.activity),
+                gpu_type=gtype, gpus=tuple(ids[: job.num_gpus]), throughput=t_lim, energy_j=e,
+                power_w=job.num_gpus * energy.power_alone(gtype, occ.activity, limit),
+                power_limit_w=limit, limit_saving_j=e_max - e,
             ))
 
     if job.num_gpus > 1:
@@ -149,17 +207,21 @@ def options_for(problem: PlacementProblem, state: FleetState, job: Job,
             if iso_by_type[t] < rho:  # pairing never makes a job faster than alone
                 rejected[TOO_SLOW] += 1
                 continue
-            reason, tj, tk, e_pair, p_pair = pair_figures(problem, job, partner, t)
+            now = state.limit(gpu.id)
+            levels = (now, *(v for v in problem.limit_levels(t) if v != now)) if limited else (now,)
+            reason, tj, tk, e_pair, p_pair, limit, e_ref = best_pair(problem, job, partner, t, levels)
             if reason is not None:
                 rejected[reason] += 1
                 continue
-            k_iso = max(thr.isolated(partner, t), tk)
+            k_iso = max(thr.isolated(partner, t), thr.pair(job, partner, t)[1])
             k_occ = _occupant(problem, partner, t, k_iso)
+            before = energy.energy_alone(t, k_occ, limit_w=now)
             choices.append(Choice(
                 gpu_type=t, gpus=(gpu.id,), throughput=tj,
-                energy_j=e_pair - energy.energy_alone(t, k_occ),
-                power_w=p_pair - energy.power_alone(t, k_occ.activity),
+                energy_j=e_pair - before,
+                power_w=p_pair - energy.power_alone(t, k_occ.activity, now),
                 partner=partner.id, partner_throughput=tk,
+                power_limit_w=limit, limit_saving_j=(e_ref - e_pair) if math.isfinite(e_ref) else 0.0,
             ))
     # Every other GPU is occupied and cannot take one more job.
     full = len(problem.gpus) - sum(len(ids) for ids in free.values()) - len(singles)
@@ -184,5 +246,5 @@ def waiting_reason(opts: JobOptions) -> str:
 
 
 __all__ = [
-    "FleetState", "JobOptions", "alone_energy", "options_for", "pair_figures", "waiting_reason",
+    "FleetState", "JobOptions", "alone_energy", "best_pair", "options_for", "pair_figures", "waiting_reason",
 ]

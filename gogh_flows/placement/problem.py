@@ -50,6 +50,8 @@ class Job:
     work: float  # remaining steps
     num_gpus: int = 1
     gpus: tuple[str, ...] = ()
+    #: the power limit of the GPU(s) a running job is on; None: the board's maximum
+    power_limit_w: float | None = None
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -71,6 +73,13 @@ class Job:
             )
         if len(set(self.gpus)) != len(self.gpus):
             raise ValueError(f"Job {self.id!r} lists a GPU twice: {list(self.gpus)}")
+        if self.power_limit_w is not None:
+            if not self.gpus:
+                raise ValueError(f"Job {self.id!r} has a power limit but runs on no GPU; only a running "
+                                 "job carries its GPU's limit (the placement chooses an arriving job's)")
+            v = self.power_limit_w
+            if isinstance(v, bool) or not isinstance(v, int | float) or not v > 0:
+                raise ValueError(f"Job.power_limit_w of {self.id!r} must be watts > 0 or None, got {v!r}")
 
     @property
     def running(self) -> bool:
@@ -128,12 +137,24 @@ class PlacementProblem:
     jobs: tuple[Job, ...]
     throughputs: Throughputs
     energy: EnergyModel = field(default_factory=EnergyModel)
+    #: power-limit levels to choose from, as fractions of each type's limit range (0 = its
+    #: lowest limit, 1 = its maximum); empty: every GPU keeps the limit it has (docs/optimizer.md)
+    power_limit_levels: tuple[float, ...] = ()
     _by_id: Mapping[str, Gpu] = field(init=False, repr=False, compare=False)
     _occupants: Mapping[str, tuple[Job, ...]] = field(init=False, repr=False, compare=False)
+    _levels: dict[str, tuple[float | None, ...]] = field(default_factory=dict, init=False, repr=False,
+                                                          compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpus", tuple(self.gpus))
         object.__setattr__(self, "jobs", tuple(self.jobs))
+        levels = tuple(self.power_limit_levels)
+        bad = [v for v in levels if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v <= 1]
+        if bad:
+            raise ValueError(f"power_limit_levels are fractions of each GPU type's limit range in [0, 1] "
+                             f"(1 = the maximum limit), got {bad!r}")
+        object.__setattr__(self, "power_limit_levels", tuple(sorted(set(levels) | ({1.0} if levels else set()),
+                                                                    reverse=True)))
         by_id: dict[str, Gpu] = {}
         for g in self.gpus:
             if g.id in by_id:
@@ -164,6 +185,10 @@ class PlacementProblem:
                         f"gang job {job.id!r} spans GPU types {sorted(types)}; a gang runs on one type"
                     )
         for gid, occ in occupants.items():
+            limits = {j.power_limit_w for j in occ}
+            if len(limits) > 1:
+                raise ValueError(f"GPU {gid!r} is given two power limits by its jobs "
+                                 f"{[(j.id, j.power_limit_w) for j in occ]}; a board has one limit")
             cap = by_id[gid].capacity
             if len(occ) > cap:
                 raise ValueError(
@@ -183,9 +208,31 @@ class PlacementProblem:
         jobs: Iterable[Job],
         throughputs: Throughputs | ThroughputTable,
         energy: EnergyModel | None = None,
+        power_limit_levels: tuple[float, ...] = (),
     ) -> PlacementProblem:
         tp = TableThroughputs(throughputs) if isinstance(throughputs, ThroughputTable) else throughputs
-        return cls(tuple(gpus), tuple(jobs), tp, energy or EnergyModel())
+        return cls(tuple(gpus), tuple(jobs), tp, energy or EnergyModel(), tuple(power_limit_levels))
+
+    def limit_levels(self, gpu_type: str) -> tuple[float | None, ...]:
+        """The limits a placement may set on a free GPU of ``gpu_type``, highest first; None is
+        the maximum (nothing set). Just (None,) when limits are not chosen."""
+        if not self.power_limit_levels:
+            return (None,)
+        cached = self._levels.get(gpu_type)
+        if cached is None:
+            g = self.energy.gpu(gpu_type)
+            if g.power_limit_range_w is None:
+                cached = (None,)  # a type without a known range is left at its maximum
+            else:
+                lo, hi = g.power_limit_range_w
+                cached = tuple(None if f >= 1 else round(lo + f * (hi - lo), 1) for f in self.power_limit_levels)
+            self._levels[gpu_type] = cached
+        return cached
+
+    def gpu_limit(self, gpu_id: str) -> float | None:
+        """The limit a GPU runs at now (its running jobs'); None: its maximum."""
+        occ = self._occupants[gpu_id]
+        return occ[0].power_limit_w if occ else None
 
     def gpu(self, gpu_id: str) -> Gpu:
         return self._by_id[gpu_id]

@@ -36,15 +36,18 @@ class Choice:
     partner: str | None = None  # co-located job id
     partner_throughput: float | None = None
     partner_is_new: bool = False
+    power_limit_w: float | None = None  # the board's limit with this option; None: its maximum
+    limit_saving_j: float = 0.0  # energy saved against the same slot at its reference limit
 
     @property
     def where(self) -> str:
         """Where, in words; a solo option names no GPU id, since any free one of its type will do."""
+        at = "" if self.power_limit_w is None else f" at {self.power_limit_w:g} W"
         if self.partner is None:
             n = len(self.gpus)
-            return f"{n} free {self.gpu_type} (gang)" if n > 1 else f"free {self.gpu_type}, alone"
+            return (f"{n} free {self.gpu_type} (gang)" if n > 1 else f"free {self.gpu_type}, alone") + at
         place = ",".join(self.gpus) if self.gpus else f"free {self.gpu_type}"
-        return f"{place} ({self.gpu_type}) with {self.partner}"
+        return f"{place} ({self.gpu_type}) with {self.partner}{at}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +69,8 @@ class Assignment:
     energy_j: float  # a pair of arriving jobs splits its energy by their solo energies
     partner: str | None = None
     partner_throughput: float | None = None
+    #: the limit to set on the job's GPU(s) (a join sets it for the partner too); None: maximum
+    power_limit_w: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +113,8 @@ class Placement:
             rows.append({
                 "job": a.job_id, "gpu_type": a.gpu_type, "gpus": ",".join(a.gpus),
                 "partner": a.partner, "pred_steps_per_s": a.throughput,
-                "pred_energy_kwh": kwh(a.energy_j),
+                "pred_energy_kwh": kwh(a.energy_j), "power_limit_w": a.power_limit_w,
+                "limit_saving_kwh": kwh(ex.chosen.limit_saving_j) if ex and ex.chosen else None,
                 "runner_up": alt.where if alt else None,
                 "runner_up_energy_kwh": kwh(alt.energy_j) if alt else None,
                 "rejected": _fmt_rejected(ex.rejected) if ex else "",
@@ -116,13 +122,14 @@ class Placement:
         for w in self.waiting:
             rows.append({
                 "job": w.job_id, "gpu_type": None, "gpus": "(waiting)", "partner": None,
-                "pred_steps_per_s": w.best_throughput, "pred_energy_kwh": None,
+                "pred_steps_per_s": w.best_throughput, "pred_energy_kwh": None, "power_limit_w": None,
+                "limit_saving_kwh": None,
                 "runner_up": None, "runner_up_energy_kwh": None, "rejected": w.reason,
             })
         schema = {
             "job": pl.String, "gpu_type": pl.String, "gpus": pl.String, "partner": pl.String,
             "pred_steps_per_s": pl.Float64, "pred_energy_kwh": pl.Float64,
-            "runner_up": pl.String, "runner_up_energy_kwh": pl.Float64, "rejected": pl.String,
+            "power_limit_w": pl.Float64, "limit_saving_kwh": pl.Float64, "runner_up": pl.String, "runner_up_energy_kwh": pl.Float64, "rejected": pl.String,
         }
         return pl.DataFrame(rows, schema=schema)
 

@@ -21,6 +21,36 @@ def final_occupancy(problem: PlacementProblem, placement: Placement) -> dict[str
     return occ
 
 
+def final_limits(problem: PlacementProblem, placement: Placement) -> tuple[dict[str, float | None], list[str]]:
+    """Each GPU's power limit after the placement (None: its maximum), and any GPU given two."""
+    limits = {g.id: problem.gpu_limit(g.id) for g in problem.gpus}
+    set_by: dict[str, tuple[str, float | None]] = {}
+    clashes = []
+    for a in placement.assignments:
+        for gid in a.gpus:
+            if gid in set_by and set_by[gid][1] != a.power_limit_w:
+                clashes.append(f"{gid}: two power limits, {set_by[gid][1]} W by {set_by[gid][0]} and "
+                               f"{a.power_limit_w} W by {a.job_id}")
+            set_by[gid] = (a.job_id, a.power_limit_w)
+            if gid in limits:
+                limits[gid] = a.power_limit_w
+    return limits, clashes
+
+
+def _slowdown(problem: PlacementProblem, gpu_type: str, occ: list[Job], limit: float | None) -> float:
+    """The common factor a board's limit slows its occupants by (1 at the maximum)."""
+    if limit is None:
+        return 1.0
+    thr, energy = problem.throughputs, problem.energy
+    if len(occ) == 1:
+        return energy.at_limit(gpu_type, energy.power_alone(gpu_type, thr.activity(occ[0], gpu_type)), limit)[0]
+    a, b = occ
+    ta, tb = thr.pair(a, b, gpu_type)
+    ia, ib = max(thr.isolated(a, gpu_type), ta), max(thr.isolated(b, gpu_type), tb)
+    p0 = energy.power_shared(gpu_type, ((thr.activity(a, gpu_type), ta / ia), (thr.activity(b, gpu_type), tb / ib)))
+    return energy.at_limit(gpu_type, p0, limit)[0]
+
+
 def violations(problem: PlacementProblem, placement: Placement, rtol: float = 1e-9) -> list[str]:
     """Every broken rule, as sentences; empty when the placement is valid."""
     out: list[str] = []
@@ -39,10 +69,16 @@ def violations(problem: PlacementProblem, placement: Placement, rtol: float = 1e
         types = {problem.gpu(g).gpu_type for g in a.gpus}
         if len(types) != 1:
             out.append(f"{a.job_id}: gang spans GPU types {sorted(types)}")
+        if a.power_limit_w is not None:
+            rng = problem.energy.gpu(a.gpu_type).power_limit_range_w
+            if rng is None or not rng[0] - 1e-9 <= a.power_limit_w <= rng[1] + 1e-9:
+                out.append(f"{a.job_id}: power limit {a.power_limit_w} W outside {a.gpu_type}'s range {rng}")
     waiting = {w.job_id for w in placement.waiting}
     if seen | waiting != arriving or seen & waiting:
         out.append("every arriving job must be either placed or waiting, exactly once")
 
+    limits, clashes = final_limits(problem, placement)
+    out += clashes
     for gid, occ in final_occupancy(problem, placement).items():
         gpu = problem.gpu(gid)
         if len(occ) > gpu.capacity:
@@ -56,27 +92,31 @@ def violations(problem: PlacementProblem, placement: Placement, rtol: float = 1e
             ta, tb = thr.pair(a, b, gpu.gpu_type)
             if ta <= 0 or tb <= 0:
                 out.append(f"{gid}: pair ({a.id}, {b.id}) does not fit (pair throughput 0)")
-            for job, t in ((a, ta), (b, tb)):
+                continue
+            slow = _slowdown(problem, gpu.gpu_type, occ, limits[gid])
+            for job, t in ((a, ta / slow), (b, tb / slow)):
                 if t < job.required_throughput * (1 - rtol):
                     out.append(
                         f"{gid}: {job.id} gets {t:.4g} < required {job.required_throughput:.4g} steps/s"
+                        + (f" at {limits[gid]:g} W" if limits[gid] is not None else "")
                     )
         elif len(occ) == 1 and occ[0].id in seen:
             job = occ[0]
-            t = thr.isolated(job, gpu.gpu_type)
+            t = thr.isolated(job, gpu.gpu_type) / _slowdown(problem, gpu.gpu_type, occ, limits[gid])
             if t < job.required_throughput * (1 - rtol):
                 out.append(
                     f"{gid}: {job.id} gets {t:.4g} < required {job.required_throughput:.4g} steps/s"
+                    + (f" at {limits[gid]:g} W" if limits[gid] is not None else "")
                 )
     return out
 
 
-def _gpu_energy(problem: PlacementProblem, gpu_type: str, occ: list[Job]) -> float:
+def _gpu_energy(problem: PlacementProblem, gpu_type: str, occ: list[Job], limit: float | None) -> float:
     thr, energy = problem.throughputs, problem.energy
     if len(occ) == 1:
         j = occ[0]
         iso = thr.isolated(j, gpu_type)
-        return energy.energy_alone(gpu_type, Occupant(j.work, iso, thr.activity(j, gpu_type)))
+        return energy.energy_alone(gpu_type, Occupant(j.work, iso, thr.activity(j, gpu_type)), limit_w=limit)
     a, b = occ
     ta, tb = thr.pair(a, b, gpu_type)
     ia, ib = max(thr.isolated(a, gpu_type), ta), max(thr.isolated(b, gpu_type), tb)
@@ -84,16 +124,18 @@ def _gpu_energy(problem: PlacementProblem, gpu_type: str, occ: list[Job]) -> flo
         gpu_type,
         Occupant(a.work, ia, thr.activity(a, gpu_type), ta),
         Occupant(b.work, ib, thr.activity(b, gpu_type), tb),
+        limit_w=limit,
     )
 
 
 def placement_energy(problem: PlacementProblem, placement: Placement) -> float:
-    """Incremental energy to completion (J) of a placement, from the final occupancy.
+    """Incremental energy to completion (J) of a placement, from the final occupancy and limits.
 
     A gang's GPUs are counted once per gang (each GPU carries 1/n of it).
     """
     touched = {g for a in placement.assignments for g in a.gpus}
     final = final_occupancy(problem, placement)
+    limits, _ = final_limits(problem, placement)
     total = 0.0
     for gid in touched:
         gtype = problem.gpu(gid).gpu_type
@@ -102,12 +144,12 @@ def placement_energy(problem: PlacementProblem, placement: Placement) -> float:
             j = after[0]
             iso = problem.throughputs.isolated(j, gtype)
             occ = Occupant(j.work, iso, problem.throughputs.activity(j, gtype))
-            total += problem.energy.energy_alone(gtype, occ)  # one GPU's share of the gang
+            total += problem.energy.energy_alone(gtype, occ, limit_w=limits[gid])  # one GPU's share of the gang
             continue
-        total += _gpu_energy(problem, gtype, after) - (
-            _gpu_energy(problem, gtype, before) if before else 0.0
+        total += _gpu_energy(problem, gtype, after, limits[gid]) - (
+            _gpu_energy(problem, gtype, before, problem.gpu_limit(gid)) if before else 0.0
         )
     return total
 
 
-__all__ = ["final_occupancy", "placement_energy", "violations"]
+__all__ = ["final_limits", "final_occupancy", "placement_energy", "violations"]
