@@ -68,6 +68,9 @@ class GoghOptimizer:
     num_workers: int = 1
     relative_gap: float = 0.0
     name: str = "optimizer"
+    #: power-limit levels this policy chooses from (fractions of each type's range) when the
+    #: problem names none: the optimiser decides GPU, partner and limit together
+    power_limit_levels: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.time_limit_s > 0:
@@ -79,6 +82,8 @@ class GoghOptimizer:
 
     def place(self, problem: PlacementProblem) -> Placement:
         start = time.perf_counter()
+        if self.power_limit_levels and not problem.power_limit_levels:
+            problem = dataclasses.replace(problem, power_limit_levels=tuple(self.power_limit_levels))
         state = FleetState(problem)
         free = state.free_by_class()
         singles = state.singles()

@@ -113,6 +113,7 @@ class _Running:
     paused_until: float = 0.0  # migration restart: no progress before this time
     observe_at: float = math.inf  # next monitoring observation
     slot_s: float = 0.0  # when it landed on its current GPUs
+    slow: float = 1.0  # how much its GPU's power limit slows it (1: at the maximum limit)
 
 
 @dataclass
@@ -274,6 +275,7 @@ def simulate(
     rebalance_ms: list[float] = []
     fleet_index = {g.id: i for i, g in enumerate(gpus)}
     power = {g.id: _gpu_power(energy, by_id[g.id], [], rates, config) for g in gpus}
+    limits: dict[str, float | None] = {g.id: None for g in gpus}  # each board's power limit
     trace: list[tuple[float, float, float]] = []
     decision_ms: list[float] = []
     total_j, now, nxt = 0.0, 0.0, 0
@@ -333,7 +335,8 @@ def simulate(
             r.observe_at = math.inf
             gpu_type = by_id[r.gpus[0]].gpu_type
             partners = [o for o in occupants[r.gpus[0]] if o is not r]
-            planning.observe(r.job, gpu_type, partners[0].job if partners else None, r.rate)
+            # what the job does at full power: the limit's slowdown is the simulator's own doing
+            planning.observe(r.job, gpu_type, partners[0].job if partners else None, r.rate * r.slow)
             if r.rate < r.job.required_throughput * (1 - 1e-9):
                 del running[r.job.id]  # evicted: re-placed first, ahead of new arrivals
                 for gid in r.gpus:
@@ -348,7 +351,7 @@ def simulate(
             arrived = True
         if queue and (arrived or changed):
             moved, placed_on = _serve_queue(policy, planning, energy, gpus, running, occupants,
-                                            queue, records, now, decision_ms, config)
+                                            queue, records, now, decision_ms, config, limits)
             migrations += moved
             changed |= placed_on
         freed = [gid for gid in changed if not occupants[gid]] if vacated else []
@@ -366,15 +369,17 @@ def simulate(
                 if queue:  # GPUs the moved jobs left go to waiting jobs first
                     moved, placed_on = _serve_queue(policy, planning, energy, gpus, running,
                                                     occupants, queue, records, now, decision_ms,
-                                                    config)
+                                                    config, limits)
                     migrations += moved
                     changed |= placed_on
         for gid in changed:
-            _update_rates(by_id[gid], occupants[gid], rates)
+            if not occupants[gid]:
+                limits[gid] = None  # an empty board goes back to its maximum limit
+            _update_rates(by_id[gid], occupants[gid], rates, energy, limits[gid])
             if config.replace_below_requirement:
                 for r in occupants[gid]:
                     r.observe_at = max(now, r.paused_until) + config.observe_after_s
-            power[gid] = _gpu_power(energy, by_id[gid], occupants[gid], rates, config)
+            power[gid] = _gpu_power(energy, by_id[gid], occupants[gid], rates, config, limits[gid])
             now_busy = bool(occupants[gid])
             if now_busy != (gid in busy_ids):
                 busy[by_id[gid].gpu_type] += 1 if now_busy else -1
@@ -394,14 +399,14 @@ def simulate(
 
 
 def _serve_queue(policy, planning, energy, gpus, running, occupants, queue, records, now,
-                 decision_ms, config: SimConfig) -> tuple[int, set[str]]:
+                 decision_ms, config: SimConfig, limits: dict[str, float | None]) -> tuple[int, set[str]]:
     """Decide on the queue in FIFO chunks until a chunk places nothing."""
     moved, changed = 0, set()
     start = 0
     while start < len(queue):
         before = len(queue)
         m, placed_on = _decide(policy, planning, energy, gpus, running, occupants, queue, records,
-                               now, decision_ms, config.migration_s, start, config.decision_window)
+                               now, decision_ms, config.migration_s, start, config.decision_window, limits)
         moved += m
         changed |= placed_on
         if len(queue) == before:
@@ -411,11 +416,14 @@ def _serve_queue(policy, planning, energy, gpus, running, occupants, queue, reco
 
 
 def _decide(policy, planning, energy, gpus, running, occupants, queue, records, now,
-            decision_ms, migration_s, start, window) -> tuple[int, set[str]]:
-    """Place queue[start:start + window]; returns (migrations, GPUs whose occupants changed)."""
+            decision_ms, migration_s, start, window, limits) -> tuple[int, set[str]]:
+    """Place queue[start:start + window]; returns (migrations, GPUs whose occupants changed).
+
+    Each assignment's power limit is set on its GPU(s), for a partner already there too.
+    """
     run_jobs = [
         Job(r.job.id, r.job.job_type, r.job.required_throughput, max(r.remaining, _EPS_STEPS),
-            r.job.num_gpus, r.gpus)
+            r.job.num_gpus, r.gpus, limits[r.gpus[0]])
         for r in running.values()
     ]
     chunk = queue[start:start + window]
@@ -450,6 +458,7 @@ def _decide(policy, planning, energy, gpus, running, occupants, queue, records, 
         for gid in a.gpus:
             occupants[gid].append(r)
             changed.add(gid)
+            limits[gid] = a.power_limit_w
         records[a.job_id].gpu_type = a.gpu_type
     placed = {a.job_id for a in placement.assignments}
     queue[:] = [q for q in queue if (q.job.id if isinstance(q, _Running) else q.id) not in placed]
@@ -598,27 +607,44 @@ def _rebalance(objective, planning, energy, gpus, by_id, fleet_index, occupants,
     return moves, touched, True
 
 
-def _update_rates(gpu: Gpu, occ: list[_Running], rates: TrueRates) -> None:
+def _update_rates(gpu: Gpu, occ: list[_Running], rates: TrueRates, energy: EnergyModel,
+                  limit: float | None = None) -> None:
+    """True rates of a board's jobs; under a limit both slow by the board's common factor."""
     if len(occ) == 1:
         occ[0].rate = rates.alone(occ[0].job, gpu.gpu_type)
     elif len(occ) == 2:
         a, b = occ
         a.rate = rates.shared(a.job, b.job, gpu.gpu_type)
         b.rate = rates.shared(b.job, a.job, gpu.gpu_type)
+    for r in occ:
+        r.slow = 1.0  # the raw rates above are at the maximum limit
+    slow = 1.0
+    if limit is not None and occ:
+        slow = energy.at_limit(gpu.gpu_type, _board_power(energy, gpu, occ, rates), limit)[0]
+    for r in occ:
+        r.slow = slow
+        r.rate /= slow
 
 
-def _gpu_power(energy: EnergyModel, gpu: Gpu, occ: list[_Running], rates: TrueRates,
-               config: SimConfig) -> float:
+def _board_power(energy: EnergyModel, gpu: Gpu, occ: list[_Running], rates: TrueRates) -> float:
+    """What the busy board would draw at its maximum limit."""
     view = rates.view
-    if not occ:
-        return 0.0 if config.park_idle else energy.idle_power(gpu.gpu_type)
     if len(occ) == 1:
         return energy.power_alone(gpu.gpu_type, view.activity(occ[0].job, gpu.gpu_type))
     loads = []
     for r in occ:
         alone = rates.alone(r.job, gpu.gpu_type)
-        loads.append((view.activity(r.job, gpu.gpu_type), min(1.0, r.rate / alone) if alone > 0 else 0.0))
+        full = r.rate * r.slow  # the shared rate at the maximum limit
+        loads.append((view.activity(r.job, gpu.gpu_type), min(1.0, full / alone) if alone > 0 else 0.0))
     return energy.power_shared(gpu.gpu_type, (loads[0], loads[1]))
+
+
+def _gpu_power(energy: EnergyModel, gpu: Gpu, occ: list[_Running], rates: TrueRates,
+               config: SimConfig, limit: float | None = None) -> float:
+    if not occ:
+        return 0.0 if config.park_idle else energy.idle_power(gpu.gpu_type)
+    board = _board_power(energy, gpu, occ, rates)
+    return board if limit is None else energy.at_limit(gpu.gpu_type, board, limit)[1]
 
 
 __all__ = [

@@ -6,6 +6,7 @@ seed, in one process, so differences between them are the policies' alone.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import warnings
 from collections.abc import Callable, Sequence
@@ -25,7 +26,12 @@ SIM_POLICIES = ("oracle", "greedy-fastest", "greedy-min-power", "greedy-efficien
 #: The learned policies (they need predictors, see ``sim.holdout``): ``gogh`` plans with P1
 #: refined online by P2 from every monitoring observation; ``gogh-p1`` with P1 alone.
 LEARNED_POLICIES = ("gogh", "gogh-p1")
-ALL_POLICIES = SIM_POLICIES + LEARNED_POLICIES
+#: ``<policy>+limits``: an optimiser policy (``oracle``, ``gogh``, ``gogh-p1``) that chooses each
+#: GPU's power limit too, from these fractions of the type's range (docs/energy.md)
+LIMITS_SUFFIX = "+limits"
+LIMIT_POLICIES = tuple(f"{p}{LIMITS_SUFFIX}" for p in ("oracle", *LEARNED_POLICIES))
+DEFAULT_LIMIT_LEVELS = (0.0, 0.25, 0.5, 0.75)
+ALL_POLICIES = SIM_POLICIES + LEARNED_POLICIES + LIMIT_POLICIES
 
 
 def parse_cluster(spec: str, capacity: int = 2) -> list[Gpu]:
@@ -107,6 +113,10 @@ def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
     A learned policy gets a fresh planning view for every simulation: what it learned
     from one run's observations never leaks into another.
     """
+    if name in LIMIT_POLICIES:
+        base = make_policy(name[: -len(LIMITS_SUFFIX)], truth, seed, time_limit_s, predictors, gpu_types)
+        return SimPolicy(name, dataclasses.replace(base.policy, name=name,
+                                                   power_limit_levels=DEFAULT_LIMIT_LEVELS), base.planning)
     if name in LEARNED_POLICIES:
         if predictors is None:
             raise ValueError(f"policy {name!r} needs trained predictors: pass --predictors DIR "
@@ -154,4 +164,4 @@ def run_policies(
     return out
 
 
-__all__ = ["ALL_POLICIES", "LEARNED_POLICIES", "SIM_POLICIES", "SimPolicy", "best_isolated", "prepare_jobs", "reference_throughput", "make_policy", "parse_cluster", "run_policies"]
+__all__ = ["ALL_POLICIES", "DEFAULT_LIMIT_LEVELS", "LEARNED_POLICIES", "LIMIT_POLICIES", "SIM_POLICIES", "SimPolicy", "best_isolated", "prepare_jobs", "reference_throughput", "make_policy", "parse_cluster", "run_policies"]

@@ -1,0 +1,74 @@
+"""Power limits in the simulator: the optimiser chooses them, the engine enacts them."""
+
+from __future__ import annotations
+
+import pytest
+
+from gogh_flows.energy import EnergyModel
+from gogh_flows.sim.engine import ObservedThroughputs, SimConfig, simulate
+from gogh_flows.sim.run import LIMIT_POLICIES, make_policy, parse_cluster, run_policies
+from test_sim_engine import _random_stream, _table
+
+
+def test_limits_save_energy_at_full_sla_on_the_same_stream():
+    jobs = _random_stream(30, seed=4)
+    gpus = parse_cluster("v100=3,t4=3")
+    res = run_policies(jobs, gpus, _table(), ["oracle", "oracle+limits"], config=SimConfig(park_idle=True))
+    with_limits, without = res["oracle+limits"].summary(), res["oracle"].summary()
+    assert with_limits["jobs_completed"] == 30
+    # the truth is the model the oracle plans with: every job keeps its requirement at its limit
+    assert with_limits["sla_attainment"] == pytest.approx(1.0)
+    assert res["oracle+limits"].energy_j < res["oracle"].energy_j
+    assert without["sla_attainment"] == pytest.approx(1.0)
+
+
+def test_the_engine_slows_a_limited_board_and_observes_its_full_power_rate():
+    jobs = _random_stream(6, seed=1)
+    gpus = parse_cluster("v100=2")
+    policy = make_policy("oracle+limits", _table())
+    seen = []
+
+    class Spy(ObservedThroughputs):
+        def observe(self, job, gpu_type, partner, rate):
+            seen.append((job, gpu_type, partner, rate))
+            super().observe(job, gpu_type, partner, rate)
+
+    truth = _table()
+    from gogh_flows.placement.problem import TableThroughputs
+
+    base = TableThroughputs(truth)
+    chosen = []
+
+    class Recording:
+        name = "recording"
+
+        def place(self, problem):
+            placement = policy.policy.place(problem)
+            chosen.extend(placement.assignments)
+            return placement
+
+    res = simulate(jobs, gpus, truth, Recording(), planning=Spy(base), config=SimConfig(observe_after_s=1.0))
+    assert res.summary()["jobs_completed"] == 6
+    # what the monitor reports is the rate at the maximum limit, the table's own figures
+    assert seen
+    for job, gpu_type, partner, rate in seen:
+        expect = base.isolated(job, gpu_type) if partner is None else base.pair(job, partner, gpu_type)[0]
+        assert rate == pytest.approx(expect, rel=1e-9)
+    assert any(a.power_limit_w is not None for a in chosen)  # and limits were set in this run
+
+
+def test_limit_policies_are_the_optimisers_only():
+    assert set(LIMIT_POLICIES) == {"oracle+limits", "gogh+limits", "gogh-p1+limits"}
+    with pytest.raises(ValueError, match="unknown simulation policy 'greedy-fastest\\+limits'"):
+        make_policy("greedy-fastest+limits", _table())
+    p = make_policy("oracle+limits", _table())
+    assert p.policy.power_limit_levels and p.policy.name == "oracle+limits"
+
+
+def test_energy_model_limits_are_relative_to_the_maximum_for_a_board_at_tdp():
+    energy = EnergyModel()
+    top = energy.max_limit("v100")
+    tdp = energy.gpu("v100").tdp_w
+    assert energy.at_limit("v100", tdp, top) == (1.0, tdp)
+    slow, watts = energy.at_limit("v100", tdp, 0.6 * top)
+    assert slow > 1 and watts < tdp
