@@ -7,6 +7,9 @@ pairs of arrivals all compete. Synthetic fleet of all eight catalog GPU types.
 Prints a markdown table and saves it with the raw JSON under benchmarks/results/.
 
     .venv/bin/python benchmarks/placement_scaling.py [--repeat 10] [--sizes 64,256,1024,4096]
+
+The two target cases run twice, side by side: without power limits and with the
+optimiser choosing each GPU's limit too (levels of ``sim.run.DEFAULT_LIMIT_LEVELS``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import time
 from pathlib import Path
 
 from gogh_flows.placement.bench import bench_placement
+from gogh_flows.sim.run import DEFAULT_LIMIT_LEVELS
 from gogh_flows.truth.synthetic import synthetic_table
 
 OUT = Path(__file__).resolve().parent / "results"
@@ -31,17 +35,20 @@ def main() -> None:
     ap.add_argument("--time-limit", type=float, default=2.0)
     args = ap.parse_args()
     table = synthetic_table()
-    cases = [("target: 1 arrival, 256 GPUs, 400 running", 256, 400, 1),
-             ("target: 64 arrivals, 1024 GPUs, 1500 running", 1024, 1500, 64)]
+    limits = tuple(DEFAULT_LIMIT_LEVELS)
+    cases = [("target: 1 arrival, 256 GPUs, 400 running", 256, 400, 1, ()),
+             ("target: 1 arrival, 256 GPUs, 400 running, power limits", 256, 400, 1, limits),
+             ("target: 64 arrivals, 1024 GPUs, 1500 running", 1024, 1500, 64, ()),
+             ("target: 64 arrivals, 1024 GPUs, 1500 running, power limits", 1024, 1500, 64, limits)]
     for g in (int(s) for s in args.sizes.split(",")):
-        cases += [(f"busy fleet: {g} GPUs, 1 arrival", g, int(1.4 * g), 1),
-                  (f"busy fleet: {g} GPUs, 64 arrivals", g, int(1.4 * g), 64),
-                  (f"half-loaded: {g} GPUs, 64 arrivals", g, int(0.5 * g), 64)]
+        cases += [(f"busy fleet: {g} GPUs, 1 arrival", g, int(1.4 * g), 1, ()),
+                  (f"busy fleet: {g} GPUs, 64 arrivals", g, int(1.4 * g), 64, ()),
+                  (f"half-loaded: {g} GPUs, 64 arrivals", g, int(0.5 * g), 64, ())]
     rows = []
-    for label, g, r, a in cases:
+    for label, g, r, a, levels in cases:
         t0 = time.perf_counter()
         res = bench_placement(table, gpus=g, running=r, arrivals=a, repeat=args.repeat,
-                              seed=0, time_limit_s=args.time_limit)
+                              seed=0, time_limit_s=args.time_limit, power_limit_levels=levels)
         res["label"] = label
         res["bench_wall_s"] = time.perf_counter() - t0
         rows.append(res)

@@ -14,6 +14,7 @@ from gogh_flows.truth.table import ThroughputTable
 def bench_placement(
     table: ThroughputTable, *, gpus: int, running: int, arrivals: int, repeat: int = 10,
     seed: int = 0, time_limit_s: float = 2.0, num_workers: int = 1,
+    power_limit_levels: tuple[float, ...] = (),
 ) -> dict:
     """p50/p99 wall time (ms) of one decision and the worst reported optimality gap.
 
@@ -22,7 +23,8 @@ def bench_placement(
     """
     if repeat < 1:
         raise ValueError(f"repeat must be >= 1, got {repeat}")
-    policy = GoghOptimizer(time_limit_s=time_limit_s, num_workers=num_workers)
+    policy = GoghOptimizer(time_limit_s=time_limit_s, num_workers=num_workers,
+                           power_limit_levels=tuple(power_limit_levels))
     times, gaps, placed, statuses = [], [], [], {}
     for r in range(repeat):
         problem = random_problem(table, num_gpus=gpus, running=running, arrivals=arrivals, seed=seed + r)
@@ -37,5 +39,5 @@ def bench_placement(
         "p99_ms": float(np.percentile(times, 99)),
         "max_gap": max(finite) if len(finite) == len(gaps) else None,
         "gpus": gpus, "running": running, "arrivals": arrivals, "repeat": repeat, "seed": seed,
-        "time_limit_s": time_limit_s, "mean_placed": float(np.mean(placed)), "status": statuses,
+        "time_limit_s": time_limit_s, "power_limit_levels": list(power_limit_levels), "mean_placed": float(np.mean(placed)), "status": statuses,
     }
