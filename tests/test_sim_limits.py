@@ -72,3 +72,15 @@ def test_energy_model_limits_are_relative_to_the_maximum_for_a_board_at_tdp():
     assert energy.at_limit("v100", tdp, top) == (1.0, tdp)
     slow, watts = energy.at_limit("v100", tdp, 0.6 * top)
     assert slow > 1 and watts < tdp
+
+
+def test_fleet_reoptimisation_runs_in_the_simulator_and_keeps_every_requirement():
+    jobs = _random_stream(30, seed=4)
+    gpus = parse_cluster("v100=3,t4=3")
+    res = run_policies(jobs, gpus, _table(), ["oracle+fleet", "oracle+limits+fleet"])
+    for name, r in res.items():
+        s = r.summary()
+        assert s["jobs_completed"] == 30, name
+        assert s["sla_attainment"] == pytest.approx(1.0), name
+    with pytest.raises(ValueError, match="reoptimize_s"):
+        simulate(jobs, gpus, _table(), make_policy("oracle", _table()).policy, reoptimize_s=-1.0)

@@ -13,8 +13,8 @@ from pathlib import Path
 from gogh_flows.sim.run import (
     ALL_POLICIES,
     LEARNED_POLICIES,
-    LIMITS_SUFFIX,
     SIM_POLICIES,
+    base_policy,
     best_isolated,
     parse_cluster,
     prepare_jobs,
@@ -110,7 +110,7 @@ def _jobs(args: argparse.Namespace, truth: ThroughputTable, gpus: list):
 
 def _predictors(args: argparse.Namespace, truth: ThroughputTable, names: list[str]):
     """Predictors for the learned policies: loaded, trained in-command, or none needed."""
-    if not any(n.removesuffix(LIMITS_SUFFIX) in LEARNED_POLICIES for n in names):
+    if not any(base_policy(n) in LEARNED_POLICIES for n in names):
         return None
     if args.predictors:
         from gogh_flows.sim.holdout import load_predictors
@@ -123,7 +123,7 @@ def _predictors(args: argparse.Namespace, truth: ThroughputTable, names: list[st
               f"family {args.holdout_family!r} ...", file=sys.stderr, flush=True)
         return train_holdout(truth, args.holdout_family, p1_epochs=args.p1_epochs,
                              p2_epochs=args.p2_epochs, seed=args.seed)
-    raise ValueError(f"policies {[n for n in names if n.removesuffix(LIMITS_SUFFIX) in LEARNED_POLICIES]} need predictors: pass "
+    raise ValueError(f"policies {[n for n in names if base_policy(n) in LEARNED_POLICIES]} need predictors: pass "
                      "--predictors DIR (from `gogh predictors train --out DIR`) or --holdout-family F")
 
 

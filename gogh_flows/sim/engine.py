@@ -80,6 +80,11 @@ class SimConfig:
     rebalance: bool = True
     rebalance_gain: float = 0.2
     rebalance_candidates: int = 4
+    # Fleet-level re-optimisation (placement.reoptimize), for policies that ask for it
+    # (``simulate(reoptimize_s=...)``): at most ``reopt_budget`` moves per re-solve, each saving
+    # at least ``reopt_gain`` of the job's remaining energy where it runs.
+    reopt_budget: int = 8
+    reopt_gain: float = 0.1
 
     def __post_init__(self) -> None:
         if self.decision_window < 1:
@@ -239,12 +244,18 @@ def simulate(
     energy: EnergyModel | None = None,
     progress: Callable[[int, int], None] | None = None,
     rebalance_by: str | None = "auto",
+    reoptimize_s: float = 0.0,
 ) -> SimResult:
     """Run ``policy`` on the job stream; ``planning`` is what it predicts with (default: truth).
 
     ``rebalance_by`` is the objective by which running jobs move to clearly better
     free slots: ``"time"``, ``"energy"``, ``None`` (never), or ``"auto"``: the
     policy's own (:func:`rebalance_objective`).
+
+    ``reoptimize_s`` > 0 re-solves the running jobs together (moves with a migration cost and
+    budget, limits re-chosen: :func:`gogh_flows.placement.reoptimize.reoptimize`) every
+    ``reoptimize_s`` seconds and whenever a completion frees GPUs with nobody waiting; it
+    replaces the one-job-at-a-time rebalancing.
     """
     energy = energy or EnergyModel()
     config = config or SimConfig()
@@ -253,6 +264,10 @@ def simulate(
         raise ValueError(f"rebalance_by must be 'auto', 'time', 'energy' or None, got {rebalance_by!r}")
     if not config.rebalance:
         objective = None
+    if reoptimize_s < 0:
+        raise ValueError(f"reoptimize_s must be >= 0 seconds (0: off), got {reoptimize_s!r}")
+    next_reopt = reoptimize_s if reoptimize_s > 0 else math.inf
+    levels = tuple(getattr(policy, "power_limit_levels", ()))
     # What a move changes in the fleet's energy: with GPUs always on, the idle draw of the
     # GPUs it leaves and takes is paid either way, so only dynamic power counts.
     move_energy = EnergyModel(count_idle=energy.count_idle and config.park_idle,
@@ -294,7 +309,8 @@ def simulate(
         t_resume = min((r.paused_until for r in running.values() if r.paused_until > now),
                        default=math.inf)
         t_observe = min((r.observe_at for r in running.values()), default=math.inf)
-        t_next = min(t_arrival, t_done, t_resume, t_observe, config.horizon_s)
+        t_reopt = next_reopt if running else math.inf
+        t_next = min(t_arrival, t_done, t_resume, t_observe, t_reopt, config.horizon_s)
         if t_next == math.inf:
             break  # queued jobs that no GPU can ever take: reported unfinished
         dt = t_next - now
@@ -355,7 +371,18 @@ def simulate(
             migrations += moved
             changed |= placed_on
         freed = [gid for gid in changed if not occupants[gid]] if vacated else []
-        if objective is not None and freed:
+        if reoptimize_s > 0:
+            if now >= next_reopt or (freed and not queue):
+                if now >= next_reopt:
+                    next_reopt = now + reoptimize_s
+                t0 = time.perf_counter()
+                moves, touched = _reoptimize(planning, move_energy, gpus, occupants, running, records,
+                                             limits, now, config, levels)
+                rebalance_ms.append((time.perf_counter() - t0) * 1e3)
+                migrations += moves
+                rebalanced += moves
+                changed |= touched
+        elif objective is not None and freed:
             t0 = time.perf_counter()
             moves, touched, weighed = _rebalance(objective, planning, move_energy, gpus, by_id,
                                                  fleet_index, occupants, running, queue, records,
@@ -605,6 +632,37 @@ def _rebalance(objective, planning, energy, gpus, by_id, fleet_index, occupants,
             if left:
                 free[here] = sorted([*free.get(here, []), *left], key=fleet_index.__getitem__)
     return moves, touched, True
+
+
+def _reoptimize(planning, energy, gpus, occupants, running, records, limits, now, config: SimConfig,
+                levels: tuple[float, ...]) -> tuple[int, set[str]]:
+    """One fleet-level re-solve, applied: (moves, GPUs whose occupants or limit changed)."""
+    from gogh_flows.placement.reoptimize import reoptimize
+
+    jobs = tuple(Job(r.job.id, r.job.job_type, r.job.required_throughput, max(r.remaining, _EPS_STEPS),
+                     r.job.num_gpus, r.gpus, limits[r.gpus[0]]) for r in running.values())
+    problem = PlacementProblem(tuple(gpus), jobs, planning, energy, levels)
+    pinned = frozenset(r.job.id for r in running.values() if r.paused_until > now or r.slot_s >= now)
+    plan = reoptimize(problem, migration_s=config.migration_s, budget=config.reopt_budget,
+                      min_gain=config.reopt_gain, pinned=pinned)
+    touched: set[str] = set()
+    for gid, limit in plan.limits.items():
+        limits[gid] = limit
+        touched.add(gid)
+    for m in plan.moves:  # every mover leaves before any lands (swaps)
+        r = running[m.job_id]
+        for gid in m.from_gpus:
+            occupants[gid].remove(r)
+            touched.add(gid)
+    for m in plan.moves:
+        r = running[m.job_id]
+        for gid in m.to_gpus:
+            occupants[gid].append(r)
+            limits[gid] = m.power_limit_w
+            touched.add(gid)
+        r.gpus, r.slot_s, r.paused_until = m.to_gpus, now, now + config.migration_s
+        records[m.job_id].gpu_type = m.to_type
+    return len(plan.moves), touched
 
 
 def _update_rates(gpu: Gpu, occ: list[_Running], rates: TrueRates, energy: EnergyModel,

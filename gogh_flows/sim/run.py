@@ -26,12 +26,22 @@ SIM_POLICIES = ("oracle", "greedy-fastest", "greedy-min-power", "greedy-efficien
 #: The learned policies (they need predictors, see ``sim.holdout``): ``gogh`` plans with P1
 #: refined online by P2 from every monitoring observation; ``gogh-p1`` with P1 alone.
 LEARNED_POLICIES = ("gogh", "gogh-p1")
-#: ``<policy>+limits``: an optimiser policy (``oracle``, ``gogh``, ``gogh-p1``) that chooses each
-#: GPU's power limit too, from these fractions of the type's range (docs/energy.md)
-LIMITS_SUFFIX = "+limits"
-LIMIT_POLICIES = tuple(f"{p}{LIMITS_SUFFIX}" for p in ("oracle", *LEARNED_POLICIES))
+#: Modifiers of an optimiser policy (``oracle``, ``gogh``, ``gogh-p1``), in this order:
+#: ``+limits`` chooses each GPU's power limit too, from these fractions of the type's range
+#: (docs/energy.md); ``+fleet`` re-solves the running jobs together every ``FLEET_REOPT_S``
+#: seconds and when GPUs free up (placement.reoptimize).
+LIMITS_SUFFIX, FLEET_SUFFIX = "+limits", "+fleet"
+OPTIMIZER_POLICIES = ("oracle", *LEARNED_POLICIES)
+LIMIT_POLICIES = tuple(f"{p}{LIMITS_SUFFIX}" for p in OPTIMIZER_POLICIES)
+FLEET_POLICIES = tuple(f"{p}{m}{FLEET_SUFFIX}" for p in OPTIMIZER_POLICIES for m in ("", LIMITS_SUFFIX))
 DEFAULT_LIMIT_LEVELS = (0.0, 0.25, 0.5, 0.75)
-ALL_POLICIES = SIM_POLICIES + LEARNED_POLICIES + LIMIT_POLICIES
+FLEET_REOPT_S = 1800.0
+ALL_POLICIES = SIM_POLICIES + LEARNED_POLICIES + LIMIT_POLICIES + FLEET_POLICIES
+
+
+def base_policy(name: str) -> str:
+    """The policy a modified name builds on: ``gogh+limits+fleet`` -> ``gogh``."""
+    return name.removesuffix(FLEET_SUFFIX).removesuffix(LIMITS_SUFFIX)
 
 
 def parse_cluster(spec: str, capacity: int = 2) -> list[Gpu]:
@@ -104,6 +114,7 @@ class SimPolicy:
     name: str
     policy: object
     planning: Throughputs
+    reoptimize_s: float = 0.0  # fleet-level re-optimisation period (0: per arrival only)
 
 
 def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
@@ -113,6 +124,9 @@ def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
     A learned policy gets a fresh planning view for every simulation: what it learned
     from one run's observations never leaks into another.
     """
+    if name in FLEET_POLICIES:
+        inner = make_policy(name.removesuffix(FLEET_SUFFIX), truth, seed, time_limit_s, predictors, gpu_types)
+        return SimPolicy(name, dataclasses.replace(inner.policy, name=name), inner.planning, FLEET_REOPT_S)
     if name in LIMIT_POLICIES:
         base = make_policy(name[: -len(LIMITS_SUFFIX)], truth, seed, time_limit_s, predictors, gpu_types)
         return SimPolicy(name, dataclasses.replace(base.policy, name=name,
@@ -160,8 +174,9 @@ def run_policies(
     for p in policies:
         cb = (lambda done, total, name=p.name: progress(name, done, total)) if progress else None
         out[p.name] = simulate(jobs, gpus, truth, p.policy, planning=p.planning,
-                               config=config, progress=cb)
+                               config=config, progress=cb, reoptimize_s=p.reoptimize_s)
     return out
 
 
-__all__ = ["ALL_POLICIES", "DEFAULT_LIMIT_LEVELS", "LEARNED_POLICIES", "LIMIT_POLICIES", "SIM_POLICIES", "SimPolicy", "best_isolated", "prepare_jobs", "reference_throughput", "make_policy", "parse_cluster", "run_policies"]
+__all__ = ["ALL_POLICIES", "DEFAULT_LIMIT_LEVELS", "FLEET_POLICIES", "FLEET_REOPT_S", "LEARNED_POLICIES",
+           "LIMIT_POLICIES", "base_policy", "SIM_POLICIES", "SimPolicy", "best_isolated", "prepare_jobs", "reference_throughput", "make_policy", "parse_cluster", "run_policies"]
