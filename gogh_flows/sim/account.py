@@ -35,10 +35,12 @@ class EnergyAccount:
     parked_kwh: float
     always_on_vs: Mapping[str, float]  # reference policy -> ratio (1.0 = same energy)
     parked_vs: Mapping[str, float]
+    #: every GPU's idle draw over the window: the part of ``always_on_kwh`` no decision changes
+    idle_floor_kwh: float = 0.0
 
     def as_row(self) -> dict[str, float]:
         row = {"window_h": self.window_s / 3600, "energy_kwh_on": self.always_on_kwh,
-               "energy_kwh_parked": self.parked_kwh}
+               "energy_kwh_parked": self.parked_kwh, "idle_floor_kwh": self.idle_floor_kwh}
         row.update({f"on_vs_{ref}": v for ref, v in self.always_on_vs.items()})
         row.update({f"parked_vs_{ref}": v for ref, v in self.parked_vs.items()})
         return row
@@ -84,6 +86,7 @@ def energy_accounts(results: Mapping[str, SimResult], *, parked_run: bool = Fals
             window_s=window, always_on_kwh=kwh(on[name]), parked_kwh=kwh(parked[name]),
             always_on_vs={ref: on[name] / on[ref] if on[ref] > 0 else float("nan") for ref in refs},
             parked_vs={ref: parked[name] / parked[ref] if parked[ref] > 0 else float("nan") for ref in refs},
+            idle_floor_kwh=kwh(_idle_w(results[name].fleet, {}) * window),
         )
         for name in results
     }
