@@ -196,6 +196,12 @@ class PlacementPolicy(Block):
                                   "never moved today (a Python process cannot be migrated)")
     refine: bool = Field(default=True, description="correct predictions with P2 from the "
                          "measurements logged so far")
+    power_limit_levels: list[float] = Field(default_factory=list, description="power limits the "
+                                            "optimiser may set on a GPU with a run, as fractions of its type's "
+                                            "range (0 = lowest, 1 = maximum; e.g. [0, 0.25, 0.5, 0.75]); empty: "
+                                            "every GPU stays at its maximum. The emulated fleet enacts them; on "
+                                            "real GPUs a chosen limit is logged and not applied (use GpuCluster's "
+                                            "power_cap_w for a fleet-wide cap)")
     headroom: float = Field(default=0.1, ge=0.0, le=1.0, description="plan as if every requirement "
                             "were this fraction higher: predictions of unmeasured placements err, and "
                             "the cheapest slot that barely meets a requirement on paper misses it "
@@ -206,6 +212,15 @@ class PlacementPolicy(Block):
     def _known_policy(cls, value: str) -> str:
         if value not in POLICIES:
             raise ValueError(f"unknown placement policy {value!r}; choose one of {sorted(POLICIES)}")
+        return value
+
+    @field_validator("power_limit_levels")
+    @classmethod
+    def _levels_in_range(cls, value: list[float]) -> list[float]:
+        bad = [v for v in value if not 0.0 <= v <= 1.0]
+        if bad:
+            raise ValueError(f"power_limit_levels are fractions of each GPU type's limit range in [0, 1] "
+                             f"(0 = its lowest limit, 1 = its maximum), got {bad}")
         return value
 
     @field_validator("allow_migration")

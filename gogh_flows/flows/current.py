@@ -44,6 +44,16 @@ class CurrentPlacement:
     def required_throughput(self) -> float:
         return self.placement.required_throughput
 
+    @property
+    def power_limit_w(self) -> float | None:
+        """The board power limit the placement chose (None: the board's maximum)."""
+        return self.placement.power_limit_w
+
+    @property
+    def explanation_md(self) -> str:
+        """Why it runs here (the Prefect artifact's markdown)."""
+        return self.placement.explanation_md
+
     def report(self, steps: float = 1.0) -> None:
         self._gpu.report(steps)
 

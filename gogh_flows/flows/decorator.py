@@ -152,7 +152,7 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
         features=session.features.get, policy=policy.policy, time_limit_s=policy.solver_time_limit_s,
         wait_timeout_s=wait_timeout_s, poll_s=policy.poll_s, versions=source.versions(),
         on_wait=logger.info, sleep=session.wait_for_release, headroom=policy.headroom,
-        placement_timeout_s=policy.placement_timeout_s,
+        placement_timeout_s=policy.placement_timeout_s, power_limit_levels=tuple(policy.power_limit_levels),
     )
     try:
         create_markdown_artifact(markdown=placement.explanation_md, key="gogh-placement",
@@ -343,7 +343,7 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
     cancellation = PrefectCancellation.for_run(flow_run)
     try:
         where = {"gpu_id": placement.gpu_id, "job_type": job.job_type, "run_id": ledger_id, "hold_lease": True,
-                 "warmup_steps": settings.warmup_steps}
+                 "warmup_steps": settings.warmup_steps, "power_limit_w": placement.power_limit_w}
         if in_process:
             token = uuid.uuid4().hex
             _LOCAL_BODIES[token] = (fn, args, kwargs, serialize_context())

@@ -51,7 +51,8 @@ def build_measurement(job: JobSpec, placement: RunPlacement, outcome: Any, error
     if tel is not None:
         extra.update({"window_steps": _fmt(tel.window_steps), "wall_s": _fmt(tel.wall_s),
                       "board_run_energy_j": _fmt(tel.board_run_energy_j), "energy_split": tel.energy_split or "",
-                      "energy_method": tel.energy_method or "", "power_limit_w": _fmt(tel.power_limit_w)})
+                      "energy_method": tel.energy_method or "", "power_limit_w": _fmt(tel.power_limit_w),
+                      "limit_slowdown": _fmt(tel.limit_slowdown)})
     if placement.partner_runs:
         # what the decision saw on this GPU, and what it predicted for each partner next to this run
         extra["placed_next_to"] = ",".join(placement.partner_runs)

@@ -35,6 +35,8 @@ def observations_from_measurements(frame: pl.DataFrame) -> pl.DataFrame:
     fresh worker's GPU is 2.5x slower than it is. On an emulated fleet only emulated time
     (``advance()``) is the emulated GPU's: a body there that only reported was timed by the
     CPU it ran on. Rows from before the window was recorded are kept only when emulated.
+    A run slowed by its board's power limit is learned at full power (its throughput times
+    the slowdown the emulator recorded), since predictions are of the maximum limit.
     """
     if frame.is_empty() or "throughput" not in frame.columns:
         return observations_frame()
@@ -49,8 +51,25 @@ def observations_from_measurements(frame: pl.DataFrame) -> pl.DataFrame:
         if len(set(partners)) > 1:
             continue
         rows.append({"job_type": r["job_type"], "gpu_type": r["gpu_type"],
-                     "partner": partners[0] if partners else None, "throughput": float(r["throughput"])})
+                     "partner": partners[0] if partners else None,
+                     "throughput": float(r["throughput"]) * _limit_slowdown(r.get("extra"))})
     return observations_frame(rows)
+
+
+def _limit_slowdown(extra: object) -> float:
+    """How much a board limit slowed the run (the emulator records it): predictions are of full power."""
+    if isinstance(extra, str):
+        import json
+
+        try:
+            extra = json.loads(extra)
+        except ValueError:
+            return 1.0
+    try:
+        value = float((extra or {}).get("limit_slowdown") or 1.0)  # type: ignore[union-attr]
+    except (TypeError, ValueError, AttributeError):
+        return 1.0
+    return value if value >= 1.0 else 1.0
 
 
 __all__ = ["ObservationCache", "observations_from_measurements"]

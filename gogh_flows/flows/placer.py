@@ -49,7 +49,7 @@ class Ledger(Protocol):
 
     def claim(self, run_id: str, gpu_id: str, *, worker: str, capacity: int, job_type: str,
               required_throughput: float, work: float, expect_version: int,
-              timeout_s: float | None = None) -> Claim: ...
+              timeout_s: float | None = None, power_limit_w: float | None = None) -> Claim: ...
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,8 @@ class RunPlacement:
     partner_runs: tuple[str, ...] = ()
     partner_predicted: tuple[float, ...] = ()
     partner_required: tuple[float, ...] = ()
+    power_limit_w: float | None = None  # the board limit chosen with it (None: the maximum, nothing set)
+    limit_saving_j: float = 0.0  # predicted energy saved by that limit against the board's previous one
 
 
 def running_jobs(state: LedgerState, gpu_ids: set[str], headroom: float = 0.0) -> list[Job]:
@@ -88,17 +90,18 @@ def running_jobs(state: LedgerState, gpu_ids: set[str], headroom: float = 0.0) -
         elapsed = max(0.0, state.now - (lease.started_at or lease.claimed_at))
         remaining = max(1.0, lease.work - lease.required_throughput * elapsed)
         jobs.append(Job(lease.run_id, lease.job_type, lease.required_throughput * (1 + headroom), remaining, 1,
-                        (lease.gpu_id,)))
+                        (lease.gpu_id,), lease.power_limit_w))
     return jobs
 
 
 def decide(
     job: JobSpec, run_id: str, devices: Sequence[GpuDevice], running: list[Job],
     table: ThroughputTable, policy: str, time_limit_s: float, headroom: float = 0.0,
+    power_limit_levels: Sequence[float] = (),
 ) -> tuple[Placement, PlacementProblem]:
     gpus = [Gpu(d.id, d.gpu_type, d.capacity) for d in devices]
     new = Job(run_id, job.job_type, job.required_throughput * (1 + headroom), float(job.work_steps))
-    problem = PlacementProblem.build(gpus, [*running, new], table)
+    problem = PlacementProblem.build(gpus, [*running, new], table, power_limit_levels=tuple(power_limit_levels))
     options = {"time_limit_s": time_limit_s} if policy == "optimizer" else {}
     return get_policy(policy, **options).place(problem), problem
 
@@ -119,7 +122,7 @@ def place_with_retry(
     features: Callable[[str], WorkloadFeatures], policy: str, time_limit_s: float,
     wait_timeout_s: float, poll_s: float, versions: dict, on_wait: Callable[[str], None] | None = None,
     sleep: Callable[[float], object] = time.sleep, headroom: float = 0.0,
-    placement_timeout_s: float = math.inf,
+    placement_timeout_s: float = math.inf, power_limit_levels: Sequence[float] = (),
 ) -> RunPlacement:
     """Read the ledger, solve, claim by compare-and-set; decide again when the claim is refused.
 
@@ -170,19 +173,22 @@ def place_with_retry(
             types = {j.job_type for j in running} | {job.job_type}
             feats = {t: (job.features if t == job.job_type else features(t)) for t in types}
             table = predict(feats)
-            placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, headroom)
+            placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, headroom,
+                                        power_limit_levels)
             short = next((w for w in placement.waiting if w.job_id == run_id), None)
             if short is not None and headroom > 0 and job.required_throughput <= short.best_throughput:
                 # no GPU type clears the requirement with headroom, but some clear it exactly:
                 # plan without headroom rather than wait for a GPU that cannot exist
-                placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, 0.0)
+                placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, 0.0,
+                                            power_limit_levels)
             if run_id in placement.placed_ids:
                 a = placement.assignment(run_id)
                 gpu_id = a.gpus[0]
                 device = next(d for d in live if d.id == gpu_id)
                 claim = ask(ledger.claim, run_id, gpu_id, worker=device.worker, capacity=device.capacity,
                             job_type=job.job_type, required_throughput=job.required_throughput,
-                            work=float(job.work_steps), expect_version=state.version(gpu_id))
+                            work=float(job.work_steps), expect_version=state.version(gpu_id),
+                            power_limit_w=a.power_limit_w)
                 if not claim.ok:
                     refused += 1
                     continue  # the GPU changed (or filled) since the decision: decide again
@@ -196,9 +202,15 @@ def place_with_retry(
                     predictor_versions=dict(versions),
                     explanation_md=explain_markdown(job, run_id, placement, problem, gpu_id, waited, versions),
                     partner_runs=tuple(j.id for j in others),
-                    partner_predicted=tuple(problem.throughputs.pair(j, problem.job(run_id), a.gpu_type)[0]
+                    # at the board's new limit: what the partner gets once this run joins
+                    partner_predicted=tuple(a.partner_throughput if j.id == a.partner and a.partner_throughput
+                                            is not None else problem.throughputs.pair(j, problem.job(run_id),
+                                                                                      a.gpu_type)[0]
                                             for j in others),
                     partner_required=tuple(j.required_throughput / (1 + headroom) for j in others),
+                    power_limit_w=a.power_limit_w,
+                    limit_saving_j=ex.chosen.limit_saving_j if (ex := placement.explanations.get(run_id))
+                    and ex.chosen else 0.0,
                 )
             waiting = next((w for w in placement.waiting if w.job_id == run_id), None)
             reason = waiting.reason if waiting else "not placed"
@@ -235,6 +247,9 @@ def explain_markdown(job: JobSpec, run_id: str, placement: Placement, problem: P
         f"| required throughput | {job.required_throughput:.4g} steps/s |",
         f"| predicted throughput | {a.throughput:.4g} steps/s |",
         f"| predicted energy to completion | {kwh(a.energy_j):.4g} kWh |",
+        *([f"| power limit | {a.power_limit_w:g} W (saves {kwh(ex.chosen.limit_saving_j):.4g} kWh "
+           "predicted, against the board's previous limit) |"]
+          if a.power_limit_w is not None and ex is not None and ex.chosen is not None else []),
         f"| work | {job.work_steps:,} steps |",
         f"| policy | {placement.policy} ({placement.status}, {placement.solve_ms:.1f} ms) |",
         f"| waited for a GPU | {waited_s:.1f} s |",

@@ -8,7 +8,9 @@ measurement is exactly what the truth says:
 * throughput: the truth table's isolated figure, or the paired figure for the
   partner sharing the GPU *at that moment*;
 * power: :class:`~gogh_flows.energy.EnergyModel` with the job's activity
-  (``power_alone``), or both occupants' loads when shared (``power_shared``).
+  (``power_alone``), or both occupants' loads when shared (``power_shared``);
+* a board power limit (:meth:`EmulatedMeter.set_power_limit`, set by the placement) slows
+  the board's jobs and caps its draw as the energy model's ``at_limit`` predicts.
 
 Time: ``advance(n)`` "runs" ``n`` steps and counts ``n / throughput`` emulated
 seconds, sleeping ``time_scale`` times that in wall time (0 = no sleep, so tests
@@ -116,6 +118,9 @@ class EmulatedMeter(StepCounter):
         self._seg_power = (0.0, 1.0)
         self._window_j: tuple[float, float] | None = None  # (device, attributed) J at the window's opening
         self._last_j = (0.0, 0.0)  # ... and at the latest report
+        self._limit: float | None = None  # the board's power limit (None: its maximum)
+        self._slow = 1.0  # how much that limit slows the board's jobs now
+        self._slow_steps = 0.0  # steps advanced, weighted by the slowdown they ran at
 
     # -- partners ------------------------------------------------------------------
     @property
@@ -140,7 +145,22 @@ class EmulatedMeter(StepCounter):
             for p in partners:
                 if p not in self._seen:
                     self._seen.append(p)
-            self._seg_power = device_power(self.energy, self.truth, self.gpu_type, self.job_type, partners)
+            self._seg_power = self._board_power()
+
+    def set_power_limit(self, limit_w: float | None) -> None:
+        """The board's limit changed (a run joined and its placement chose one, or the board emptied)."""
+        with self._lock:
+            if limit_w == self._limit and self._t0 is not None:
+                return
+            self._close_segment()
+            self._limit = limit_w
+            self._seg_power = self._board_power()
+
+    def _board_power(self) -> tuple[float, float]:
+        """(board watts, this run's share) now, under the board's limit; sets the slowdown too."""
+        watts, share = device_power(self.energy, self.truth, self.gpu_type, self.job_type, self._partners)
+        self._slow, capped = self.energy.at_limit(self.gpu_type, watts, self._limit)
+        return capped, share
 
     def _close_segment(self, now: float | None = None) -> None:
         if self._t0 is None:
@@ -161,7 +181,7 @@ class EmulatedMeter(StepCounter):
     def start(self) -> None:
         with self._lock:
             self._t0 = self._seg_t = self._clock()
-            self._seg_power = device_power(self.energy, self.truth, self.gpu_type, self.job_type, self._partners)
+            self._seg_power = self._board_power()
         self._refresh_override()
 
     def throughput(self) -> float:
@@ -195,8 +215,9 @@ class EmulatedMeter(StepCounter):
             raise ValueError(f"advance() takes a number of steps >= 0, got {steps!r}")
         self._refresh_override()
         with self._lock:
-            tput = self.throughput()
+            tput = self.throughput() / self._slow
             dt = steps / tput
+            self._slow_steps += self._slow * float(steps)
             watts, share = self._seg_power
             self._emulated_s += dt
             self._emulated_j += watts * dt
@@ -212,7 +233,8 @@ class EmulatedMeter(StepCounter):
             self._close_segment()
             wall = self._seg_t - self._t0
             common = dict(source="emulated", steps=self._steps, max_memory_bytes=None, mean_utilisation=None,
-                          wall_s=wall, energy_method="model")
+                          wall_s=wall, energy_method="model", power_limit_w=self._limit,
+                          limit_slowdown=self._slow_steps / self._steps if self._steps > 0 else self._slow)
             if self._emulated_s > 0:
                 duration, energy, attr = self._emulated_s, self._emulated_j, self._emulated_attr_j
                 return TelemetryReading(

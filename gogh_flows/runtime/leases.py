@@ -42,6 +42,7 @@ class Lease:
     cancel_reason: str | None = None  # why a stop was asked (cancelled, or its placing process was lost)
     client: str | None = None  # the claiming Dask client (holds the lease until the body starts)
     key: str | None = None  # the body's Dask task once started (its worker holds the lease)
+    power_limit_w: float | None = None  # its board's power limit, set by the last claim there (None: maximum)
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> Lease:
@@ -143,12 +144,14 @@ class PoolLedger:
     # -- claiming ------------------------------------------------------------------------
     def claim(self, run_id: str, gpu_id: str, *, worker: str, capacity: int, job_type: str,
               required_throughput: float, work: float, expect_version: int,
-              timeout_s: float | None = None) -> Claim:
+              timeout_s: float | None = None, power_limit_w: float | None = None) -> Claim:
         """Claim a slot if the GPU is still at ``expect_version``; a claim that timed out may
-        have been made: the caller releases it (``release(run_id, if_unstarted=True)``)."""
+        have been made: the caller releases it (``release(run_id, if_unstarted=True)``).
+        ``power_limit_w`` becomes the board's limit for every run on it (None: its maximum)."""
         d = self._call("gogh_ledger_claim", timeout_s=timeout_s, run_id=run_id, gpu_id=gpu_id, worker=worker, capacity=capacity,
                        job_type=job_type, required_throughput=required_throughput, work=work,
-                       expect_version=expect_version, client=self.client.id, store=self.store)
+                       expect_version=expect_version, client=self.client.id, store=self.store,
+                       power_limit_w=power_limit_w)
         claim = Claim(ok=d["ok"], version=d["version"], reason=d.get("reason"), detail=d.get("detail"))
         if claim.ok:
             with self._lock:

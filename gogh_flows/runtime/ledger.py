@@ -221,13 +221,17 @@ class LedgerPlugin(SchedulerPlugin):
 
     def claim(self, run_id: str, gpu_id: str, worker: str, capacity: int, job_type: str,
               required_throughput: float, work: float, expect_version: int,
-              client: str | None = None, store: str | None = None) -> dict[str, Any]:
+              client: str | None = None, store: str | None = None,
+              power_limit_w: float | None = None) -> dict[str, Any]:
         """Take one slot of ``gpu_id`` if its version is still ``expect_version`` and it has room.
 
         Claiming again what the run already holds succeeds (a retried call); the answer's
         ``reason`` says why a claim was refused: ``changed``, ``full``, ``gone`` or ``held``.
         ``store`` names the tracking store the placing process logs to: if that process is
-        lost, the processes logging there are told (see :meth:`collect`).
+        lost, the processes logging there are told (see :meth:`collect`). ``power_limit_w``
+        is the board limit the placement chose (None: its maximum): a board has one limit, so
+        it is set on every lease of the GPU in the same step as the claim, which the version
+        check makes safe (the decision saw every run it changes the limit of).
         """
         version = self.versions.get(gpu_id, 0)
         held = self.leases.get(run_id)
@@ -252,7 +256,11 @@ class LedgerPlugin(SchedulerPlugin):
             "required_throughput": float(required_throughput), "work": float(work),
             "claimed_at": now, "seen_at": now, "started_at": None, "cancel": False,
             "cancel_reason": None, "client": client, "key": None, "store": store,
+            "power_limit_w": None if power_limit_w is None else float(power_limit_w),
         }
+        for lease in self.leases.values():
+            if lease["gpu_id"] == gpu_id:
+                lease["power_limit_w"] = self.leases[run_id]["power_limit_w"]
         self._count("claimed")
         return {"ok": True, "version": self._bump(gpu_id)}
 

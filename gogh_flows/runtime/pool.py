@@ -159,7 +159,8 @@ class GpuPool:
                partners: Sequence[str] | Callable[[], Sequence[str]] | None = None,
                run_id: str | None = None, hold_lease: bool = False,
                record_if_placer_lost: Callable[[RunOutcome], tuple[str, dict]] | None = None,
-               warmup_steps: float = DEFAULT_WARMUP_STEPS, **kwargs: Any) -> Future:
+               warmup_steps: float = DEFAULT_WARMUP_STEPS, power_limit_w: float | None = None,
+               **kwargs: Any) -> Future:
         """Run ``fn(*args, **kwargs)`` on the worker pinned to ``gpu_id``; a Future of :class:`RunOutcome`.
 
         ``job_type`` names the workload for the emulator and the outcome;
@@ -170,7 +171,9 @@ class GpuPool:
         only if that lease is still held), and ``record_if_placer_lost(outcome)``
         builds the run's measurement on the worker, handed to the ledger, when the
         placing process is lost before the body ends; ``warmup_steps`` are the steps before the
-        run's steady-state measurement window opens. These names are taken by ``submit``:
+        run's steady-state measurement window opens; ``power_limit_w`` is the board limit its
+        placement chose (None: the maximum), the board's limit from the run's start (the emulator
+        enacts it; on a real GPU it is logged as not applied). These names are taken by ``submit``:
         pass a body keyword argument with the same name through ``functools.partial``.
         """
         if self._closed:
@@ -179,7 +182,8 @@ class GpuPool:
         key = f"gogh-{device.id}-{run_id or getattr(fn, '__name__', 'run')}-{uuid.uuid4().hex[:12]}"
         spec = RunSpec(device=device, mode=self.mode, emulated=device.id in self._emulated, run_key=key,
                        job_type=job_type, run_id=run_id, partners=partners, hold_lease=hold_lease,
-                       record_if_placer_lost=record_if_placer_lost, warmup_steps=warmup_steps)
+                       record_if_placer_lost=record_if_placer_lost, warmup_steps=warmup_steps,
+                       power_limit_w=power_limit_w)
         if hold_lease:
             if not run_id:
                 raise ValueError("GpuPool.submit(hold_lease=True) needs the run_id its lease was claimed under")

@@ -126,7 +126,10 @@ class TelemetryReading:
     run_energy_j: float | None = None
     board_run_energy_j: float | None = None
     energy_split: str | None = None
-    power_limit_w: float | None = None  # the board's power limit during the run (NVML)
+    power_limit_w: float | None = None  # the board's power limit during the run (NVML, or the emulator's)
+    #: how much the board's limit slowed the run (1: not at all): the emulator's own factor, so
+    #: what is learned from the run can be brought back to full power (flows/observations.py)
+    limit_slowdown: float | None = None
 
     def as_metrics(self) -> dict[str, float]:
         """The numeric fields that are set, flat, for a metrics logger."""

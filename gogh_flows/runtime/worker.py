@@ -96,8 +96,11 @@ class Occupancy:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._by_gpu: dict[str, dict[str, _Occupant]] = {}
+        self._limits: dict[str, float | None] = {}  # each board's power limit, set by the last run to join
 
-    def join(self, gpu_id: str, run_key: str, job_type: str, meter: Meter) -> None:
+    def join(self, gpu_id: str, run_key: str, job_type: str, meter: Meter,
+             power_limit_w: float | None = None) -> None:
+        """A run starts on the board; its placement's limit becomes the board's (one per board)."""
         with self._lock:
             runs = self._by_gpu.setdefault(gpu_id, {})
             new = _Occupant(run_key, job_type, meter, {})
@@ -105,21 +108,30 @@ class Occupancy:
                 other.seen[run_key] = job_type
                 new.seen[other.run_key] = other.job_type
             runs[run_key] = new
-            self._notify(runs)
+            self._limits[gpu_id] = power_limit_w
+            self._notify(runs, power_limit_w)
 
     def leave(self, gpu_id: str, run_key: str) -> tuple[str, ...]:
         with self._lock:
             runs = self._by_gpu.get(gpu_id, {})
             gone = runs.pop(run_key, None)
-            self._notify(runs)
+            self._notify(runs, self._limits.get(gpu_id))
             if not runs:
                 self._by_gpu.pop(gpu_id, None)
+                self._limits.pop(gpu_id, None)  # an empty board goes back to its maximum
             return tuple(gone.seen.values()) if gone else ()
 
+    def limit(self, gpu_id: str) -> float | None:
+        with self._lock:
+            return self._limits.get(gpu_id)
+
     @staticmethod
-    def _notify(runs: dict[str, _Occupant]) -> None:
+    def _notify(runs: dict[str, _Occupant], limit_w: float | None) -> None:
         for occ in runs.values():
             occ.meter.set_partners(tuple(o.job_type for k, o in runs.items() if k != occ.run_key))
+            set_limit = getattr(occ.meter, "set_power_limit", None)
+            if set_limit is not None:
+                set_limit(limit_w)
 
     def snapshot(self) -> dict[str, list[tuple[str, str]]]:
         """gpu_id -> [(run key, job type)] running now in this process."""
@@ -148,6 +160,7 @@ class RunSpec:
     #: placing process was lost, since nobody else is left to log it
     record_if_placer_lost: Callable[[RunOutcome], tuple[str, dict[str, Any]]] | None = None
     warmup_steps: float = DEFAULT_WARMUP_STEPS  # steps before the steady-state window opens
+    power_limit_w: float | None = None  # the board limit the run's placement chose (None: maximum)
 
 
 class RunNotStarted(RuntimeError):
@@ -245,7 +258,12 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
                               gpu_id=device.id, gpu_type=device.gpu_type, job_type=spec.job_type,
                               run_id=spec.run_id, worker=worker_name, exception=not_started)
     meter.start()
-    occupancy.join(device.id, spec.run_key, job_label, meter)
+    if spec.power_limit_w is not None and not emulated:
+        log.warning("gogh: power limit %g W chosen for run %s on %s is not applied: per-run limits are "
+                    "enacted on the emulated fleet only; the board runs at its current limit (recorded "
+                    "with the measurement). A fleet-wide cap: GpuCluster(power_cap_w=...)",
+                    spec.power_limit_w, spec.run_id or spec.run_key, device.id)
+    occupancy.join(device.id, spec.run_key, job_label, meter, spec.power_limit_w if emulated else None)
     seen: tuple[str, ...] = ()
     body_start = time.time()
     placer_lost = False

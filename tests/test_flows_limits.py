@@ -1,0 +1,70 @@
+"""A @gogh_placed run with power limits chosen, on the emulated fleet and a real Prefect server."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gogh_flows import PlacementPolicy, current_placement, gogh_placed
+from gogh_flows.flows.observations import observations_from_measurements
+from gogh_flows.flows.session import open_sessions
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+
+def test_a_run_with_slack_gets_a_lower_limit_is_measured_at_it_and_learned_at_full_power(gogh_home):
+    policy = PlacementPolicy(power_limit_levels=[0.0, 0.25, 0.5, 0.75], headroom=0.0)
+
+    @gogh_placed(model="ResNet-50", batch_size=64, min_throughput=0.5, work_steps=400, policy=policy)
+    def train() -> dict:
+        p = current_placement()
+        return {"gpu": p.gpu_id, "limit": p.power_limit_w, "explained": p.explanation_md}
+
+    out = train()
+    # a requirement far below any GPU's speed leaves room to lower the limit
+    assert out["limit"] is not None
+    assert f"| power limit | {out['limit']:g} W" in out["explained"]
+    envs = list(open_sessions().values())
+    frame = envs[0].measurements.read()
+    row = frame.row(0, named=True)
+    extra = json.loads(row["extra"]) if isinstance(row["extra"], str) else row["extra"]
+    assert float(extra["power_limit_w"]) == out["limit"]
+    slowdown = float(extra["limit_slowdown"])
+    assert slowdown > 1.0
+    learned = observations_from_measurements(frame)
+    assert learned["throughput"][0] == pytest.approx(row["throughput"] * slowdown)
+
+
+def test_runs_started_together_share_a_board_only_knowingly_at_its_limit(gogh_home):
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gogh_flows import GpuCluster
+    from runrecords import assert_shared_only_knowingly, run_records
+
+    cluster = GpuCluster(fleet={"a100": 1})
+    policy = PlacementPolicy(power_limit_levels=[0.0, 0.5], poll_s=0.2, headroom=0.0)
+
+    @gogh_placed(model="ResNet-18", batch_size=32, min_throughput=0.5, work_steps=50, cluster=cluster,
+                 policy=policy)
+    def hold() -> float | None:
+        time.sleep(2)
+        return current_placement().power_limit_w
+
+    barrier = threading.Barrier(3)
+
+    def start(_: int):
+        barrier.wait()
+        return hold()
+
+    with ThreadPoolExecutor(3) as ex:
+        list(ex.map(start, range(3)))
+    frame = list(open_sessions().values())[0].measurements.read()
+    records = run_records(frame)
+    assert len(records) == 3
+    assert assert_shared_only_knowingly(records) >= 1  # light runs: some shared, each knowingly
+    for row in frame.iter_rows(named=True):
+        extra = json.loads(row["extra"]) if isinstance(row["extra"], str) else row["extra"]
+        assert extra["power_limit_w"] != "" and float(extra["limit_slowdown"]) >= 1.0

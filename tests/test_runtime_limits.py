@@ -1,0 +1,97 @@
+"""Power limits chosen by a placement, enacted by the runtime (docs/runtime.md, "Power limits")."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import polars as pl
+import pytest
+
+from gogh_flows.energy import EnergyModel
+from gogh_flows.flows.blocks import PlacementPolicy
+from gogh_flows.flows.observations import observations_from_measurements
+from gogh_flows.runtime import GpuDevice, current_gpu, emulated_pool
+from gogh_flows.runtime.emulation import EmulatedMeter
+from gogh_flows.runtime.ledger import LedgerPlugin
+from gogh_flows.runtime.worker import Occupancy, RunSpec, execute
+from test_runtime import small_truth
+
+V100 = GpuDevice("v100-0", "v100", "v100-0")
+
+
+def test_the_emulator_slows_and_caps_a_limited_board_by_the_energy_model():
+    meter = EmulatedMeter(V100, job_type="a", truth=small_truth())
+    meter.set_power_limit(160.0)
+    meter.start()
+    meter.advance(500)
+    reading = meter.stop()
+    # 'a' alone on a V100: 100 steps/s at 196 W at the maximum limit (test_runtime, by hand)
+    slow, watts = EnergyModel().at_limit("v100", 196.0, 160.0)
+    assert slow > 1 and watts < 196.0
+    assert reading.throughput == pytest.approx(100.0 / slow)
+    assert reading.mean_power_w == pytest.approx(watts)
+    assert reading.power_limit_w == 160.0 and reading.limit_slowdown == pytest.approx(slow)
+
+
+def test_a_join_sets_the_boards_limit_for_both_runs_and_an_empty_board_forgets_it():
+    occ = Occupancy()
+    first = EmulatedMeter(V100, job_type="a", truth=small_truth())
+    second = EmulatedMeter(V100, job_type="b", truth=small_truth())
+    first.start(), second.start()
+    occ.join("v100-0", "r1", "a", first, None)
+    occ.join("v100-0", "r2", "b", second, 150.0)
+    assert first._limit == 150.0 and second._limit == 150.0 and occ.limit("v100-0") == 150.0
+    occ.leave("v100-0", "r2")
+    assert first._limit == 150.0  # the board keeps its limit while a run is on it
+    occ.leave("v100-0", "r1")
+    assert occ.limit("v100-0") is None
+
+
+def _advance(steps: float) -> float:
+    current_gpu().advance(steps)
+    return steps
+
+
+def test_a_pool_run_with_a_limit_is_measured_at_it():
+    with emulated_pool({"v100": 1}, truth=small_truth()) as pool:
+        full = pool.run(_advance, 500, gpu_id="v100-0", job_type="a").telemetry
+        limited = pool.run(_advance, 500, gpu_id="v100-0", job_type="a", power_limit_w=160.0).telemetry
+    assert full.power_limit_w is None and full.limit_slowdown == 1.0
+    assert limited.power_limit_w == 160.0
+    assert limited.throughput < full.throughput and limited.mean_power_w < full.mean_power_w
+    assert limited.throughput * limited.limit_slowdown == pytest.approx(full.throughput)
+
+
+def test_a_real_board_says_the_limit_is_not_applied(caplog):
+    spec = RunSpec(device=GpuDevice("t4-0", "t4", "t4-0"), mode="remote", emulated=False, run_key="k",
+                   run_id="run-1", check_worker=False, power_limit_w=50.0)
+    with caplog.at_level(logging.WARNING, logger="gogh_flows.runtime"):
+        outcome = execute(lambda: 7, (), {}, spec)
+    assert outcome.value == 7
+    assert "power limit 50 W chosen for run run-1 on t4-0 is not applied" in caplog.text
+
+
+def test_the_ledger_sets_a_claims_limit_on_every_lease_of_the_board():
+    plugin = LedgerPlugin(5.0)
+    plugin.names = {"tcp://w": "v100-0"}
+    assert plugin.claim("r1", "v100-0", "v100-0", 2, "a", 1.0, 1.0, 0)["ok"]
+    assert plugin.claim("r2", "v100-0", "v100-0", 2, "b", 1.0, 1.0, 1, power_limit_w=180.0)["ok"]
+    leases = {d["run_id"]: d for d in plugin.state()["leases"]}
+    assert leases["r1"]["power_limit_w"] == 180.0 and leases["r2"]["power_limit_w"] == 180.0
+
+
+def test_observations_are_learned_at_full_power():
+    rows = [{"job_type": "a", "gpu_type": "v100", "partners": [], "throughput": 80.0, "steps": 500.0,
+             "telemetry": "emulated", "window": "emulated", "extra": json.dumps({"limit_slowdown": "1.25"})},
+            {"job_type": "b", "gpu_type": "v100", "partners": [], "throughput": 40.0, "steps": 500.0,
+             "telemetry": "emulated", "window": "emulated", "extra": json.dumps({})}]
+    obs = observations_from_measurements(pl.DataFrame(rows))
+    got = dict(zip(obs["job_type"].to_list(), obs["throughput"].to_list()))
+    assert got == {"a": pytest.approx(100.0), "b": pytest.approx(40.0)}
+
+
+def test_placement_policy_levels_are_checked():
+    assert PlacementPolicy(power_limit_levels=[0.0, 0.5]).power_limit_levels == [0.0, 0.5]
+    with pytest.raises(ValueError, match="fractions of each GPU type's limit range"):
+        PlacementPolicy(power_limit_levels=[1.5])
