@@ -37,7 +37,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if not args.wave_only:
         from gogh_flows.demo import run_product_demo
 
-        run_product_demo(seed=args.seed, out=Path(args.out), waves=args.waves, wave_size=args.wave_size)
+        run_product_demo(seed=args.seed, out=Path(args.out) if args.out else None, waves=args.waves,
+                         wave_size=args.wave_size)
         return 0
     import polars as pl
 
@@ -127,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="the whole loop: placed flow runs on an emulated fleet, "
                           "measurements, retraining, and the energy against greedy-fastest")
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--out", default=".gogh/demo", help="folder for summary.json and the plot")
+    demo.add_argument("--out", default=None, help="folder for summary.json and the plot (default: "
+                      "$GOGH_HOME/demo, else .gogh/demo)")
     demo.add_argument("--waves", type=int, default=3)
     demo.add_argument("--wave-size", type=int, default=8)
     demo.add_argument("--wave-only", action="store_true",

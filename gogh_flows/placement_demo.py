@@ -80,8 +80,10 @@ def run_demo(seed: int = 0) -> DemoResult:
         })
     comparison = pl.DataFrame(rows)
     ref = comparison.filter(pl.col("policy") == "optimizer")["energy_kwh"][0]
+    # a signed percentage in words, rounded so that equal energies read +0.0%, never -0.0%
     comparison = comparison.with_columns(
-        (pl.col("energy_kwh") / ref - 1).alias("energy_vs_optimizer")
+        pl.Series("energy vs optimizer", [f"{round(100 * (e / ref - 1), 1) + 0.0:+.1f}%"
+                                          for e in comparison["energy_kwh"]])
     )
     assert explanation is not None
     return DemoResult(explanation, comparison)

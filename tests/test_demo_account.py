@@ -1,0 +1,40 @@
+"""The demo's energy account (gogh_flows/demo.py): drawn, and always on over a common window."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+
+from gogh_flows.catalog import get_gpu_type
+from gogh_flows.demo import DEMO_FLEET, DemoJob, always_on_kwh, busy_s, wave_rows
+from gogh_flows.placement_demo import run_demo
+
+
+def _rows(spec):
+    return pl.DataFrame([{"gpu_id": g, "duration_s": d, "run_energy_j": e, "energy_j": e, "logged_at": t,
+                          "extra": json.dumps({})} for g, d, e, t in spec])
+
+
+def test_always_on_adds_each_empty_gpus_idle_draw_over_the_common_window():
+    rows = _rows([("v100-0", 3600.0, 1.0e6, 1.0), ("v100-0", 1800.0, 0.5e6, 2.0), ("a100-1", 7200.0, 2.0e6, 3.0)])
+    assert busy_s(rows) == {"v100-0": 3600.0, "a100-1": 7200.0}
+    window = 7200.0
+    idle = sum(get_gpu_type(t).idle_w * n for t, n in DEMO_FLEET.items()) * window
+    idle -= get_gpu_type("v100").idle_w * 3600.0 + get_gpu_type("a100").idle_w * 7200.0  # busy time is in the runs
+    assert always_on_kwh([rows], [window]) == pytest.approx((3.5e6 + idle) / 3.6e6)
+
+
+def test_wave_rows_follow_the_log_order():
+    plan = [[DemoJob("a", "LM", 20, 1.0, 10, 0)], [DemoJob("b", "LM", 20, 1.0, 10, 1), DemoJob("c", "LM", 20, 1.0, 10, 1)]]
+    rows = _rows([("v100-0", 1.0, 1.0, 3.0), ("v100-1", 1.0, 1.0, 1.0), ("k80-0", 1.0, 1.0, 2.0)])
+    first, second = wave_rows(rows, plan)
+    assert first["gpu_id"].to_list() == ["v100-1"] and second["gpu_id"].to_list() == ["k80-0", "v100-0"]
+
+
+def test_wave_only_comparison_says_its_percentages_in_words():
+    comparison = run_demo(seed=0).comparison
+    ours = comparison.filter(pl.col("policy") == "optimizer")["energy vs optimizer"][0]
+    assert ours == "+0.0%"
+    assert all(v.endswith("%") and v[0] in "+-" and v != "-0.0%" for v in comparison["energy vs optimizer"])
