@@ -259,6 +259,9 @@ def read_block_document(path: Path) -> tuple[str, Block]:
 
 def apply_block_documents(folder: Path, *, overwrite: bool = True) -> list[tuple[str, str]]:
     """Validate every ``*.json`` in ``folder`` first, then save them all: (type, name) per block."""
+    if not Path(folder).is_dir():
+        raise FileNotFoundError(f"block document folder {folder} does not exist (or is not a folder); give the "
+                                "folder that holds the *.json block documents, e.g. blocks/")
     paths = sorted(Path(folder).glob("*.json"))
     if not paths:
         raise FileNotFoundError(f"no block documents (*.json) in {folder}")

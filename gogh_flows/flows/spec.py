@@ -57,7 +57,18 @@ def _features_of(model: Any, batch_size: int, kind: str, example_inputs: Any,
             raise ValueError(f"@gogh_placed(model=...) callable returned {type(module).__name__}, "
                              "not a torch.nn.Module")
         name = job_name or f"{type(module).__name__} (batch size {batch_size})"
-        return extract_features(module, example_inputs, kind=kind, batch_size=batch_size), None, name
+        try:
+            feats = extract_features(module, example_inputs, kind=kind, batch_size=batch_size)
+        except ValueError:
+            # a forward that reads tensor values (.item(), data-dependent branches) cannot run on
+            # 'meta': trace it where the model and inputs are, once, as the user gave them
+            try:
+                feats = extract_features(module, example_inputs, kind=kind, batch_size=batch_size, device=None)
+            except ValueError as exc:
+                raise ValueError(f"@gogh_placed could not trace {type(module).__name__} on example_inputs, "
+                                 f"neither on 'meta' nor where they are: {exc}. Check that "
+                                 "model(example_inputs) runs as written") from exc
+        return feats, None, name
     raise ValueError(
         f"@gogh_placed(model=...) must be a zoo family name ({', '.join(FAMILIES)}), a zoo "
         f"builder, a torch.nn.Module or a function returning one, or WorkloadFeatures; got {model!r}")

@@ -1,0 +1,36 @@
+"""Errors that say what is true and what to do (issue 16, item 4)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from gogh_flows.flows.blocks import apply_block_documents
+from gogh_flows.flows.spec import _features_of
+
+
+def test_a_missing_block_folder_is_named_as_missing(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        apply_block_documents(tmp_path / "no-such-dir")
+    with pytest.raises(FileNotFoundError, match=r"no block documents \(\*\.json\)"):
+        apply_block_documents(tmp_path)
+
+
+class ReadsValues(nn.Module):
+    """A forward that reads a tensor's value: it cannot run on the meta device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.sum().item() > 1e9:  # data-dependent branch
+            return self.fc(x) * 2
+        return self.fc(x)
+
+
+def test_a_model_that_reads_tensor_values_is_traced_where_it_is():
+    feats, family, name = _features_of(ReadsValues(), 16, "training", torch.randn(16, 8), None)
+    assert family is None and name == "ReadsValues (batch size 16)"
+    assert sum(layer.flops for layer in feats.layers) > 0
