@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from gogh_flows.logs import quiet_by_default
+
+quiet_by_default()  # MLflow's INFO lines off unless GOGH_VERBOSE=1 (gogh_flows/logs.py)
+
 _LAZY = {
     "gogh_placed": "gogh_flows.flows.decorator",
     "current_placement": "gogh_flows.flows.current",

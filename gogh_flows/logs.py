@@ -1,0 +1,38 @@
+"""Quiet by default: MLflow's INFO lines and per-run URLs are not what a gogh user asked to see.
+
+Why here: MLflow reads ``MLFLOW_LOGGING_LEVEL`` and ``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT``
+when it is imported, so the defaults must be in the environment before that, and importing
+``gogh_flows`` is the first thing a user's flow does. Only defaults: anything the user set
+wins, and ``GOGH_VERBOSE=1`` keeps every library's own level (docs/user-guide.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from gogh_flows.localenv import set_defaults
+
+#: the switch: set to 1 (or true, yes, on) to see MLflow's and Dask's own INFO lines again
+VERBOSE_ENV = "GOGH_VERBOSE"
+QUIET: dict[str, str] = {
+    "MLFLOW_LOGGING_LEVEL": "WARNING",  # "Creating initial MLflow database tables...", "Updating database tables"
+    "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",  # "View run ... at: ..." after every run
+}
+
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def quiet_by_default() -> None:
+    """Apply the quiet defaults unless ``GOGH_VERBOSE`` is set; a no-op for what the user set."""
+    if verbose():
+        return
+    set_defaults(QUIET)
+    if "mlflow" in sys.modules and os.environ.get("MLFLOW_LOGGING_LEVEL", "").upper() == "WARNING":
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # imported before us: its level is set already
+
+
+__all__ = ["QUIET", "VERBOSE_ENV", "quiet_by_default", "verbose"]

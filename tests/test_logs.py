@@ -1,0 +1,36 @@
+"""Quiet by default, verbose on request (gogh_flows/logs.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+SCRIPT = """
+import gogh_flows
+from pathlib import Path
+from gogh_flows.tracking.measurements import MeasurementLog
+d = Path({tmp!r})
+MeasurementLog("sqlite:///" + str(d / "mlflow.db"), d / "m").read()
+"""
+
+
+def _run(tmp_path, **env):
+    clean = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_LOGGING_LEVEL", "GOGH_VERBOSE",
+                                                              "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT")}
+    return subprocess.run([sys.executable, "-c", SCRIPT.format(tmp=str(tmp_path))], capture_output=True,
+                          text=True, timeout=120, env={**clean, **env})
+
+
+def test_mlflow_database_lines_are_quiet_by_default_and_back_with_gogh_verbose(tmp_path):
+    quiet = _run(tmp_path / "a")
+    assert quiet.returncode == 0, quiet.stderr
+    assert "INFO mlflow" not in quiet.stderr + quiet.stdout
+    loud = _run(tmp_path / "b", GOGH_VERBOSE="1")
+    assert loud.returncode == 0, loud.stderr
+    assert "INFO mlflow" in loud.stderr + loud.stdout
+
+
+def test_what_the_user_set_wins(tmp_path):
+    mine = _run(tmp_path / "c", MLFLOW_LOGGING_LEVEL="INFO")
+    assert "INFO mlflow" in mine.stderr + mine.stdout
