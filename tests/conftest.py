@@ -19,6 +19,8 @@ set_defaults({
     # all, which a loaded 2-core CI machine can exceed while 20 flow runs write at once (503s)
     "PREFECT_CLIENT_MAX_RETRIES": "9",
 })
+# all state under temp dirs: a developer's own MLflow server is never written to by the tests
+os.environ.pop("MLFLOW_TRACKING_URI", None)
 os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", tempfile.mkdtemp(prefix="gogh-hypothesis-"))
 # the zoo's features, extracted once for the session and read by every process it starts
 # (Dask workers, host processes): each would otherwise trace the zoo again (~8 s of CPU)

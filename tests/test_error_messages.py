@@ -34,3 +34,17 @@ def test_a_model_that_reads_tensor_values_is_traced_where_it_is():
     feats, family, name = _features_of(ReadsValues(), 16, "training", torch.randn(16, 8), None)
     assert family is None and name == "ReadsValues (batch size 16)"
     assert sum(layer.flops for layer in feats.layers) > 0
+
+
+def test_the_registry_honours_mlflow_tracking_uri_and_the_block_overrides_it(monkeypatch, tmp_path):
+    from gogh_flows.flows.blocks import PredictorRegistry
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
+    assert PredictorRegistry().resolved_tracking_uri() == "http://127.0.0.1:5999"
+    assert PredictorRegistry(tracking_uri=f"sqlite:///{tmp_path}/m.db").resolved_tracking_uri().startswith("sqlite")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "nonsense")
+    with pytest.raises(ValueError, match="MLFLOW_TRACKING_URI: .* fix or unset it"):
+        PredictorRegistry().resolved_tracking_uri()
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    monkeypatch.setenv("GOGH_HOME", str(tmp_path))
+    assert PredictorRegistry().resolved_tracking_uri().startswith("sqlite:///")

@@ -126,7 +126,7 @@ class PredictorRegistry(Block):
         return _refuse_unknown_fields(cls, data)
 
     tracking_uri: str | None = Field(default=None, description="MLflow tracking URI; None = "
-                                     "sqlite under $GOGH_HOME (./.gogh)")
+                                     "$MLFLOW_TRACKING_URI when set, else sqlite under $GOGH_HOME (./.gogh)")
     p1_name: str = "gogh-p1"
     p2_name: str = "gogh-p2"
     alias: str = "champion"
@@ -165,8 +165,17 @@ class PredictorRegistry(Block):
         return value
 
     def resolved_tracking_uri(self) -> str:
+        """The block's URI, else ``MLFLOW_TRACKING_URI`` (what an MLflow user already set), else
+        SQLite under ``$GOGH_HOME``; an environment URI is checked like the block's."""
         if self.tracking_uri:
             return self.tracking_uri
+        env = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+        if env:
+            try:
+                return self._known_scheme(env)  # type: ignore[return-value]
+            except ValueError as exc:
+                raise ValueError(f"MLFLOW_TRACKING_URI: {exc}; fix or unset it, or set "
+                                 "PredictorRegistry(tracking_uri=...)") from None
         return f"sqlite:///{state_dir() / 'mlflow.db'}"
 
 
