@@ -122,6 +122,9 @@ def files_of(directory: Path) -> dict[str, bytes]:
 # ---------------------------------------------------------------------------------------
 # registry
 # ---------------------------------------------------------------------------------------
+ADDED = {"MLmodel", "gogh_pyfunc.json", "registered_model_meta"}  # what register() adds to a model
+
+
 def test_register_download_round_trip(registry: ModelRegistry, tmp_path: Path):
     src = make_model_dir(tmp_path / "m1")
     version = registry.register("p2", src, alias="champion", metrics={"mape": 0.12}, tags={"trained_on": "gavel"},
@@ -130,10 +133,12 @@ def test_register_download_round_trip(registry: ModelRegistry, tmp_path: Path):
     for ref in ("p2", "models:/p2@champion", "models:/p2/1"):
         local, got = registry.download(ref)
         assert got == 1
-        assert files_of(local) == files_of(src), ref
+        # the registry adds the pyfunc MLmodel (and a P2's gogh_pyfunc.json) beside the model's files
+        assert {k: v for k, v in files_of(local).items() if k not in ADDED} == files_of(src), ref
+        assert "MLmodel" in files_of(local)
     dest = tmp_path / "cache" / "p2-v1"
     local, _ = registry.download("p2", dest=dest)
-    assert local == dest and files_of(dest) == files_of(src)
+    assert local == dest and {k: v for k, v in files_of(dest).items() if k not in ADDED} == files_of(src)
     assert not [p for p in dest.parent.iterdir() if p.name.startswith(".gogh-")], "staging folder left behind"
     with pytest.raises(FileExistsError, match="not empty"):
         registry.download("p2", dest=dest)

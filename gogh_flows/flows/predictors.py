@@ -83,7 +83,8 @@ class PredictorSource:
                     raise FileNotFoundError(
                         f"shipped prior {base / sub} not found; set GOGH_MODELS_DIR to the models/ folder "
                         "of gogh-flows, or register the predictors yourself (gogh predictors train)")
-                self.registry.ensure_registered(name, base / sub, alias=self.block.alias)
+                self.registry.ensure_registered(name, base / sub, alias=self.block.alias,
+                                                p1_uri=f"models:/{self.block.p1_name}@{self.block.alias}")
 
     def _uri_key(self) -> str:
         """Short name of the tracking URI for the files kept per registry (lock, model cache)."""

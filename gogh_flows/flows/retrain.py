@@ -131,7 +131,8 @@ def refine_predictors(
                      "train_measurements": float(train.height), "holdout_measurements": float(test.height)},
             tags={"trained_until": f"{float(frame['started_at'].max()):.3f}", "trained_by": "refine_predictors",
                   "p1_version": str(versions["p1"])},
-            description=f"challenger from {train.height} measurements")
+            description=f"challenger from {train.height} measurements",
+            p1_uri=f"models:/{block.p1_name}/{versions['p1']}")
     promoted = bool(promote and better)
     if promoted:
         source.registry.set_alias(block.p2_name, block.alias, version)

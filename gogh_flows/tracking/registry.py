@@ -15,6 +15,7 @@ retraining flow registers a `challenger` and moves `champion` when it wins.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import re
@@ -197,16 +198,31 @@ class ModelRegistry:
         metrics: Mapping[str, float] | None = None,
         tags: Mapping[str, str] | None = None,
         description: str | None = None,
+        p1_uri: str | None = None,
     ) -> int:
         """Log `directory` as a new run's artifacts and make it a new version of `name`.
 
         The directory is checked to be weights-only first, so an unsafe model never enters
         the registry. Metrics go to the run (the evaluation that justified the version);
         tags go to both the run and the version. Returns the new version number.
+
+        The version is also an MLflow model: an ``MLmodel`` file naming gogh's own pyfunc
+        loader is added (``tracking/pyfunc_flavor.py``, no pickle), so
+        ``mlflow.pyfunc.load_model("models:/<name>@<alias>")`` predicts. A P2 refiner names the
+        P1 it refines there: ``p1_uri`` (default ``models:/gogh-p1@champion``).
         """
         _check_name(name)
         directory = Path(directory)
         verify_weights_only(directory)
+        staged = Path(tempfile.mkdtemp(prefix=f"gogh-register-{name}-"))
+        try:
+            return self._register(name, _with_mlmodel(directory, staged, p1_uri), alias=alias,
+                                  metrics=metrics, tags=tags, description=description)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+
+    def _register(self, name: str, directory: Path, *, alias: str | None, metrics: Mapping[str, float] | None,
+                  tags: Mapping[str, str] | None, description: str | None) -> int:
         clean_metrics = _clean_metrics(metrics)
         clean_tags = {str(k): str(v) for k, v in (tags or {}).items()}
         client = self._ready()
@@ -383,7 +399,8 @@ class ModelRegistry:
             .sort("version")
         )
 
-    def ensure_registered(self, name: str, directory: Path, *, alias: str = DEFAULT_ALIAS) -> int:
+    def ensure_registered(self, name: str, directory: Path, *, alias: str = DEFAULT_ALIAS,
+                          p1_uri: str | None = None) -> int:
         """Register the shipped prior the first time only; afterwards return the aliased version.
 
         Idempotent by alias, not by content: once `alias` exists we never overwrite it, so a
@@ -393,5 +410,21 @@ class ModelRegistry:
         if existing is not None:
             return existing
         return self.register(
-            name, directory, alias=alias, tags={"gogh.origin": "shipped-prior"}, description=f"shipped prior from {Path(directory).name}"
+            name, directory, alias=alias, tags={"gogh.origin": "shipped-prior"}, description=f"shipped prior from {Path(directory).name}",
+            p1_uri=p1_uri,
         )
+
+
+def _with_mlmodel(directory: Path, staged: Path, p1_uri: str | None) -> Path:
+    """A copy of the model directory with its pyfunc ``MLmodel`` (never changes the original)."""
+    from gogh_flows.tracking.pyfunc_flavor import write_mlmodel
+
+    out = staged / "model"
+    out.mkdir(parents=True)
+    for f in directory.iterdir():
+        if f.is_file() and f.name not in ("MLmodel", "gogh_pyfunc.json"):
+            shutil.copy2(f, out / f.name)
+    kind = json.loads((directory / "config.json").read_text()).get("kind")
+    write_mlmodel(out, p1_uri=(p1_uri or f"models:/gogh-p1@{DEFAULT_ALIAS}") if kind == "p2" else None)
+    verify_weights_only(out)
+    return out

@@ -1,7 +1,8 @@
 """Weights-only check for model directories.
 
 A gogh model is a directory of data: tensors in safetensors, configuration in JSON, and an
-optional Markdown model card. None of these formats can run code when read, which is the
+optional Markdown model card, and an ``MLmodel`` file naming only gogh's own pyfunc loader
+(``tracking/pyfunc_flavor.py``). None of these formats can run code when read, which is the
 whole point: a model registry is shared, writable storage, and a pickle planted there would
 execute on every machine that places a flow. So the rule is an allow-list, checked both
 before a directory is registered and after it is downloaded, and anything outside it is
@@ -75,6 +76,47 @@ def _check_json(path: Path) -> str | None:
     return None
 
 
+def _check_mlmodel(path: Path) -> str | None:
+    """Why an ``MLmodel`` file is refused, or None: only gogh's own loader, which reads safetensors.
+
+    MLflow loads a ``python_function`` model through the module it names; any other flavour, or
+    a ``python_model`` / artifacts entry, means a pickle would be read.
+    """
+    import yaml
+
+    from gogh_flows.tracking.pyfunc_flavor import LOADER_MODULE
+
+    try:
+        meta = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        return f"not a readable MLmodel file ({exc})"
+    flavors = meta.get("flavors") if isinstance(meta, dict) else None
+    if not isinstance(flavors, dict) or set(flavors) != {"python_function"}:
+        return (f"MLmodel flavours {sorted(flavors) if isinstance(flavors, dict) else flavors!r}: only gogh's "
+                f"python_function flavour ({LOADER_MODULE}) loads without unpickling")
+    pf = flavors["python_function"] or {}
+    if pf.get("loader_module") != LOADER_MODULE:
+        return f"MLmodel loader module {pf.get('loader_module')!r} is not gogh's ({LOADER_MODULE}): it may unpickle"
+    risky = sorted(k for k in ("python_model", "artifacts", "code", "cloudpickle_version") if pf.get(k))
+    if risky:
+        return f"MLmodel python_function entries {risky} load pickled objects or code"
+    return None
+
+
+def _check_registered_meta(path: Path) -> str | None:
+    """MLflow writes ``registered_model_meta`` (the model's name and version) next to a registered
+    version's files; plain YAML with those two keys is data."""
+    import yaml
+
+    try:
+        meta = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        return f"not a readable registered_model_meta file ({exc})"
+    if not isinstance(meta, dict) or not set(meta) <= {"model_name", "model_version"}:
+        return "registered_model_meta holds more than MLflow's model name and version"
+    return None
+
+
 def _check_markdown(path: Path) -> str | None:
     try:
         path.read_text(encoding="utf-8")
@@ -105,7 +147,14 @@ def verify_weights_only(directory: Path) -> list[Path]:
         if not entry.is_file():
             problems.append(f"{rel}: not a regular file")
             continue
-        if entry.suffix.lower() not in ALLOWED_SUFFIXES or entry.name == "MLmodel":
+        if entry.name in ("MLmodel", "registered_model_meta") and entry.parent == directory:
+            why = _check_mlmodel(entry) if entry.name == "MLmodel" else _check_registered_meta(entry)
+            if why is None:
+                files.append(entry)
+            else:
+                problems.append(f"{rel}: refused, {why}")
+            continue
+        if entry.suffix.lower() not in ALLOWED_SUFFIXES:
             problems.append(f"{rel}: refused, {_reason_for_suffix(entry)}")
             continue
         if entry.suffix.lower() == ".safetensors":

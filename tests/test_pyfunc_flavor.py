@@ -1,0 +1,64 @@
+"""Registered predictors are MLflow models: mlflow.pyfunc.load_model predicts, with no pickle anywhere."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+import pytest
+
+from gogh_flows.flows.predictors import models_dir
+from gogh_flows.tracking import ModelRegistry
+from gogh_flows.tracking.errors import UnsafeArtifactError
+from gogh_flows.tracking.safety import verify_weights_only
+
+JOBS = pd.DataFrame({"job_type": ["ResNet-50 (batch size 64)", "LM (batch size 20)", "ResNet-50 (batch size 64)"],
+                     "gpu_type": ["v100", "k80", "v100"],
+                     "partner": [None, None, "LM (batch size 20)"]})
+
+
+@pytest.fixture()
+def registered(tmp_path, monkeypatch):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    reg = ModelRegistry(uri, artifact_location=tmp_path / "artifacts")
+    prior = models_dir() / "synthetic"
+    reg.ensure_registered("gogh-p1", prior / "p1")
+    reg.ensure_registered("gogh-p2", prior / "p2", p1_uri="models:/gogh-p1@champion")
+    # through the environment only: mlflow.set_tracking_uri would also export it for the rest
+    # of the session, and gogh follows MLFLOW_TRACKING_URI (tests/conftest.py clears it)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    yield tmp_path
+
+
+def test_the_champion_loads_with_mlflow_pyfunc_and_predicts(registered):
+    p1 = mlflow.pyfunc.load_model("models:/gogh-p1@champion").predict(JOBS)
+    p2 = mlflow.pyfunc.load_model("models:/gogh-p2@champion").predict(JOBS)
+    for pred in (p1, p2):
+        assert len(pred) == 3 and all(v > 0 for v in pred)
+        assert pred[2] < pred[0]  # sharing the GPU with a partner is slower than alone
+    # no file that could hold a pickle was logged, and the versions pass the weights-only check
+    files = [p for p in (registered / "artifacts").rglob("*") if p.is_file()]
+    assert any(p.name == "MLmodel" for p in files)
+    assert not [p for p in files if p.suffix.lower() in {".pkl", ".pickle", ".pt", ".pth", ".bin", ".joblib"}]
+    for mlmodel in (p for p in files if p.name == "MLmodel"):
+        text = mlmodel.read_text()
+        assert "gogh_flows.tracking.pyfunc_flavor" in text and "python_model" not in text and "pickle" not in text
+    for mlmodel in (p for p in files if p.name == "MLmodel"):
+        verify_weights_only(mlmodel.parent)
+
+
+def test_bad_input_says_which_columns_are_needed(registered):
+    model = mlflow.pyfunc.load_model("models:/gogh-p1@champion")
+    with pytest.raises(Exception, match="lacks column"):
+        model.predict(pd.DataFrame({"model": ["ResNet-50"]}))
+
+
+def test_an_mlmodel_with_another_loader_is_refused(tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(models_dir() / "synthetic" / "p1", d)
+    (d / "MLmodel").write_text("flavors:\n  python_function:\n    loader_module: mlflow.pytorch\n"
+                               "    python_model: python_model.pkl\n")
+    with pytest.raises(UnsafeArtifactError, match="loader module 'mlflow.pytorch' is not gogh's"):
+        verify_weights_only(Path(d))
