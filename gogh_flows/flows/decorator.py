@@ -317,7 +317,8 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
     registry = load_block(PredictorRegistry, settings.registry, PredictorRegistry())
     policy = load_block(PlacementPolicy, settings.policy, PlacementPolicy())
     session = shared_session(cluster, registry.resolved_tracking_uri())
-    if session.truth is not None and not session.truth.knows(job.job_type):
+    # a job type the truth lacks runs from its layer features (the worker's _learn_job)
+    if session.truth is not None and not session.truth.knows(job.job_type) and job.features is None:
         raise ValueError(
             f"the emulated fleet runs at the throughputs of its truth table ({session.truth.source}), which "
             f"has no entry for {job.job_type!r}; emulated fleets run the job types of that table, e.g. "
@@ -343,7 +344,9 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
     cancellation = PrefectCancellation.for_run(flow_run)
     try:
         where = {"gpu_id": placement.gpu_id, "job_type": job.job_type, "run_id": ledger_id, "hold_lease": True,
-                 "warmup_steps": settings.warmup_steps, "power_limit_w": placement.power_limit_w}
+                 "warmup_steps": settings.warmup_steps, "power_limit_w": placement.power_limit_w,
+                 # a user's own model: the emulated fleet computes its figures from these
+                 "features": job.features if job.family is None else None}
         if in_process:
             token = uuid.uuid4().hex
             _LOCAL_BODIES[token] = (fn, args, kwargs, serialize_context())

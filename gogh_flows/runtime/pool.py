@@ -160,7 +160,7 @@ class GpuPool:
                run_id: str | None = None, hold_lease: bool = False,
                record_if_placer_lost: Callable[[RunOutcome], tuple[str, dict]] | None = None,
                warmup_steps: float = DEFAULT_WARMUP_STEPS, power_limit_w: float | None = None,
-               **kwargs: Any) -> Future:
+               features: Any = None, **kwargs: Any) -> Future:
         """Run ``fn(*args, **kwargs)`` on the worker pinned to ``gpu_id``; a Future of :class:`RunOutcome`.
 
         ``job_type`` names the workload for the emulator and the outcome;
@@ -173,7 +173,9 @@ class GpuPool:
         placing process is lost before the body ends; ``warmup_steps`` are the steps before the
         run's steady-state measurement window opens; ``power_limit_w`` is the board limit its
         placement chose (None: the maximum), the board's limit from the run's start (the emulator
-        enacts it; on a real GPU it is logged as not applied). These names are taken by ``submit``:
+        enacts it; on a real GPU it is logged as not applied); ``features`` (the job's layer
+        features) let an emulated fleet run a job type its truth lacks, from the synthetic
+        fleet. These names are taken by ``submit``:
         pass a body keyword argument with the same name through ``functools.partial``.
         """
         if self._closed:
@@ -183,7 +185,7 @@ class GpuPool:
         spec = RunSpec(device=device, mode=self.mode, emulated=device.id in self._emulated, run_key=key,
                        job_type=job_type, run_id=run_id, partners=partners, hold_lease=hold_lease,
                        record_if_placer_lost=record_if_placer_lost, warmup_steps=warmup_steps,
-                       power_limit_w=power_limit_w)
+                       power_limit_w=power_limit_w, features=features)
         if hold_lease:
             if not run_id:
                 raise ValueError("GpuPool.submit(hold_lease=True) needs the run_id its lease was claimed under")

@@ -161,6 +161,9 @@ class RunSpec:
     record_if_placer_lost: Callable[[RunOutcome], tuple[str, dict[str, Any]]] | None = None
     warmup_steps: float = DEFAULT_WARMUP_STEPS  # steps before the steady-state window opens
     power_limit_w: float | None = None  # the board limit the run's placement chose (None: maximum)
+    #: the job's layer features: an emulated fleet whose truth lacks the job type (a user's own
+    #: model) computes its figures from them on the synthetic fleet (:func:`_learn_job`)
+    features: Any = None
 
 
 class RunNotStarted(RuntimeError):
@@ -227,6 +230,9 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
     truth = config.truth
     if spec.emulated and truth is None:
         truth = _default_truth_for(device.gpu_type)
+    if spec.emulated and truth is not None and spec.job_type and spec.features is not None \
+            and not truth.knows(spec.job_type):
+        _learn_job(truth, spec.job_type, spec.features)
     override = spec.partners
     if override is not None and not callable(override):
         fixed = tuple(override)
@@ -291,6 +297,38 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
     if placer_lost and lease is not None and spec.record_if_placer_lost is not None:
         _hand_in(lease, spec, outcome)
     return outcome
+
+
+_learn_lock = threading.Lock()
+_learned: dict[str, Any] = {}  # features of the job types learned so far in this process
+
+
+def _learn_job(truth: ThroughputTable, job_type: str, features: Any) -> None:
+    """Add a job type the emulated truth lacks (a user's own model), from its features.
+
+    Its figures come from the synthetic fleet, alone and next to every job the truth knows that
+    is a zoo model (those have features); the table is extended in place, so the meters of its
+    partners find the pair too. Once per job type and worker process.
+    """
+    from gogh_flows.predict.data import UnknownJobFeaturesError, zoo_jobs
+    from gogh_flows.truth.synthetic import SyntheticFleet
+
+    with _learn_lock:
+        if truth.knows(job_type):
+            return
+        known: dict[str, Any] = {}
+        for name in truth.job_types:
+            if name in _learned:
+                known[name] = _learned[name]
+                continue
+            try:
+                known.update(zoo_jobs([name]))
+            except UnknownJobFeaturesError:
+                continue  # a Gavel type without zoo features: no pair with it is computed
+        fleet = SyntheticFleet(gpu_types=truth.gpu_types, jobs={**known, job_type: features})
+        truth.absorb(ThroughputTable.from_rows(fleet.rows_for(job_type), source=f"synthetic({job_type})"))
+        _learned[job_type] = features
+        log.info("gogh: the emulated fleet learned %r from its layer features (synthetic fleet)", job_type)
 
 
 def _hand_in(lease: WorkerLease, spec: RunSpec, outcome: RunOutcome) -> None:

@@ -228,6 +228,30 @@ class SyntheticFleet:
                                  "throughput": ta, "partner_throughput": tb})
         return ThroughputTable.from_rows(rows, source=f"synthetic(seed={self.seed})")
 
+    def rows_for(self, job_type: str) -> list[dict]:
+        """The table rows that involve ``job_type``: alone at every scale factor, and next to
+        every job of the fleet (itself included), on every GPU type; what :meth:`table` gives
+        for it, without computing the pairs of the other jobs."""
+        if job_type not in self.jobs:
+            raise KeyError(f"{job_type!r} is not among this fleet's jobs")
+        rows: list[dict] = []
+        for t in self.gpu_types:
+            gpu = get_gpu_type(t)
+            profiles = {j: step_profile(self.jobs[j], gpu, self.precision) for j in self.jobs}
+            iso1 = {j: (1 / gang_step_s(p, gpu, 1) * _noise(self.seed, self.noise, j, t, 1) if p.fits else 0.0)
+                    for j, p in profiles.items()}
+            p = profiles[job_type]
+            for n in self.scale_factors:
+                tput = n / gang_step_s(p, gpu, n) * _noise(self.seed, self.noise, job_type, t, n) if p.fits else 0.0
+                rows.append({"job_type": job_type, "gpu_type": t, "scale_factor": n, "throughput": tput,
+                             "activity": p.activity})
+            for other in sorted(self.jobs):
+                a, b = sorted((job_type, other))
+                ta, tb = self._pair(profiles[a], profiles[b], iso1[a], iso1[b], gpu, a, b)
+                rows.append({"job_type": a, "gpu_type": t, "scale_factor": 1, "partner": b,
+                             "throughput": ta, "partner_throughput": tb})
+        return rows
+
     def _pair(self, pa: StepProfile, pb: StepProfile, ia: float, ib: float, gpu: GpuType,
               a: str, b: str) -> tuple[float, float]:
         if ia <= 0 or ib <= 0 or pa.memory_bytes + pb.memory_bytes > MEMORY_HEADROOM * gpu.memory_bytes:

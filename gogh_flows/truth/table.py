@@ -112,6 +112,38 @@ class ThroughputTable:
     def write_parquet(self, path: str | Path) -> None:
         self.frame.write_parquet(path)
 
+    def absorb(self, other: ThroughputTable) -> int:
+        """Take in ``other``'s entries for job types this table does not know; returns how many
+        job types were added. Entries of known job types are never changed.
+
+        Why in place: an emulated fleet's truth is one object shared by every meter of a worker
+        process, and a run of a user's own model must find its own figures there, and its
+        partners must find theirs next to it, without replacing the table under running meters.
+        The frame is extended too, so what is read back stays the whole table.
+        """
+        new = [j for j in other.job_types if j not in self._job_set]
+        if not new:
+            return 0
+        fresh = set(new)
+        add = other.frame.filter(pl.col("job_type").is_in(new) | pl.col("partner").is_in(new))
+        for job, gpu, sf, partner, tput, ptput, act in add.iter_rows():
+            if partner is None:
+                if job in fresh:
+                    self._iso[(job, gpu, sf)] = tput
+                    if act is not None and sf == 1:
+                        self._activity[(job, gpu)] = act
+            elif sf == 1 and (job in fresh or partner in fresh) and (job in self._job_set or job in fresh) \
+                    and (partner in self._job_set or partner in fresh):
+                other_t = ptput or 0.0
+                if job == partner:
+                    tput = other_t = min(tput, other_t)
+                self._pair[(job, partner, gpu)] = (tput, other_t)
+                self._pair.setdefault((partner, job, gpu), (other_t, tput))
+        object.__setattr__(self, "frame", pl.concat([self.frame, add.select(self.frame.columns)]))
+        object.__setattr__(self, "_job_set", self._job_set | fresh)
+        object.__setattr__(self, "_job_types", tuple(sorted(self._job_set)))
+        return len(new)
+
     # -- queries ----------------------------------------------------------------------
     @property
     def job_types(self) -> tuple[str, ...]:
