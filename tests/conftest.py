@@ -44,6 +44,21 @@ def gavel_table(gavel_dir: Path):
     return read_gavel_json(gavel_dir / "simulation_throughputs.json")
 
 
+@pytest.fixture(autouse=True)
+def _tracking_uri_stays_in_its_test():
+    """A test (or a doc example) that calls ``mlflow.set_tracking_uri`` also exports
+    ``MLFLOW_TRACKING_URI``, which gogh follows: undo it, or every later test writes there."""
+    yield
+    import sys
+
+    if "mlflow" in sys.modules:
+        from mlflow.tracking._tracking_service import utils as _mlflow_uri
+
+        if _mlflow_uri._tracking_uri is not None:
+            _mlflow_uri.set_tracking_uri(None)
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+
 # Hypothesis keeps no example database in the working tree (tests leave no state behind).
 from hypothesis import settings as _hyp_settings  # noqa: E402
 
