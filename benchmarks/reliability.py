@@ -38,6 +38,7 @@ import polars as pl
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 from runrecords import run_records  # noqa: E402
+from gogh_flows.tracking.measurements import read_measurements  # noqa: E402
 
 BIN = Path(sys.executable).parent
 HOST = REPO / "tests" / "hostproc" / "place_runs.py"
@@ -390,7 +391,7 @@ def main() -> None:
         bench.close()
 
     def table(*hosts: str) -> pl.DataFrame:
-        return pl.concat([pl.read_parquet(p) for h in hosts for p in (tmp / h).rglob("measurements.parquet")],
+        return pl.concat([read_measurements(p) for h in hosts for p in (tmp / h).rglob("table") if (p / "parts").is_dir()],
                          how="diagonal_relaxed")
 
     frame = table("host-a", "host-b")  # the hosts' own runs, and the victim's delivered by them

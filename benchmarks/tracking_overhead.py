@@ -1,12 +1,13 @@
 """What logging one measurement costs a flow run (figures for docs/tracking.md).
 
 Times `MeasurementLog.log` end to end on a local SQLite MLflow store, and its two halves
-(the parquet append under the file lock, the MLflow run), for a fresh table and for one that
-already holds many rows (the append rewrites the whole table). Also times the fall-back path
-(MLflow unreachable -> spool) and `flush_spool`. All state lives in a temp dir.
-Prints a summary and saves benchmarks/results/tracking_overhead.json.
+(the parquet append, the MLflow run), for a fresh table; then the append alone, and a read
+of the whole table, on tables that already hold 1k / 10k / 100k rows, beside the layout
+before it (one parquet file rewritten whole per append) timed in the same run. Also times
+the fall-back path (MLflow unreachable -> spool) and `flush_spool`. All state lives in a
+temp dir. Prints a summary and saves benchmarks/results/tracking_overhead.json.
 
-    .venv/bin/python benchmarks/tracking_overhead.py [--n 100] [--big 20000]
+    .venv/bin/python benchmarks/tracking_overhead.py [--n 300] [--sizes 1000,10000,100000]
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import polars as pl  # noqa: E402
 from mlflow import MlflowClient  # noqa: E402
 
 from gogh_flows.tracking.measurements import SCHEMA, Measurement, MeasurementLog  # noqa: E402
+from gogh_flows.tracking.table import FANOUT, PARTS_PER_SEGMENT, MeasurementTable  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results"
 
@@ -53,6 +55,36 @@ def stats_ms(samples: list[float]) -> dict[str, float]:
     }
 
 
+def prefill(log: MeasurementLog, rows: int) -> None:
+    """A table of `rows` measurements as appends would have left it: merged segments, every key claimed."""
+    frame = pl.DataFrame([{**sample(i, "old").to_row(), "logged_at": 0.0} for i in range(rows)], schema=SCHEMA)
+    done, level = 0, 0
+    chunk = PARTS_PER_SEGMENT
+    while chunk * FANOUT <= rows:
+        chunk *= FANOUT
+        level += 1
+    while done < rows:  # the largest segments first, as levels of a merged table
+        while chunk > rows - done and level > 0:
+            chunk //= FANOUT
+            level -= 1
+        part = frame.slice(done, chunk)
+        MeasurementTable._write(part, log.table.segments_dir, f"L{level:02d}-{done:020d}-prefill")
+        done += part.height
+    for key in frame["key"].to_list():
+        log.table._claim(key)
+
+
+def rewrite_whole(path: Path, m: Measurement) -> None:
+    """What an append cost before: read the one file, add the row, write it all, rename over."""
+    old = pl.read_parquet(path)
+    new = pl.concat([old, pl.DataFrame([{**m.to_row(), "logged_at": time.time()}], schema=SCHEMA)])
+    tmp = path.with_suffix(".tmp")
+    new.write_parquet(tmp)
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
 def timed(fn, *args) -> float:
     t0 = time.perf_counter()
     fn(*args)
@@ -61,8 +93,9 @@ def timed(fn, *args) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=100, help="measurements per case")
-    ap.add_argument("--big", type=int, default=20000, help="rows already in the table for the 'big table' case")
+    ap.add_argument("--n", type=int, default=300,
+                    help="measurements per case (more than one merge's worth of parts, %d)" % PARTS_PER_SEGMENT)
+    ap.add_argument("--sizes", default="1000,10000,100000", help="rows already in the table, comma-separated")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="gogh-tracking-bench-"))
     uri = f"sqlite:///{tmp}/mlflow.db"
@@ -79,13 +112,18 @@ def main() -> None:
         [timed(lambda m: mlog._write_mlflow(m, check_existing=False), sample(i, "mlflow")) for i in range(args.n)]
     )
 
-    big = MeasurementLog(uri, tmp / "big")
-    rows = [{**sample(i, "old").to_row(), "logged_at": 0.0} for i in range(args.big)]
-    pl.DataFrame(rows, schema=SCHEMA).write_parquet(big.table_path)
-    results[f"log, table of {args.big} rows"] = stats_ms([timed(big.log, sample(i, "new")) for i in range(args.n)])
-    results[f"parquet append only, table of {args.big} rows"] = stats_ms(
-        [timed(big._append, sample(i, "append")) for i in range(args.n)]
-    )
+    sizes = [int(x) for x in args.sizes.split(",") if x]
+    for size in sizes:
+        big = MeasurementLog(uri, tmp / f"big-{size}")
+        prefill(big, size)
+        results[f"append, table of {size} rows"] = stats_ms(
+            [timed(big._append, sample(i, "append")) for i in range(args.n)])
+        results[f"read whole table, {size} rows"] = stats_ms([timed(big.read) for _ in range(5)])
+        one_file = tmp / f"one-file-{size}.parquet"
+        pl.DataFrame([{**sample(i, "old").to_row(), "logged_at": 0.0} for i in range(size)],
+                     schema=SCHEMA).write_parquet(one_file)
+        results[f"rewrite whole (earlier layout), {size} rows"] = stats_ms(
+            [timed(rewrite_whole, one_file, sample(i, "rewrite")) for i in range(min(args.n, 50))])
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -108,13 +146,16 @@ def main() -> None:
             "polars": pl.__version__,
             "backend": "sqlite (local file)",
             "n": args.n,
-            "big_table_rows": args.big,
+            "table_sizes": sizes,
+            "parts_per_segment": PARTS_PER_SEGMENT,
+            "fanout": FANOUT,
         },
         "cases": results,
         "flush_spool": {"written": flushed, "total_s": flush_s, "per_measurement_ms": 1000 * flush_s / max(flushed, 1)},
     }
     for label, r in results.items():
-        print(f"{label:48s} mean {r['mean_ms']:7.1f} ms  p50 {r['p50_ms']:7.1f} ms  p95 {r['p95_ms']:7.1f} ms")
+        print(f"{label:48s} mean {r['mean_ms']:7.1f} ms  p50 {r['p50_ms']:7.1f} ms  p95 {r['p95_ms']:7.1f} ms"
+              f"  max {r['max_ms']:7.1f} ms")
     print(f"{'flush_spool':48s} {flushed} written in {flush_s:.2f} s "
           f"({report['flush_spool']['per_measurement_ms']:.1f} ms each)")
     OUT.mkdir(exist_ok=True)

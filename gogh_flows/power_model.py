@@ -199,13 +199,9 @@ def measurement_points(measurements: pl.DataFrame | str | os.PathLike[str]) -> l
     types are skipped: the table holds no layers to compute the fit's inputs from.
     """
     if not isinstance(measurements, pl.DataFrame):
-        path = Path(measurements)
-        if path.is_dir():
-            path = path / "measurements.parquet"
-        if not path.exists():
-            raise FileNotFoundError(f"measurement table not found: {path} (give the parquet file or "
-                                    "the folder holding measurements.parquet)")
-        measurements, where = pl.read_parquet(path), str(path)
+        from gogh_flows.tracking.measurements import read_measurements
+
+        measurements, where = read_measurements(measurements), str(measurements)
     else:
         where = "measurement table"
     _require(measurements, MEASUREMENT_COLUMNS, where, "expected the table of gogh_flows.tracking.measurements")

@@ -98,7 +98,9 @@ def _results(proc: subprocess.Popen, timeout: float) -> list[dict]:
 
 
 def _measurements(tmp: Path, hosts: list[str]) -> pl.DataFrame:
-    frames = [pl.read_parquet(p) for h in hosts for p in (tmp / h).rglob("measurements.parquet")]
+    from gogh_flows.tracking.measurements import read_measurements
+
+    frames = [read_measurements(p) for h in hosts for p in (tmp / h).rglob("table") if (p / "parts").is_dir()]
     return pl.concat(frames, how="diagonal_relaxed")
 
 

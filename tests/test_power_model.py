@@ -142,7 +142,7 @@ def _measurement(job_type: str, gpu_type: str, power: float | None, *, n: int, p
 
 
 def test_user_logged_measurements_are_picked_up(tmp_path):
-    from gogh_flows.tracking.measurements import SCHEMA, TABLE_NAME
+    from gogh_flows.tracking.measurements import LEGACY_TABLE, SCHEMA
 
     rows = [
         _measurement("ResNet-50 (batch size 64)", "a100", 300.0, n=1),
@@ -157,7 +157,7 @@ def test_user_logged_measurements_are_picked_up(tmp_path):
         _measurement("my-own-model", "a100", 150.0, n=10),  # no zoo features: skipped
     ]
     table = pl.DataFrame([{**m.to_row(), "logged_at": 0.0} for m in rows], schema=SCHEMA)
-    table.write_parquet(tmp_path / TABLE_NAME)
+    table.write_parquet(tmp_path / LEGACY_TABLE)  # a one-file table of an earlier version
     points = measurement_points(tmp_path)
     got = {(p.job_type, p.gpu_type): p.power_w for p in points}
     assert got == {("LM (batch size 20)", "a100"): 200.0, ("ResNet-50 (batch size 64)", "a100"): 320.0,

@@ -297,6 +297,15 @@ def test_log_writes_parquet_and_mlflow_run(mlog: MeasurementLog, uri: str):
     assert run.data.tags["prefect.flow_run_id"] == "flow-run-1"
     assert run.data.tags["prefect.flow_run_url"].endswith("/1") and run.data.tags["gogh.status"] == "completed"
     assert run.info.start_time == int(m.started_at * 1000)
+    assert run.data.tags["gogh.emulated_time"] == "true"  # the default sample is an emulated run
+
+
+def test_emulated_runs_say_their_times_are_emulated(mlog: MeasurementLog, uri: str):
+    run = MlflowClient(uri).get_run(mlog.log(measurement(7, telemetry="emulated")))
+    assert run.data.tags["gogh.emulated_time"] == "true"
+    assert "emulated GPU's time" in run.data.tags["mlflow.note.content"]  # the run's Description in the UI
+    board = MlflowClient(uri).get_run(mlog.log(measurement(8, telemetry="nvml")))
+    assert "gogh.emulated_time" not in board.data.tags and "mlflow.note.content" not in board.data.tags
 
 
 def test_failed_run_and_missing_optionals(mlog: MeasurementLog, uri: str):

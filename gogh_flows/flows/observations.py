@@ -17,8 +17,7 @@ class ObservationCache:
         self._frame = observations_from_measurements(pl.DataFrame())
 
     def get(self) -> pl.DataFrame:
-        path = self.log.table_path
-        stamp = path.stat().st_mtime_ns if path.exists() else None
+        stamp = self.log.table.version()
         if stamp != self._stamp:
             self._frame = observations_from_measurements(self.log.read())
             self._stamp = stamp

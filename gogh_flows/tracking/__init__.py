@@ -5,7 +5,7 @@ energy, sim) must never import it.
 """
 
 from gogh_flows.tracking.errors import ModelNotFoundError, TrackingUnavailableError, UnsafeArtifactError
-from gogh_flows.tracking.measurements import Measurement, MeasurementLog
+from gogh_flows.tracking.measurements import Measurement, MeasurementLog, read_measurements
 from gogh_flows.tracking.registry import ModelRef, ModelRegistry, parse_model_ref
 from gogh_flows.tracking.safety import verify_weights_only
 
@@ -18,5 +18,6 @@ __all__ = [
     "TrackingUnavailableError",
     "UnsafeArtifactError",
     "parse_model_ref",
+    "read_measurements",
     "verify_weights_only",
 ]

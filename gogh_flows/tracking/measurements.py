@@ -3,10 +3,10 @@
 Every measurement is what the refiner (P2) learns from, so losing one silently would bias
 retraining toward whatever happened to be logged. Hence the order of writes:
 
-1. the parquet table under `root` (the source of truth for retraining): rewritten as a
-   whole into a temporary file and renamed over the old one, under an inter-process file
-   lock, so a crash leaves the old or the new table (never half of one) and concurrent
-   writers (threads or processes) never drop each other's rows;
+1. the parquet table under `root/table` (the source of truth for retraining): one small file
+   per measurement renamed into place, its key claimed atomically, merged in the background
+   of later appends (``tracking.table``), so an append costs the same at any length, a crash
+   leaves no half row, and concurrent writers (threads, processes) never drop each other's;
 2. one MLflow run (for people: UI, comparison, search). If MLflow fails for any reason the
    measurement is written as JSON into `root/spool/` and retried by `flush_spool`.
 
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import json
 import logging
 import math
@@ -37,6 +36,7 @@ import polars as pl
 from filelock import FileLock
 from mlflow.entities import Metric, Param, RunTag
 
+from gogh_flows.tracking.table import MeasurementTable, read_table_folder
 from gogh_flows.tracking.backend import (
     as_uri,
     check_reachable,
@@ -48,7 +48,8 @@ from gogh_flows.tracking.backend import (
 log = logging.getLogger(__name__)
 
 MEASUREMENTS_EXPERIMENT = "gogh-measurements"
-TABLE_NAME = "measurements.parquet"
+TABLE_DIR = "table"  # a folder of parquet files: tracking.table
+LEGACY_TABLE = "measurements.parquet"  # the one-file table of earlier versions, taken in on open
 SPOOL_DIR = "spool"
 STATUSES = ("completed", "failed")
 #: where a measurement's figures came from: the board (NVML), the emulator, the wall clock
@@ -59,6 +60,7 @@ TELEMETRY = ("nvml", "emulated", "wallclock", "none")
 WINDOWS = ("steady", "whole_run", "emulated")
 KEY_TAG = "gogh.measurement_key"
 COMPLETE_TAG = "gogh.logged"  # set in the same batch as the metrics: marks a whole run
+EMULATED_TIME_TAG = "gogh.emulated_time"  # "true": the run's times are the emulated GPU's, not wall time
 _LOCK_TIMEOUT_S = 120.0
 _MAX_EXTRA_KEY = 200
 _MAX_EXTRA_VALUE = 5000
@@ -206,10 +208,27 @@ def empty_table() -> pl.DataFrame:
     return pl.DataFrame(schema=SCHEMA)
 
 
-def _current_schema(frame: pl.DataFrame) -> pl.DataFrame:
-    """A table written by an earlier version, with the columns added since (empty)."""
-    missing = [pl.lit(None, dtype=dtype).alias(name) for name, dtype in SCHEMA.items() if name not in frame.columns]
-    return frame.with_columns(missing).select(list(SCHEMA)) if missing else frame
+def read_measurements(path: str | os.PathLike[str]) -> pl.DataFrame:
+    """The measurement table at ``path``, without opening a tracking store: a ``MeasurementLog``'s
+    root (``$GOGH_HOME/measurements``), its ``table`` folder, or a one-file table of an earlier
+    version. One row per measurement, sorted by started_at (then key)."""
+    path = Path(path)
+    if path.is_file():
+        frame = pl.read_parquet(path)
+    elif (path / TABLE_DIR).is_dir() or (path / LEGACY_TABLE).is_file():
+        frames = [read_table_folder(path / TABLE_DIR, SCHEMA)] if (path / TABLE_DIR).is_dir() else []
+        if (path / LEGACY_TABLE).is_file():  # not yet taken in by a MeasurementLog
+            frames.append(pl.read_parquet(path / LEGACY_TABLE))
+        frame = pl.concat(frames, how="diagonal_relaxed")
+    elif (path / "parts").is_dir() or (path / "segments").is_dir():
+        frame = read_table_folder(path, SCHEMA)
+    else:
+        raise FileNotFoundError(f"no measurement table at {path}: give a MeasurementLog's root (e.g. "
+                                f"$GOGH_HOME/measurements, holding {TABLE_DIR}/), its {TABLE_DIR}/ folder, or a "
+                                f"{LEGACY_TABLE} file of an earlier version")
+    missing = [pl.lit(None, dtype=t).alias(c) for c, t in SCHEMA.items() if c not in frame.columns]
+    frame = frame.with_columns(missing).select(list(SCHEMA))
+    return frame.sort("logged_at", nulls_last=True).unique("key", keep="first").sort(["started_at", "key"])
 
 
 class MeasurementLog:
@@ -231,12 +250,15 @@ class MeasurementLog:
         self.root.mkdir(parents=True, exist_ok=True)
         self.spool_dir.mkdir(exist_ok=True)
         self._artifact_location = as_uri(artifact_location)
+        self.table = MeasurementTable(self.root / TABLE_DIR, SCHEMA, legacy=self.root / LEGACY_TABLE,
+                                      lock_timeout_s=_LOCK_TIMEOUT_S)
         self._client = mlflow_client(self.tracking_uri)
         self._experiment_id: str | None = None
 
     @property
     def table_path(self) -> Path:
-        return self.root / TABLE_NAME
+        """The folder of the table's parquet files (see ``tracking.table``)."""
+        return self.table.root
 
     @property
     def store(self) -> str:
@@ -260,42 +282,11 @@ class MeasurementLog:
     # -- the parquet table ---------------------------------------------------------------
     def _append(self, m: Measurement) -> bool:
         """Add `m` to the table; False when its key is already there (a retried log)."""
-        row = {**m.to_row(), "logged_at": time.time()}
-        with self._lock():
-            old = self._read_table()
-            if old.height and old.filter(pl.col("key") == m.key).height:
-                return False
-            new = pl.concat([old, pl.DataFrame([row], schema=SCHEMA)], how="vertical")
-            tmp = self.root / f".{TABLE_NAME}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
-            try:
-                new.write_parquet(tmp)
-                with open(tmp, "rb") as fh:
-                    os.fsync(fh.fileno())
-                os.replace(tmp, self.table_path)
-            finally:
-                tmp.unlink(missing_ok=True)
-        return True
-
-    def _read_table(self) -> pl.DataFrame:
-        """The table as one snapshot: the file is opened once and read whole.
-
-        A reader that opened the path twice (polars reads metadata and data separately)
-        could see two different files when a writer replaces it in between.
-        """
-        try:
-            with open(self.table_path, "rb") as fh:
-                data = fh.read()
-        except FileNotFoundError:
-            return empty_table()
-        return _current_schema(pl.read_parquet(io.BytesIO(data)))
+        return self.table.append({**m.to_row(), "logged_at": time.time()})
 
     def read(self, since: float | None = None) -> pl.DataFrame:
-        """Every measurement, one row each, sorted by started_at (then key).
-
-        No lock needed: the table is only ever replaced by rename, so a reader sees a whole
-        old or a whole new file.
-        """
-        frame = self._read_table()
+        """Every measurement, one row each, sorted by started_at (then key); no lock needed."""
+        frame = self.table.read()
         if since is not None:
             frame = frame.filter(pl.col("started_at") >= since)
         return frame.sort(["started_at", "key"])
@@ -508,4 +499,11 @@ def _tags(m: Measurement) -> list[RunTag]:
     }
     if m.flow_run_url:
         values["prefect.flow_run_url"] = m.flow_run_url
+    if m.telemetry == "emulated":
+        # MLflow shows the run's start-to-end as its duration: on an emulated fleet that is the
+        # emulated GPU's time (minutes for a body that ran a second), so say so where it shows
+        values[EMULATED_TIME_TAG] = "true"
+        values["mlflow.note.content"] = (
+            "Emulated fleet: this run's start, end and duration (and `duration_s`, `throughput`) are in the "
+            "emulated GPU's time, not the wall time the flow run took. Energy is the emulator's.")
     return [RunTag(k, v) for k, v in values.items()]

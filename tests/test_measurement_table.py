@@ -1,0 +1,162 @@
+"""The measurement table's folder layout: O(1) appends, merges, crashes half-way, many writers at once."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from gogh_flows.tracking.measurements import LEGACY_TABLE, SCHEMA, Measurement, MeasurementLog, read_measurements
+from gogh_flows.tracking.table import MeasurementTable
+
+
+def row(i: int, key: str | None = None, **over) -> dict:
+    m = Measurement(
+        run_id=f"run-{i}", flow_name="train", job_type="ResNet-18 (batch size 64)", family="ResNet-18", batch_size=64,
+        gpu_id=f"gpu-{i % 4}", gpu_type="v100", device="cuda:0", partners=(), required_throughput=1.0,
+        predicted_throughput=2.0, steps=10.0, duration_s=1.0, throughput=10.0, mean_power_w=200.0, energy_j=200.0,
+        status="completed", telemetry="emulated", started_at=1.7e9 + i,
+    )
+    out = {**m.to_row(), "logged_at": time.time(), **over}
+    if key is not None:
+        out["key"] = key
+    return out
+
+
+def small(tmp_path: Path, **kw) -> MeasurementTable:
+    return MeasurementTable(tmp_path / "table", SCHEMA, parts_per_segment=kw.pop("parts", 4), fanout=kw.pop("fanout", 2),
+                            **kw)
+
+
+def test_append_read_and_retried_key(tmp_path):
+    table = small(tmp_path, parts=1000)
+    assert table.append(row(1)) and table.append(row(2))
+    assert not table.append(row(1))  # a retried log adds nothing
+    frame = table.read()
+    assert sorted(frame["key"].to_list()) == ["run-1:gpu-1", "run-2:gpu-2"]
+    assert frame.schema == pl.Schema(SCHEMA)
+
+
+def test_merges_keep_every_row_once_and_bound_the_files(tmp_path):
+    table = small(tmp_path)
+    for i in range(100):
+        assert table.append(row(i))
+    frame = table.read()
+    assert frame.height == 100 and frame["key"].n_unique() == 100
+    # 100 rows in parts of 4 and a fan-out of 2: a handful of segments, fewer than 4 loose parts
+    assert len(list(table.parts_dir.glob("*.parquet"))) < 4
+    assert len(list(table.segments_dir.glob("*.parquet"))) <= 8
+    assert not table.append(row(7))  # a key merged long ago is still known
+
+
+def test_crash_between_part_and_claim_neither_drops_nor_doubles(tmp_path):
+    table = small(tmp_path, parts=1000)
+    # a writer died after its part landed and before it claimed the key
+    MeasurementTable._write(pl.DataFrame([row(5)], schema=SCHEMA), table.parts_dir, "00000000000000000001-dead")
+    assert table.read().height == 1  # the row is there (never dropped)
+    assert table.append(row(5))  # the retry logs it again ...
+    assert table.read().height == 1  # ... and readers keep one
+    assert not table.append(row(5))
+
+
+def test_crash_between_merge_and_delete_neither_drops_nor_doubles(tmp_path):
+    table = small(tmp_path, parts=1000)
+    for i in range(6):
+        table.append(row(i))
+    parts = sorted(table.parts_dir.glob("*.parquet"))
+    # a merge wrote its segment and died before deleting its inputs
+    merged = MeasurementTable._read_files(parts, SCHEMA)
+    MeasurementTable._write(merged, table.segments_dir, "L00-00000000000000000001-crashed")
+    assert table.read().height == 6
+    table.compact()
+    assert table.read().height == 6 and not list(table.parts_dir.glob("*.parquet"))
+
+
+def test_older_files_without_new_columns_are_read(tmp_path):
+    table = small(tmp_path, parts=1000)
+    old = pl.DataFrame([row(1)], schema=SCHEMA).drop("run_energy_j", "startup_s")
+    old.write_parquet(table.segments_dir / "L00-00000000000000000001-old.parquet")
+    table.append(row(2))
+    frame = table.read()
+    assert frame.height == 2 and frame.columns == list(SCHEMA)
+    assert frame.filter(pl.col("run_id") == "run-1")["run_energy_j"].to_list() == [None]
+
+
+def test_a_one_file_table_of_an_earlier_version_is_taken_in(tmp_path):
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    legacy = pl.DataFrame([row(i) for i in range(3)], schema=SCHEMA).drop("window")
+    (tmp_path / "m").mkdir()
+    legacy.write_parquet(tmp_path / "m" / LEGACY_TABLE)
+    assert read_measurements(tmp_path / "m").height == 3  # readable before any log opens it
+    log = MeasurementLog(uri, tmp_path / "m")
+    assert log.read().height == 3
+    assert not (tmp_path / "m" / LEGACY_TABLE).exists() and (tmp_path / "m" / f"{LEGACY_TABLE}.migrated").exists()
+    assert not log.table.append(row(1))  # its keys are known: nothing logged twice
+    assert log.table.append(row(9))
+    assert read_measurements(tmp_path / "m").height == 4
+    assert read_measurements(log.table_path).height == 4
+
+
+def test_read_measurements_says_what_it_expects(tmp_path):
+    with pytest.raises(FileNotFoundError, match="MeasurementLog's root"):
+        read_measurements(tmp_path / "nowhere")
+
+
+def _append_from_process(root: str, start: int, count: int, shared_key: str) -> None:
+    table = MeasurementTable(Path(root), SCHEMA, parts_per_segment=4, fanout=2)
+    for i in range(start, start + count):
+        table.append(row(i))
+        table.append(row(i, key=shared_key))
+
+
+def test_threads_and_processes_appending_and_merging_at_once(tmp_path):
+    """Writers in 2 processes and 8 threads, merging every 4 parts, a reader throughout:
+    every row once, the shared key exactly once, no reader ever sees fewer rows than before."""
+    table = small(tmp_path)
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_append_from_process, args=(str(table.root), 1000 * (p + 1), 25, "shared:gpu"))
+             for p in range(2)]
+    won: list[bool] = []
+    errors: list[BaseException] = []
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def writer(t: int) -> None:
+        try:
+            for i in range(t * 100, t * 100 + 25):
+                table.append(row(i))
+                won.append(table.append(row(i, key="shared:gpu")))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    def reader() -> None:
+        try:
+            while not stop.is_set():
+                seen.append(table.read().height)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    watcher = threading.Thread(target=reader)
+    watcher.start()
+    for p in procs:
+        p.start()
+    threads = [threading.Thread(target=writer, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    stop.set()
+    watcher.join()
+    assert not errors
+    frame = table.read()
+    assert frame.height == 8 * 25 + 2 * 25 + 1
+    assert frame["key"].n_unique() == frame.height
+    assert sum(won) <= 1  # the processes may have claimed the shared key first
+    assert seen == sorted(seen) and len(seen) > 1
