@@ -38,3 +38,15 @@ def test_wave_only_comparison_says_its_percentages_in_words():
     ours = comparison.filter(pl.col("policy") == "optimizer")["energy vs optimizer"][0]
     assert ours == "+0.0%"
     assert all(v.endswith("%") and v[0] in "+-" and v != "-0.0%" for v in comparison["energy vs optimizer"])
+
+
+def test_a_cheaper_runner_up_says_why_it_was_not_chosen():
+    """In a wave decided together a job can give up its cheapest slot; the table says why, and only then."""
+    table = run_demo(seed=0).explanation.filter(pl.col("runner_up").is_not_null())
+    cheaper = table.filter(pl.col("runner_up_energy_kwh") < pl.col("pred_energy_kwh"))
+    assert cheaper.height > 0  # the demo's wave contends for its H100s
+    assert cheaper["runner_up_not_chosen_because"].null_count() == 0
+    assert all("same decision" in why or "total energy" in why or "pairs with" in why
+               for why in cheaper["runner_up_not_chosen_because"])
+    dearer = table.filter(pl.col("runner_up_energy_kwh") >= pl.col("pred_energy_kwh"))
+    assert dearer["runner_up_not_chosen_because"].null_count() == dearer.height

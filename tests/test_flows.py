@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections import defaultdict
@@ -12,6 +13,7 @@ import pytest
 from prefect import flow, task
 
 from gogh_flows import GpuCluster, PlacementPolicy, current_placement, gogh_placed
+from gogh_flows.flows.decorator import artifact_key
 from gogh_flows.flows.session import open_sessions
 from gogh_flows.flows.placer import InfeasibleRequirement, PlacementTimeout
 from runrecords import assert_shared_only_knowingly, run_records
@@ -52,24 +54,40 @@ def test_body_runs_on_the_worker_pinned_to_the_chosen_gpu(gogh_home):
     assert row["throughput"] > 0 and row["energy_j"] > 0 and row["telemetry"] == "emulated"
 
 
-def test_placement_artifact_explains_the_decision(gogh_home):
+def test_placement_artifacts_and_tags_say_where_a_run_went(gogh_home):
+    """The explanation as markdown and as a table, keyed per flow; the flow run tagged with where it ran."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.context import get_run_context
 
     @gogh_placed(model="LM", batch_size=20, min_throughput=0.5, work_steps=100)
-    def lm() -> str:
-        return current_placement().gpu_id
+    def lm() -> tuple:
+        return current_placement().gpu_id, current_placement().gpu_type, str(get_run_context().flow_run.id)
 
-    gpu = lm()
+    gpu, gpu_type, run_id = lm()
 
-    async def latest():
+    async def read():
         async with get_client() as client:
-            arts = await client.read_artifacts(
-                artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["gogh-placement"])))
-            return [a.data for a in arts]
+            arts = await client.read_artifacts(artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=["gogh-placement-lm", "gogh-placement-lm-options"])))
+            run = await client.read_flow_run(run_id)
+            return arts, run
 
-    texts = asyncio.run(latest())
-    assert any(f"**{gpu}**" in t and "predicted throughput" in t and "required throughput" in t for t in texts)
+    arts, run = asyncio.run(read())
+    md = [a.data for a in arts if a.key == "gogh-placement-lm"]
+    assert any(f"**{gpu}**" in t and "predicted throughput" in t and "required throughput" in t for t in md)
+    table = next(a for a in arts if a.key == "gogh-placement-lm-options" and a.type == "table")
+    rows = json.loads(table.data) if isinstance(table.data, str) else table.data
+    assert rows[0]["rank"] == "chosen" and rows[0]["where"].startswith(gpu)
+    assert rows[0]["predicted_steps_per_s"] >= rows[0]["required_steps_per_s"] == 0.5
+    assert all(r["rank"].startswith("runner-up") and r["not_chosen_because"] for r in rows[1:])
+    assert {f"gogh.gpu:{gpu}", f"gogh.gpu_type:{gpu_type}", "gogh.job_type:LM (batch size 20)",
+            "gogh.policy:optimizer"} <= set(run.tags)
+
+
+def test_artifact_keys_are_valid_prefect_keys():
+    assert artifact_key("My Training_Flow!") == "gogh-placement-my-training-flow"
+    assert artifact_key("___") == "gogh-placement"
 
 
 def test_stacked_on_flow_keeps_name_signature_validation_and_with_options(gogh_home):

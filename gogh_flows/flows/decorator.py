@@ -20,6 +20,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import re
 import threading
 import time
 import uuid
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from prefect import Flow, task
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.context import FlowRunContext, hydrated_context, serialize_context
 from prefect.logging import get_run_logger
@@ -133,8 +134,11 @@ def _wrap(fn: Callable, job: JobSpec, settings: _Settings) -> Callable:
 
 @task(name="gogh-place", cache_policy=NO_CACHE, persist_result=False)
 def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRegistry,
-              policy: PlacementPolicy, wait_timeout_s: float) -> RunPlacement:
-    """Predict, solve, reserve; publish the explanation as a markdown artifact.
+              policy: PlacementPolicy, wait_timeout_s: float, flow_name: str = "") -> RunPlacement:
+    """Predict, solve, reserve; publish the explanation as a markdown and a table artifact.
+
+    The artifacts are keyed per flow (``gogh-placement-<flow>`` and ``...-options``), so each
+    flow's page in the Prefect UI keeps the history of its own placements.
 
     Bounded apart from waiting for a busy fleet: the registry by the registry block's
     ``timeout_s`` (then the last good predictors), deciding by ``placement_timeout_s``.
@@ -154,14 +158,42 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
         on_wait=logger.info, sleep=session.wait_for_release, headroom=policy.headroom,
         placement_timeout_s=policy.placement_timeout_s, power_limit_levels=tuple(policy.power_limit_levels),
     )
+    key = artifact_key(flow_name)
     try:
-        create_markdown_artifact(markdown=placement.explanation_md, key="gogh-placement",
+        create_markdown_artifact(markdown=placement.explanation_md, key=key,
                                  description=f"Placement of {job.job_type} on {placement.gpu_id}")
+        create_table_artifact(table=[dict(r) for r in placement.options], key=f"{key}-options",
+                              description=f"Options for {job.job_type}: the chosen GPU and the runner-ups")
     except Exception as exc:  # the explanation is a convenience; the run must go on
-        logger.warning("could not publish the placement artifact: %s", exc)
+        logger.warning("could not publish the placement artifacts: %s", exc)
     logger.info("placed %s on %s (%s): predicted %.4g steps/s, required %.4g", job.job_type,
                 placement.gpu_id, placement.gpu_type, placement.predicted_throughput, job.required_throughput)
     return placement
+
+
+def artifact_key(flow_name: str) -> str:
+    """``gogh-placement-<flow>``: Prefect artifact keys allow lowercase letters, digits and dashes only."""
+    slug = re.sub(r"[^a-z0-9]+", "-", flow_name.lower()).strip("-")
+    return f"gogh-placement-{slug}"[:100].rstrip("-") if slug else "gogh-placement"
+
+
+def placement_tags(job: JobSpec, placement: RunPlacement) -> list[str]:
+    """What a flow run is tagged with once placed: filter runs in the Prefect UI by where they ran."""
+    return [f"gogh.gpu_type:{placement.gpu_type}", f"gogh.gpu:{placement.gpu_id}", f"gogh.job_type:{job.job_type}",
+            f"gogh.policy:{placement.policy}"]
+
+
+def _tag_flow_run(flow_run: Any, tags: list[str]) -> None:
+    """Add ``tags`` to the flow run on the Prefect server (a run's tags are otherwise fixed when it is created)."""
+    if flow_run is None:
+        return
+    try:
+        from prefect.client.orchestration import get_client
+
+        with get_client(sync_client=True) as client:
+            client.update_flow_run(flow_run.id, tags=sorted({*(flow_run.tags or ()), *tags}))
+    except Exception as exc:  # noqa: BLE001 - tags are for people filtering runs; the run goes on
+        log.warning("gogh: could not tag flow run %s with its placement: %s", flow_run.id, exc)
 
 
 def _call_body(fn: Callable, args: tuple, kwargs: dict) -> Any:
@@ -329,15 +361,17 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
     # quote(): Prefect must not walk these objects looking for futures (a pool, layer lists)
     ledger = session.pool.ledger
     wait_s = _wait_timeout(settings, policy)
+    flow_name = ctx.flow.name if ctx else fn.__name__
     try:
-        placement = place_run(quote(job), ledger_id, quote(session), quote(registry), quote(policy), wait_s)
+        placement = place_run(quote(job), ledger_id, quote(session), quote(registry), quote(policy), wait_s,
+                              flow_name)
     except BaseException:
         # the claim may have been made before the task failed to report to Prefect (an API
         # error, an interrupt): free it, or this process would keep refreshing it for good
         _quietly(ledger.release, ledger_id, if_unstarted=True, timeout_s=_CLEANUP_TIMEOUT_S)
         raise
     started = time.time()
-    flow_name = ctx.flow.name if ctx else fn.__name__
+    _tag_flow_run(flow_run, placement_tags(job, placement))
     outcome, error, future = None, None, None
     in_process = session.pool.address.startswith("inproc://")  # thread workers of this process
     token = ""
@@ -421,4 +455,4 @@ def _quietly(call: Callable, *args: Any, **kwargs: Any) -> None:
         log.warning("gogh: %s failed (the lease lapses on its own): %s", getattr(call, "__name__", call), exc)
 
 
-__all__ = ["gogh_placed", "place_run", "run_placed"]
+__all__ = ["artifact_key", "gogh_placed", "place_run", "placement_tags", "run_placed"]

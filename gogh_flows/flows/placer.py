@@ -79,6 +79,8 @@ class RunPlacement:
     partner_required: tuple[float, ...] = ()
     power_limit_w: float | None = None  # the board limit chosen with it (None: the maximum, nothing set)
     limit_saving_j: float = 0.0  # predicted energy saved by that limit against the board's previous one
+    #: the chosen option and the runner-ups as rows (the Prefect table artifact)
+    options: tuple[dict, ...] = ()
 
 
 def running_jobs(state: LedgerState, gpu_ids: set[str], headroom: float = 0.0) -> list[Job]:
@@ -201,6 +203,7 @@ def place_with_retry(
                     policy=placement.policy, solve_ms=placement.solve_ms, waited_s=waited,
                     predictor_versions=dict(versions),
                     explanation_md=explain_markdown(job, run_id, placement, problem, gpu_id, waited, versions),
+                    options=explain_rows(job, run_id, placement, gpu_id),
                     partner_runs=tuple(j.id for j in others),
                     # at the board's new limit: what the partner gets once this run joins
                     partner_predicted=tuple(a.partner_throughput if j.id == a.partner and a.partner_throughput
@@ -232,6 +235,24 @@ def place_with_retry(
         deciding_since = time.monotonic()
 
 
+def explain_rows(job: JobSpec, run_id: str, placement: Placement, gpu_id: str) -> tuple[dict, ...]:
+    """The chosen option and the runner-ups, one row each, in the units people read (steps/s, kWh, W)."""
+    a = placement.assignment(run_id)
+    ex = placement.explanations.get(run_id)
+    chosen = {"rank": "chosen", "where": f"{gpu_id} ({a.gpu_type})" + (f" with {a.partner}" if a.partner else ", alone"),
+              "gpu_type": a.gpu_type, "predicted_steps_per_s": round(a.throughput, 4),
+              "required_steps_per_s": round(job.required_throughput, 4), "predicted_kwh": round(kwh(a.energy_j), 6),
+              "power_limit_w": a.power_limit_w, "not_chosen_because": ""}
+    rows = [chosen]
+    for i, c in enumerate(ex.alternatives[:3] if ex is not None else ()):
+        rows.append({"rank": f"runner-up {i + 1}", "where": c.where, "gpu_type": c.gpu_type,
+                     "predicted_steps_per_s": round(c.throughput, 4),
+                     "required_steps_per_s": round(job.required_throughput, 4),
+                     "predicted_kwh": round(kwh(c.energy_j), 6), "power_limit_w": c.power_limit_w,
+                     "not_chosen_because": placement.runner_up_reason(run_id, c) or "predicted to use no less energy"})
+    return tuple(rows)
+
+
 def explain_markdown(job: JobSpec, run_id: str, placement: Placement, problem: PlacementProblem,
                      gpu_id: str, waited_s: float, versions: dict) -> str:
     """The Prefect artifact: chosen slot, its predicted figures, runner-ups, and rejections."""
@@ -261,6 +282,9 @@ def explain_markdown(job: JobSpec, run_id: str, placement: Placement, problem: P
                   "| where | predicted steps/s | predicted kWh |", "| --- | ---: | ---: |"]
         lines += [f"| {c.where} | {c.throughput:.4g} | {kwh(c.energy_j):.4g} |" for c in ex.alternatives[:3]]
         lines.append("")
+        why = placement.runner_up_reason(run_id)
+        if why:
+            lines += [f"The first runner-up is predicted cheaper for this run alone; not chosen because {why}.", ""]
     if ex is not None and any(ex.rejected.values()):
         lines.append("**Rejected slots:** " + ", ".join(
             f"{n} {reason}" for reason, n in sorted(ex.rejected.items()) if n))
@@ -270,4 +294,4 @@ def explain_markdown(job: JobSpec, run_id: str, placement: Placement, problem: P
 
 
 __all__ = ["InfeasibleRequirement", "Ledger", "PlacementError", "PlacementTimeout", "RunLost", "RunPlacement",
-           "decide", "explain_markdown", "place_with_retry", "running_jobs"]
+           "decide", "explain_markdown", "explain_rows", "place_with_retry", "running_jobs"]

@@ -104,6 +104,34 @@ class Placement:
                 return a
         raise KeyError(f"job {job_id!r} was not placed by {self.policy}")
 
+    def runner_up_reason(self, job_id: str, alt: Choice | None = None) -> str | None:
+        """Why the runner-up (or ``alt``) was not chosen when it is predicted cheaper for this job than the choice.
+
+        One arrival decided alone always gets its cheapest feasible option; several decided
+        together (a wave) share the fleet, and the decision minimises their *total* energy, so
+        a job may give up its cheapest slot to another arrival that would lose more without it.
+        """
+        ex = self.explanations.get(job_id)
+        if ex is None or ex.chosen is None or not (ex.alternatives or alt):
+            return None
+        alt, mine = alt or ex.alternatives[0], self.assignment(job_id)
+        if not alt.energy_j < mine.energy_j:
+            return None
+        others = [a for a in self.assignments if a.job_id != job_id]
+        if alt.partner is not None and alt.partner_is_new:
+            where = next((a for a in others if a.job_id == alt.partner), None)
+            if where is not None:
+                return (f"it pairs with {alt.partner}, which this decision placed on {','.join(where.gpus)} "
+                        "instead: cheaper for both jobs together")
+        took = [a.job_id for a in others if set(a.gpus) & set(alt.gpus)]
+        if not took and alt.partner is None:
+            took = [a.job_id for a in others if a.gpu_type == alt.gpu_type and a.partner is None]
+        if took:
+            return (f"{'its GPU' if alt.partner is not None else f'the free {alt.gpu_type} GPUs'} went to "
+                    f"{', '.join(took[:3])} in the same decision, which saves more energy in total")
+        return (f"the decision minimises the total energy of its {len(self.assignments)} arrivals, "
+                "not each job's own")
+
     def to_frame(self) -> pl.DataFrame:
         """The explanation table: one row per arriving job."""
         rows = []
@@ -117,6 +145,7 @@ class Placement:
                 "limit_saving_kwh": kwh(ex.chosen.limit_saving_j) if ex and ex.chosen else None,
                 "runner_up": alt.where if alt else None,
                 "runner_up_energy_kwh": kwh(alt.energy_j) if alt else None,
+                "runner_up_not_chosen_because": self.runner_up_reason(a.job_id),
                 "rejected": _fmt_rejected(ex.rejected) if ex else "",
             })
         for w in self.waiting:
@@ -124,12 +153,14 @@ class Placement:
                 "job": w.job_id, "gpu_type": None, "gpus": "(waiting)", "partner": None,
                 "pred_steps_per_s": w.best_throughput, "pred_energy_kwh": None, "power_limit_w": None,
                 "limit_saving_kwh": None,
-                "runner_up": None, "runner_up_energy_kwh": None, "rejected": w.reason,
+                "runner_up": None, "runner_up_energy_kwh": None, "runner_up_not_chosen_because": None,
+                "rejected": w.reason,
             })
         schema = {
             "job": pl.String, "gpu_type": pl.String, "gpus": pl.String, "partner": pl.String,
             "pred_steps_per_s": pl.Float64, "pred_energy_kwh": pl.Float64,
-            "power_limit_w": pl.Float64, "limit_saving_kwh": pl.Float64, "runner_up": pl.String, "runner_up_energy_kwh": pl.Float64, "rejected": pl.String,
+            "power_limit_w": pl.Float64, "limit_saving_kwh": pl.Float64, "runner_up": pl.String,
+            "runner_up_energy_kwh": pl.Float64, "runner_up_not_chosen_because": pl.String, "rejected": pl.String,
         }
         return pl.DataFrame(rows, schema=schema)
 
