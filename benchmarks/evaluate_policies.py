@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gogh_flows.predict.p1 import P1Config
+from gogh_flows.progress import Progress
 from gogh_flows.sim.engine import SimConfig
 from gogh_flows.sim.plots import plot_comparison
 from gogh_flows.sim.holdout import family_types, relabel_to_family, train_holdout
@@ -347,24 +348,28 @@ def main() -> None:
         "whichever policy it favours.",
         "",
     ]
-    for sc in scenarios():
-        t0 = time.perf_counter()
-        gpus = parse_cluster(sc.cluster)
-        on = run_policies(sc.jobs, gpus, sc.truth, RUN, config=SimConfig(seed=SEED, noise=sc.noise))
-        parked = run_policies(sc.jobs, gpus, sc.truth, RUN,
-                              config=SimConfig(seed=SEED, noise=sc.noise, park_idle=True))
-        png = plot_comparison(on, IMG / f"eval-{sc.key}.png")
-        wall = time.perf_counter() - t0
-        lines += [f"## {sc.title}", "", f"Cluster `{sc.cluster}`; {len(sc.jobs)} jobs; "
-                  f"both runs of all policies took {wall:.0f} s."]
-        lines += [f"Note: {n}." for n in sc.notes]
-        lines += table(on, parked, RUN)
-        lines += ["", f"Least energy, GPUs parked: **{winner(parked, 'energy_kwh')}**; always on: "
-                  f"**{winner(on, 'energy_kwh')}**; shortest average JCT: **{winner(on, 'avg_jct_s')}**; "
-                  f"shortest makespan: **{winner(on, 'makespan_s')}**."]
-        lines += acceptance(on, parked, gpus)
-        lines += ["", f"![{sc.key}](img/{png.name})", ""]
-        print(f"{sc.key}: {wall:.1f} s", flush=True)
+    todo = scenarios()
+    with Progress() as bars:  # one line per tenth in a log, live bars on a terminal
+        for k, sc in enumerate(todo):
+            bars.update("scenarios", k, len(todo))
+            t0 = time.perf_counter()
+            gpus = parse_cluster(sc.cluster)
+            on = run_policies(sc.jobs, gpus, sc.truth, RUN, config=SimConfig(seed=SEED, noise=sc.noise))
+            parked = run_policies(sc.jobs, gpus, sc.truth, RUN,
+                                  config=SimConfig(seed=SEED, noise=sc.noise, park_idle=True))
+            png = plot_comparison(on, IMG / f"eval-{sc.key}.png")
+            wall = time.perf_counter() - t0
+            lines += [f"## {sc.title}", "", f"Cluster `{sc.cluster}`; {len(sc.jobs)} jobs; "
+                      f"both runs of all policies took {wall:.0f} s."]
+            lines += [f"Note: {n}." for n in sc.notes]
+            lines += table(on, parked, RUN)
+            lines += ["", f"Least energy, GPUs parked: **{winner(parked, 'energy_kwh')}**; always on: "
+                      f"**{winner(on, 'energy_kwh')}**; shortest average JCT: **{winner(on, 'avg_jct_s')}**; "
+                      f"shortest makespan: **{winner(on, 'makespan_s')}**."]
+            lines += acceptance(on, parked, gpus)
+            lines += ["", f"![{sc.key}](img/{png.name})", ""]
+            print(f"{sc.key}: {wall:.1f} s", flush=True)
+        bars.update("scenarios", len(todo), len(todo))
     held, summary = holdout_section(noise=NOISE)
     lines += HOLDOUT_INTRO + summary + ["", *HOLDOUT_READING, ""] + held
     DOC.write_text("\n".join(lines) + "\n")

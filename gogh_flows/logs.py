@@ -1,7 +1,7 @@
-"""Quiet by default: MLflow's INFO lines and per-run URLs are not what a gogh user asked to see.
+"""Quiet by default: MLflow's and Dask's INFO lines and per-run URLs are not what a gogh user asked to see.
 
-Why here: MLflow reads ``MLFLOW_LOGGING_LEVEL`` and ``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT``
-when it is imported, so the defaults must be in the environment before that, and importing
+Why here: MLflow reads ``MLFLOW_LOGGING_LEVEL`` and ``MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT``,
+and Dask ``DASK_LOGGING__DISTRIBUTED``, when they are imported, so the defaults must be in the environment before that, and importing
 ``gogh_flows`` is the first thing a user's flow does. Only defaults: anything the user set
 wins, and ``GOGH_VERBOSE=1`` keeps every library's own level (docs/user-guide.md).
 """
@@ -19,6 +19,9 @@ VERBOSE_ENV = "GOGH_VERBOSE"
 QUIET: dict[str, str] = {
     "MLFLOW_LOGGING_LEVEL": "WARNING",  # "Creating initial MLflow database tables...", "Updating database tables"
     "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true",  # "View run ... at: ..." after every run
+    # Dask's config from the environment (this process and the dask CLIs it starts): about 40
+    # "distributed.core/scheduler/worker" INFO lines per process, 200 for one short run
+    "DASK_LOGGING__DISTRIBUTED": "warning",
 }
 
 
@@ -33,6 +36,8 @@ def quiet_by_default() -> None:
     set_defaults(QUIET)
     if "mlflow" in sys.modules and os.environ.get("MLFLOW_LOGGING_LEVEL", "").upper() == "WARNING":
         logging.getLogger("mlflow").setLevel(logging.WARNING)  # imported before us: its level is set already
+    if "distributed" in sys.modules and os.environ.get("DASK_LOGGING__DISTRIBUTED", "").lower() == "warning":
+        logging.getLogger("distributed").setLevel(logging.WARNING)  # likewise: its config was read on import
 
 
 __all__ = ["QUIET", "VERBOSE_ENV", "quiet_by_default", "verbose"]

@@ -48,3 +48,24 @@ def test_the_registry_honours_mlflow_tracking_uri_and_the_block_overrides_it(mon
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     monkeypatch.setenv("GOGH_HOME", str(tmp_path))
     assert PredictorRegistry().resolved_tracking_uri().startswith("sqlite:///")
+
+
+def test_flow_above_gogh_placed_says_to_put_gogh_placed_outermost():
+    import inspect
+
+    import cloudpickle
+    from prefect import flow
+
+    from gogh_flows import gogh_placed
+
+    def train(epochs: int = 1) -> int:
+        return epochs
+
+    placed = gogh_placed(model="ResNet-18", batch_size=32, min_throughput=1.0, work_steps=10)(train)
+    with pytest.raises(TypeError, match="put @gogh_placed outermost"):
+        flow(name="outer")(placed)
+    with pytest.raises(TypeError, match="put @gogh_placed outermost"):
+        flow(placed)
+    # anyone else asking for its signature gets the body's, and the flow still pickles
+    assert list(inspect.signature(placed).parameters) == ["epochs"]
+    assert cloudpickle.loads(cloudpickle.dumps(placed)).name == "train"

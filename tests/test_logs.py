@@ -34,3 +34,29 @@ def test_mlflow_database_lines_are_quiet_by_default_and_back_with_gogh_verbose(t
 def test_what_the_user_set_wins(tmp_path):
     mine = _run(tmp_path / "c", MLFLOW_LOGGING_LEVEL="INFO")
     assert "INFO mlflow" in mine.stderr + mine.stdout
+
+
+DASK_SCRIPT = """
+import logging, sys
+logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+import gogh_flows
+from distributed import Client, LocalCluster
+with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+    with Client(cluster) as client:
+        assert client.submit(sum, [1, 2]).result() == 3
+"""
+
+
+def _run_dask(**env):
+    clean = {k: v for k, v in os.environ.items() if k not in ("GOGH_VERBOSE", "DASK_LOGGING__DISTRIBUTED")}
+    return subprocess.run([sys.executable, "-c", DASK_SCRIPT], capture_output=True, text=True, timeout=120,
+                          env={**clean, **env})
+
+
+def test_dask_info_lines_are_quiet_by_default_and_back_with_gogh_verbose():
+    quiet = _run_dask()
+    assert quiet.returncode == 0, quiet.stderr
+    assert "INFO:distributed" not in quiet.stderr
+    loud = _run_dask(GOGH_VERBOSE="1")
+    assert loud.returncode == 0, loud.stderr
+    assert "INFO:distributed" in loud.stderr

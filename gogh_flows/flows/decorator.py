@@ -21,6 +21,7 @@ import functools
 import inspect
 import logging
 import re
+import sys
 import threading
 import time
 import uuid
@@ -106,12 +107,38 @@ def gogh_placed(
             raise ValueError(f"{fn.__name__} is already @gogh_placed; decorate it once")
         wrapper = _wrap(fn, job, settings)
         if base is None:
-            return Flow(fn=wrapper)
+            return PlacedFlow(fn=wrapper)
         placed = base.with_options()
+        placed.__class__ = PlacedFlow  # a Flow with one more behaviour (its __call__), no new state
         placed.fn = wrapper
         return placed
 
     return decorate(__fn) if __fn is not None else decorate
+
+
+class PlacedFlow(Flow):
+    """What ``@gogh_placed`` returns: a Prefect ``Flow``, which refuses to be wrapped by ``@flow``.
+
+    ``@flow`` above ``@gogh_placed`` would make a flow whose function is this flow: its name,
+    description and task runner overwritten by this flow's, and every run two flow runs (the
+    outer and this one as its subflow); in a script's ``__main__`` Prefect fails outright with
+    "module, class, method, function ... expected, got Flow". So when Prefect's ``Flow``
+    constructor inspects this flow as its function, the decoration stops with what to do.
+    """
+
+    @property
+    def __signature__(self) -> Any:
+        # Prefect's Flow.__init__ asks inspect.signature(fn) before anything else can go wrong
+        frame = sys._getframe(1)
+        while frame is not None:
+            if (frame.f_code.co_name == "__init__" and frame.f_locals.get("fn") is self
+                    and isinstance(frame.f_locals.get("self"), Flow) and frame.f_locals.get("self") is not self):
+                raise TypeError(
+                    f"@flow is applied on top of @gogh_placed for {self.name!r}: put @gogh_placed outermost, "
+                    "e.g.\n    @gogh_placed(model=..., ...)\n    @flow(name=..., retries=...)\n    def train(...): ...\n"
+                    "(@gogh_placed keeps the inner flow's name, retries and other options)")
+            frame = frame.f_back
+        raise AttributeError("__signature__")  # anyone else: no override, the usual signature
 
 
 def _wrap(fn: Callable, job: JobSpec, settings: _Settings) -> Callable:
@@ -455,4 +482,4 @@ def _quietly(call: Callable, *args: Any, **kwargs: Any) -> None:
         log.warning("gogh: %s failed (the lease lapses on its own): %s", getattr(call, "__name__", call), exc)
 
 
-__all__ = ["artifact_key", "gogh_placed", "place_run", "placement_tags", "run_placed"]
+__all__ = ["PlacedFlow", "artifact_key", "gogh_placed", "place_run", "placement_tags", "run_placed"]

@@ -95,13 +95,26 @@ def cmd_train(args: argparse.Namespace) -> int:
     p1_cfg, p2_cfg = _configs(args)
     table, full = _data(args)
     data = full.without(args.exclude_family) if args.exclude_family else full
+    from gogh_flows.progress import Progress
+
     start = time.perf_counter()
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-    p1 = train_p1(data, p1_cfg, log=log)
-    layout = Layout(data.gpus, data.names)
-    oof = out_of_family_p1(data, layout, dict(data.jobs), p1_cfg, log)
-    truth = layout.truth(data, data.names)
-    p2 = train_p2(layout, oof, truth, p2_cfg, log=log)
+    # one unit per network trained: P1, one P1 per family left out (P2's inputs), P2
+    units, done = 2 + len(data.families), 0
+    with Progress() as bars:
+        def step() -> None:
+            nonlocal done
+            done += 1
+            bars.update("training", done, units)
+
+        bars.update("training", 0, units)
+        p1 = train_p1(data, p1_cfg, log=log)
+        step()
+        layout = Layout(data.gpus, data.names)
+        oof = out_of_family_p1(data, layout, dict(data.jobs), p1_cfg, log, done=step)
+        truth = layout.truth(data, data.names)
+        p2 = train_p2(layout, oof, truth, p2_cfg, log=log)
+        step()
     metrics = in_sample_metrics(p1, p2, data, layout, oof, seed=args.seed)
     secs = time.perf_counter() - start
     source = table.source
@@ -163,10 +176,13 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     p1_cfg, p2_cfg = _configs(args)
     _, full = _data(args)
     holdouts = None if args.holdout_family == "all" else [args.holdout_family]
-    report = leave_one_family_out(
-        full, holdouts, EvalConfig(p1=p1_cfg, p2=p2_cfg, repeats=args.repeats, seed=args.seed),
-        log=lambda s: print(s, file=sys.stderr, flush=True),
-    )
+    from gogh_flows.progress import Progress
+
+    with Progress() as bars:
+        report = leave_one_family_out(
+            full, holdouts, EvalConfig(p1=p1_cfg, p2=p2_cfg, repeats=args.repeats, seed=args.seed),
+            log=lambda s: print(s, file=sys.stderr, flush=True), progress=bars.update,
+        )
     report["truth"] = args.truth
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

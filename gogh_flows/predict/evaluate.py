@@ -61,7 +61,8 @@ def p1_vectors(model: P1Model, layout: Layout, names: Sequence[str],
 
 
 def out_of_family_p1(data: MeasuredSet, layout: Layout, features: Mapping[str, WorkloadFeatures],
-                     config: P1Config, log: Callable[[str], None] | None = None) -> np.ndarray:
+                     config: P1Config, log: Callable[[str], None] | None = None,
+                     done: Callable[[], None] | None = None) -> np.ndarray:
     """P1 vectors for every job of ``data``, each from a P1 that never saw the job's family.
 
     P2 learns how to correct P1's errors on *new* models; in-sample P1 predictions would
@@ -77,6 +78,8 @@ def out_of_family_p1(data: MeasuredSet, layout: Layout, features: Mapping[str, W
         out[[row[n] for n in names]] = p1_vectors(model, layout, names, features)
         if log:
             log(f"  out-of-family P1 for {fam} ({len(names)} jobs)")
+        if done:
+            done()
     return out
 
 
@@ -270,16 +273,22 @@ def _mean_finite(values: Sequence[float]) -> float:
 
 def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = None,
                          config: EvalConfig = EvalConfig(),
-                         log: Callable[[str], None] | None = None) -> dict:
-    """The report ``gogh predictors evaluate`` writes: per family, then the mean over families."""
+                         log: Callable[[str], None] | None = None,
+                         progress: Callable[[str, int, int], None] | None = None) -> dict:
+    """The report ``gogh predictors evaluate`` writes: per family, then the mean over families.
+
+    ``progress(name, done, total)`` hears of each held-out family done (``gogh_flows.progress``).
+    """
     holdouts = tuple(holdouts) if holdouts else full.families
     unknown = [h for h in holdouts if h not in full.families]
     if unknown:
         raise ValueError(f"unknown holdout family {unknown}; families in this data: {list(full.families)}")
     start = time.perf_counter()
     families = {}
-    for h in holdouts:
+    for i, h in enumerate(holdouts):
         families[h] = evaluate_holdout(full, h, config, log).metrics
+        if progress is not None:
+            progress("held-out families", i + 1, len(holdouts))
     mean = {
         m: {k: _mean_finite([families[h][m][k] for h in holdouts]) for k in METRICS} for m in METHODS
     }

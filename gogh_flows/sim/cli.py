@@ -127,16 +127,6 @@ def _predictors(args: argparse.Namespace, truth: ThroughputTable, names: list[st
                      "--predictors DIR (from `gogh predictors train --out DIR`) or --holdout-family F")
 
 
-def _bar(name: str, done: int, total: int) -> None:
-    """A progress bar on stderr: live on a terminal, every 5% in a log."""
-    if sys.stderr.isatty() or done == total or done % max(1, total // 20) == 0:
-        width = 30
-        filled = int(width * done / max(total, 1))
-        end = "\n" if done == total else "\r"
-        print(f"{name:18s} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}",
-              end=end, file=sys.stderr, flush=True)
-
-
 def _seeds(args: argparse.Namespace) -> list[int]:
     if not args.seeds:
         return [args.seed]
@@ -158,7 +148,10 @@ def _run_one(args: argparse.Namespace, truth: ThroughputTable, gpus: list, names
     predictors = _predictors(one, truth, names)
     config = SimConfig(seed=seed, noise=args.noise, rebalance=not args.no_rebalance,
                        rebalance_gain=args.rebalance_gain, migration_s=args.migration_s)
-    results = run_policies(jobs, gpus, truth, names, config=config, progress=_bar, predictors=predictors)
+    from gogh_flows.progress import Progress
+
+    with Progress() as bars:
+        results = run_policies(jobs, gpus, truth, names, config=config, progress=bars.update, predictors=predictors)
     accounts = energy_accounts(results)
     policies = {name: {**r.summary(), **accounts[name].as_row()} for name, r in results.items()}
     return jobs, predictors, results, policies
