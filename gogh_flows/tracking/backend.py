@@ -121,6 +121,11 @@ def default_artifact_location(tracking_uri: str, experiment: str) -> str | None:
     return (db.parent.resolve() / "mlartifacts" / experiment).as_uri()
 
 
+#: MLflow 3's UI opens an experiment by its kind; without it a run log opens on the GenAI
+#: traces overview, and the runs table (what people look at here) is a click away
+EXPERIMENT_TAGS = {"mlflow.experimentKind": "custom_model_development"}
+
+
 def get_or_create_experiment(client: MlflowClient, name: str, artifact_location: str | None) -> str:
     """Experiment id of `name`, creating it once (safe when several processes race)."""
     exp = client.get_experiment_by_name(name)
@@ -133,7 +138,7 @@ def get_or_create_experiment(client: MlflowClient, name: str, artifact_location:
             )
         return exp.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=artifact_location)
+        return client.create_experiment(name, artifact_location=artifact_location, tags=EXPERIMENT_TAGS)
     except MlflowException as exc:
         if exc.error_code != "RESOURCE_ALREADY_EXISTS":
             raise
