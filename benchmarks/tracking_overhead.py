@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import socket
@@ -129,6 +130,7 @@ def main() -> None:
         s.bind(("127.0.0.1", 0))
         dead_port = s.getsockname()[1]
     down = MeasurementLog(f"http://127.0.0.1:{dead_port}", tmp / "down")
+    logging.getLogger("gogh_flows.tracking").setLevel(logging.ERROR)  # one "spooled" warning per measurement
     results["log with MLflow unreachable (spooled)"] = stats_ms(
         [timed(down.log, sample(i, "down")) for i in range(args.n)]
     )
