@@ -102,16 +102,60 @@ def latency(repeat: int = 50) -> dict:
 
 
 def tables(path: Path = RESULTS / "predictors_gavel.json") -> str:
-    """Markdown tables of a ``gogh predictors evaluate`` report (MAPE in %)."""
+    """Markdown tables of a ``gogh predictors evaluate`` report: per family and method, the means
+    over families and over job types, P2 against the baselines, by revealed GPU type, and the data
+    check's findings. Writes them beside the report (``.md``)."""
     from gogh_flows.predict.cli import percent
-    from gogh_flows.predict.evaluate import METHODS, METRICS
+    from gogh_flows.predict.evaluate import METHODS
 
     report = json.loads(path.read_text())
-    head = "| family | method | " + " | ".join(METRICS) + " |"
-    lines = [head, "|---|---|" + "---:|" * len(METRICS)]
-    for fam, by in [*report["families"].items(), ("**mean**", report["mean"])]:
-        for m in METHODS:
-            lines.append(f"| {fam} | {m} | " + " | ".join(percent(by[m].get(k)) for k in METRICS) + " |")
+    cols = [("isolated_male", "iso"), ("isolated_male_1obs", "iso 1obs"), ("isolated_male_2obs", "iso 2obs"),
+            ("colocated_male", "co"), ("colocated_male_1obs", "co 1obs"), ("isolated_ratio_1obs", "iso 1obs ratio"),
+            ("isolated_mape", "iso MAPE"), ("isolated_mape_1obs", "iso 1obs MAPE"),
+            ("colocated_mape_1obs", "co 1obs MAPE"), ("isolated_mape_1obs_siblings", "siblings MAPE")]
+
+    def cell(key: str, value) -> str:
+        if "mape" in key:
+            return percent(value)
+        return "n/a" if value is None else f"{value:.3f}" if "male" in key else f"{value:.2f}x"
+
+    def block(rows: list[tuple[str, dict]]) -> list[str]:
+        out = ["| family | method | " + " | ".join(c[1] for c in cols) + " |", "|---|---|" + "---:|" * len(cols)]
+        for fam, by in rows:
+            for m in METHODS:
+                out.append(f"| {fam} | {m} | " + " | ".join(cell(k, by[m].get(k)) for k, _ in cols) + " |")
+        return out
+
+    lines = ["male: mean absolute log error (0.693 = a factor 2 on average); iso 1obs ratio: median of "
+             "max(pred/true, true/pred); MAPE in %.", ""]
+    lines += block(list(report["families"].items()))
+    lines += ["", "Means (over the 7 families; over the 26 job types, each equal):", ""]
+    lines += block([("**mean, families**", report["mean"]), ("**mean, job types**", report["mean_over_jobs"])])
+    fams = report["families"]
+    duels = [("isolated_male_1obs", "type_mean", "ratio (observation x training mean ratio)"),
+             ("colocated_male_1obs", "partner_mean", "partner-mean slowdown"),
+             ("isolated_male_1obs", "roofline", "roofline ratio"),
+             ("colocated_male_1obs", "roofline", "roofline ratio, co-located"),
+             ("isolated_male_1obs", "p1_shifted", "P1 shifted to the observation")]
+    lines += ["", "P2 against each baseline, 1 observation, by the log metric (families where P2's error is lower):", "",
+              "| metric | baseline | P2 ahead on | families where it is not |", "|---|---|---:|---|"]
+    for key, base, words in duels:
+        behind = [f for f in fams if not fams[f]["p2"][key] < fams[f][base][key]]
+        lines.append(f"| {key} | {words} | {len(fams) - len(behind)} of {len(fams)} | {', '.join(behind) or '-'} |")
+    rev = report.get("isolated_male_1obs_by_revealed_type", {})
+    if rev:
+        gpus = list(next(iter(rev.values())))
+        lines += ["", "Isolated, 1 observation, by the GPU type observed (mean absolute log error, mean over families):",
+                  "", "| method | " + " | ".join(gpus) + " |", "|---|" + "---:|" * len(gpus)]
+        lines += [f"| {m} | " + " | ".join(cell("male", rev[m][g]) for g in gpus) + " |" for m in METHODS]
+    anomalies = report.get("anomalies", {})
+    entries = anomalies.get("entries", [])
+    lines += ["", f"Data check: {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} flagged, "
+              + ("left out of this run." if anomalies.get("excluded") else "kept in this run (--exclude-anomalies "
+                                                                             "leaves them out).")]
+    lines += [f"- {e['detail']}" for e in entries[:12]]
+    if len(entries) > 12:
+        lines.append(f"- ... and {len(entries) - 12} more of the same kinds")
     text = "\n".join(lines) + f"\n\nwall time of the evaluation: {report['seconds']} s\n"
     path.with_suffix(".md").write_text(text)
     print(text)

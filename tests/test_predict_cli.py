@@ -37,8 +37,13 @@ def test_evaluate_writes_every_method_and_metric(tmp_path, capsys):
     for m in METHODS:
         assert set(report["mean"][m]) == set(METRICS)
         assert report["families"]["A3C"][m] == report["mean"][m]
+    # the new figures beside the kept ones: per job type, per revealed type, the data check's verdict
+    assert set(report["mean_over_jobs"]) == set(METHODS) and report["jobs"]
+    assert {"p1_shifted", "type_mean", "partner_mean", "roofline"} <= set(report["methods"])
+    assert set(report["isolated_male_1obs_by_revealed_type"]["p2"]) == {"k80", "v100", "a100"}
+    assert report["anomalies"]["excluded"] is False and isinstance(report["anomalies"]["entries"], list)
     printed = capsys.readouterr().out
-    assert "MEAN" in printed and "matrix_completion" in printed
+    assert "MEAN" in printed and "matrix_completion" in printed and "isolated_male_1obs" in printed
 
 
 def test_evaluate_names_the_families_when_one_is_unknown(capsys):

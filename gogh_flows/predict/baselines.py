@@ -8,7 +8,11 @@
   its measured profile: by the ratio of observed to neighbour throughput where the new job
   has observations, by the ratio of step FLOPs where it has none.
 
-Both work on log vectors in a :class:`~gogh_flows.predict.layout.Layout`, NaN = unknown.
+* :class:`PriorRow` -- the baselines that need no training at all (a per-type mean, the
+  ratio of one observation, a partner-mean slowdown, a roofline ratio), and :func:`shifted`,
+  which moves any prior (P1's included) to a job's observations.
+
+All work on log vectors in a :class:`~gogh_flows.predict.layout.Layout`, NaN = unknown.
 """
 
 from __future__ import annotations
@@ -100,3 +104,88 @@ class NearestJob:
         shift = float(np.mean(row[o] - prof[o])) if o.any() else float(self.log_flops[nb] - log_flops)
         base = np.where(np.isfinite(prof), prof, self.col_mean)
         return np.where(np.isfinite(row), row, base + shift)
+
+
+def shifted(prior_log: np.ndarray, observed_log: np.ndarray) -> np.ndarray:
+    """``prior_log`` moved by the mean log offset of the observed entries (observed entries kept).
+
+    The no-learning way to use an observation: a job measured at 2x its prior on one GPU
+    type is assumed 2x everywhere. With no usable observation the prior is returned as is.
+    """
+    prior = np.asarray(prior_log, dtype=float)
+    row = np.asarray(observed_log, dtype=float)
+    o = np.isfinite(row) & np.isfinite(prior)
+    offset = float(np.mean(row[o] - prior[o])) if o.any() else 0.0
+    return np.where(np.isfinite(row), row, prior + offset)
+
+
+class PriorRow:
+    """A baseline that is one log row per job, shifted to its observations (:func:`shifted`).
+
+    Three are built from the training jobs alone, with nothing trained:
+
+    * :meth:`type_mean`: each entry's geometric mean over the training jobs (an isolated
+      entry: the GPU type's; a pair entry: with that partner on that type). Shifted by one
+      observation on type ``a`` it predicts type ``b`` as ``observation x geometric mean of
+      t_b / t_a`` over the training jobs: the *ratio* baseline.
+    * :meth:`partner_mean`: isolated entries as ``type_mean``; a pair entry as the job's
+      isolated entry times the training jobs' geometric-mean slowdown next to that partner
+      on that type (the mean over every partner where that partner was never measured).
+    * :meth:`roofline`: isolated entries from the job's roofline kernel time on each type
+      (``max(FLOPs / peak, bytes / bandwidth)`` per layer), scaled by one efficiency factor
+      fitted on the training jobs; pair entries by the partner-mean slowdown. Shifted by an
+      observation, the efficiency drops out: a parameter-free cross-type ratio.
+    """
+
+    def __init__(self, rows: np.ndarray) -> None:
+        self.rows = np.asarray(rows, dtype=float)
+
+    def complete(self, i: int, observed_log: np.ndarray) -> np.ndarray:
+        return shifted(self.rows[i], observed_log)
+
+    @staticmethod
+    def _col_mean(known: np.ndarray) -> np.ndarray:
+        n = np.isfinite(known).sum(axis=0)
+        total = np.where(np.isfinite(known), known, 0.0).sum(axis=0)
+        return np.where(n > 0, total / np.maximum(n, 1), np.nan)
+
+    @staticmethod
+    def _slowdowns(known: np.ndarray, n_gpus: int) -> np.ndarray:
+        """``[P*G]`` mean log(pair / isolated) of the training jobs per (partner, type) column."""
+        iso = known[:, :n_gpus]
+        pair = known[:, n_gpus:].reshape(known.shape[0], -1, n_gpus)
+        with np.errstate(invalid="ignore"):
+            ratio = pair - iso[:, None, :]
+        n = np.isfinite(ratio).sum(axis=0)
+        mean = np.where(n > 0, np.where(np.isfinite(ratio), ratio, 0.0).sum(axis=0) / np.maximum(n, 1), np.nan)
+        per_type = np.array([np.nanmean(mean[:, g]) if np.isfinite(mean[:, g]).any() else np.log(0.5)
+                             for g in range(n_gpus)])
+        return np.where(np.isfinite(mean), mean, per_type[None, :]).reshape(-1)
+
+    @classmethod
+    def type_mean(cls, known_log: np.ndarray, n_jobs: int, n_gpus: int) -> PriorRow:
+        known = np.asarray(known_log, dtype=float)
+        mean = cls._col_mean(known)
+        # a partner no training job was measured with (a held-out family): the partner-mean row
+        fallback = cls.partner_mean(known, 1, n_gpus).rows[0]
+        return cls(np.repeat(np.where(np.isfinite(mean), mean, fallback)[None, :], n_jobs, axis=0))
+
+    @classmethod
+    def partner_mean(cls, known_log: np.ndarray, n_jobs: int, n_gpus: int) -> PriorRow:
+        known = np.asarray(known_log, dtype=float)
+        iso = cls._col_mean(known)[:n_gpus]
+        slow = cls._slowdowns(known, n_gpus)
+        row = np.concatenate([iso, np.tile(iso, len(slow) // n_gpus) + slow])
+        return cls(np.repeat(row[None, :], n_jobs, axis=0))
+
+    @classmethod
+    def roofline(cls, known_log: np.ndarray, train_roof_log: np.ndarray, test_roof_log: np.ndarray,
+                 n_gpus: int) -> PriorRow:
+        """``*_roof_log``: ``[J, G]`` log roofline throughput (1 / kernel time) of training and test jobs."""
+        known = np.asarray(known_log, dtype=float)
+        gap = known[:, :n_gpus] - np.asarray(train_roof_log, dtype=float)
+        efficiency = float(np.nanmean(gap)) if np.isfinite(gap).any() else 0.0
+        iso = np.asarray(test_roof_log, dtype=float) + efficiency
+        slow = cls._slowdowns(known, n_gpus)
+        pairs = np.tile(iso, (1, len(slow) // n_gpus)) + slow[None, :]
+        return cls(np.concatenate([iso, pairs], axis=1))

@@ -32,10 +32,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="leave this model family out of training entirely (repeatable)")
     t.set_defaults(func=cmd_train)
 
-    e = ps.add_parser("evaluate", help="leave-one-family-out MAPE of P1, P2 and the baselines")
+    e = ps.add_parser("evaluate", help="leave-one-family-out errors of P1, P2 and the baselines")
     common(e)
     e.add_argument("--holdout-family", default="all", help="a family name, or 'all' (every family in turn)")
-    e.add_argument("--repeats", type=int, default=5, help="random draws of the observed entries per job")
+    e.add_argument("--repeats", type=int, default=5,
+                   help="random draws for the siblings metric (the other protocols reveal every entry in turn)")
+    e.add_argument("--exclude-anomalies", action="store_true",
+                   help="leave out the entries the data check flags as measurement artifacts (default: keep "
+                        "them, and report them)")
     e.add_argument("--json", help="write the report to this file")
     e.set_defaults(func=cmd_evaluate)
 
@@ -55,9 +59,11 @@ def _configs(args: argparse.Namespace):
     return p1, p2
 
 
-def _data(args: argparse.Namespace):
+def _data(args: argparse.Namespace, anomalies: list | None = None):
+    """The truth as a MeasuredSet; ``anomalies`` (a list) receives what the data check flags."""
     from gogh_flows.predict.data import MeasuredSet
     from gogh_flows.truth import load_truth
+    from gogh_flows.truth.anomalies import find_anomalies, without_anomalies
 
     table = load_truth(args.truth)
     if args.gpu_types:
@@ -66,6 +72,16 @@ def _data(args: argparse.Namespace):
         if missing:
             raise ValueError(f"--gpu-types {missing} not in the truth ({', '.join(table.gpu_types)})")
         table = table.restrict(gpu_types=keep)
+    flagged = find_anomalies(table)
+    if anomalies is not None:
+        anomalies.extend(flagged)
+    if flagged:
+        print(f"data check: {len(flagged)} entr{'y' if len(flagged) == 1 else 'ies'} of {table.source} look like "
+              f"measurement artifacts ({flagged[0].detail}{' ...' if len(flagged) > 1 else ''}); "
+              + ("left out (--exclude-anomalies)" if getattr(args, "exclude_anomalies", False)
+                 else "kept (--exclude-anomalies leaves them out)"), file=sys.stderr)
+        if getattr(args, "exclude_anomalies", False):
+            table = without_anomalies(table, flagged)
     return table, MeasuredSet.from_table(table)
 
 
@@ -174,7 +190,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)
     p1_cfg, p2_cfg = _configs(args)
-    _, full = _data(args)
+    anomalies: list = []
+    _, full = _data(args, anomalies)
     holdouts = None if args.holdout_family == "all" else [args.holdout_family]
     from gogh_flows.progress import Progress
 
@@ -184,6 +201,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             log=lambda s: print(s, file=sys.stderr, flush=True), progress=bars.update,
         )
     report["truth"] = args.truth
+    report["anomalies"] = {"excluded": bool(args.exclude_anomalies),
+                           "entries": [a.as_dict() for a in anomalies]}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         # strict JSON: a metric a family cannot have (no siblings in a one-job family) is null
@@ -193,19 +212,29 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def format_report(report: dict) -> str:
-    """Per-family and mean MAPEs, in percent, one row per (family, method)."""
-    from gogh_flows.predict.evaluate import METHODS, METRICS
+    """Per-family and mean figures, one row per (family, method): the mean absolute log error
+    (primary) and MAPE (secondary, in %), isolated and co-located, with 0 and 1 observation."""
+    from gogh_flows.predict.evaluate import HEADLINE, METHODS
 
-    head = ["family", "method", *METRICS]
+    head = ["family", "method", *HEADLINE]
     rows = [head]
-    for fam, by_method in [*report["families"].items(), ("MEAN", report["mean"])]:
+    means = [("MEAN (families)", report["mean"])]
+    if "mean_over_jobs" in report:
+        means.append(("MEAN (job types)", report["mean_over_jobs"]))
+    for fam, by_method in [*report["families"].items(), *means]:
         for m in METHODS:
-            rows.append([fam, m, *(percent(by_method[m][k]) for k in METRICS)])
+            rows.append([fam, m, *(_cell(k, by_method[m].get(k)) for k in HEADLINE)])
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
              for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines) + f"\n(MAPE in %; {report.get('seconds', '?')} s)"
+    return "\n".join(lines) + (f"\n(male: mean absolute log error; mape in %; {report.get('seconds', '?')} s)")
+
+
+def _cell(metric: str, v: float | None) -> str:
+    if "mape" in metric:
+        return percent(v)
+    return "n/a" if v is None or not math.isfinite(v) else f"{v:.3f}"
 
 
 def _nan_to_none(value):

@@ -18,6 +18,7 @@ job's own observation, then the siblings of :mod:`gogh_flows.predict.siblings`),
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -25,24 +26,57 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from gogh_flows.predict.baselines import MatrixCompletion, NearestJob
+from gogh_flows import catalog
+from gogh_flows.predict.baselines import MatrixCompletion, NearestJob, PriorRow, shifted
 from gogh_flows.predict.data import MeasuredSet
-from gogh_flows.predict.encoding import job_summary
+from gogh_flows.predict.encoding import job_summary, roofline
 from gogh_flows.predict.layout import Layout
 from gogh_flows.predict.p1 import P1Config, P1Model, train_p1
 from gogh_flows.predict.p2 import P2Config, P2Model, train_p2
 from gogh_flows.predict.siblings import family_and_batch, sibling_transfer
 from gogh_flows.workloads.features import WorkloadFeatures
 
-METHODS = ("p1", "p2", "matrix_completion", "nearest")
-METRICS = ("isolated_mape", "colocated_mape", "isolated_mape_1obs", "isolated_mape_2obs", "colocated_mape_1obs",
-           "isolated_mape_1obs_siblings")
-# metric -> (kind of entries revealed and scored, number revealed)
-_PROTOCOL = {
-    "isolated_mape": ("isolated", 0), "colocated_mape": ("pair", 0),
-    "isolated_mape_1obs": ("isolated", 1), "isolated_mape_2obs": ("isolated", 2),
-    "colocated_mape_1obs": ("pair", 1),
+METHODS = ("p1", "p2", "matrix_completion", "nearest", "p1_shifted", "type_mean", "partner_mean", "roofline")
+#: what each method is, in the report's words
+METHOD_NOTES = {
+    "p1": "P1, trained without the family; an observation replaces only its own entry",
+    "p2": "P1 refined by P2 with the observations",
+    "matrix_completion": "Gavel's way: low-rank completion of the known jobs' matrix with the new row",
+    "nearest": "the most similar known job by whole-step features, scaled",
+    "p1_shifted": "P1 moved by the observed offset (the no-learning use of an observation)",
+    "type_mean": "each entry's geometric mean over the training jobs; with an observation, the ratio "
+                 "baseline (observation x geometric mean of t_b / t_a)",
+    "partner_mean": "isolated as type_mean; a pair as the job's isolated x the training jobs' mean slowdown "
+                    "next to that partner on that type",
+    "roofline": "the job's roofline kernel time per type x one efficiency fitted on the training jobs, pairs "
+                "by the partner-mean slowdown; with an observation, a parameter-free ratio",
 }
+#: a prediction of "does not fit" (or none) on an entry that was measured counts as this
+#: factor off (MAPE 100%, absolute log error log 10): a wrong out-of-memory verdict costs
+MISS_FACTOR = 10.0
+#: the co-located 1-observation protocol reveals, per GPU type, this many pair entries in
+#: turn (evenly over the partners), each scored on the entries left hidden
+PAIR_REVEALS_PER_TYPE = 8
+# protocol -> (kind of entries revealed and scored, number revealed)
+PROTOCOLS = {
+    "isolated": ("isolated", 0), "colocated": ("pair", 0), "isolated_1obs": ("isolated", 1),
+    "isolated_2obs": ("isolated", 2), "colocated_1obs": ("pair", 1),
+}
+#: per protocol: MAPE (secondary, kept for comparison with earlier reports), mean absolute
+#: log error and median ratio error (primary), and how many measured entries got no prediction
+STATS = ("mape", "male", "ratio", "misses")
+
+
+def metric_name(protocol: str, stat: str) -> str:
+    """``isolated_1obs`` + ``male`` -> ``isolated_male_1obs`` (the key layout of earlier reports)."""
+    base, _, suffix = protocol.partition("_")
+    return f"{base}_{stat}" + (f"_{suffix}" if suffix else "")
+
+
+METRICS = tuple(metric_name(p, s) for p in PROTOCOLS for s in STATS) + ("isolated_mape_1obs_siblings",)
+#: the metrics a summary table shows (the primary log metric, then MAPE)
+HEADLINE = ("isolated_male", "isolated_male_1obs", "colocated_male_1obs", "isolated_mape", "isolated_mape_1obs",
+            "colocated_mape_1obs")
 
 
 @dataclass(frozen=True)
@@ -84,36 +118,116 @@ def out_of_family_p1(data: MeasuredSet, layout: Layout, features: Mapping[str, W
 
 
 def _mape_entries(pred_log: np.ndarray, true_log: np.ndarray, where: np.ndarray) -> list[float]:
-    m = where & np.isfinite(true_log) & np.isfinite(pred_log)
-    return list(np.abs(np.exp(pred_log[m] - true_log[m]) - 1.0))
+    """Absolute percentage errors of the measured entries in ``where``; a missing prediction counts 100%."""
+    _, ape = _entry_errors(pred_log, true_log, where)
+    return list(ape)
+
+
+def _entry_errors(pred_log: np.ndarray, true_log: np.ndarray, where: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(absolute log error, absolute percentage error) of every measured entry in ``where``.
+
+    Every measured entry is scored, whatever the method predicted there: no prediction, or a
+    "does not fit", counts as :data:`MISS_FACTOR` off, so a wrong out-of-memory verdict is
+    never free and every method is scored on the same entries.
+    """
+    m = where & np.isfinite(true_log)
+    pred, true = pred_log[m], true_log[m]
+    ok = np.isfinite(pred)
+    d = np.where(ok, pred - np.where(ok, true, 0.0), 0.0)
+    ale = np.where(ok, np.abs(d), math.log(MISS_FACTOR))
+    with np.errstate(over="ignore"):
+        ape = np.where(ok, np.abs(np.expm1(d)), 1.0)
+    return ale, ape
+
+
+def _reveals(known: np.ndarray, kind: str, n: int, n_gpus: int) -> list[tuple[int, ...]]:
+    """Which entries to reveal, in turn, deterministically: every set of ``n`` isolated entries
+    (so each GPU type is the observed one as often as any other), or per GPU type up to
+    :data:`PAIR_REVEALS_PER_TYPE` pair entries spread over the partners."""
+    if kind == "isolated":
+        return list(itertools.combinations(known.tolist(), n))
+    out: list[tuple[int, ...]] = []
+    for g in range(n_gpus):
+        on_g = [int(k) for k in known if (k - n_gpus) % n_gpus == g]
+        if not on_g:
+            continue
+        picks = np.unique(np.linspace(0, len(on_g) - 1, min(len(on_g), PAIR_REVEALS_PER_TYPE)).round().astype(int))
+        out += [(on_g[t],) for t in picks]
+    return out
+
+
+def _stats(ale: list[float], ape: list[float], misses: int) -> dict[str, float]:
+    if not ale:
+        return {"mape": math.nan, "male": math.nan, "ratio": math.nan, "misses": float(misses)}
+    return {"mape": float(np.mean(ape)), "male": float(np.mean(ale)), "ratio": float(np.exp(np.median(ale))),
+            "misses": float(misses)}
+
+
+@dataclass
+class Scores:
+    """One method's figures on one set of held-out jobs: pooled over entries, per job, and
+    (1 observation, isolated) per GPU type revealed."""
+
+    pooled: dict[str, float]
+    per_job: list[dict[str, float]]
+    by_revealed_type: dict[str, float]
+
+
+def score_all(complete: Callable[[int, np.ndarray], np.ndarray], truth: np.ndarray, layout: Layout) -> Scores:
+    """Every metric of one method; ``complete(i, observed_row)`` returns job i's full log row.
+
+    Deterministic: each protocol reveals every choice of entries in turn (:func:`_reveals`)
+    and scores the measured entries left hidden.
+    """
+    is_pair = layout.is_pair()
+    g = layout.n_isolated
+    pooled: dict[str, float] = {}
+    per_job: list[dict[str, float]] = [{} for _ in range(len(truth))]
+    by_type: dict[str, list[float]] = {gpu: [] for gpu in layout.gpus}
+    for protocol, (kind, n) in PROTOCOLS.items():
+        pool_mask = is_pair if kind == "pair" else ~is_pair
+        all_ale: list[float] = []
+        all_ape: list[float] = []
+        all_miss = 0
+        for i, row in enumerate(truth):
+            known = np.flatnonzero(np.isfinite(row) & pool_mask)
+            job_ale: list[float] = []
+            job_ape: list[float] = []
+            miss = 0
+            if n == 0:
+                reveal_sets: list[tuple[int, ...]] = [()]
+            elif len(known) <= n:
+                reveal_sets = []
+            else:
+                reveal_sets = _reveals(known, kind, n, g)
+            for shown in reveal_sets:
+                obs = np.full_like(row, np.nan)
+                hidden = pool_mask.copy()
+                for k in shown:
+                    obs[k] = row[k]
+                    hidden[k] = False
+                pred = complete(i, obs)
+                ale, ape = _entry_errors(pred, row, hidden)
+                miss += int(np.sum(~np.isfinite(pred[hidden & np.isfinite(row)])))
+                job_ale += ale.tolist()
+                job_ape += ape.tolist()
+                if protocol == "isolated_1obs" and len(ale):
+                    by_type[layout.gpus[shown[0]]].append(float(np.mean(ale)))
+            for stat, value in _stats(job_ale, job_ape, miss).items():
+                per_job[i][metric_name(protocol, stat)] = value
+            all_ale += job_ale
+            all_ape += job_ape
+            all_miss += miss
+        for stat, value in _stats(all_ale, all_ape, all_miss).items():
+            pooled[metric_name(protocol, stat)] = value
+    return Scores(pooled, per_job, {gpu: float(np.mean(v)) if v else math.nan for gpu, v in by_type.items()})
 
 
 def score(complete: Callable[[int, np.ndarray], np.ndarray], truth: np.ndarray, layout: Layout,
-          repeats: int, seed: int) -> dict[str, float]:
-    """Every metric of one method; ``complete(i, observed_row)`` returns job i's full log row."""
-    is_pair = layout.is_pair()
-    out: dict[str, float] = {}
-    for metric, (kind, n) in _PROTOCOL.items():
-        rng = np.random.default_rng([seed, n, kind == "pair"])
-        pool_mask = is_pair if kind == "pair" else ~is_pair
-        errs: list[float] = []
-        for i, row in enumerate(truth):
-            known = np.flatnonzero(np.isfinite(row) & pool_mask)
-            if n == 0:
-                pred = complete(i, np.full_like(row, np.nan))
-                errs += _mape_entries(pred, row, pool_mask)
-                continue
-            if len(known) <= n:
-                continue
-            for _ in range(repeats):
-                shown = rng.choice(known, size=n, replace=False)
-                obs = np.full_like(row, np.nan)
-                obs[shown] = row[shown]
-                hidden = pool_mask.copy()
-                hidden[shown] = False
-                errs += _mape_entries(complete(i, obs), row, hidden)
-        out[metric] = float(np.mean(errs)) if errs else math.nan
-    return out
+          repeats: int = 1, seed: int = 0) -> dict[str, float]:
+    """The pooled figures of :func:`score_all` (``repeats`` and ``seed`` are kept for callers of
+    the earlier, random protocol; the protocol is deterministic now)."""
+    return score_all(complete, truth, layout).pooled
 
 
 def score_siblings(complete: Callable[[int, np.ndarray, np.ndarray], np.ndarray], truth: np.ndarray,
@@ -164,10 +278,12 @@ def with_siblings(refined_log: np.ndarray, p1_log: np.ndarray, observed_log: np.
 @dataclass
 class HoldoutResult:
     family: str
-    metrics: dict[str, dict[str, float]]
+    metrics: dict[str, dict[str, float]]  # method -> metric -> pooled over the family's entries
     seconds: float
     p1: P1Model | None = None
     p2: P2Model | None = None
+    jobs: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # job -> method -> metric
+    by_revealed_type: dict[str, dict[str, float]] = field(default_factory=dict)  # method -> gpu -> male
 
 
 def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalConfig(),
@@ -195,13 +311,22 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
     )
     test_summary = [job_summary(full.jobs[n]) for n in test]
     test_flops = [math.log(full.jobs[n].step_flops) for n in test]
+    g = len(layout.gpus)
+    type_mean = PriorRow.type_mean(truth_train, len(test), g)
+    partner_mean = PriorRow.partner_mean(truth_train, len(test), g)
+    roof = PriorRow.roofline(truth_train, roofline_log(full, train.names), roofline_log(full, test), g)
     methods: dict[str, Callable[[int, np.ndarray], np.ndarray]] = {
         "p1": lambda i, obs: np.where(np.isfinite(obs), obs, p1_test[i]),
         "p2": lambda i, obs: p2.refine(p1_test[i], obs)[0],
         "matrix_completion": lambda i, obs: mc.complete(obs)[0],
         "nearest": lambda i, obs: nearest.complete(test_summary[i], test_flops[i], obs),
+        "p1_shifted": lambda i, obs: shifted(p1_test[i], obs),
+        "type_mean": type_mean.complete,
+        "partner_mean": partner_mean.complete,
+        "roofline": roof.complete,
     }
-    metrics = {name: score(fn, truth_test, layout, config.repeats, config.seed) for name, fn in methods.items()}
+    scores = {name: score_all(fn, truth_test, layout) for name, fn in methods.items()}
+    metrics = {name: dict(sc.pooled) for name, sc in scores.items()}
     fam = {n: holdout for n in test}
 
     def p2_siblings(i: int, obs: np.ndarray, sibs: np.ndarray) -> np.ndarray:
@@ -226,15 +351,24 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
             np.vstack([truth_train, np.delete(sibs, i, axis=0)])).complete(obs)[0],
         "nearest": nearest_siblings,
     }
-    for name, fn in together.items():
-        metrics[name]["isolated_mape_1obs_siblings"] = score_siblings(fn, truth_test, layout, config.repeats,
-                                                                      config.seed)
+    for name in METHODS:
+        fn = together.get(name)
+        metrics[name]["isolated_mape_1obs_siblings"] = (
+            score_siblings(fn, truth_test, layout, config.repeats, config.seed) if fn is not None else math.nan)
+    jobs = {n: {name: sc.per_job[i] for name, sc in scores.items()} for i, n in enumerate(test)}
     secs = time.perf_counter() - start
     if log:
         log(f"{holdout}: " + ", ".join(
-            f"{m} iso {v['isolated_mape']:.3f} iso1 {v['isolated_mape_1obs']:.3f} co1 {v['colocated_mape_1obs']:.3f}"
-            for m, v in metrics.items()) + f" ({secs:.0f} s)")
-    return HoldoutResult(holdout, metrics, secs, p1, p2)
+            f"{m} iso {v['isolated_male']:.3f} iso1 {v['isolated_male_1obs']:.3f} co1 {v['colocated_male_1obs']:.3f}"
+            for m, v in metrics.items()) + f" (mean absolute log error; {secs:.0f} s)")
+    return HoldoutResult(holdout, metrics, secs, p1, p2, jobs=jobs,
+                         by_revealed_type={name: sc.by_revealed_type for name, sc in scores.items()})
+
+
+def roofline_log(data: MeasuredSet, names: Sequence[str]) -> np.ndarray:
+    """``[J, G]`` log roofline throughput (1 / kernel time) of each job on each GPU type of ``data``."""
+    gpus = [catalog.get_gpu_type(g) for g in data.gpus]
+    return np.array([[-float(roofline(data.jobs[n], gt)[0]) for gt in gpus] for n in names])
 
 
 def in_sample_metrics(p1: P1Model, p2: P2Model, data: MeasuredSet, layout: Layout, oof_p1: np.ndarray,
@@ -284,16 +418,35 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
     if unknown:
         raise ValueError(f"unknown holdout family {unknown}; families in this data: {list(full.families)}")
     start = time.perf_counter()
-    families = {}
+    families, jobs, by_type = {}, {}, {}
     for i, h in enumerate(holdouts):
-        families[h] = evaluate_holdout(full, h, config, log).metrics
+        result = evaluate_holdout(full, h, config, log)
+        families[h] = result.metrics
+        jobs.update(result.jobs)
+        by_type[h] = result.by_revealed_type
         if progress is not None:
             progress("held-out families", i + 1, len(holdouts))
+    job_metrics = tuple(k for k in METRICS if k != "isolated_mape_1obs_siblings")
     mean = {
         m: {k: _mean_finite([families[h][m][k] for h in holdouts]) for k in METRICS} for m in METHODS
     }
+    mean_over_jobs = {
+        m: {k: _mean_finite([jobs[j][m][k] for j in jobs]) for k in job_metrics} for m in METHODS
+    }
+    revealed = {m: {g: _mean_finite([by_type[h][m][g] for h in holdouts]) for g in full.gpus} for m in METHODS}
     return {
-        "families": families, "mean": mean,
+        "families": families, "mean": mean, "mean_over_jobs": mean_over_jobs, "jobs": jobs,
+        "isolated_male_1obs_by_revealed_type": revealed,
+        "methods": dict(METHOD_NOTES),
+        "protocol": {
+            "reveals": "deterministic: every set of 1 (2) isolated entries of a held-out job in turn; per GPU type up to "
+                       f"{PAIR_REVEALS_PER_TYPE} pair entries spread over the partners; the measured entries left "
+                       "hidden are scored",
+            "misses": f"a measured entry a method predicts nothing for (or 'does not fit') counts {MISS_FACTOR:g}x off "
+                      "(MAPE 100%)",
+            "metrics": "male = mean absolute log error, ratio = median of max(pred/true, true/pred), mape = mean "
+                       "absolute percentage error (secondary); 'mean' averages families, 'mean_over_jobs' job types",
+        },
         "config": {"p1": asdict(config.p1), "p2": asdict(config.p2), "repeats": config.repeats,
                    "seed": config.seed},
         "seconds": round(time.perf_counter() - start, 1),

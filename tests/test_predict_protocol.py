@@ -1,0 +1,90 @@
+"""The evaluation protocol of ``gogh predictors evaluate``: every measured entry scored, reveals in turn,
+the baselines that need no training, and the data check that flags measurement artifacts."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from gogh_flows.predict import evaluate as ev
+from gogh_flows.predict.baselines import PriorRow, shifted
+from gogh_flows.predict.layout import Layout
+from gogh_flows.truth.anomalies import find_anomalies, without_anomalies
+from gogh_flows.truth.table import ThroughputTable
+
+LAYOUT = Layout(("k80", "p100", "v100"), ("a", "b"))  # 3 isolated entries, then 2 partners x 3 types
+
+
+def test_a_missing_prediction_on_a_measured_entry_counts_as_a_factor_ten():
+    true = np.log(np.array([1.0, 2.0, np.nan, 4.0]))
+    pred = np.log(np.array([1.0, np.nan, 5.0, 8.0]))  # entry 1: "does not fit"; entry 2 was never measured
+    ale, ape = ev._entry_errors(pred, true, np.ones(4, dtype=bool))
+    assert ale.tolist() == pytest.approx([0.0, math.log(ev.MISS_FACTOR), math.log(2.0)])
+    assert ape.tolist() == pytest.approx([0.0, 1.0, 1.0])
+
+
+def test_every_gpu_type_is_revealed_in_turn_and_the_scores_repeat_exactly():
+    truth = np.log(np.array([[1.0, 3.0, 5.0, 0.5, 1.5, 2.5, 0.4, 1.2, 2.0],
+                             [2.0, 5.0, 9.0, 1.0, 2.5, 4.5, 0.9, 2.0, 4.0]]))
+    prior = PriorRow(np.log(np.full_like(truth, 2.0)))
+    first = ev.score_all(prior.complete, truth, LAYOUT)
+    again = ev.score_all(prior.complete, truth, LAYOUT)
+    assert first.pooled == again.pooled and first.per_job == again.per_job
+    assert set(first.by_revealed_type) == {"k80", "p100", "v100"}
+    assert all(np.isfinite(v) for v in first.by_revealed_type.values())
+    for stat in ev.STATS:
+        assert ev.metric_name("colocated_1obs", stat) in first.pooled
+    # a flat prior shifted to one observation: scored on the other two isolated entries of each job
+    row = truth[0]
+    expected = np.mean([abs((row[k] + np.log(2.0) - np.log(2.0)) - row[j]) for k in range(3) for j in range(3) if j != k])
+    assert first.per_job[0]["isolated_male_1obs"] == pytest.approx(expected)
+
+
+def test_the_ratio_baseline_is_the_observation_times_the_training_mean_ratio():
+    known = np.log(np.array([[1.0, 2.0, 8.0, *[np.nan] * 6],
+                             [4.0, 2.0, 8.0, *[np.nan] * 6]]))
+    ratio = PriorRow.type_mean(known, n_jobs=1, n_gpus=3)
+    obs = np.full(LAYOUT.size, np.nan)
+    obs[0] = math.log(3.0)  # measured 3 steps/s on the k80
+    got = np.exp(ratio.complete(0, obs)[:3])
+    gm = lambda col: math.exp(np.mean(np.log(col)))  # noqa: E731
+    assert got == pytest.approx([3.0, 3.0 * gm([2.0, 2.0]) / gm([1.0, 4.0]), 3.0 * gm([8.0, 8.0]) / gm([1.0, 4.0])])
+
+
+def test_partner_mean_slows_the_isolated_estimate_by_the_training_slowdown():
+    # training job: alone 10 on each type; next to partner a on k80 at 5 (x0.5), next to b nowhere measured
+    known = np.log(np.array([[10.0, 10.0, 10.0, 5.0, np.nan, np.nan, np.nan, np.nan, np.nan]]))
+    pm = PriorRow.partner_mean(known, n_jobs=1, n_gpus=3)
+    got = np.exp(pm.rows[0])
+    assert got[3] == pytest.approx(5.0)  # with a on the k80: the measured slowdown
+    assert got[6] == pytest.approx(5.0)  # with b on the k80: the mean slowdown on that type
+    observed = np.full(LAYOUT.size, np.nan)
+    observed[0] = math.log(20.0)  # the new job runs 20 alone on the k80: twice the training job
+    assert np.exp(shifted(pm.rows[0], observed))[3] == pytest.approx(10.0)
+
+
+def _table(rows):
+    return ThroughputTable.from_rows(rows, source="test")
+
+
+def test_the_data_check_flags_an_inverted_job_and_an_impossible_pair():
+    rows = []
+    for j, (k80, v100) in {"A": (1.0, 4.0), "B": (2.0, 9.0), "C": (1.0, 5.0), "D": (3.0, 12.0),
+                           "Odd": (2.0, 1.5)}.items():
+        rows += [{"job_type": j, "gpu_type": "k80", "scale_factor": 1, "throughput": k80},
+                 {"job_type": j, "gpu_type": "v100", "scale_factor": 1, "throughput": v100}]
+    rows += [{"job_type": "A", "gpu_type": "v100", "scale_factor": 1, "partner": "B", "throughput": 0.04,
+              "partner_throughput": 5.0},
+             {"job_type": "C", "gpu_type": "k80", "scale_factor": 1, "partner": "D", "throughput": 0.6,
+              "partner_throughput": 2.0}]
+    table = _table(rows)
+    found = find_anomalies(table)
+    assert {(a.kind, a.job_type, a.gpu_type, a.partner) for a in found} == {
+        ("cross-type ratio", "Odd", "v100", None), ("pair rate", "A", "v100", "B")}
+    assert all(a.detail for a in found)
+    clean = without_anomalies(table, found)
+    assert not clean.has("Odd", "v100") and clean.has("Odd", "k80")
+    assert clean.frame.filter(clean.frame["partner"] == "B").height == 0  # the flagged pair, both sides
+    assert find_anomalies(clean) == []
