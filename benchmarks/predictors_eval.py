@@ -148,6 +148,25 @@ def tables(path: Path = RESULTS / "predictors_gavel.json") -> str:
         lines += ["", "Isolated, 1 observation, by the GPU type observed (mean absolute log error, mean over families):",
                   "", "| method | " + " | ".join(gpus) + " |", "|---|" + "---:|" * len(gpus)]
         lines += [f"| {m} | " + " | ".join(cell("male", rev[m][g]) for g in gpus) + " |" for m in METHODS]
+    pooled = report.get("coverage_pooled", {})
+    if pooled and any(pooled.values()):
+        from gogh_flows.predict.evaluate import INTERVAL_PROTOCOLS, LEVELS, interval_name
+
+        heads = [(p, lv) for p in INTERVAL_PROTOCOLS for lv in LEVELS]
+        lines += ["", "Intervals (split conformal, calibrated on the inner split): share of every held-out entry "
+                  "inside the interval, pooled over the 7 families, and the interval's mean half-width as a "
+                  "factor (x/÷):", "",
+                  "| method | " + " | ".join(f"{p} {round(100 * lv)}%" for p, lv in heads) + " |",
+                  "|---|" + "---:|" * len(heads)]
+        for m in METHODS:
+            cells = []
+            for p, lv in heads:
+                cov = pooled[m].get(interval_name(p, "cover", lv))
+                widths = [report["families"][f][m].get(interval_name(p, "halfwidth", lv)) for f in fams]
+                widths = [w for w in widths if w is not None and np.isfinite(w)]
+                factor = f"x{np.exp(np.mean(widths)):.1f}" if widths else "n/a"
+                cells.append("n/a" if cov is None else f"{100 * cov:.0f}% ({factor})")
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
     anomalies = report.get("anomalies", {})
     entries = anomalies.get("entries", [])
     lines += ["", f"Data check: {len(entries)} entr{'y' if len(entries) == 1 else 'ies'} flagged, "

@@ -88,3 +88,43 @@ def test_the_data_check_flags_an_inverted_job_and_an_impossible_pair():
     assert not clean.has("Odd", "v100") and clean.has("Odd", "k80")
     assert clean.frame.filter(clean.frame["partner"] == "B").height == 0  # the flagged pair, both sides
     assert find_anomalies(clean) == []
+
+
+def test_conformal_halfwidth_is_the_finite_sample_quantile_and_coverage_counts_misses():
+    errs = np.arange(1, 10, dtype=float)  # 9 calibration errors: 1..9
+    assert ev.conformal_halfwidth(errs, 0.8) == 8.0  # ceil(10 * 0.8) = 8th smallest
+    assert ev.conformal_halfwidth(errs, 0.9) == 9.0
+    assert ev.conformal_halfwidth(errs[:3], 0.9) == math.inf  # too few to promise 90%
+    assert math.isnan(ev.conformal_halfwidth(np.empty(0), 0.9))
+    assert ev.coverage(np.array([0.5, 1.5, np.inf, 0.9]), 1.0) == 0.5  # a miss is never inside
+
+
+def test_intervals_are_calibrated_on_the_inner_split_only(monkeypatch):
+    """The held-out family's own errors never set its interval: the calibration sees only the
+    training families, each predicted by methods fitted without it."""
+    from gogh_flows.predict.data import MeasuredSet
+    from gogh_flows.predict.p1 import P1Config
+    from gogh_flows.predict.p2 import P2Config
+    from gogh_flows.truth.synthetic import synthetic_table
+
+    jobs = ("A3C", "LM (batch size 20)", "ResNet-18 (batch size 64)", "ResNet-50 (batch size 32)",
+            "Transformer (batch size 64)")
+    data = MeasuredSet.from_table(synthetic_table(("k80", "v100"))).subset(jobs)
+    seen: list[tuple[str, ...]] = []
+    real = ev.build_methods
+
+    def spy(full, train, test, *args, **kw):
+        seen.append(tuple(test))
+        assert not set(test) & set(train.names)
+        return real(full, train, test, *args, **kw)
+
+    monkeypatch.setattr(ev, "build_methods", spy)
+    cfg = ev.EvalConfig(p1=P1Config(hidden=8, epochs=3, pair_rows_per_epoch=64), p2=P2Config(hidden=8, epochs=3))
+    result = ev.evaluate_holdout(data, "ResNet-18", cfg)
+    assert seen[0] == ("ResNet-18 (batch size 64)",)  # the outer test first, then each inner family
+    assert all("ResNet-18 (batch size 64)" not in names for names in seen[1:]) and len(seen) == 1 + 4
+    for level in ev.LEVELS:
+        cover = result.metrics["type_mean"][ev.interval_name("isolated_1obs", "cover", level)]
+        assert 0.0 <= cover <= 1.0
+        n_in, n = result.covered["type_mean"][ev.interval_name("isolated_1obs", "cover", level)]
+        assert n > 0 and n_in == round(cover * n)

@@ -73,7 +73,7 @@ def metric_name(protocol: str, stat: str) -> str:
     return f"{base}_{stat}" + (f"_{suffix}" if suffix else "")
 
 
-METRICS = tuple(metric_name(p, s) for p in PROTOCOLS for s in STATS) + ("isolated_mape_1obs_siblings",)
+SCORE_METRICS = tuple(metric_name(p, s) for p in PROTOCOLS for s in STATS)
 #: the metrics a summary table shows (the primary log metric, then MAPE)
 HEADLINE = ("isolated_male", "isolated_male_1obs", "colocated_male_1obs", "isolated_mape", "isolated_mape_1obs",
             "colocated_mape_1obs")
@@ -171,6 +171,8 @@ class Scores:
     pooled: dict[str, float]
     per_job: list[dict[str, float]]
     by_revealed_type: dict[str, float]
+    #: protocol -> every scored entry's absolute log error (a miss: inf), for interval calibration
+    abs_errors: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def score_all(complete: Callable[[int, np.ndarray], np.ndarray], truth: np.ndarray, layout: Layout) -> Scores:
@@ -184,7 +186,9 @@ def score_all(complete: Callable[[int, np.ndarray], np.ndarray], truth: np.ndarr
     pooled: dict[str, float] = {}
     per_job: list[dict[str, float]] = [{} for _ in range(len(truth))]
     by_type: dict[str, list[float]] = {gpu: [] for gpu in layout.gpus}
+    abs_errors: dict[str, np.ndarray] = {}
     for protocol, (kind, n) in PROTOCOLS.items():
+        raw: list[np.ndarray] = []
         pool_mask = is_pair if kind == "pair" else ~is_pair
         all_ale: list[float] = []
         all_ape: list[float] = []
@@ -208,6 +212,8 @@ def score_all(complete: Callable[[int, np.ndarray], np.ndarray], truth: np.ndarr
                     hidden[k] = False
                 pred = complete(i, obs)
                 ale, ape = _entry_errors(pred, row, hidden)
+                scored = hidden & np.isfinite(row)
+                raw.append(np.where(np.isfinite(pred[scored]), np.abs(pred[scored] - row[scored]), np.inf))
                 miss += int(np.sum(~np.isfinite(pred[hidden & np.isfinite(row)])))
                 job_ale += ale.tolist()
                 job_ape += ape.tolist()
@@ -220,7 +226,49 @@ def score_all(complete: Callable[[int, np.ndarray], np.ndarray], truth: np.ndarr
             all_miss += miss
         for stat, value in _stats(all_ale, all_ape, all_miss).items():
             pooled[metric_name(protocol, stat)] = value
-    return Scores(pooled, per_job, {gpu: float(np.mean(v)) if v else math.nan for gpu, v in by_type.items()})
+        abs_errors[protocol] = np.concatenate(raw) if raw else np.empty(0)
+    return Scores(pooled, per_job, {gpu: float(np.mean(v)) if v else math.nan for gpu, v in by_type.items()},
+                  abs_errors)
+
+
+#: interval levels calibrated on the inner split and checked on the held-out family
+LEVELS = (0.8, 0.9)
+#: the protocols whose intervals are reported
+INTERVAL_PROTOCOLS = ("isolated", "isolated_1obs", "colocated_1obs")
+
+
+def conformal_halfwidth(abs_errors: np.ndarray, level: float) -> float:
+    """Split-conformal half-width in log space: the ceil((n+1) level)-th smallest calibration error.
+
+    An interval ``pred x/÷ exp(halfwidth)`` then covers a new entry with probability at least
+    ``level`` when the new job is exchangeable with the calibration jobs: here, a family the
+    models never saw, like the inner families were.
+    """
+    errs = np.sort(np.asarray(abs_errors, dtype=float))
+    if errs.size == 0:
+        return math.nan
+    k = math.ceil((errs.size + 1) * level)
+    return float(errs[min(k, errs.size) - 1]) if k <= errs.size else math.inf
+
+
+def coverage(abs_errors: np.ndarray, halfwidth: float) -> float:
+    """Share of entries inside ``pred x/÷ exp(halfwidth)``; a missing prediction (inf) never is.
+    Too few calibration errors for the level give an infinite half-width, which covers every
+    entry that has a prediction (and says nothing useful: the half-width is reported too)."""
+    errs = np.asarray(abs_errors, dtype=float)
+    if not errs.size or math.isnan(halfwidth):
+        return math.nan
+    return float(np.mean(np.isfinite(errs) & (errs <= halfwidth)))
+
+
+def interval_name(protocol: str, what: str, level: float) -> str:
+    """``isolated_1obs``, ``cover``, 0.9 -> ``isolated_cover90_1obs``."""
+    return metric_name(protocol, f"{what}{round(100 * level)}")
+
+
+INTERVAL_METRICS = tuple(interval_name(p, w, lv) for p in INTERVAL_PROTOCOLS for lv in LEVELS
+                         for w in ("cover", "halfwidth"))
+METRICS = SCORE_METRICS + INTERVAL_METRICS + ("isolated_mape_1obs_siblings",)
 
 
 def score(complete: Callable[[int, np.ndarray], np.ndarray], truth: np.ndarray, layout: Layout,
@@ -284,10 +332,61 @@ class HoldoutResult:
     p2: P2Model | None = None
     jobs: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # job -> method -> metric
     by_revealed_type: dict[str, dict[str, float]] = field(default_factory=dict)  # method -> gpu -> male
+    covered: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)  # method -> cover metric -> (in, n)
+
+
+def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], layout: Layout,
+                  p1_test: np.ndarray, p2: P2Model, seed: int) -> dict[str, Callable[[int, np.ndarray], np.ndarray]]:
+    """Every method's ``complete(i, observed_row)`` for the jobs ``test``, fitted on ``train`` only."""
+    features = dict(full.jobs)
+    truth_train = layout.truth(train, train.names)
+    mc = MatrixCompletion(seed=seed).fit(truth_train)
+    nearest = NearestJob(
+        np.stack([job_summary(full.jobs[n]) for n in train.names]), truth_train,
+        np.log([full.jobs[n].step_flops for n in train.names]),
+    )
+    test_summary = [job_summary(features[n]) for n in test]
+    test_flops = [math.log(features[n].step_flops) for n in test]
+    g = len(layout.gpus)
+    type_mean = PriorRow.type_mean(truth_train, len(test), g)
+    partner_mean = PriorRow.partner_mean(truth_train, len(test), g)
+    roof = PriorRow.roofline(truth_train, roofline_log(full, train.names), roofline_log(full, test), g)
+    return {
+        "p1": lambda i, obs: np.where(np.isfinite(obs), obs, p1_test[i]),
+        "p2": lambda i, obs: p2.refine(p1_test[i], obs)[0],
+        "matrix_completion": lambda i, obs: mc.complete(obs)[0],
+        "nearest": lambda i, obs: nearest.complete(test_summary[i], test_flops[i], obs),
+        "p1_shifted": lambda i, obs: shifted(p1_test[i], obs),
+        "type_mean": type_mean.complete,
+        "partner_mean": partner_mean.complete,
+        "roofline": roof.complete,
+    }
+
+
+def inner_abs_errors(full: MeasuredSet, train: MeasuredSet, layout: Layout, oof: np.ndarray,
+                     config: EvalConfig) -> dict[str, dict[str, np.ndarray]]:
+    """Every method's errors on the inner split: each training family in turn, predicted by
+    methods fitted on the other training families (P1: its out-of-family vectors; P2: trained
+    on the others' out-of-family vectors). What the intervals are calibrated on, so the
+    held-out family never shapes its own interval."""
+    pooled: dict[str, dict[str, list[np.ndarray]]] = {m: {p: [] for p in INTERVAL_PROTOCOLS} for m in METHODS}
+    row = {n: i for i, n in enumerate(train.names)}
+    for fam in train.families:
+        rest = train.without([fam])
+        names = train.of_family(fam)
+        rest_rows = [row[n] for n in rest.names]
+        p2 = train_p2(layout, oof[rest_rows], layout.truth(rest, rest.names), config.p2)
+        methods = build_methods(full, rest, names, layout, oof[[row[n] for n in names]], p2, config.seed)
+        truth = layout.truth(train, names)
+        for name, fn in methods.items():
+            errs = score_all(fn, truth, layout).abs_errors
+            for p in INTERVAL_PROTOCOLS:
+                pooled[name][p].append(errs[p])
+    return {m: {p: np.concatenate(v) if v else np.empty(0) for p, v in by.items()} for m, by in pooled.items()}
 
 
 def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalConfig(),
-                     log: Callable[[str], None] | None = None) -> HoldoutResult:
+                     log: Callable[[str], None] | None = None, intervals: bool = True) -> HoldoutResult:
     start = time.perf_counter()
     train = full.without([holdout])
     test = full.of_family(holdout)
@@ -304,29 +403,24 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
     truth_test = layout.truth(full, test)
     oof = out_of_family_p1(train, layout, features, config.p1, log)
     p2 = train_p2(layout, oof, truth_train, config.p2)
-    mc = MatrixCompletion(seed=config.seed).fit(truth_train)
-    nearest = NearestJob(
-        np.stack([job_summary(full.jobs[n]) for n in train.names]), truth_train,
-        np.log([full.jobs[n].step_flops for n in train.names]),
-    )
+    methods = build_methods(full, train, test, layout, p1_test, p2, config.seed)
+    scores = {name: score_all(fn, truth_test, layout) for name, fn in methods.items()}
+    metrics = {name: {**dict(sc.pooled), **dict.fromkeys(INTERVAL_METRICS, math.nan)} for name, sc in scores.items()}
+    covered: dict[str, dict[str, tuple[int, int]]] = {name: {} for name in scores}
+    if intervals:
+        calib = inner_abs_errors(full, train, layout, oof, config)
+        for name, sc in scores.items():
+            for p in INTERVAL_PROTOCOLS:
+                for level in LEVELS:
+                    half = conformal_halfwidth(calib[name][p], level)
+                    metrics[name][interval_name(p, "halfwidth", level)] = half
+                    metrics[name][interval_name(p, "cover", level)] = coverage(sc.abs_errors[p], half)
+                    errs = sc.abs_errors[p]
+                    covered[name][interval_name(p, "cover", level)] = (
+                        int(np.sum(np.isfinite(errs) & (errs <= half))) if not math.isnan(half) else 0,
+                        int(errs.size))
     test_summary = [job_summary(full.jobs[n]) for n in test]
     test_flops = [math.log(full.jobs[n].step_flops) for n in test]
-    g = len(layout.gpus)
-    type_mean = PriorRow.type_mean(truth_train, len(test), g)
-    partner_mean = PriorRow.partner_mean(truth_train, len(test), g)
-    roof = PriorRow.roofline(truth_train, roofline_log(full, train.names), roofline_log(full, test), g)
-    methods: dict[str, Callable[[int, np.ndarray], np.ndarray]] = {
-        "p1": lambda i, obs: np.where(np.isfinite(obs), obs, p1_test[i]),
-        "p2": lambda i, obs: p2.refine(p1_test[i], obs)[0],
-        "matrix_completion": lambda i, obs: mc.complete(obs)[0],
-        "nearest": lambda i, obs: nearest.complete(test_summary[i], test_flops[i], obs),
-        "p1_shifted": lambda i, obs: shifted(p1_test[i], obs),
-        "type_mean": type_mean.complete,
-        "partner_mean": partner_mean.complete,
-        "roofline": roof.complete,
-    }
-    scores = {name: score_all(fn, truth_test, layout) for name, fn in methods.items()}
-    metrics = {name: dict(sc.pooled) for name, sc in scores.items()}
     fam = {n: holdout for n in test}
 
     def p2_siblings(i: int, obs: np.ndarray, sibs: np.ndarray) -> np.ndarray:
@@ -362,7 +456,8 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
             f"{m} iso {v['isolated_male']:.3f} iso1 {v['isolated_male_1obs']:.3f} co1 {v['colocated_male_1obs']:.3f}"
             for m, v in metrics.items()) + f" (mean absolute log error; {secs:.0f} s)")
     return HoldoutResult(holdout, metrics, secs, p1, p2, jobs=jobs,
-                         by_revealed_type={name: sc.by_revealed_type for name, sc in scores.items()})
+                         by_revealed_type={name: sc.by_revealed_type for name, sc in scores.items()},
+                         covered=covered)
 
 
 def roofline_log(data: MeasuredSet, names: Sequence[str]) -> np.ndarray:
@@ -419,14 +514,22 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
         raise ValueError(f"unknown holdout family {unknown}; families in this data: {list(full.families)}")
     start = time.perf_counter()
     families, jobs, by_type = {}, {}, {}
+    counts: dict[str, dict[str, list[int]]] = {m: {} for m in METHODS}
     for i, h in enumerate(holdouts):
         result = evaluate_holdout(full, h, config, log)
         families[h] = result.metrics
         jobs.update(result.jobs)
         by_type[h] = result.by_revealed_type
+        for m, by in result.covered.items():
+            for k, (inside, n) in by.items():
+                c = counts[m].setdefault(k, [0, 0])
+                c[0] += inside
+                c[1] += n
         if progress is not None:
             progress("held-out families", i + 1, len(holdouts))
-    job_metrics = tuple(k for k in METRICS if k != "isolated_mape_1obs_siblings")
+    job_metrics = SCORE_METRICS
+    pooled_coverage = {m: {k: (inside / n if n else math.nan) for k, (inside, n) in by.items()}
+                       for m, by in counts.items()}
     mean = {
         m: {k: _mean_finite([families[h][m][k] for h in holdouts]) for k in METRICS} for m in METHODS
     }
@@ -436,6 +539,7 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
     revealed = {m: {g: _mean_finite([by_type[h][m][g] for h in holdouts]) for g in full.gpus} for m in METHODS}
     return {
         "families": families, "mean": mean, "mean_over_jobs": mean_over_jobs, "jobs": jobs,
+        "coverage_pooled": pooled_coverage,
         "isolated_male_1obs_by_revealed_type": revealed,
         "methods": dict(METHOD_NOTES),
         "protocol": {
@@ -446,6 +550,10 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
                       "(MAPE 100%)",
             "metrics": "male = mean absolute log error, ratio = median of max(pred/true, true/pred), mape = mean "
                        "absolute percentage error (secondary); 'mean' averages families, 'mean_over_jobs' job types",
+            "intervals": "split conformal: halfwidthNN = the NN% quantile (finite-sample corrected) of the method's "
+                         "absolute log errors on the inner split (each training family predicted by the method "
+                         "fitted on the other training families); coverNN = share of the held-out family's scored "
+                         "entries within pred x/÷ exp(halfwidthNN); coverage_pooled pools every held-out entry",
         },
         "config": {"p1": asdict(config.p1), "p2": asdict(config.p2), "repeats": config.repeats,
                    "seed": config.seed},
