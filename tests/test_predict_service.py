@@ -154,6 +154,23 @@ def test_refine_error_scores_held_out_measurements(setup):
         ThroughputPredictor(p1, p2).refine_error({}, train, test)
 
 
+def test_refine_error_predicts_a_repeated_entry_without_its_own_earlier_measurement(setup):
+    """A held-out run of an entry measured before is not scored against that measurement (any
+    refiner would return it): it is predicted from the job's other entries, as a placement would."""
+    full, _, p1, p2 = setup
+    rows = full.iso.filter(pl.col("job") == NEW)
+    (g0, t0), (g1, t1) = list(zip(rows["gpu"], rows["throughput"]))[:2]
+    train = observations_frame([{"job_type": NEW, "gpu_type": g0, "throughput": t0},
+                                {"job_type": NEW, "gpu_type": g1, "throughput": t1}])
+    test = observations_frame([{"job_type": NEW, "gpu_type": g1, "throughput": t1}])  # a repeat of a trained entry
+    predictor = ThroughputPredictor(p1, p2)
+    echoed = predictor.refine_error(full.jobs, train, test, hide_same_entry=False)
+    assert echoed["mape"] == pytest.approx(0.0, abs=1e-9)  # it only read the earlier measurement back
+    honest = predictor.refine_error(full.jobs, train, test)
+    only_other = predictor.refine_error(full.jobs, train.head(1), test, hide_same_entry=False)
+    assert honest["mape"] == pytest.approx(only_other["mape"]) and honest["mape"] > 0
+
+
 def test_fit_refiner_learns_from_logged_observations_of_a_new_job(setup):
     full, data, p1, _ = setup
     rows = [{"job_type": NEW, "gpu_type": g, "throughput": t}

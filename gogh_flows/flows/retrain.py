@@ -2,7 +2,9 @@
 
 Every placed run logs its throughput; this flow turns those measurements into a challenger
 P2, scores challenger and champion on the most recent measurements (held out from
-training, so the comparison is about the future, not the past), registers the challenger,
+training, so the comparison is about the future, not the past; each predicted without the
+earlier measurements of its own entry, or any refiner would just read them back), registers
+the challenger,
 and moves the ``champion`` alias only when the challenger is strictly better. Placements
 pick the new champion up on their next registry check, with no restart.
 """
@@ -153,7 +155,8 @@ def refine_predictors(
         "| model | holdout MAPE | measurements |", "| --- | ---: | ---: |",
         f"| challenger v{version} | {chall_score['mape']:.4f} | {chall_score['n']} |",
         f"| champion v{versions['p2']} | {champ_score['mape']:.4f} | {champ_score['n']} |", "",
-        f"Trained on {train.height} measurements, scored on the {test.height} most recent.",
+        f"Trained on {train.height} measurements, scored on the {test.height} most recent, each predicted "
+        "without the earlier measurements of its own entry (job, GPU type, partner), as a placement would.",
     ]))
     logger.info("refiner challenger v%s: MAPE %.4f vs champion v%s %.4f -> %s", version,
                 chall_score["mape"], versions["p2"], champ_score["mape"], verdict)
