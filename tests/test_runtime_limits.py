@@ -95,3 +95,24 @@ def test_placement_policy_levels_are_checked():
     assert PlacementPolicy(power_limit_levels=[0.0, 0.5]).power_limit_levels == [0.0, 0.5]
     with pytest.raises(ValueError, match="fractions of each GPU type's limit range"):
         PlacementPolicy(power_limit_levels=[1.5])
+
+
+def test_a_body_that_starts_late_runs_at_the_boards_limit_not_its_own():
+    """r1 is placed alone at 100 W; r2 joins and its placement puts the board back to full power.
+    If r1's body starts after r2's, the board must stay at the last claim's limit: r1's own
+    100 W would slow both runs far below what r2's decision promised (seen in the demo: a pair
+    on an A100 at 100 W ran 6x slower than predicted)."""
+    plugin = LedgerPlugin(5.0)
+    plugin.names = {"tcp://w": "v100-0"}
+    assert plugin.claim("r1", "v100-0", "v100-0", 2, "a", 1.0, 1.0, 0, power_limit_w=100.0)["ok"]
+    assert plugin.claim("r2", "v100-0", "v100-0", 2, "b", 1.0, 1.0, 1, power_limit_w=None)["ok"]
+    assert plugin.begin("r2", "v100-0", key="k2")["power_limit_w"] is None
+    assert plugin.begin("r1", "v100-0", key="k1")["power_limit_w"] is None  # not its own 100 W
+
+    calls = {"gogh_ledger_begin": lambda **kw: plugin.begin(kw["run_id"], kw["worker"], kw.get("key"))}
+    from gogh_flows.runtime.leases import WorkerLease
+
+    lease = WorkerLease("r1", lambda name, **kw: calls[name](**kw), on_cancel=lambda reason: None)
+    assert lease.begin("v100-0", key="k1")
+    assert lease.board_limit_known and lease.board_limit_w is None
+    lease._stop.set()

@@ -232,11 +232,15 @@ class WorkerLease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._released: dict[str, Any] = {}  # the ledger's answer to end()
+        self.board_limit_known = False  # begin() heard the board's limit from the ledger
+        self.board_limit_w: float | None = None
 
     def begin(self, worker: str, key: str | None = None) -> bool:
         d = self._call("gogh_ledger_begin", run_id=self.run_id, worker=worker, key=key)
         if not d["ok"]:
             return False
+        self.board_limit_known = "power_limit_w" in d
+        self.board_limit_w = d.get("power_limit_w")  # the board's limit now: the last claim's there
         every = d["lease_timeout_s"] / 4
         self._thread = threading.Thread(target=self._keep, args=(every,), name=f"gogh-lease-{self.run_id}",
                                         daemon=True)

@@ -289,7 +289,9 @@ class LedgerPlugin(SchedulerPlugin):
             return {"ok": False, "lease_timeout_s": self.lease_timeout_s}
         lease["started_at"] = lease["seen_at"] = time()
         lease["key"] = key
-        return {"ok": True, "lease_timeout_s": self.lease_timeout_s}
+        # the board's limit is the last claim's on it, not this run's own: bodies start in any
+        # order, and one placed earlier (at its own limit) may start after a later claim reset it
+        return {"ok": True, "lease_timeout_s": self.lease_timeout_s, "power_limit_w": lease["power_limit_w"]}
 
     def release(self, run_id: str, if_unstarted: bool = False) -> dict[str, Any]:
         """Free the run's slot; with ``if_unstarted``, only if its body never started.

@@ -269,7 +269,10 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
                     "enacted on the emulated fleet only; the board runs at its current limit (recorded "
                     "with the measurement). A fleet-wide cap: GpuCluster(power_cap_w=...)",
                     spec.power_limit_w, spec.run_id or spec.run_key, device.id)
-    occupancy.join(device.id, spec.run_key, job_label, meter, spec.power_limit_w if emulated else None)
+    # the board's limit per the ledger (the last claim on it) where the run holds a lease: a run
+    # placed earlier at its own limit can start after a later claim re-chose the board's
+    board_limit = lease.board_limit_w if lease is not None and lease.board_limit_known else spec.power_limit_w
+    occupancy.join(device.id, spec.run_key, job_label, meter, board_limit if emulated else None)
     seen: tuple[str, ...] = ()
     body_start = time.time()
     placer_lost = False
