@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import threading
 import time
 from collections import defaultdict
@@ -445,3 +446,30 @@ def test_a_run_cancelled_in_prefect_without_its_process_being_told_stops_its_bod
     # ended, saying why (the engine's Failed follows the Cancelled gogh set; Cancelling refused it)
     assert state.is_final() and "cancelled in Prefect" in state.message, state
     assert [type(e).__name__ for e in ids] == ["RunCancelled"]
+
+
+def test_a_risk_level_plans_with_the_lower_end_of_the_interval(gogh_home):
+    """The same run on the same one-GPU fleet: with risk_level=0.9 its placement plans below the
+    point prediction, by the shipped refiner's calibrated half-width for a job with nothing measured."""
+    from gogh_flows.flows.predictors import predictor_source
+    from gogh_flows.flows.blocks import PredictorRegistry
+
+    fleet = GpuCluster(fleet={"v100": 1})
+
+    def body() -> float:
+        return current_placement().predicted_throughput
+
+    point = gogh_placed(model="Transformer", batch_size=64, min_throughput=0.5, work_steps=50, cluster=fleet,
+                        policy=PlacementPolicy(refine=False))(body)()
+    low = gogh_placed(model="Transformer", batch_size=64, min_throughput=0.5, work_steps=50, cluster=fleet,
+                      policy=PlacementPolicy(refine=False, risk_level=0.9))(body)()
+    intervals = predictor_source(PredictorRegistry()).get().intervals
+    assert intervals is not None  # the shipped prior carries them
+    assert low == pytest.approx(point * math.exp(-intervals.halfwidth("isolated", 0.9)), rel=1e-6)
+
+
+def test_a_risk_level_outside_the_calibrated_range_is_refused():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="risk_level"):
+        PlacementPolicy(risk_level=0.3)

@@ -17,10 +17,30 @@ def test_train_writes_two_model_directories_with_cards(tmp_path, capsys):
     p1, p2 = load_p1(out / "p1"), load_p2(out / "p2")
     assert "CycleGAN" not in p2.layout.partners and set(p2.layout.gpus) == {"k80", "v100", "a100"}
     assert p1.trained_on["excluded_families"] == ["CycleGAN"]
+    # calibrated on the inner split of the training families: what a risk level plans with
+    assert set(p2.trained_on["intervals"]["halfwidths"]) == {"isolated", "isolated_1obs", "colocated",
+                                                             "colocated_1obs"}
     for d in ("p1", "p2"):
         card = read_card(out / d)
         assert "**CycleGAN**" in card and "gogh predictors train" in card and "MAPE" in card
     assert json.loads(capsys.readouterr().out)["out"] == str(out)
+
+
+def test_calibrate_adds_intervals_to_a_refiner_trained_without_them(tmp_path, capsys):
+    out = tmp_path / "prior"
+    assert main(["predictors", "train", *TINY, "--out", str(out), "--exclude-family", "CycleGAN"]) == 0
+    p2 = load_p2(out / "p2")
+    del p2.trained_on["intervals"]
+    from gogh_flows.predict.io import save_model
+
+    save_model(p2, out / "p2", read_card(out / "p2"))
+    assert "intervals" not in load_p2(out / "p2").trained_on
+    capsys.readouterr()
+    assert main(["predictors", "calibrate", *TINY, "--model", str(out), "--exclude-family", "CycleGAN"]) == 0
+    again = load_p2(out / "p2")
+    assert again.trained_on["intervals"]["levels"] == [0.5, 0.6, 0.7, 0.8, 0.9, 0.95]
+    assert read_card(out / "p2")  # the card is kept
+    assert json.loads(capsys.readouterr().out)["model"] == str(out / "p2")
 
 
 def test_evaluate_writes_every_method_and_metric(tmp_path, capsys):

@@ -211,6 +211,12 @@ class PlacementPolicy(Block):
                                             "every GPU stays at its maximum. The emulated fleet enacts them; on "
                                             "real GPUs a chosen limit is logged and not applied (use GpuCluster's "
                                             "power_cap_w for a fleet-wide cap)")
+    risk_level: float | None = Field(default=None, ge=0.5, le=0.95, description="plan with the lower end "
+                                     "of the refiner's calibrated interval at this level instead of the point "
+                                     "prediction (0.9: on model families the predictors never saw, 90% of "
+                                     "measured throughputs were above it): a wide margin for a job with nothing "
+                                     "measured, a narrower one once it has run, none for an entry measured "
+                                     "itself; None: point predictions (with headroom)")
     headroom: float = Field(default=0.1, ge=0.0, le=1.0, description="plan as if every requirement "
                             "were this fraction higher: predictions of unmeasured placements err, and "
                             "the cheapest slot that barely meets a requirement on paper misses it "

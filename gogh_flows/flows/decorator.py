@@ -40,6 +40,7 @@ from gogh_flows.flows.cancellation import PrefectCancellation
 from gogh_flows.flows.blocks import GpuCluster, PlacementPolicy, PredictorRegistry, load_block
 from gogh_flows.flows.current import _CURRENT, CurrentPlacement
 from gogh_flows.flows.predictors import predictor_source
+from gogh_flows.predict.intervals import NoIntervalsError
 from gogh_flows.flows.session import Session, shared_session
 from gogh_flows.flows.measure import record_if_placer_lost, record_run
 from gogh_flows.flows.placer import PlacementTimeout, RunLost, RunPlacement, place_with_retry
@@ -177,9 +178,15 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
         logger.warning(source.degraded)
     gpu_types = sorted({d.gpu_type for d in session.pool.devices})
     observations = session.observations.get() if policy.refine else None
+    if policy.risk_level is not None and predictor.intervals is None:
+        raise NoIntervalsError(
+            f"PlacementPolicy(risk_level={policy.risk_level:g}) plans with the refiner's calibrated intervals, and "
+            f"the predictors in use (P1 v{source.versions().get('p1')}, P2 v{source.versions().get('p2')}) have none: "
+            "add them with `gogh predictors calibrate --model DIR ...` and register the result, or set "
+            "risk_level=None")
     placement = place_with_retry(
         job, run_id, devices=lambda state: session.pool.live_devices(state.workers), ledger=session.pool.ledger,
-        predict=lambda feats: predictor.predict_table(feats, gpu_types, observations),
+        predict=lambda feats: predictor.predict_table(feats, gpu_types, observations, risk=policy.risk_level),
         features=session.features.get, policy=policy.policy, time_limit_s=policy.solver_time_limit_s,
         wait_timeout_s=wait_timeout_s, poll_s=policy.poll_s, versions=source.versions(),
         on_wait=logger.info, sleep=session.wait_for_release, headroom=policy.headroom,

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-__all__ = ["add_parser", "cmd_evaluate", "cmd_train", "format_report"]
+__all__ = ["add_parser", "cmd_calibrate", "cmd_evaluate", "cmd_train", "format_report"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +31,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--exclude-family", action="append", default=[],
                    help="leave this model family out of training entirely (repeatable)")
     t.set_defaults(func=cmd_train)
+
+    c = ps.add_parser("calibrate", help="add calibrated intervals to a trained refiner (DIR/p2), on the data it "
+                                        "was trained on")
+    common(c)
+    c.add_argument("--model", required=True, help="directory holding p1/ and p2/ (as `train --out` wrote it)")
+    c.add_argument("--exclude-family", action="append", default=[],
+                   help="the families the model was trained without (as given to train)")
+    c.set_defaults(func=cmd_calibrate)
 
     e = ps.add_parser("evaluate", help="leave-one-family-out errors of P1, P2 and the baselines")
     common(e)
@@ -76,8 +84,9 @@ def _data(args: argparse.Namespace, anomalies: list | None = None):
     if anomalies is not None:
         anomalies.extend(flagged)
     if flagged:
-        print(f"data check: {len(flagged)} entr{'y' if len(flagged) == 1 else 'ies'} of {table.source} look like "
-              f"measurement artifacts ({flagged[0].detail}{' ...' if len(flagged) > 1 else ''}); "
+        print(f"data check: {len(flagged)} entr{'y' if len(flagged) == 1 else 'ies'} of {table.source} stand far "
+              f"from the rest (a measurement artifact, or a job limited by what the others are not: "
+              f"{flagged[0].detail}{' ...' if len(flagged) > 1 else ''}); "
               + ("left out (--exclude-anomalies)" if getattr(args, "exclude_anomalies", False)
                  else "kept (--exclude-anomalies leaves them out)"), file=sys.stderr)
         if getattr(args, "exclude_anomalies", False):
@@ -101,7 +110,7 @@ def _command(args: argparse.Namespace) -> str:
 def cmd_train(args: argparse.Namespace) -> int:
     import torch
 
-    from gogh_flows.predict.evaluate import in_sample_metrics, out_of_family_p1
+    from gogh_flows.predict.evaluate import EvalConfig, calibrate_p2, in_sample_metrics, out_of_family_p1
     from gogh_flows.predict.io import save_model
     from gogh_flows.predict.layout import Layout
     from gogh_flows.predict.p1 import train_p1
@@ -115,8 +124,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     start = time.perf_counter()
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
-    # one unit per network trained: P1, one P1 per family left out (P2's inputs), P2
-    units, done = 2 + len(data.families), 0
+    # one unit per network trained: P1, one P1 per family left out (P2's inputs), P2, and the
+    # intervals' calibration (a P2 per family left out)
+    units, done = 3 + len(data.families), 0
     with Progress() as bars:
         def step() -> None:
             nonlocal done
@@ -131,6 +141,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         truth = layout.truth(data, data.names)
         p2 = train_p2(layout, oof, truth, p2_cfg, log=log)
         step()
+        intervals = calibrate_p2(data, oof, EvalConfig(p1=p1_cfg, p2=p2_cfg, seed=args.seed))
+        step()
+    p2.trained_on["intervals"] = intervals.to_dict()
     metrics = in_sample_metrics(p1, p2, data, layout, oof, seed=args.seed)
     secs = time.perf_counter() - start
     source = table.source
@@ -180,6 +193,32 @@ def cmd_train(args: argparse.Namespace) -> int:
     save_model(p2, out / "p2", p2_card)
     print(json.dumps({"out": str(out), "seconds": round(secs, 1), **{k: round(v, 4) for k, v in metrics.items()}},
                      indent=2))
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Intervals for a refiner trained before they existed: the same inner split as ``train``."""
+    import torch
+
+    from gogh_flows.predict.evaluate import EvalConfig, calibrate_p2, out_of_family_p1
+    from gogh_flows.predict.io import load_p2, record_trained_on
+    from gogh_flows.predict.layout import Layout
+
+    torch.set_num_threads(1)
+    p1_cfg, p2_cfg = _configs(args)
+    model = Path(args.model) / "p2"
+    p2 = load_p2(model)
+    p2_cfg = p2.config if args.p2_epochs is None else p2_cfg
+    if not args.gpu_types:  # the GPU types the refiner was trained on, not all the truth has
+        args.gpu_types = ",".join(p2.layout.gpus)
+    _, full = _data(args)
+    data = full.without(args.exclude_family) if args.exclude_family else full
+    layout = Layout(data.gpus, data.names)
+    oof = out_of_family_p1(data, layout, dict(data.jobs), p1_cfg,
+                           lambda s: print(s, file=sys.stderr, flush=True))
+    intervals = calibrate_p2(data, oof, EvalConfig(p1=p1_cfg, p2=p2_cfg, seed=args.seed))
+    record_trained_on(model, "intervals", intervals.to_dict())
+    print(json.dumps({"model": str(model), **intervals.to_dict()}, indent=2))
     return 0
 
 

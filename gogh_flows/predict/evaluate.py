@@ -30,6 +30,8 @@ from gogh_flows import catalog
 from gogh_flows.predict.baselines import MatrixCompletion, NearestJob, PriorRow, shifted
 from gogh_flows.predict.data import MeasuredSet
 from gogh_flows.predict.encoding import job_summary, roofline
+from gogh_flows.predict.intervals import CASES as INTERVAL_CASES
+from gogh_flows.predict.intervals import Intervals, from_errors
 from gogh_flows.predict.layout import Layout
 from gogh_flows.predict.p1 import P1Config, P1Model, train_p1
 from gogh_flows.predict.p2 import P2Config, P2Model, train_p2
@@ -364,25 +366,38 @@ def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], la
 
 
 def inner_abs_errors(full: MeasuredSet, train: MeasuredSet, layout: Layout, oof: np.ndarray,
-                     config: EvalConfig) -> dict[str, dict[str, np.ndarray]]:
+                     config: EvalConfig, methods: Sequence[str] = METHODS,
+                     protocols: Sequence[str] = INTERVAL_PROTOCOLS) -> dict[str, dict[str, np.ndarray]]:
     """Every method's errors on the inner split: each training family in turn, predicted by
     methods fitted on the other training families (P1: its out-of-family vectors; P2: trained
     on the others' out-of-family vectors). What the intervals are calibrated on, so the
     held-out family never shapes its own interval."""
-    pooled: dict[str, dict[str, list[np.ndarray]]] = {m: {p: [] for p in INTERVAL_PROTOCOLS} for m in METHODS}
+    pooled: dict[str, dict[str, list[np.ndarray]]] = {m: {p: [] for p in protocols} for m in methods}
     row = {n: i for i, n in enumerate(train.names)}
     for fam in train.families:
         rest = train.without([fam])
         names = train.of_family(fam)
         rest_rows = [row[n] for n in rest.names]
         p2 = train_p2(layout, oof[rest_rows], layout.truth(rest, rest.names), config.p2)
-        methods = build_methods(full, rest, names, layout, oof[[row[n] for n in names]], p2, config.seed)
+        built = build_methods(full, rest, names, layout, oof[[row[n] for n in names]], p2, config.seed)
         truth = layout.truth(train, names)
-        for name, fn in methods.items():
-            errs = score_all(fn, truth, layout).abs_errors
-            for p in INTERVAL_PROTOCOLS:
+        for name in methods:
+            errs = score_all(built[name], truth, layout).abs_errors
+            for p in protocols:
                 pooled[name][p].append(errs[p])
     return {m: {p: np.concatenate(v) if v else np.empty(0) for p, v in by.items()} for m, by in pooled.items()}
+
+
+def calibrate_p2(data: MeasuredSet, oof: np.ndarray, config: EvalConfig) -> Intervals:
+    """The refiner's intervals (:mod:`gogh_flows.predict.intervals`) for a P2 trained on ``data``:
+    every family of ``data`` predicted by a P2 trained on the others' out-of-family P1 vectors
+    (``oof``), the absolute log errors of each case, their conformal quantiles per level."""
+    layout = Layout(data.gpus, data.names)
+    errs = inner_abs_errors(data, data, layout, oof, config, methods=("p2",), protocols=tuple(INTERVAL_CASES))["p2"]
+    return from_errors({case: errs[case] for case in INTERVAL_CASES},
+                       f"split conformal on {len(data.families)} families left out in turn "
+                       f"({', '.join(data.families)}), {len(data.names)} job types, GPU types "
+                       f"{', '.join(data.gpus)}", conformal_halfwidth)
 
 
 def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalConfig(),

@@ -115,6 +115,16 @@ def load_p2(directory: str | Path) -> P2Model:
     return model
 
 
+def record_trained_on(directory: str | Path, key: str, value: object) -> Path:
+    """Add ``trained_on[key] = value`` to a saved model's ``config.json``; the weights (and their
+    recorded hash) stay byte for byte as they were. What ``gogh predictors calibrate`` writes."""
+    path = Path(directory) / CONFIG
+    config = json.loads(path.read_text())
+    config.setdefault("trained_on", {})[key] = value
+    path.write_text(json.dumps(_plain(config), indent=2, sort_keys=True) + "\n")
+    return path
+
+
 def read_card(directory: str | Path) -> str | None:
     p = Path(directory) / CARD
     return p.read_text() if p.is_file() else None
@@ -208,5 +218,5 @@ def _plain(x):
 
 __all__ = [
     "CARD", "CONFIG", "WEIGHTS", "ModelFormatError", "UnsafeModelError", "load_model", "load_p1",
-    "load_p2", "read_card", "save_model",
+    "load_p2", "read_card", "record_trained_on", "save_model",
 ]

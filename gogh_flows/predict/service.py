@@ -31,6 +31,7 @@ import numpy as np
 import polars as pl
 
 from gogh_flows.catalog import get_gpu_type
+from gogh_flows.predict.intervals import Intervals, NoIntervalsError
 from gogh_flows.predict.data import MeasuredSet, UnknownJobFeaturesError, zoo_jobs
 from gogh_flows.predict.evaluate import out_of_family_p1, p1_vectors
 from gogh_flows.predict.layout import Layout
@@ -118,10 +119,21 @@ class ThroughputPredictor:
         self._priors: dict[tuple[str, tuple[str, ...]], np.ndarray | None] = {}
 
     # -- public ------------------------------------------------------------------------------
+    @property
+    def intervals(self) -> Intervals | None:
+        """The refiner's calibrated intervals (``gogh predictors train`` stores them), or None."""
+        d = (self.p2.trained_on or {}).get("intervals") if self.p2 is not None else None
+        return Intervals.from_dict(d) if d else None
+
     def predict_table(self, jobs: Mapping[str, WorkloadFeatures], gpu_types: Sequence[str],
-                      observations: pl.DataFrame | None = None) -> ThroughputTable:
+                      observations: pl.DataFrame | None = None, risk: float | None = None) -> ThroughputTable:
         """Isolated rows for every job x type, pair rows for every pair of ``jobs`` (a job with
-        itself included) x type; scale factor 1."""
+        itself included) x type; scale factor 1.
+
+        ``risk``: the lower end of the refiner's ``risk`` interval instead of the point
+        prediction (:mod:`gogh_flows.predict.intervals`): wide for a job with nothing measured,
+        narrower once any of its entries has been; a measured entry stays its measurement.
+        """
         names = tuple(jobs)
         if not names:
             raise ValueError("predict_table needs at least one job")
@@ -132,7 +144,33 @@ class ThroughputPredictor:
             get_gpu_type(g)  # unknown type -> error naming it
         obs = _aggregate(observations_frame(observations) if observations is not None else observations_frame())
         iso, pair = self._predict(dict(jobs), gpus, obs)
+        if risk is not None:
+            iso, pair = self._lower_bounds(names, gpus, obs, iso, pair, risk)
         return _table(names, gpus, iso, pair, _activities(jobs, names, gpus))
+
+    def _lower_bounds(self, names: tuple[str, ...], gpus: tuple[str, ...], obs: _Observed, iso: np.ndarray,
+                      pair: np.ndarray, risk: float) -> tuple[np.ndarray, np.ndarray]:
+        intervals = self.intervals
+        if intervals is None:
+            raise NoIntervalsError(
+                f"risk level {risk:g} asks for the refiner's calibrated intervals, and this predictor has none "
+                f"({'no refiner' if self.p2 is None else 'its P2 was trained before intervals were calibrated'}); "
+                "train it with `gogh predictors train` (or add them with `gogh predictors calibrate`), or set "
+                "PlacementPolicy(risk_level=None) to plan with the point predictions")
+        measured = {j for (j, _, _) in obs.values}
+        seen = set(obs.values)
+        iso, pair = iso.copy(), pair.copy()
+        for i, j in enumerate(names):
+            known = j in measured
+            shrink_iso = math.exp(-intervals.halfwidth("isolated_1obs" if known else "isolated", risk))
+            shrink_pair = math.exp(-intervals.halfwidth("colocated_1obs" if known else "colocated", risk))
+            for c, g in enumerate(gpus):
+                if (j, None, g) not in seen:
+                    iso[i, c] *= shrink_iso
+                for k, p in enumerate(names):
+                    if (j, p, g) not in seen:
+                        pair[i, k, c] *= shrink_pair
+        return iso, pair
 
     def refine_error(self, features: Mapping[str, WorkloadFeatures], train_obs: pl.DataFrame,
                      test_obs: pl.DataFrame, *, hide_same_entry: bool = True) -> dict:

@@ -14,7 +14,10 @@ its threshold in the report:
   while changing the isolated ones).
 
 Flagged entries are reported; excluding them is the caller's choice
-(``gogh predictors evaluate --exclude-anomalies``), and the report says which was made.
+(``gogh predictors evaluate --exclude-anomalies``), and the report says which was made. A
+flag is not proof: on the synthetic fleet the check flags A3C, whose host-bound step gains
+little from a faster GPU by construction; on Gavel's measured file it flags only the
+Recommendation entries above.
 """
 
 from __future__ import annotations
