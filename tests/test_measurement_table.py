@@ -12,6 +12,7 @@ import pytest
 
 from gogh_flows.tracking.measurements import LEGACY_TABLE, SCHEMA, Measurement, MeasurementLog, read_measurements
 from gogh_flows.tracking.table import MeasurementTable
+from together import run_threads_beside
 
 
 def row(i: int, key: str | None = None, **over) -> dict:
@@ -145,13 +146,7 @@ def test_threads_and_processes_appending_and_merging_at_once(tmp_path):
     for p in procs:
         p.start()
     threads = [threading.Thread(target=writer, args=(t,)) for t in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for p in procs:
-        p.join(timeout=120)
-        assert p.exitcode == 0
+    run_threads_beside(threads, procs)
     stop.set()
     watcher.join()
     assert not errors

@@ -30,6 +30,7 @@ from gogh_flows.tracking import (
     verify_weights_only,
 )
 from gogh_flows.tracking.measurements import COMPLETE_TAG, KEY_TAG
+from together import run_threads_beside
 
 # imported here, not in a test: importing Prefect configures logging, which would drop
 # the handler caplog installed for that test
@@ -434,13 +435,7 @@ def test_concurrent_threads_and_processes_lose_no_row(mlog: MeasurementLog, uri:
             errors.append(exc)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(1, 41)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for p in procs:
-        p.join(timeout=120)
-        assert p.exitcode == 0
+    run_threads_beside(threads, procs)
     assert not errors
     table = mlog.read()
     assert table.height == 1 + 40 + 10
