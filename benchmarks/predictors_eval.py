@@ -6,7 +6,7 @@
   encoder (gru, ff, transformer). The encoder with the lowest mean isolated MAPE over the
   held-out families is the default (model selection by cross-validation over families).
   -> benchmarks/results/predictors_encoders.{json,md}
-* ``tables``: markdown tables of benchmarks/results/predictors_gavel.json (the CLI report).
+* ``tables [REPORT]``: markdown tables of a CLI report (default benchmarks/results/predictors_gavel.json).
 * ``latency``: ``ThroughputPredictor.predict_table`` for 10 jobs x 8 GPU types with the
   shipped synthetic prior (models/synthetic), warm, with one observation per job.
   -> benchmarks/results/predictors_latency.json
@@ -129,7 +129,7 @@ def tables(path: Path = RESULTS / "predictors_gavel.json") -> str:
     lines = ["male: mean absolute log error (0.693 = a factor 2 on average); iso 1obs ratio: median of "
              "max(pred/true, true/pred); MAPE in %.", ""]
     lines += block(list(report["families"].items()))
-    lines += ["", "Means (over the 7 families; over the 26 job types, each equal):", ""]
+    lines += ["", f"Means (over the {len(report['families'])} families; over the {len(report.get('jobs', {}))} job types, each equal):", ""]
     lines += block([("**mean, families**", report["mean"]), ("**mean, job types**", report["mean_over_jobs"])])
     fams = report["families"]
     duels = [("isolated_male_1obs", "type_mean", "ratio (observation x training mean ratio)"),
@@ -188,5 +188,5 @@ if __name__ == "__main__":
         encoders()
     if what in ("latency", "all"):
         latency()
-    if what == "tables":
-        tables()
+    if what == "tables":  # tables [REPORT.json]: the Gavel report by default
+        tables(Path(sys.argv[2])) if len(sys.argv) > 2 else tables()
