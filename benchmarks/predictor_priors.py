@@ -42,7 +42,7 @@ CLIPS = (0.25, 0.5, 0.75, 1.0, 1.5)
 
 
 def iso_male(pred: np.ndarray, truth: np.ndarray, g: int) -> float:
-    ale, _ = ev._entry_errors(pred[:, :g].ravel(), truth[:, :g].ravel(), np.ones(truth[:, :g].size, dtype=bool))
+    ale, _, _ = ev._entry_errors(pred[:, :g].ravel(), truth[:, :g].ravel(), np.ones(truth[:, :g].size, dtype=bool))
     return float(np.mean(ale))
 
 

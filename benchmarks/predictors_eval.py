@@ -50,7 +50,7 @@ def encoders(seed: int = 0) -> dict:
             model = train_p1(train, P1Config(encoder=enc, seed=seed))
             vec = p1_vectors(model, layout, test, dict(full.jobs))
             truth = layout.truth(full, test)
-            s = score(lambda i, obs: vec[i], truth, layout, 1, seed)
+            s = score(lambda i, obs: vec[i], truth, layout)
             out["families"].setdefault(fam, {})[enc] = {k: s[k] for k in ("isolated_mape", "colocated_mape")}
             print(f"{enc} {fam}: iso {s['isolated_mape']:.3f} co {s['colocated_mape']:.3f}", flush=True)
         out["seconds"][enc] = round(time.perf_counter() - start, 1)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-import polars as pl
 import pytest
 
 from gogh_flows.predict.data import MeasuredSet

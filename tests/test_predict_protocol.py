@@ -20,9 +20,10 @@ LAYOUT = Layout(("k80", "p100", "v100"), ("a", "b"))  # 3 isolated entries, then
 def test_a_missing_prediction_on_a_measured_entry_counts_as_a_factor_ten():
     true = np.log(np.array([1.0, 2.0, np.nan, 4.0]))
     pred = np.log(np.array([1.0, np.nan, 5.0, 8.0]))  # entry 1: "does not fit"; entry 2 was never measured
-    ale, ape = ev._entry_errors(pred, true, np.ones(4, dtype=bool))
+    ale, ape, missed = ev._entry_errors(pred, true, np.ones(4, dtype=bool))
     assert ale.tolist() == pytest.approx([0.0, math.log(ev.MISS_FACTOR), math.log(2.0)])
     assert ape.tolist() == pytest.approx([0.0, 1.0, 1.0])
+    assert missed.tolist() == [False, True, False]
 
 
 def test_every_gpu_type_is_revealed_in_turn_and_the_scores_repeat_exactly():

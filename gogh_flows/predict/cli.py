@@ -144,7 +144,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         intervals = calibrate_p2(data, oof, EvalConfig(p1=p1_cfg, p2=p2_cfg, seed=args.seed))
         step()
     p2.trained_on["intervals"] = intervals.to_dict()
-    metrics = in_sample_metrics(p1, p2, data, layout, oof, seed=args.seed)
+    metrics = in_sample_metrics(p1, p2, data, layout, oof)
     secs = time.perf_counter() - start
     source = table.source
     excluded = ", ".join(args.exclude_family) if args.exclude_family else "none"

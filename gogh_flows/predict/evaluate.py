@@ -121,16 +121,17 @@ def out_of_family_p1(data: MeasuredSet, layout: Layout, features: Mapping[str, W
 
 def _mape_entries(pred_log: np.ndarray, true_log: np.ndarray, where: np.ndarray) -> list[float]:
     """Absolute percentage errors of the measured entries in ``where``; a missing prediction counts 100%."""
-    _, ape = _entry_errors(pred_log, true_log, where)
+    _, ape, _ = _entry_errors(pred_log, true_log, where)
     return list(ape)
 
 
-def _entry_errors(pred_log: np.ndarray, true_log: np.ndarray, where: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(absolute log error, absolute percentage error) of every measured entry in ``where``.
+def _entry_errors(pred_log: np.ndarray, true_log: np.ndarray,
+                  where: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(absolute log error, absolute percentage error, missed) of every measured entry in ``where``.
 
     Every measured entry is scored, whatever the method predicted there: no prediction, or a
     "does not fit", counts as :data:`MISS_FACTOR` off, so a wrong out-of-memory verdict is
-    never free and every method is scored on the same entries.
+    never free and every method is scored on the same entries; ``missed`` marks those.
     """
     m = where & np.isfinite(true_log)
     pred, true = pred_log[m], true_log[m]
@@ -139,7 +140,7 @@ def _entry_errors(pred_log: np.ndarray, true_log: np.ndarray, where: np.ndarray)
     ale = np.where(ok, np.abs(d), math.log(MISS_FACTOR))
     with np.errstate(over="ignore"):
         ape = np.where(ok, np.abs(np.expm1(d)), 1.0)
-    return ale, ape
+    return ale, ape, ~ok
 
 
 def _reveals(known: np.ndarray, kind: str, n: int, n_gpus: int) -> list[tuple[int, ...]]:
@@ -212,11 +213,9 @@ def score_all(complete: Callable[[int, np.ndarray], np.ndarray], truth: np.ndarr
                 for k in shown:
                     obs[k] = row[k]
                     hidden[k] = False
-                pred = complete(i, obs)
-                ale, ape = _entry_errors(pred, row, hidden)
-                scored = hidden & np.isfinite(row)
-                raw.append(np.where(np.isfinite(pred[scored]), np.abs(pred[scored] - row[scored]), np.inf))
-                miss += int(np.sum(~np.isfinite(pred[hidden & np.isfinite(row)])))
+                ale, ape, missed = _entry_errors(complete(i, obs), row, hidden)
+                raw.append(np.where(missed, np.inf, ale))
+                miss += int(missed.sum())
                 job_ale += ale.tolist()
                 job_ape += ape.tolist()
                 if protocol == "isolated_1obs" and len(ale):
@@ -253,14 +252,20 @@ def conformal_halfwidth(abs_errors: np.ndarray, level: float) -> float:
     return float(errs[min(k, errs.size) - 1]) if k <= errs.size else math.inf
 
 
-def coverage(abs_errors: np.ndarray, halfwidth: float) -> float:
-    """Share of entries inside ``pred x/÷ exp(halfwidth)``; a missing prediction (inf) never is.
+def inside(abs_errors: np.ndarray, halfwidth: float) -> tuple[int, int]:
+    """(entries inside ``pred x/÷ exp(halfwidth)``, entries); a missing prediction (inf) never is.
     Too few calibration errors for the level give an infinite half-width, which covers every
     entry that has a prediction (and says nothing useful: the half-width is reported too)."""
     errs = np.asarray(abs_errors, dtype=float)
-    if not errs.size or math.isnan(halfwidth):
-        return math.nan
-    return float(np.mean(np.isfinite(errs) & (errs <= halfwidth)))
+    if math.isnan(halfwidth):
+        return 0, 0
+    return int(np.sum(np.isfinite(errs) & (errs <= halfwidth))), int(errs.size)
+
+
+def coverage(abs_errors: np.ndarray, halfwidth: float) -> float:
+    """Share of entries inside the interval (:func:`inside`); NaN when there is none to count."""
+    n_in, n = inside(abs_errors, halfwidth)
+    return n_in / n if n else math.nan
 
 
 def interval_name(protocol: str, what: str, level: float) -> str:
@@ -273,10 +278,8 @@ INTERVAL_METRICS = tuple(interval_name(p, w, lv) for p in INTERVAL_PROTOCOLS for
 METRICS = SCORE_METRICS + INTERVAL_METRICS + ("isolated_mape_1obs_siblings",)
 
 
-def score(complete: Callable[[int, np.ndarray], np.ndarray], truth: np.ndarray, layout: Layout,
-          repeats: int = 1, seed: int = 0) -> dict[str, float]:
-    """The pooled figures of :func:`score_all` (``repeats`` and ``seed`` are kept for callers of
-    the earlier, random protocol; the protocol is deterministic now)."""
+def score(complete: Callable[[int, np.ndarray], np.ndarray], truth: np.ndarray, layout: Layout) -> dict[str, float]:
+    """The pooled figures of :func:`score_all`."""
     return score_all(complete, truth, layout).pooled
 
 
@@ -428,12 +431,10 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
             for p in INTERVAL_PROTOCOLS:
                 for level in LEVELS:
                     half = conformal_halfwidth(calib[name][p], level)
+                    n_in, n = inside(sc.abs_errors[p], half)
                     metrics[name][interval_name(p, "halfwidth", level)] = half
-                    metrics[name][interval_name(p, "cover", level)] = coverage(sc.abs_errors[p], half)
-                    errs = sc.abs_errors[p]
-                    covered[name][interval_name(p, "cover", level)] = (
-                        int(np.sum(np.isfinite(errs) & (errs <= half))) if not math.isnan(half) else 0,
-                        int(errs.size))
+                    metrics[name][interval_name(p, "cover", level)] = n_in / n if n else math.nan
+                    covered[name][interval_name(p, "cover", level)] = (n_in, n)
     test_summary = [job_summary(full.jobs[n]) for n in test]
     test_flops = [math.log(full.jobs[n].step_flops) for n in test]
     fam = {n: holdout for n in test}
@@ -481,8 +482,8 @@ def roofline_log(data: MeasuredSet, names: Sequence[str]) -> np.ndarray:
     return np.array([[-float(roofline(data.jobs[n], gt)[0]) for gt in gpus] for n in names])
 
 
-def in_sample_metrics(p1: P1Model, p2: P2Model, data: MeasuredSet, layout: Layout, oof_p1: np.ndarray,
-                      *, repeats: int = 3, seed: int = 0) -> dict[str, float]:
+def in_sample_metrics(p1: P1Model, p2: P2Model, data: MeasuredSet, layout: Layout,
+                      oof_p1: np.ndarray) -> dict[str, float]:
     """Training-set figures for a model card: P1's fit, and P2's correction of out-of-family P1.
 
     Not a measure of generalisation (that is :func:`leave_one_family_out`); it shows the
@@ -490,9 +491,9 @@ def in_sample_metrics(p1: P1Model, p2: P2Model, data: MeasuredSet, layout: Layou
     """
     truth = layout.truth(data, data.names)
     own = p1_vectors(p1, layout, data.names, dict(data.jobs))
-    s_p1 = score(lambda i, obs: np.where(np.isfinite(obs), obs, own[i]), truth, layout, 1, seed)
-    s_oof = score(lambda i, obs: np.where(np.isfinite(obs), obs, oof_p1[i]), truth, layout, 1, seed)
-    s_p2 = score(lambda i, obs: p2.refine(oof_p1[i], obs)[0], truth, layout, repeats, seed)
+    s_p1 = score(lambda i, obs: np.where(np.isfinite(obs), obs, own[i]), truth, layout)
+    s_oof = score(lambda i, obs: np.where(np.isfinite(obs), obs, oof_p1[i]), truth, layout)
+    s_p2 = score(lambda i, obs: p2.refine(oof_p1[i], obs)[0], truth, layout)
     return {
         "p1_isolated_mape": s_p1["isolated_mape"], "p1_colocated_mape": s_p1["colocated_mape"],
         "oof_p1_isolated_mape": s_oof["isolated_mape"], "oof_p1_colocated_mape": s_oof["colocated_mape"],

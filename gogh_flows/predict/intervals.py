@@ -16,7 +16,6 @@ never calibrated on itself. Stored in P2's ``trained_on["intervals"]`` (JSON, wi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -76,8 +75,7 @@ def from_errors(errors: Mapping[str, np.ndarray], calibration: str, conformal: C
         if errs.size == 0:
             raise ValueError(f"no calibration errors for {case!r}: the data has too few families or entries")
         top = float(errs.max())
-        widths[case] = tuple(min(conformal(errs, lv), top) if math.isfinite(conformal(errs, lv)) else top
-                             for lv in LEVELS)
+        widths[case] = tuple(min(conformal(errs, lv), top) for lv in LEVELS)  # inf (too few errors): the top
     return Intervals(LEVELS, widths, calibration)
 
 
