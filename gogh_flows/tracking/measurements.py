@@ -36,7 +36,7 @@ import polars as pl
 from filelock import FileLock
 from mlflow.entities import Metric, Param, RunTag
 
-from gogh_flows.tracking.table import MeasurementTable, read_table_folder
+from gogh_flows.tracking.table import MeasurementTable, read_table_folder, unique_rows, with_schema
 from gogh_flows.tracking.backend import (
     as_uri,
     check_reachable,
@@ -226,9 +226,7 @@ def read_measurements(path: str | os.PathLike[str]) -> pl.DataFrame:
         raise FileNotFoundError(f"no measurement table at {path}: give a MeasurementLog's root (e.g. "
                                 f"$GOGH_HOME/measurements, holding {TABLE_DIR}/), its {TABLE_DIR}/ folder, or a "
                                 f"{LEGACY_TABLE} file of an earlier version")
-    missing = [pl.lit(None, dtype=t).alias(c) for c, t in SCHEMA.items() if c not in frame.columns]
-    frame = frame.with_columns(missing).select(list(SCHEMA))
-    return frame.sort("logged_at", nulls_last=True).unique("key", keep="first").sort(["started_at", "key"])
+    return unique_rows(with_schema(frame, SCHEMA)).sort(["started_at", "key"])
 
 
 class MeasurementLog:
@@ -274,10 +272,10 @@ class MeasurementLog:
     def spool_dir(self) -> Path:
         return self.root / SPOOL_DIR
 
-    def _lock(self, name: str = ".measurements.lock") -> FileLock:
+    def _spool_lock(self) -> FileLock:
         # A fresh FileLock per use: flock() on separate descriptors excludes threads of this
-        # process as well as other processes.
-        return FileLock(str(self.root / name), timeout=_LOCK_TIMEOUT_S)
+        # process as well as other processes. (The table needs none: tracking.table.)
+        return FileLock(str(self.root / ".spool.lock"), timeout=_LOCK_TIMEOUT_S)
 
     # -- the parquet table ---------------------------------------------------------------
     def _append(self, m: Measurement) -> bool:
@@ -384,7 +382,7 @@ class MeasurementLog:
                         len(self.spooled()), self.spool_dir, exc)
             return 0
         written = 0
-        with self._lock(".spool.lock"):
+        with self._spool_lock():
             for path in self.spooled():
                 try:
                     m = Measurement.from_row(json.loads(path.read_text(encoding="utf-8")))

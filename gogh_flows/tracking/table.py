@@ -181,7 +181,7 @@ class MeasurementTable:
         return sorted(self.segments_dir.glob(f"L{level:02d}-*.parquet"))
 
     def _merge(self, files: list[Path], *, level: int) -> None:
-        frame = _unique_rows(self._read_files(files, self.schema))
+        frame = unique_rows(self._read_files(files, self.schema))
         self._write(frame, self.segments_dir, f"L{level:02d}-{time.time_ns():020d}-{uuid.uuid4().hex[:12]}")
         for path in files:  # the merged copy is in place first: a crash here only doubles rows
             path.unlink(missing_ok=True)
@@ -191,9 +191,9 @@ class MeasurementTable:
         with self._merge_lock():
             if not legacy.exists():
                 return  # another process took it in meanwhile
-            frame = _with_schema(pl.read_parquet(legacy), self.schema)
+            frame = with_schema(pl.read_parquet(legacy), self.schema)
             if frame.height:
-                self._write(_unique_rows(frame), self.segments_dir,
+                self._write(unique_rows(frame), self.segments_dir,
                             f"L00-{time.time_ns():020d}-legacy-{uuid.uuid4().hex[:8]}")
                 for key in frame.get_column("key").to_list():
                     self._claim(str(key))
@@ -236,7 +236,7 @@ def read_table_folder(root: str | os.PathLike[str], schema: Mapping[str, pl.Data
         parts = sorted((root / "parts").glob("*.parquet"))
         segments = sorted((root / "segments").glob("*.parquet"))
         try:
-            frame = _unique_rows(MeasurementTable._read_files(segments + parts, schema))
+            frame = unique_rows(MeasurementTable._read_files(segments + parts, schema))
         except FileNotFoundError:
             continue
         if sorted((root / "segments").glob("*.parquet")) == segments:
@@ -246,16 +246,18 @@ def read_table_folder(root: str | os.PathLike[str], schema: Mapping[str, pl.Data
                        "read it again")
 
 
-def _with_schema(frame: pl.DataFrame, schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
+def with_schema(frame: pl.DataFrame, schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
     """``frame`` with every column of ``schema`` (those added since it was written: empty), in order."""
     missing = [pl.lit(None, dtype=dtype).alias(name) for name, dtype in schema.items() if name not in frame.columns]
     return frame.with_columns(missing).select(list(schema)).cast(dict(schema))
 
 
-def _unique_rows(frame: pl.DataFrame) -> pl.DataFrame:
+def unique_rows(frame: pl.DataFrame) -> pl.DataFrame:
+    """Each key once: the earliest logged (rows with one key are one measurement, logged again)."""
     if frame.is_empty():
         return frame
     return frame.sort("logged_at", nulls_last=True).unique("key", keep="first", maintain_order=True)
 
 
-__all__ = ["FANOUT", "PARTS_PER_SEGMENT", "MeasurementTable", "key_digest", "read_table_folder"]
+__all__ = ["FANOUT", "PARTS_PER_SEGMENT", "MeasurementTable", "key_digest", "read_table_folder", "unique_rows",
+           "with_schema"]
