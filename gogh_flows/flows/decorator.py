@@ -110,7 +110,7 @@ def gogh_placed(
         if base is None:
             return PlacedFlow(fn=wrapper)
         placed = base.with_options()
-        placed.__class__ = PlacedFlow  # a Flow with one more behaviour (its __call__), no new state
+        placed.__class__ = PlacedFlow  # a Flow with one more behaviour (its __signature__ guard), no new state
         placed.fn = wrapper
         return placed
 

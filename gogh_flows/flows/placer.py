@@ -239,17 +239,18 @@ def explain_rows(job: JobSpec, run_id: str, placement: Placement, gpu_id: str) -
     """The chosen option and the runner-ups, one row each, in the units people read (steps/s, kWh, W)."""
     a = placement.assignment(run_id)
     ex = placement.explanations.get(run_id)
-    chosen = {"rank": "chosen", "where": f"{gpu_id} ({a.gpu_type})" + (f" with {a.partner}" if a.partner else ", alone"),
-              "gpu_type": a.gpu_type, "predicted_steps_per_s": round(a.throughput, 4),
-              "required_steps_per_s": round(job.required_throughput, 4), "predicted_kwh": round(kwh(a.energy_j), 6),
-              "power_limit_w": a.power_limit_w, "not_chosen_because": ""}
-    rows = [chosen]
-    for i, c in enumerate(ex.alternatives[:3] if ex is not None else ()):
-        rows.append({"rank": f"runner-up {i + 1}", "where": c.where, "gpu_type": c.gpu_type,
-                     "predicted_steps_per_s": round(c.throughput, 4),
-                     "required_steps_per_s": round(job.required_throughput, 4),
-                     "predicted_kwh": round(kwh(c.energy_j), 6), "power_limit_w": c.power_limit_w,
-                     "not_chosen_because": placement.runner_up_reason(run_id, c) or "predicted to use no less energy"})
+
+    def row(rank: str, where: str, gpu_type: str, throughput: float, energy_j: float, limit_w: float | None,
+            why: str) -> dict:
+        return {"rank": rank, "where": where, "gpu_type": gpu_type, "predicted_steps_per_s": round(throughput, 4),
+                "required_steps_per_s": round(job.required_throughput, 4), "predicted_kwh": round(kwh(energy_j), 6),
+                "power_limit_w": limit_w, "not_chosen_because": why}
+
+    rows = [row("chosen", f"{gpu_id} ({a.gpu_type})" + (f" with {a.partner}" if a.partner else ", alone"),
+                a.gpu_type, a.throughput, a.energy_j, a.power_limit_w, "")]
+    rows += [row(f"runner-up {i + 1}", c.where, c.gpu_type, c.throughput, c.energy_j, c.power_limit_w,
+                 placement.runner_up_reason(run_id, c) or "predicted to use no less energy")
+             for i, c in enumerate(ex.alternatives[:3] if ex is not None else ())]
     return tuple(rows)
 
 
