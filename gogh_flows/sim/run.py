@@ -16,6 +16,8 @@ from gogh_flows.catalog import get_gpu_type
 from gogh_flows.placement import POLICIES, GoghOptimizer, Gpu, get_policy
 from gogh_flows.placement.problem import TableThroughputs, Throughputs
 from gogh_flows.sim.engine import SimConfig, SimJob, SimResult, simulate
+from gogh_flows.sim.gavel import GAVEL_POLICIES, make_gavel_policy
+from gogh_flows.sim.rounds import RoundConfig, simulate_rounds
 from gogh_flows.sim.traces import assign_requirements
 from gogh_flows.truth.table import ThroughputTable
 
@@ -36,7 +38,10 @@ LIMIT_POLICIES = tuple(f"{p}{LIMITS_SUFFIX}" for p in OPTIMIZER_POLICIES)
 FLEET_POLICIES = tuple(f"{p}{m}{FLEET_SUFFIX}" for p in OPTIMIZER_POLICIES for m in ("", LIMITS_SUFFIX))
 DEFAULT_LIMIT_LEVELS = (0.0, 0.25, 0.5, 0.75)
 FLEET_REOPT_S = 1800.0
-ALL_POLICIES = SIM_POLICIES + LEARNED_POLICIES + LIMIT_POLICIES + FLEET_POLICIES
+#: The peers (issue: the peers, side by side), run in rounds with time slicing
+#: (``sim.rounds``); each reconstructs a published system, see its module.
+PEER_POLICIES = GAVEL_POLICIES
+ALL_POLICIES = SIM_POLICIES + LEARNED_POLICIES + LIMIT_POLICIES + FLEET_POLICIES + PEER_POLICIES
 
 
 def base_policy(name: str) -> str:
@@ -115,6 +120,7 @@ class SimPolicy:
     policy: object
     planning: Throughputs
     reoptimize_s: float = 0.0  # fleet-level re-optimisation period (0: per arrival only)
+    rounds: bool = False  # a round-based allocator (sim.rounds) rather than a placement policy
 
 
 def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
@@ -140,6 +146,8 @@ def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
         types = list(gpu_types) if gpu_types is not None else list(truth.gpu_types)
         return SimPolicy(name, GoghOptimizer(time_limit_s=time_limit_s, name=name),
                          LearnedThroughputs(predictors, types, refine=(name == "gogh")))
+    if name in PEER_POLICIES:
+        return SimPolicy(name, make_gavel_policy(name, seed), TableThroughputs(truth), rounds=True)
     if name == "oracle":
         return SimPolicy(name, GoghOptimizer(time_limit_s=time_limit_s, name="oracle"),
                          TableThroughputs(truth))
@@ -147,6 +155,12 @@ def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
         policy = get_policy(name, seed=seed) if name == "random" else get_policy(name)
         return SimPolicy(name, policy, TableThroughputs(truth))
     raise ValueError(f"unknown simulation policy {name!r}; choose from: {', '.join(ALL_POLICIES)}")
+
+
+def round_config(config: SimConfig) -> RoundConfig:
+    """The round-based engine's settings that a ``SimConfig`` carries (Gavel's round and reset)."""
+    return RoundConfig(seed=config.seed, noise=config.noise, park_idle=config.park_idle,
+                       horizon_s=config.horizon_s)
 
 
 def run_policies(
@@ -173,10 +187,14 @@ def run_policies(
     out: dict[str, SimResult] = {}
     for p in policies:
         cb = (lambda done, total, name=p.name: progress(name, done, total)) if progress else None
-        out[p.name] = simulate(jobs, gpus, truth, p.policy, planning=p.planning,
-                               config=config, progress=cb, reoptimize_s=p.reoptimize_s)
+        if p.rounds:
+            out[p.name] = simulate_rounds(jobs, gpus, truth, p.policy, config=round_config(config),
+                                          progress=cb)
+        else:
+            out[p.name] = simulate(jobs, gpus, truth, p.policy, planning=p.planning,
+                                   config=config, progress=cb, reoptimize_s=p.reoptimize_s)
     return out
 
 
-__all__ = ["ALL_POLICIES", "DEFAULT_LIMIT_LEVELS", "FLEET_POLICIES", "FLEET_REOPT_S", "LEARNED_POLICIES",
+__all__ = ["PEER_POLICIES", "round_config", "ALL_POLICIES", "DEFAULT_LIMIT_LEVELS", "FLEET_POLICIES", "FLEET_REOPT_S", "LEARNED_POLICIES",
            "LIMIT_POLICIES", "base_policy", "SIM_POLICIES", "SimPolicy", "best_isolated", "prepare_jobs", "reference_throughput", "make_policy", "parse_cluster", "run_policies"]
