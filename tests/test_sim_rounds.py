@@ -12,8 +12,9 @@ from gogh_flows.placement import Gpu
 from gogh_flows.sim.account import energy_accounts
 from gogh_flows.sim.engine import SimConfig
 from gogh_flows.sim.gavel import GAVEL_POLICIES, GavelFifo, make_gavel_policy
+from gogh_flows.sim.hadar import HADAR_POLICIES, make_hadar_policy
 from gogh_flows.sim.rounds import AllocationState, RoundConfig, round_order, simulate_rounds
-from gogh_flows.sim.run import PEER_POLICIES, parse_cluster, prepare_jobs, run_policies
+from gogh_flows.sim.run import PEER_POLICIES, make_peer, parse_cluster, prepare_jobs, run_policies
 from gogh_flows.sim.traces import read_trace
 from test_sim_engine import J, _random_stream, _table
 
@@ -45,13 +46,15 @@ def _states(draw):
 
 
 @settings(max_examples=60, deadline=None)
-@given(_states(), st.sampled_from(["gavel-fifo-perf", *LP_POLICIES]))
+@given(_states(), st.sampled_from(["gavel-fifo-perf", *LP_POLICIES, *HADAR_POLICIES]))
 def test_every_allocation_fits_the_cluster(state, name):
-    """Time fractions in [0, 1], at most 1 per job, no type over-committed, none where a job cannot run."""
-    x = make_gavel_policy(name).allocate(state)
+    """Time fractions in [0, 1], at most 1 per job (HadarE: one per copy), no type
+    over-committed, none where a job cannot run."""
+    pol = make_peer(name)
+    x = pol.allocate(state)
     assert x.shape == state.rate.shape
     assert (x >= -1e-9).all() and (x <= 1 + 1e-9).all()
-    assert (x.sum(axis=1) <= 1 + 1e-6).all()
+    assert (x.sum(axis=1) <= getattr(pol, "max_copies", 1) + 1e-6).all()
     assert ((state.scale[:, None] * x).sum(axis=0) <= state.capacity + 1e-6).all()
     assert (x[state.rate <= 0] == 0).all()
 
@@ -123,7 +126,7 @@ def test_time_slicing_on_one_gpu_by_hand():
 def test_conservation_and_power_integral(name):
     jobs = _random_stream(40, seed=3)
     gpus = [Gpu(f"v{i}", "v100") for i in range(3)] + [Gpu(f"t{i}", "t4") for i in range(3)]
-    res = simulate_rounds(jobs, gpus, _table(), make_gavel_policy(name), config=RoundConfig(round_s=60.0))
+    res = simulate_rounds(jobs, gpus, _table(), make_peer(name), config=RoundConfig(round_s=60.0))
     for j in jobs:
         rec = res.jobs[j.id]
         assert rec.finished_s is not None, j.id
@@ -197,3 +200,24 @@ def test_calibration_against_gavels_own_figures(gavel_dir, gavel_table, policy, 
 
 def test_every_gavel_name_is_a_simulation_policy():
     assert set(GAVEL_POLICIES) <= set(PEER_POLICIES)
+
+
+def test_hadar_leaves_a_fast_type_to_the_job_that_gains_most():
+    """Prices rise as the fast type fills: the job that loses little on the slow type takes
+    it, and the fast GPU goes to a later job that would run 10x slower elsewhere."""
+    state = _state(rate=[[10.0, 1.0], [10.0, 9.0], [10.0, 1.0]], scale=[1, 1, 1], capacity=[2, 2])
+    x = make_hadar_policy("hadar").allocate(state)
+    assert x.tolist() == [[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]
+    fifo = make_gavel_policy("gavel-fifo-perf").allocate(state)
+    assert fifo[2].tolist() == [0.0, 1.0]  # first come, fastest type: the last job gets the slow one
+
+
+def test_hadare_forks_a_job_onto_free_types_and_its_copies_add_up():
+    jobs = [J("x", "a", 1400.0, 0.0, 1.0)]  # job type "a": 10 steps/s on a V100, 4 on a T4
+    gpus = [Gpu("v", "v100"), Gpu("t", "t4")]
+    res = simulate_rounds(jobs, gpus, _table(), make_hadar_policy("hadare"))
+    assert res.jobs["x"].finished_s == pytest.approx(100.0)  # 1400 steps at 10 + 4 steps/s
+    alone = simulate_rounds(jobs, gpus, _table(), make_hadar_policy("hadar"))
+    assert alone.jobs["x"].finished_s == pytest.approx(140.0)
+    with pytest.raises(ValueError, match="hadare"):
+        make_hadar_policy("hadarx")

@@ -109,8 +109,11 @@ class Allocator(Protocol):
     def allocate(self, state: AllocationState) -> np.ndarray: ...
 
 
-#: An allocator may set ``shuffle_types = True``: its rounds then serve the types in a
-#: seeded random order, as Gavel does for heterogeneity-agnostic policies.
+#: Optional allocator attributes the engine honours: ``shuffle_types = True`` serves the
+#: types in a seeded random order each round (Gavel, for heterogeneity-agnostic policies);
+#: ``reset_s`` replaces ``RoundConfig.reset_s`` (0: re-allocate at every arrival and end);
+#: ``max_copies`` > 1 lets a job run on that many types at once in a round, its copies'
+#: steps adding up (HadarE's forking).
 
 
 def round_order(types: Sequence[str]) -> list[str]:
@@ -157,7 +160,7 @@ def simulate_rounds(
     records = {s.id: JobRecord(s.id, s.job_type, s.arrival_s, required=s.required_throughput)
                for s in pending}
     size = {s.id: s.num_gpus for s in pending}
-    left = {s.id: max(1, int(s.total_steps)) for s in pending}
+    left: dict[str, float] = {s.id: max(1, int(s.total_steps)) for s in pending}
     required = {s.id: float(s.required_throughput or 0.0) for s in pending}
 
     half = config.round_s / 2
@@ -175,6 +178,8 @@ def simulate_rounds(
     batch: list[tuple[float, str, int, int]] = []  # (finish s, job, type column, steps)
     first_s: dict[str, float] = {}
     shuffler = random.Random(config.seed + 5) if getattr(allocator, "shuffle_types", False) else None
+    max_copies = int(getattr(allocator, "max_copies", 1))
+    reset_s = float(getattr(allocator, "reset_s", config.reset_s))
 
     def account(t0: float, segs: list[tuple[float, str, int]]) -> float:
         """Integrate the fleet's power from ``t0`` over the jobs of one round; its end."""
@@ -214,16 +219,21 @@ def simulate_rounds(
             break  # active jobs that no GPU type of the fleet can run: reported unfinished
         if now >= config.horizon_s:
             break
+        per_job: dict[str, list[float]] = {}  # job -> [its rate this round, its last copy's end]
         for finish, j, c, steps in batch:
             left[j] -= steps
             took = finish - round_start
             got[j][c] += took
             spent[c] += took
+            records[j].steps_done += steps
+            agg = per_job.setdefault(j, [0.0, t0])
+            agg[0] += true_rate[j][c]
+            agg[1] = max(agg[1], finish)
+        for j, (rate, finish) in per_job.items():
             rec = records[j]
-            rec.steps_done += steps
-            if true_rate[j][c] >= required[j] * (1 - 1e-9):
+            if rate >= required[j] * (1 - 1e-9):
                 rec.ok_s += finish - t0
-            if left[j] <= 0:
+            if left[j] <= 1e-6:
                 rec.finished_s = finish
                 rec.run_s = finish - first_s[j]
                 active.remove(j)
@@ -243,7 +253,7 @@ def simulate_rounds(
             progress(done, len(pending))
         if not active:
             continue
-        if dirty and (now - last_reset >= config.reset_s or last_reset == 0):
+        if dirty and (now - last_reset >= reset_s or last_reset == 0):
             elapsed = now - last_reset
             spent[:] = 0.0
             for j in active:
@@ -269,7 +279,7 @@ def simulate_rounds(
                                  f"{x.shape}; expected (jobs, types) = {state.rate.shape}")
             share = {j: x[i] for i, j in enumerate(active)}
         gpus_left = capacity.copy()
-        taken: set[str] = set()
+        copies: dict[str, list[int]] = {}  # job -> the type columns it runs on this round
         order = list(types)
         if shuffler is not None:
             shuffler.shuffle(order)
@@ -288,20 +298,28 @@ def simulate_rounds(
             for j in ranked:
                 if gpus_left[c] == 0:
                     break
-                if j in taken or true_rate[j][c] <= 0 or size[j] > gpus_left[c]:
+                have = copies.get(j, ())
+                if len(have) >= max_copies or true_rate[j][c] <= 0 or size[j] > gpus_left[c]:
                     continue
                 if allocator.skips_unallocated and prio[j] <= 0:
                     continue
                 gpus_left[c] -= size[j]
-                taken.add(j)
-                rate = true_rate[j][c]
-                steps = max(1, min(int(rate * config.round_s), left[j]))
-                batch.append((now + steps / rate, j, c, steps))
+                copies.setdefault(j, []).append(c)
                 first_s.setdefault(j, now)
                 rec = records[j]
                 if rec.placed_s is None:
                     rec.placed_s = now
                 rec.gpu_type = t
+        for j, cols in copies.items():
+            if len(cols) == 1:  # Gavel's rule: whole steps, the round's worth or what is left
+                c = cols[0]
+                rate = true_rate[j][c]
+                steps = max(1, min(int(rate * config.round_s), math.ceil(left[j])))
+                steps = min(steps, left[j])
+                batch.append((now + steps / rate, j, c, steps))
+            else:  # copies of one job (HadarE): their steps add up; they end together
+                span = min(config.round_s, left[j] / sum(true_rate[j][c] for c in cols))
+                batch += [(now + span, j, c, true_rate[j][c] * span) for c in cols]
 
     unfinished = [j for j, r in records.items() if r.finished_s is None]
     for j in unfinished:

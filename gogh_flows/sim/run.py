@@ -17,6 +17,7 @@ from gogh_flows.placement import POLICIES, GoghOptimizer, Gpu, get_policy
 from gogh_flows.placement.problem import TableThroughputs, Throughputs
 from gogh_flows.sim.engine import SimConfig, SimJob, SimResult, simulate
 from gogh_flows.sim.gavel import GAVEL_POLICIES, make_gavel_policy
+from gogh_flows.sim.hadar import HADAR_POLICIES, make_hadar_policy
 from gogh_flows.sim.rounds import RoundConfig, simulate_rounds
 from gogh_flows.sim.traces import assign_requirements
 from gogh_flows.truth.table import ThroughputTable
@@ -40,7 +41,7 @@ DEFAULT_LIMIT_LEVELS = (0.0, 0.25, 0.5, 0.75)
 FLEET_REOPT_S = 1800.0
 #: The peers (issue: the peers, side by side), run in rounds with time slicing
 #: (``sim.rounds``); each reconstructs a published system, see its module.
-PEER_POLICIES = GAVEL_POLICIES
+PEER_POLICIES = GAVEL_POLICIES + HADAR_POLICIES
 ALL_POLICIES = SIM_POLICIES + LEARNED_POLICIES + LIMIT_POLICIES + FLEET_POLICIES + PEER_POLICIES
 
 
@@ -123,6 +124,15 @@ class SimPolicy:
     rounds: bool = False  # a round-based allocator (sim.rounds) rather than a placement policy
 
 
+def make_peer(name: str, seed: int = 0):
+    """A fresh round-based allocator for the peer called ``name`` (see ``PEER_POLICIES``)."""
+    if name in HADAR_POLICIES:
+        return make_hadar_policy(name)
+    if name in GAVEL_POLICIES:
+        return make_gavel_policy(name, seed)
+    raise ValueError(f"unknown peer policy {name!r}; choose from: {', '.join(PEER_POLICIES)}")
+
+
 def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
                 time_limit_s: float = 2.0, predictors=None, gpu_types=None) -> SimPolicy:
     """``predictors`` (a ``sim.learned.Predictors``) is needed by the learned policies only.
@@ -147,7 +157,7 @@ def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
         return SimPolicy(name, GoghOptimizer(time_limit_s=time_limit_s, name=name),
                          LearnedThroughputs(predictors, types, refine=(name == "gogh")))
     if name in PEER_POLICIES:
-        return SimPolicy(name, make_gavel_policy(name, seed), TableThroughputs(truth), rounds=True)
+        return SimPolicy(name, make_peer(name, seed), TableThroughputs(truth), rounds=True)
     if name == "oracle":
         return SimPolicy(name, GoghOptimizer(time_limit_s=time_limit_s, name="oracle"),
                          TableThroughputs(truth))
@@ -196,5 +206,5 @@ def run_policies(
     return out
 
 
-__all__ = ["PEER_POLICIES", "round_config", "ALL_POLICIES", "DEFAULT_LIMIT_LEVELS", "FLEET_POLICIES", "FLEET_REOPT_S", "LEARNED_POLICIES",
+__all__ = ["PEER_POLICIES", "make_peer", "round_config", "ALL_POLICIES", "DEFAULT_LIMIT_LEVELS", "FLEET_POLICIES", "FLEET_REOPT_S", "LEARNED_POLICIES",
            "LIMIT_POLICIES", "base_policy", "SIM_POLICIES", "SimPolicy", "best_isolated", "prepare_jobs", "reference_throughput", "make_policy", "parse_cluster", "run_policies"]
