@@ -43,6 +43,9 @@ __all__ = ["GAVEL_POLICIES", "GavelEnergySlo", "GavelFifo", "GavelFifoPerf", "Ga
            "GavelMinTotalDuration", "make_gavel_policy"]
 
 
+TIME_LIMIT_S = 10.0
+
+
 class _Program:
     """x[j, t] in [0, 1] for the pairs a job can run on, with Gavel's base constraints:
     a job's time fractions sum to at most 1; a type's GPUs are not over-committed."""
@@ -75,6 +78,9 @@ class _Program:
         return sum(float(w[c]) * v for c, v in self.row.get(i, []))
 
     def solve(self) -> np.ndarray | None:
+        # A bound on a pathological solve: the allocation then falls back as when the
+        # program is infeasible, and the rounds still run.
+        self.solver.SetTimeLimit(int(TIME_LIMIT_S * 1000))
         status = self.solver.Solve()
         if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
             return None
@@ -140,8 +146,9 @@ class GavelMinTotalDuration:
         # Every job finishes within T: throughput >= remaining / T. With u = 1/T this is
         # linear; maximising u gives the least T (Gavel bisects on T instead).
         u = lp.solver.NumVar(0.0, lp.solver.infinity(), "inv_T")
-        for i in np.flatnonzero(rows):
-            lp.solver.Add(lp.throughput(int(i)) >= float(state.remaining[i]) * u)
+        for i in np.flatnonzero(rows):  # each row divided by its remaining steps: well scaled
+            rem = max(float(state.remaining[i]), 1e-9)
+            lp.solver.Add(lp.throughput(int(i), state.rate[i] / rem) >= u)
         lp.solver.Maximize(u)
         out = lp.solve()
         return out if out is not None else np.zeros(state.rate.shape)

@@ -179,25 +179,33 @@ def simulate_rounds(
     first_s: dict[str, float] = {}
     shuffler = random.Random(config.seed + 5) if getattr(allocator, "shuffle_types", False) else None
     max_copies = int(getattr(allocator, "max_copies", 1))
+    plan: list[tuple[str, int, float, float]] = []  # a round to repeat: (job, type, steps, duration)
+    repeat, replay, plan_profile = 0, False, []
     reset_s = float(getattr(allocator, "reset_s", config.reset_s))
 
-    def account(t0: float, segs: list[tuple[float, str, int]]) -> float:
-        """Integrate the fleet's power from ``t0`` over the jobs of one round; its end."""
-        nonlocal total_j
-        end = max((f for f, *_ in segs), default=t0)
-        cuts = sorted({t0, end, *(f for f, *_ in segs)})
-        for a, b in zip(cuts, cuts[1:]):
-            on = [(j, c) for f, j, c in segs if f > a]
-            busy = np.zeros(len(types))
+    def profile(segs: list[tuple[float, str, int]]) -> list[tuple[float, float, float, dict[str, int]]]:
+        """One round's power steps, relative to its start: (from s, to s, fleet W, busy GPUs per type)."""
+        out, a = [], 0.0
+        for b in sorted({d for d, *_ in segs}):
+            busy = [0] * len(types)
             w = 0.0
-            for j, c in on:
-                busy[c] += size[j]
-                w += watts[j][c]
-            w += float(np.dot(capacity - busy, idle_w))
-            trace.append((a, b, w))
+            for d, j, c in segs:
+                if d > a:
+                    busy[c] += size[j]
+                    w += watts[j][c]
+            w += sum((capacity[c] - busy[c]) * idle_w[c] for c in range(len(types)))
+            out.append((a, b, w, {t: busy[col[t]] for t in types}))
+            a = b
+        return out
+
+    def account(t0: float, prof: list[tuple[float, float, float, dict[str, int]]]) -> float:
+        """Integrate the fleet's power over one round from ``t0``; its end."""
+        nonlocal total_j
+        for a, b, w, busy in prof:
+            trace.append((t0 + a, t0 + b, w))
             total_j += w * (b - a)
-            occupancy.append((a, {t: int(busy[col[t]]) for t in types}))
-        return end
+            occupancy.append((t0 + a, busy))
+        return t0 + prof[-1][1] if prof else t0
 
     while done < len(pending):
         if nxt >= len(pending) and not batch:
@@ -206,7 +214,9 @@ def simulate_rounds(
             if round_end is not None:
                 round_start = round_end
             t0 = now
-            round_end = now = account(t0, [(f, j, c) for f, j, c, _ in batch])
+            prof = plan_profile if replay else profile([(f - t0, j, c) for f, j, c, _ in batch])
+            round_end = now = account(t0, prof)
+            replay = False
         elif nxt < len(pending):
             gap_to = pending[nxt].arrival_s
             if gap_to > now:  # nothing runs until the next arrival
@@ -278,6 +288,11 @@ def simulate_rounds(
                 raise ValueError(f"allocator {allocator.name!r} returned an allocation of shape "
                                  f"{x.shape}; expected (jobs, types) = {state.rate.shape}")
             share = {j: x[i] for i, j in enumerate(active)}
+        if repeat:  # the previous round again, unchanged (see below): no ranking needed
+            repeat -= 1
+            batch = [(now + d, j, c, steps) for j, c, steps, d in plan]
+            replay = True
+            continue
         gpus_left = capacity.copy()
         copies: dict[str, list[int]] = {}  # job -> the type columns it runs on this round
         order = list(types)
@@ -320,6 +335,12 @@ def simulate_rounds(
             else:  # copies of one job (HadarE): their steps add up; they end together
                 span = min(config.round_s, left[j] / sum(true_rate[j][c] for c in cols))
                 batch += [(now + span, j, c, true_rate[j][c] * span) for c in cols]
+        if allocator.skips_unallocated and batch:
+            plan, repeat = _repeats(batch, now, active, share, plan_rate, true_rate, left, config,
+                                    next_arrival=pending[nxt].arrival_s if nxt < len(pending) else math.inf,
+                                    reset_at=last_reset + reset_s if dirty else math.inf)
+            if repeat:
+                plan_profile = profile([(d, j, c) for j, c, _, d in plan])
 
     unfinished = [j for j, r in records.items() if r.finished_s is None]
     for j in unfinished:
@@ -328,3 +349,32 @@ def simulate_rounds(
     return SimResult(policy=allocator.name, energy_j=total_j, jobs=records, decision_ms=decision_ms,
                      power_trace=trace, end_s=now, unfinished=unfinished, occupancy=occupancy,
                      fleet=dict(fleet))
+
+
+def _repeats(batch, now, active, share, plan_rate, true_rate, left, config: RoundConfig, *,
+             next_arrival: float, reset_at: float) -> tuple[list[tuple[str, int, float, float]], int]:
+    """How many more times this round will run unchanged, and the round to repeat.
+
+    With an allocator that runs only jobs it allocated (``skips_unallocated``), a round in
+    which every allocated job ran, each a full round's steps on one type, is followed by
+    identical rounds until a job finishes, a job arrives, a due reset, or the horizon. The
+    engine then replays it without ranking the queue again (which dominates when hundreds
+    wait): the same rounds, the same figures, much less work.
+    """
+    held = {j for j in active if j in share and bool(((share[j] > 0) & (plan_rate[j] > 0)).any())}
+    ran = [j for _, j, _, _ in batch]
+    if len(set(ran)) != len(ran) or set(ran) != held:
+        return [], 0
+    plan, k = [], math.inf
+    for finish, j, c, steps in batch:
+        full = int(true_rate[j][c] * config.round_s)
+        after = left[j] - steps
+        if full < 1 or steps != full or after <= 0:
+            return [], 0
+        k = min(k, math.ceil(after / full) - 1)
+        plan.append((j, c, steps, finish - now))
+    length = max(d for *_, d in plan)
+    for limit in (next_arrival, reset_at, config.horizon_s):
+        if limit < math.inf:
+            k = min(k, math.ceil((limit - now) / length) - 1)
+    return plan, max(0, int(k)) if k < math.inf else 0
