@@ -164,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     from gogh_flows.predict.cli import add_parser as add_predictors; add_predictors(sub)  # noqa: E702
     from gogh_flows.whatif import add_parser as add_predict; add_predict(sub)  # noqa: E702
     from gogh_flows.power_limits import add_parser as add_power; add_power(sub)  # noqa: E702
+    from gogh_flows.sim.rltune_train import add_parser as add_rltune; add_rltune(sub)  # noqa: E702
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)

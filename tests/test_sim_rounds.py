@@ -221,3 +221,77 @@ def test_hadare_forks_a_job_onto_free_types_and_its_copies_add_up():
     assert alone.jobs["x"].finished_s == pytest.approx(140.0)
     with pytest.raises(ValueError, match="hadare"):
         make_hadar_policy("hadarx")
+
+
+# -- RLTune-style peer (sim.rltune) ---------------------------------------------------------
+
+
+def test_rltune_placement_objective_by_hand():
+    """Two 8-GPU nodes, 8 and 3 free; a 2-GPU job, the next one needs 1. Taking both from the
+    whole node leaves (6, 3): 2 partly free, spread 3, both fit -> 2 + 0.9 - 1 = 1.9; taking
+    them from the other leaves (8, 1): 1 + 2.1 - 1 = 2.1; splitting is worse still."""
+    from gogh_flows.sim.rltune import _place_on_type
+
+    assert _place_on_type((8, 3), (8, 8), 2, 1) == (pytest.approx(1.9), (2, 0))
+    assert _place_on_type((1, 0), (8, 8), 2, 1) is None
+
+
+def test_rltune_runs_started_jobs_to_completion_and_frees_their_nodes():
+    from gogh_flows.sim.rltune import QUEUE, RLTuneAllocator
+
+    alloc = RLTuneAllocator()
+    state = _state(rate=[[2.0, 1.0], [2.0, 1.0], [2.0, 0.0]], scale=[4, 4, 8], capacity=[8, 4])
+    x = alloc.allocate(state)
+    assert x.sum(axis=1).tolist() == [1.0, 1.0, 0.0]  # FCFS: the 8-GPU job finds no room
+    # The first job ended; the others keep their GPUs (no preemption); the big one still waits
+    later = _state(rate=[[2.0, 1.0], [2.0, 0.0]], scale=[4, 8], capacity=[8, 4])
+    later = AllocationState(**{**later.__dict__, "job_ids": ("j1", "j2")})
+    y = alloc.allocate(later)
+    assert y[0].tolist() == x[1].tolist() and y[1].sum() == 0.0
+    obs, mask = alloc.observe(later, [1], {"j1": 0, "j2": 1})
+    assert obs.shape == (QUEUE, 7) and not mask[0] and not mask[QUEUE]  # nothing may start: no wait either
+
+
+def test_rltune_agent_saves_and_loads_as_safetensors_only(tmp_path):
+    import torch
+
+    from gogh_flows.sim.rltune import RLTuneNet, load_rltune, save_rltune
+
+    net = RLTuneNet(hidden=8)
+    save_rltune(net, tmp_path / "agent", {"episodes": 0})
+    assert sorted(p.name for p in (tmp_path / "agent").iterdir()) == ["config.json", "weights.safetensors"]
+    back, config = load_rltune(tmp_path / "agent")
+    for a, b in zip(net.state_dict().values(), back.state_dict().values()):
+        assert torch.equal(a, b)
+    assert config["trained_on"] == {"episodes": 0}
+    (tmp_path / "agent" / "weights.safetensors").write_bytes(b"not the weights")
+    with pytest.raises(ValueError, match="SHA-256"):
+        load_rltune(tmp_path / "agent")
+    with pytest.raises(FileNotFoundError, match="gogh rltune train"):
+        load_rltune(tmp_path / "nowhere")
+
+
+def test_rltune_training_runs_ppo_and_records_its_curve(gavel_dir, tmp_path):
+    import torch
+
+    from gogh_flows.sim.rltune import RLTuneNet
+    from gogh_flows.sim.rltune_train import TrainConfig, train_rltune
+    from gogh_flows.truth.gavel import read_gavel_json
+
+    truth = read_gavel_json(gavel_dir / "simulation_throughputs.json")
+    cfg = TrainConfig(episodes=2, jobs_per_episode=24, batch_episodes=2, rate_per_hour=4.0, hidden=8)
+    torch.manual_seed(cfg.seed)
+    before = RLTuneNet(hidden=8).state_dict()
+    net, curve = train_rltune(truth, gavel_dir, cfg)
+    assert [r["episode"] for r in curve] == [0, 1]
+    assert all(-1.0 <= r["reward"] <= 1.0 and r["decisions"] > 0 for r in curve)
+    assert any(not torch.equal(a, b) for a, b in zip(before.values(), net.state_dict().values()))
+    with pytest.raises(ValueError, match="episodes"):
+        TrainConfig(episodes=0)
+
+
+def test_the_shipped_rltune_agent_runs_as_a_peer():
+    jobs = _random_stream(20, seed=2)
+    gpus = [Gpu(f"v{i}", "v100") for i in range(3)] + [Gpu(f"t{i}", "t4") for i in range(3)]
+    res = simulate_rounds(jobs, gpus, _table(), make_peer("rltune"))
+    assert not res.unfinished and res.decision_ms

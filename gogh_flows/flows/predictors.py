@@ -24,18 +24,13 @@ from mlflow.exceptions import MlflowException
 
 from gogh_flows.flows.blocks import PredictorRegistry, state_dir
 from gogh_flows.flows.startup import starting
-from gogh_flows.predict.io import ModelFormatError, load_p1, load_p2
+from gogh_flows.predict.io import ModelFormatError, load_p1, load_p2, models_dir
 from gogh_flows.predict.service import ThroughputPredictor
 from gogh_flows.tracking.backend import check_reachable, is_http
 from gogh_flows.tracking.errors import TrackingUnavailableError, UnsafeArtifactError, short_error
 from gogh_flows.tracking.registry import ModelRegistry
 
 log = logging.getLogger("gogh_flows")
-
-
-def models_dir() -> Path:
-    """Shipped priors (data, not code): ``$GOGH_MODELS_DIR`` or the repository's models/."""
-    return Path(os.environ.get("GOGH_MODELS_DIR", Path(__file__).resolve().parents[2] / "models"))
 
 
 @dataclass

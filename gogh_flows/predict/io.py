@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -32,6 +33,11 @@ FORMAT_VERSION = 1
 KINDS = ("p1", "p2")
 #: file endings of serialisations that can execute code when loaded (pickle and friends)
 UNSAFE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt", ".joblib", ".npy", ".npz", ".dill")
+
+
+def models_dir() -> Path:
+    """Shipped models (data, not code): ``$GOGH_MODELS_DIR`` or the repository's models/."""
+    return Path(os.environ.get("GOGH_MODELS_DIR", Path(__file__).resolve().parents[2] / "models"))
 
 
 class ModelFormatError(ValueError):

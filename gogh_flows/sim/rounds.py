@@ -113,7 +113,8 @@ class Allocator(Protocol):
 #: types in a seeded random order each round (Gavel, for heterogeneity-agnostic policies);
 #: ``reset_s`` replaces ``RoundConfig.reset_s`` (0: re-allocate at every arrival and end);
 #: ``max_copies`` > 1 lets a job run on that many types at once in a round, its copies'
-#: steps adding up (HadarE's forking).
+#: steps adding up (HadarE's forking); ``wake_at_s``, when set, is a time by which the
+#: allocator wants to decide again even if nothing arrived or ended (RLTune's bounded wait).
 
 
 def round_order(types: Sequence[str]) -> list[str]:
@@ -263,6 +264,8 @@ def simulate_rounds(
             progress(done, len(pending))
         if not active:
             continue
+        if getattr(allocator, "wake_at_s", math.inf) <= now:
+            dirty = True  # the allocator asked to decide again by now (RLTune's bounded wait)
         if dirty and (now - last_reset >= reset_s or last_reset == 0):
             elapsed = now - last_reset
             spent[:] = 0.0
@@ -338,7 +341,8 @@ def simulate_rounds(
         if allocator.skips_unallocated and batch:
             plan, repeat = _repeats(batch, now, active, share, plan_rate, true_rate, left, config,
                                     next_arrival=pending[nxt].arrival_s if nxt < len(pending) else math.inf,
-                                    reset_at=last_reset + reset_s if dirty else math.inf)
+                                    reset_at=min(last_reset + reset_s if dirty else math.inf,
+                                                 getattr(allocator, "wake_at_s", math.inf)))
             if repeat:
                 plan_profile = profile([(d, j, c) for j, c, _, d in plan])
 

@@ -41,7 +41,7 @@ DEFAULT_LIMIT_LEVELS = (0.0, 0.25, 0.5, 0.75)
 FLEET_REOPT_S = 1800.0
 #: The peers (issue: the peers, side by side), run in rounds with time slicing
 #: (``sim.rounds``); each reconstructs a published system, see its module.
-PEER_POLICIES = GAVEL_POLICIES + HADAR_POLICIES
+PEER_POLICIES = GAVEL_POLICIES + HADAR_POLICIES + ("rltune",)
 ALL_POLICIES = SIM_POLICIES + LEARNED_POLICIES + LIMIT_POLICIES + FLEET_POLICIES + PEER_POLICIES
 
 
@@ -128,6 +128,10 @@ def make_peer(name: str, seed: int = 0):
     """A fresh round-based allocator for the peer called ``name`` (see ``PEER_POLICIES``)."""
     if name in HADAR_POLICIES:
         return make_hadar_policy(name)
+    if name == "rltune":  # the shipped agent (models/rltune), trained by `gogh rltune train`
+        from gogh_flows.sim.rltune import make_rltune
+
+        return make_rltune()
     if name in GAVEL_POLICIES:
         return make_gavel_policy(name, seed)
     raise ValueError(f"unknown peer policy {name!r}; choose from: {', '.join(PEER_POLICIES)}")
