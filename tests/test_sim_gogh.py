@@ -252,3 +252,29 @@ def test_a_pair_observation_still_refines_a_type_whose_siblings_were_measured(pr
     own, _ = view.pair(Job("a1", a, 1.0, 100.0), Job("m", sib, 1.0, 100.0), "v100")
     view.observe(Job("a1", a, 1.0, 100.0), "v100", Job("m", "LM (batch size 20)", 1.0, 100.0), 5.0 * own)
     assert view.isolated(Job("a2", a, 1.0, 100.0), "v100") != pytest.approx(before, rel=1e-3)
+
+
+def test_a_risk_level_plans_unmeasured_entries_at_their_lower_bound(predictors):
+    """Before a job type is measured every entry is lowered by the ``isolated`` width; once
+    one entry is measured it is exact and the rest are lowered by the narrower
+    ``isolated_1obs`` width (issue: calibrated uncertainty, planned with margin)."""
+    import copy
+    import math
+
+    from gogh_flows.predict.intervals import CASES, LEVELS, Intervals, NoIntervalsError
+
+    widths = {"isolated": 1.0, "isolated_1obs": 0.3, "colocated": 1.0, "colocated_1obs": 0.3}
+    pred = copy.deepcopy(predictors)
+    pred.p2.trained_on["intervals"] = Intervals(
+        LEVELS, {c: tuple(widths[c] * lv for lv in LEVELS) for c in CASES}, "by hand").to_dict()
+    point, careful = (LearnedThroughputs(pred, TYPES, refine=True, risk_level=r) for r in (None, 0.9))
+    job = Job("x", "ResNet-50 (batch size 32)", 1e-6, 100.0)  # a requirement the floor never lifts to
+    for g in TYPES:
+        assert careful.isolated(job, g) == pytest.approx(point.isolated(job, g) * math.exp(-0.9))
+    measured = 2.0 * point.isolated(job, "v100")
+    for view in (point, careful):
+        ObservedThroughputs(view).observe(job, "v100", None, measured)
+    assert careful.isolated(job, "v100") == pytest.approx(measured)
+    assert careful.isolated(job, "t4") == pytest.approx(point.isolated(job, "t4") * math.exp(-0.27))
+    with pytest.raises(NoIntervalsError, match="intervals"):
+        LearnedThroughputs(predictors, TYPES, risk_level=0.9)

@@ -295,3 +295,25 @@ def test_the_shipped_rltune_agent_runs_as_a_peer():
     gpus = [Gpu(f"v{i}", "v100") for i in range(3)] + [Gpu(f"t{i}", "t4") for i in range(3)]
     res = simulate_rounds(jobs, gpus, _table(), make_peer("rltune"))
     assert not res.unfinished and res.decision_ms
+
+
+def test_rltune_wait_is_bounded_and_the_agent_decides_again():
+    """A wait holds until the next arrival or end, or 600 s, whichever is first: an agent that
+    waits once, with GPUs free and nothing due for an hour, decides again at 600 s."""
+    from gogh_flows.sim.rltune import MAX_HOLD_S, QUEUE, RLTuneAllocator
+
+    calls = []
+
+    def wait_once(obs, mask):
+        calls.append(obs.copy())
+        if mask[QUEUE] and len(calls) == 2:
+            return QUEUE
+        return int(mask.argmax())
+
+    jobs = [J("x0", "a", 36000.0, 0.0, 1.0), J("x1", "a", 36000.0, 0.0, 1.0)]  # an hour each on a V100
+    res = simulate_rounds(jobs, [Gpu(f"v{i}", "v100") for i in range(2)], _table(),
+                          RLTuneAllocator(chooser=wait_once), config=RoundConfig(round_s=60.0))
+    assert not res.unfinished
+    start = sorted(r.placed_s for r in res.jobs.values())
+    assert start[0] == 0.0 and start[1] == pytest.approx(MAX_HOLD_S)
+    assert calls[2][0, 0] == pytest.approx(MAX_HOLD_S / (12 * 3600))  # it saw its wait grow

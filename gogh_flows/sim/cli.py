@@ -53,6 +53,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", type=float, default=6.0, help="arrivals per hour for generate:N")
     p.add_argument("--noise", type=float, default=0.0, help="log-normal sigma on true throughputs")
     p.add_argument("--capacity", type=int, default=2, help="jobs per GPU: 1 exclusive, 2 pairs may share")
+    p.add_argument("--risk-level", type=float, default=None,
+                   help="the learned policies plan unmeasured entries at the lower end of the "
+                        "refiner's calibrated interval at this level (0.5-0.95; default: point predictions)")
     p.add_argument("--requirement-q", default="0.2,0.9",
                    help="LOW,HIGH: requirement = q * best isolated throughput, q ~ U(LOW, HIGH)")
     p.add_argument("--no-rebalance", action="store_true",
@@ -122,7 +125,8 @@ def _predictors(args: argparse.Namespace, truth: ThroughputTable, names: list[st
         print(f"training P1 ({args.p1_epochs} epochs) and P2 ({args.p2_epochs} epochs) without "
               f"family {args.holdout_family!r} ...", file=sys.stderr, flush=True)
         return train_holdout(truth, args.holdout_family, p1_epochs=args.p1_epochs,
-                             p2_epochs=args.p2_epochs, seed=args.seed)
+                             p2_epochs=args.p2_epochs, seed=args.seed,
+                             intervals=args.risk_level is not None)
     raise ValueError(f"policies {[n for n in names if base_policy(n) in LEARNED_POLICIES]} need predictors: pass "
                      "--predictors DIR (from `gogh predictors train --out DIR`) or --holdout-family F")
 
@@ -151,7 +155,8 @@ def _run_one(args: argparse.Namespace, truth: ThroughputTable, gpus: list, names
     from gogh_flows.progress import Progress
 
     with Progress() as bars:
-        results = run_policies(jobs, gpus, truth, names, config=config, progress=bars.update, predictors=predictors)
+        results = run_policies(jobs, gpus, truth, names, config=config, progress=bars.update, predictors=predictors,
+                               risk_level=args.risk_level)
     accounts = energy_accounts(results)
     policies = {name: {**r.summary(), **accounts[name].as_row()} for name, r in results.items()}
     return jobs, predictors, results, policies

@@ -30,12 +30,14 @@ def family_types(truth: ThroughputTable, family: str) -> list[str]:
 
 def train_holdout(truth: ThroughputTable, family: str | None, *, p1_epochs: int | None = None,
                   p2_epochs: int | None = None, seed: int = 0,
-                  log: Callable[[str], None] | None = None) -> Predictors:
+                  log: Callable[[str], None] | None = None, intervals: bool = False) -> Predictors:
     """Train P1 and P2 on ``truth`` without ``family`` (None: on everything).
 
     The same recipe as ``gogh predictors train``: P1 on every isolated and pair
     measurement left, P2 on out-of-family P1 vectors (one P1 per remaining family), so it
-    learns how P1 errs on models it has not seen.
+    learns how P1 errs on models it has not seen. ``intervals``: also calibrate P2's
+    intervals on the remaining families (what a risk level plans with; P2 is then trained
+    once more per remaining family).
     """
     import torch
 
@@ -57,6 +59,10 @@ def train_holdout(truth: ThroughputTable, family: str | None, *, p1_epochs: int 
     layout = Layout(data.gpus, data.names)
     oof = out_of_family_p1(data, layout, dict(data.jobs), p1_cfg, log)
     p2 = train_p2(layout, oof, layout.truth(data, data.names), p2_cfg)
+    if intervals:  # as `gogh predictors train`: conformal widths from the training families only
+        from gogh_flows.predict.evaluate import EvalConfig, calibrate_p2
+
+        p2.trained_on["intervals"] = calibrate_p2(data, oof, EvalConfig(p1=p1_cfg, p2=p2_cfg, seed=seed)).to_dict()
     gang = gang_scaling(truth, data.names)
     left = f"without family {family!r}" if family is not None else "on every family"
     return Predictors(p1, p2, gang, f"trained in-run on {truth.source} {left} "

@@ -40,6 +40,13 @@ How an entry is formed:
 ``refine=False`` is ``gogh-p1``: P1's predictions with observations ignored, no learning
 base (the simulator's per-job overlay still remembers exact measured entries for every
 policy).
+
+``risk_level`` (0.5-0.95, as ``PlacementPolicy.risk_level``): every isolated entry not yet
+measured is planned at the lower end of the refiner's calibrated interval at that level,
+the ``isolated`` width before the job type has any measurement and the narrower
+``isolated_1obs`` width after; measured entries stay as measured. A co-located rate is the
+lowered isolated rate times P1's slowdown ratio (the co-located widths are not applied on
+top). The feasibility floor still applies after lowering: a job must be tried somewhere.
 """
 
 from __future__ import annotations
@@ -89,7 +96,7 @@ class LearnedThroughputs:
 
     def __init__(self, predictors: Predictors, gpu_types: Sequence[str], *, refine: bool = True,
                  features: Mapping[str, object] | None = None,
-                 default_activity: float = DEFAULT_ACTIVITY) -> None:
+                 default_activity: float = DEFAULT_ACTIVITY, risk_level: float | None = None) -> None:
         from gogh_flows.predict.service import ThroughputPredictor
 
         self.refine = refine
@@ -99,6 +106,21 @@ class LearnedThroughputs:
         self.col = {g: i for i, g in enumerate(self.gpus)}
         # gogh-p1 plans with P1 alone: no refiner, not even its observation-free prior shift
         self.service = ThroughputPredictor(predictors.p1, predictors.p2 if refine else None)
+        # Planning with margin (issue: calibrated uncertainty): the lower end of the refiner's
+        # interval at ``risk_level``, wide before a job type is measured, narrower after.
+        self.risk_level = risk_level
+        self._shrink = {}
+        if risk_level is not None:
+            from gogh_flows.predict.intervals import NoIntervalsError
+
+            intervals = ThroughputPredictor(predictors.p1, predictors.p2).intervals
+            if intervals is None:
+                raise NoIntervalsError(
+                    f"risk level {risk_level:g} needs the refiner's calibrated intervals and these "
+                    "predictors have none: train them with intervals (train_holdout(intervals=True), "
+                    "`gogh predictors train`) or plan with risk_level=None")
+            self._shrink = {case: math.exp(-intervals.halfwidth(case, risk_level))
+                            for case in ("isolated", "isolated_1obs")}
         self.p1 = predictors.p1
         self.gang = dict(predictors.gang)
         self.default_activity = default_activity
@@ -184,10 +206,15 @@ class LearnedThroughputs:
         return out
 
     def _single(self, job: Job) -> np.ndarray:
-        """The job's single-GPU isolated row, floored for its requirement."""
+        """The job's single-GPU isolated row (at its lower bound under a risk level), floored
+        for its requirement."""
         row = self._type_row(job.job_type)
         own = self._alone_seen.get(job.id, set())
         typed = self._type_measured(job.job_type, job.num_gpus)
+        if self._shrink:  # measured entries stay as measured; the rest at their lower bound
+            case = "isolated_1obs" if (typed or own) else "isolated"
+            keep = np.array([g in typed or g in own for g in self.gpus])
+            row = np.where(keep, row, row * self._shrink[case])
         stamp = (job.required_throughput, self._version.get(job.job_type, 0), len(own), len(typed),
                  self._measured_version)
         hit = self._floored.get(job.id)

@@ -290,7 +290,9 @@ def save_rltune(net: RLTuneNet, directory: str | Path, trained_on: dict) -> Path
     config = {"kind": "rltune", "format_version": FORMAT_VERSION, "hidden": net.hidden,
               "features": FEATURES, "queue": QUEUE, "trained_on": trained_on,
               "weights_sha256": hashlib.sha256(weights.read_bytes()).hexdigest()}
-    (out / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    # numpy scalars from a training summary become plain numbers (JSON holds no objects)
+    (out / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True,
+                                         default=lambda x: x.item() if hasattr(x, "item") else str(x)) + "\n")
     return out
 
 

@@ -131,10 +131,10 @@ def evaluate_agent(net: RLTuneNet, truth, data_dir: Path, cfg: TrainConfig, epis
             base = total_slowdown(simulate_rounds(jobs, gpus, truth, RLTuneAllocator(), config=run))
             agent = total_slowdown(simulate_rounds(jobs, gpus, truth, RLTuneAllocator(chooser=net_chooser(net)),
                                                    config=run))
-            agent_total, fcfs_total, wins = agent_total + agent, fcfs_total + base, wins + (agent < base)
+            agent_total, fcfs_total, wins = agent_total + agent, fcfs_total + base, wins + int(agent < base)
     n = episodes * cfg.jobs_per_episode
-    return {"sequences": episodes, "agent_mean_slowdown": agent_total / n, "fcfs_mean_slowdown": fcfs_total / n,
-            "agent_better_on": wins}
+    return {"sequences": episodes, "agent_mean_slowdown": float(agent_total / n),
+            "fcfs_mean_slowdown": float(fcfs_total / n), "agent_better_on": int(wins)}
 
 
 def _ppo_update(net: RLTuneNet, opt: torch.optim.Optimizer, batch: list, cfg: TrainConfig) -> None:

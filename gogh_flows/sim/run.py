@@ -138,17 +138,20 @@ def make_peer(name: str, seed: int = 0):
 
 
 def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
-                time_limit_s: float = 2.0, predictors=None, gpu_types=None) -> SimPolicy:
+                time_limit_s: float = 2.0, predictors=None, gpu_types=None,
+                risk_level: float | None = None) -> SimPolicy:
     """``predictors`` (a ``sim.learned.Predictors``) is needed by the learned policies only.
 
     A learned policy gets a fresh planning view for every simulation: what it learned
     from one run's observations never leaks into another.
     """
     if name in FLEET_POLICIES:
-        inner = make_policy(name.removesuffix(FLEET_SUFFIX), truth, seed, time_limit_s, predictors, gpu_types)
+        inner = make_policy(name.removesuffix(FLEET_SUFFIX), truth, seed, time_limit_s, predictors, gpu_types,
+                            risk_level)
         return SimPolicy(name, dataclasses.replace(inner.policy, name=name), inner.planning, FLEET_REOPT_S)
     if name in LIMIT_POLICIES:
-        base = make_policy(name[: -len(LIMITS_SUFFIX)], truth, seed, time_limit_s, predictors, gpu_types)
+        base = make_policy(name[: -len(LIMITS_SUFFIX)], truth, seed, time_limit_s, predictors, gpu_types,
+                           risk_level)
         return SimPolicy(name, dataclasses.replace(base.policy, name=name,
                                                    power_limit_levels=DEFAULT_LIMIT_LEVELS), base.planning)
     if name in LEARNED_POLICIES:
@@ -159,7 +162,7 @@ def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
 
         types = list(gpu_types) if gpu_types is not None else list(truth.gpu_types)
         return SimPolicy(name, GoghOptimizer(time_limit_s=time_limit_s, name=name),
-                         LearnedThroughputs(predictors, types, refine=(name == "gogh")))
+                         LearnedThroughputs(predictors, types, refine=(name == "gogh"), risk_level=risk_level))
     if name in PEER_POLICIES:
         return SimPolicy(name, make_peer(name, seed), TableThroughputs(truth), rounds=True)
     if name == "oracle":
@@ -186,18 +189,20 @@ def run_policies(
     config: SimConfig | None = None,
     progress: Callable[[str, int, int], None] | None = None,
     predictors=None,
+    risk_level: float | None = None,
 ) -> dict[str, SimResult]:
     """Simulate each named policy on the identical stream; results keyed by policy name.
 
     ``predictors`` (``sim.learned.Predictors``) serve the learned policies (``gogh``,
-    ``gogh-p1``); each of their runs starts from the predictors alone.
+    ``gogh-p1``); each of their runs starts from the predictors alone. ``risk_level``: the
+    learned policies plan with the lower end of the refiner's interval at that level.
     """
     if not names:
         raise ValueError(f"name at least one policy: {', '.join(ALL_POLICIES)}")
     config = config or SimConfig()
     types = sorted({g.gpu_type for g in gpus})
-    policies = [make_policy(n, truth, config.seed, predictors=predictors, gpu_types=types)
-                for n in names]  # validate all first
+    policies = [make_policy(n, truth, config.seed, predictors=predictors, gpu_types=types,
+                            risk_level=risk_level) for n in names]  # validate all first
     out: dict[str, SimResult] = {}
     for p in policies:
         cb = (lambda done, total, name=p.name: progress(name, done, total)) if progress else None
