@@ -90,6 +90,17 @@ class _Program:
         return out.clip(0.0, 1.0)
 
 
+def _max_min(state: AllocationState, rows: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """The allocation maximising the least ``sum_t weight[j, t] * x[j, t]`` over the ``rows``."""
+    lp = _Program(state, rows)
+    z = lp.solver.NumVar(0.0, lp.solver.infinity(), "z")
+    for i in np.flatnonzero(rows):
+        lp.solver.Add(lp.throughput(int(i), weight[i]) >= z)
+    lp.solver.Maximize(z)
+    out = lp.solve()
+    return out if out is not None else np.zeros(state.rate.shape)
+
+
 @dataclass(frozen=True)
 class GavelFifoPerf:
     name: str = "gavel-fifo-perf"
@@ -123,14 +134,8 @@ class GavelMaxMinFairness:
         rows = equal > 0
         if not rows.any():
             return np.zeros(state.rate.shape)
-        lp = _Program(state, rows)
-        z = lp.solver.NumVar(0.0, lp.solver.infinity(), "z")
-        for i in np.flatnonzero(rows):
-            weight = state.rate[i] * state.scale[i] / equal[i]
-            lp.solver.Add(lp.throughput(int(i), weight) >= z)
-        lp.solver.Maximize(z)
-        out = lp.solve()
-        return out if out is not None else np.zeros(state.rate.shape)
+        weight = state.rate * state.scale[:, None] / np.where(rows, equal, 1.0)[:, None]
+        return _max_min(state, rows, weight)
 
 
 @dataclass(frozen=True)
@@ -142,16 +147,10 @@ class GavelMinTotalDuration:
         rows = state.rate.max(axis=1) > 0
         if not rows.any():
             return np.zeros(state.rate.shape)
-        lp = _Program(state, rows)
-        # Every job finishes within T: throughput >= remaining / T. With u = 1/T this is
-        # linear; maximising u gives the least T (Gavel bisects on T instead).
-        u = lp.solver.NumVar(0.0, lp.solver.infinity(), "inv_T")
-        for i in np.flatnonzero(rows):  # each row divided by its remaining steps: well scaled
-            rem = max(float(state.remaining[i]), 1e-9)
-            lp.solver.Add(lp.throughput(int(i), state.rate[i] / rem) >= u)
-        lp.solver.Maximize(u)
-        out = lp.solve()
-        return out if out is not None else np.zeros(state.rate.shape)
+        # Every job finishes within T: throughput >= remaining / T. With u = 1/T this is linear:
+        # the largest u over the rows divided by their remaining steps (well scaled) gives the
+        # least T (Gavel bisects on T instead).
+        return _max_min(state, rows, state.rate / np.maximum(state.remaining, 1e-9)[:, None])
 
 
 @dataclass(frozen=True)
