@@ -317,3 +317,29 @@ def test_rltune_wait_is_bounded_and_the_agent_decides_again():
     start = sorted(r.placed_s for r in res.jobs.values())
     assert start[0] == 0.0 and start[1] == pytest.approx(MAX_HOLD_S)
     assert calls[2][0, 0] == pytest.approx(MAX_HOLD_S / (12 * 3600))  # it saw its wait grow
+
+
+def test_rltune_train_command_refuses_bad_settings_in_one_line(tmp_path, capsys, gavel_dir, monkeypatch):
+    from gogh_flows.cli import main
+
+    monkeypatch.setenv("GOGH_GAVEL_DIR", str(gavel_dir))
+    assert main(["rltune", "train", "--out", str(tmp_path / "a"), "--episodes", "0"]) == 2
+    assert "episodes must be >= 1" in capsys.readouterr().err
+    assert main(["rltune", "train", "--out", str(tmp_path / "a"), "--truth", str(tmp_path / "none.json")]) == 2
+    assert "none.json" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()
+
+
+def test_gogh_simulate_runs_the_peers_beside_ours(tmp_path, gavel_dir):
+    import json
+
+    from gogh_flows.cli import main
+
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--truth", str(gavel_dir / "simulation_throughputs.json"),
+                 "--trace", str(gavel_dir / "traces" / "physical_cluster" / "max_min_fairness.trace"),
+                 "--cluster", "v100=8,p100=16,k80=24", "--policy", "greedy-fastest,gavel-fifo-perf,hadar,rltune",
+                 "--json", str(out)]) == 0
+    policies = json.loads(out.read_text())["policies"]
+    assert set(policies) == {"greedy-fastest", "gavel-fifo-perf", "hadar", "rltune"}
+    assert all(p["jobs_completed"] == 96 and "met_on_average" in p for p in policies.values())
