@@ -122,8 +122,10 @@ def test_intervals_are_calibrated_on_the_inner_split_only(monkeypatch):
     monkeypatch.setattr(ev, "build_methods", spy)
     cfg = ev.EvalConfig(p1=P1Config(hidden=8, epochs=3, pair_rows_per_epoch=64), p2=P2Config(hidden=8, epochs=3))
     result = ev.evaluate_holdout(data, "ResNet-18", cfg)
-    assert seen[0] == ("ResNet-18 (batch size 64)",)  # the outer test first, then each inner family
-    assert all("ResNet-18 (batch size 64)" not in names for names in seen[1:]) and len(seen) == 1 + 4
+    # each inner family first (the ensemble's weights and the intervals come from them), then the outer test
+    assert seen[-1] == ("ResNet-18 (batch size 64)",)
+    assert all("ResNet-18 (batch size 64)" not in names for names in seen[:-1]) and len(seen) == 4 + 1
+    assert set(result.ensemble_weights) <= set(ev.ENSEMBLE_WEIGHTS)
     for level in ev.LEVELS:
         cover = result.metrics["type_mean"][ev.interval_name("isolated_1obs", "cover", level)]
         assert 0.0 <= cover <= 1.0

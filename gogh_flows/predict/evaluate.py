@@ -38,7 +38,11 @@ from gogh_flows.predict.p2 import P2Config, P2Model, train_p2
 from gogh_flows.predict.siblings import family_and_batch, sibling_transfer
 from gogh_flows.workloads.features import WorkloadFeatures
 
-METHODS = ("p1", "p2", "matrix_completion", "nearest", "p1_shifted", "type_mean", "partner_mean", "roofline")
+METHODS = ("p1", "p2", "matrix_completion", "nearest", "p1_shifted", "type_mean", "partner_mean", "roofline",
+           "ensemble")
+#: the P2 weights (against the roofline ratio, in log space) the ensemble chooses from on the
+#: inner split: one for isolated entries, one for co-located ones
+ENSEMBLE_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: what each method is, in the report's words
 METHOD_NOTES = {
     "p1": "P1, trained without the family; an observation replaces only its own entry",
@@ -52,6 +56,9 @@ METHOD_NOTES = {
                     "next to that partner on that type",
     "roofline": "the job's roofline kernel time per type x one efficiency fitted on the training jobs, pairs "
                 "by the partner-mean slowdown; with an observation, a parameter-free ratio",
+    "ensemble": "P2 and roofline averaged in log space, P2's weight for isolated and for co-located entries "
+                "chosen on the inner split (training families only) from 0, 0.25, 0.5, 0.75, 1; P2's "
+                "'does not fit' kept",
 }
 #: a prediction of "does not fit" (or none) on an entry that was measured counts as this
 #: factor off (MAPE 100%, absolute log error log 10): a wrong out-of-memory verdict costs
@@ -338,11 +345,27 @@ class HoldoutResult:
     jobs: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # job -> method -> metric
     by_revealed_type: dict[str, dict[str, float]] = field(default_factory=dict)  # method -> gpu -> male
     covered: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)  # method -> cover metric -> (in, n)
+    #: P2's (isolated, co-located) weight in the ensemble, chosen on the inner split
+    ensemble_weights: tuple[float, float] | None = None
+
+
+def blend(p2_log: np.ndarray, roof_log: np.ndarray, w_iso: float, w_pair: float, n_gpus: int) -> np.ndarray:
+    """P2 and roofline rows averaged in log space (P2's weight ``w_iso`` on the first ``n_gpus``
+    isolated entries, ``w_pair`` on the pairs); where P2 says "does not fit", that stands."""
+    w = np.full(np.shape(p2_log), float(w_pair))
+    w[..., :n_gpus] = w_iso
+    with np.errstate(invalid="ignore"):
+        mixed = w * p2_log + (1 - w) * roof_log
+    return np.where(np.isfinite(p2_log) & np.isfinite(roof_log), mixed, p2_log)
 
 
 def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], layout: Layout,
-                  p1_test: np.ndarray, p2: P2Model, seed: int) -> dict[str, Callable[[int, np.ndarray], np.ndarray]]:
-    """Every method's ``complete(i, observed_row)`` for the jobs ``test``, fitted on ``train`` only."""
+                  p1_test: np.ndarray, p2: P2Model, seed: int,
+                  ensemble: tuple[float, float] = (0.5, 0.5)) -> dict[str, Callable[[int, np.ndarray], np.ndarray]]:
+    """Every method's ``complete(i, observed_row)`` for the jobs ``test``, fitted on ``train`` only.
+
+    ``ensemble`` is the (isolated, co-located) P2 weight of the ``ensemble`` method; the
+    candidates ``ensemble@w`` (one weight for both) are what the inner split chooses it from."""
     features = dict(full.jobs)
     truth_train = layout.truth(train, train.names)
     mc = MatrixCompletion(seed=seed).fit(truth_train)
@@ -365,17 +388,32 @@ def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], la
         "type_mean": type_mean.complete,
         "partner_mean": partner_mean.complete,
         "roofline": roof.complete,
+        "ensemble": lambda i, obs: blend(p2.refine(p1_test[i], obs)[0], roof.complete(i, obs), *ensemble, g),
+        **{f"ensemble@{w:g}": (lambda i, obs, w=w: blend(p2.refine(p1_test[i], obs)[0], roof.complete(i, obs), w, w, g))
+           for w in ENSEMBLE_WEIGHTS},
     }
 
 
-def inner_abs_errors(full: MeasuredSet, train: MeasuredSet, layout: Layout, oof: np.ndarray,
-                     config: EvalConfig, methods: Sequence[str] = METHODS,
-                     protocols: Sequence[str] = INTERVAL_PROTOCOLS) -> dict[str, dict[str, np.ndarray]]:
-    """Every method's errors on the inner split: each training family in turn, predicted by
-    methods fitted on the other training families (P1: its out-of-family vectors; P2: trained
-    on the others' out-of-family vectors). What the intervals are calibrated on, so the
-    held-out family never shapes its own interval."""
-    pooled: dict[str, dict[str, list[np.ndarray]]] = {m: {p: [] for p in protocols} for m in methods}
+def choose_ensemble(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]]) -> tuple[float, float]:
+    """P2's (isolated, co-located) weight with the least one-observation error on the inner
+    split, each inner family weighing the same (its mean absolute log error, averaged over the
+    families, as the report averages them; ties to more P2)."""
+    def err(name: str, protocol: str) -> float:
+        means = [float(np.mean(e)) for e in by_family[name][protocol] if e.size]
+        return float(np.mean(means)) if means else math.inf
+
+    def best(protocol: str) -> float:
+        return min(ENSEMBLE_WEIGHTS, key=lambda w: (err(f"ensemble@{w:g}", protocol), -w))
+    return best("isolated_1obs"), best("colocated_1obs")
+
+
+def inner_family_errors(full: MeasuredSet, train: MeasuredSet, layout: Layout, oof: np.ndarray,
+                        config: EvalConfig, methods: Sequence[str] = METHODS,
+                        protocols: Sequence[str] = INTERVAL_PROTOCOLS) -> dict[str, dict[str, list[np.ndarray]]]:
+    """Every method's errors on the inner split, one array per training family: each training
+    family in turn, predicted by methods fitted on the other training families (P1: its
+    out-of-family vectors; P2: trained on the others' out-of-family vectors)."""
+    out: dict[str, dict[str, list[np.ndarray]]] = {m: {p: [] for p in protocols} for m in methods}
     row = {n: i for i, n in enumerate(train.names)}
     for fam in train.families:
         rest = train.without([fam])
@@ -387,8 +425,17 @@ def inner_abs_errors(full: MeasuredSet, train: MeasuredSet, layout: Layout, oof:
         for name in methods:
             errs = score_all(built[name], truth, layout).abs_errors
             for p in protocols:
-                pooled[name][p].append(errs[p])
-    return {m: {p: np.concatenate(v) if v else np.empty(0) for p, v in by.items()} for m, by in pooled.items()}
+                out[name][p].append(errs[p])
+    return out
+
+
+def inner_abs_errors(full: MeasuredSet, train: MeasuredSet, layout: Layout, oof: np.ndarray,
+                     config: EvalConfig, methods: Sequence[str] = METHODS,
+                     protocols: Sequence[str] = INTERVAL_PROTOCOLS) -> dict[str, dict[str, np.ndarray]]:
+    """:func:`inner_family_errors` pooled over the families: what the intervals are calibrated
+    on, so the held-out family never shapes its own interval."""
+    by = inner_family_errors(full, train, layout, oof, config, methods, protocols)
+    return {m: {p: np.concatenate(v) if v else np.empty(0) for p, v in ps.items()} for m, ps in by.items()}
 
 
 def calibrate_p2(data: MeasuredSet, oof: np.ndarray, config: EvalConfig) -> Intervals:
@@ -421,12 +468,23 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
     truth_test = layout.truth(full, test)
     oof = out_of_family_p1(train, layout, features, config.p1, log)
     p2 = train_p2(layout, oof, truth_train, config.p2)
-    methods = build_methods(full, train, test, layout, p1_test, p2, config.seed)
-    scores = {name: score_all(fn, truth_test, layout) for name, fn in methods.items()}
+    # The ensemble's weights, chosen on the inner split (never on this family); the same pass
+    # gives every method's inner errors for the intervals.
+    candidates = tuple(f"ensemble@{w:g}" for w in ENSEMBLE_WEIGHTS)
+    inner = inner_family_errors(full, train, layout, oof, config,
+                                methods=(*(m for m in METHODS if m != "ensemble"), *candidates) if intervals
+                                else candidates,
+                                protocols=INTERVAL_PROTOCOLS if intervals else ("isolated_1obs", "colocated_1obs"))
+    calib = {m: {p: np.concatenate(v) if v else np.empty(0) for p, v in ps.items()} for m, ps in inner.items()}
+    weights = choose_ensemble(inner)
+    if intervals:
+        calib["ensemble"] = {p: calib[f"ensemble@{weights[0] if PROTOCOLS[p][0] == 'isolated' else weights[1]:g}"][p]
+                             for p in INTERVAL_PROTOCOLS}
+    methods = build_methods(full, train, test, layout, p1_test, p2, config.seed, ensemble=weights)
+    scores = {name: score_all(methods[name], truth_test, layout) for name in METHODS}
     metrics = {name: {**dict(sc.pooled), **dict.fromkeys(INTERVAL_METRICS, math.nan)} for name, sc in scores.items()}
     covered: dict[str, dict[str, tuple[int, int]]] = {name: {} for name in scores}
     if intervals:
-        calib = inner_abs_errors(full, train, layout, oof, config)
         for name, sc in scores.items():
             for p in INTERVAL_PROTOCOLS:
                 for level in LEVELS:
@@ -473,7 +531,7 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
             for m, v in metrics.items()) + f" (mean absolute log error; {secs:.0f} s)")
     return HoldoutResult(holdout, metrics, secs, p1, p2, jobs=jobs,
                          by_revealed_type={name: sc.by_revealed_type for name, sc in scores.items()},
-                         covered=covered)
+                         covered=covered, ensemble_weights=weights)
 
 
 def roofline_log(data: MeasuredSet, names: Sequence[str]) -> np.ndarray:
@@ -529,11 +587,12 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
     if unknown:
         raise ValueError(f"unknown holdout family {unknown}; families in this data: {list(full.families)}")
     start = time.perf_counter()
-    families, jobs, by_type = {}, {}, {}
+    families, jobs, by_type, weights = {}, {}, {}, {}
     counts: dict[str, dict[str, list[int]]] = {m: {} for m in METHODS}
     for i, h in enumerate(holdouts):
         result = evaluate_holdout(full, h, config, log)
         families[h] = result.metrics
+        weights[h] = {"isolated": result.ensemble_weights[0], "colocated": result.ensemble_weights[1]}
         jobs.update(result.jobs)
         by_type[h] = result.by_revealed_type
         for m, by in result.covered.items():
@@ -555,7 +614,7 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
     revealed = {m: {g: _mean_finite([by_type[h][m][g] for h in holdouts]) for g in full.gpus} for m in METHODS}
     return {
         "families": families, "mean": mean, "mean_over_jobs": mean_over_jobs, "jobs": jobs,
-        "coverage_pooled": pooled_coverage,
+        "coverage_pooled": pooled_coverage, "ensemble_p2_weight": weights,
         "isolated_male_1obs_by_revealed_type": revealed,
         "methods": dict(METHOD_NOTES),
         "protocol": {
