@@ -131,3 +131,20 @@ def test_intervals_are_calibrated_on_the_inner_split_only(monkeypatch):
         assert 0.0 <= cover <= 1.0
         n_in, n = result.covered["type_mean"][ev.interval_name("isolated_1obs", "cover", level)]
         assert n > 0 and n_in == round(cover * n)
+
+
+def test_ensemble_blends_in_log_space_keeps_p2s_misses_and_is_chosen_per_family_mean():
+    import numpy as np
+
+    p2 = np.array([np.log(10.0), -np.inf, np.log(4.0), np.log(2.0)])  # 2 GPU types: 2 isolated, 2 pair entries
+    roof = np.array([np.log(40.0), np.log(5.0), np.log(1.0), np.log(8.0)])
+    out = ev.blend(p2, roof, 0.5, 1.0, 2)
+    assert np.exp(out[0]) == pytest.approx(20.0)  # geometric mean of 10 and 40
+    assert out[1] == -np.inf  # P2's "does not fit" stands
+    assert np.exp(out[2:]) == pytest.approx([4.0, 2.0])  # co-located: P2 alone
+    # one family with many entries must not outvote another: per-family means, then their mean
+    errs = {f"ensemble@{w:g}": {"isolated_1obs": [np.full(100, 0.1 + 0.1 * w), np.full(2, 1.0 - w)],
+                                "colocated_1obs": [np.full(3, 0.5)]} for w in ev.ENSEMBLE_WEIGHTS}
+    w_iso, w_pair = ev.choose_ensemble(errs)
+    assert w_iso == 1.0  # per family: 0.2 + 0 at w=1 beats 0.1 + 1.0 at w=0 (pooled would pick 0)
+    assert w_pair == 1.0  # a tie goes to more P2
