@@ -343,3 +343,27 @@ def test_gogh_simulate_runs_the_peers_beside_ours(tmp_path, gavel_dir):
     policies = json.loads(out.read_text())["policies"]
     assert set(policies) == {"greedy-fastest", "gavel-fifo-perf", "hadar", "rltune"}
     assert all(p["jobs_completed"] == 96 and "met_on_average" in p for p in policies.values())
+
+
+def test_moves_between_gpu_types_count_as_migrations():
+    jobs = _random_stream(30, seed=4)
+    gpus = parse_cluster("v100=3,t4=3")
+    results = run_policies(jobs, gpus, _table(), ["gavel-max-min-fairness", "gavel-fifo-perf"], config=SimConfig(seed=1))
+    assert results["gavel-max-min-fairness"].migrations > 0  # time slicing moves jobs between types
+    assert results["gavel-max-min-fairness"].summary()["migrations"] == results["gavel-max-min-fairness"].migrations
+
+
+def test_gogh_simulate_takes_an_rltune_agent_trained_elsewhere_and_refuses_a_stray_risk_level(
+        tmp_path, gavel_dir, capsys):
+    from gogh_flows.cli import main
+    from gogh_flows.sim.rltune import RLTuneNet, save_rltune
+
+    save_rltune(RLTuneNet(hidden=8), tmp_path / "agent", {"episodes": 0})
+    base = ["simulate", "--truth", str(gavel_dir / "simulation_throughputs.json"), "--trace", "generate:12",
+            "--rate", "4", "--cluster", "v100=2,p100=2"]
+    assert main([*base, "--policy", "rltune", "--rltune-model", str(tmp_path / "agent"),
+                 "--json", str(tmp_path / "s.json")]) == 0
+    assert main([*base, "--policy", "rltune", "--rltune-model", str(tmp_path / "none")]) == 2
+    assert "gogh rltune train" in capsys.readouterr().err
+    assert main([*base, "--policy", "oracle", "--risk-level", "0.9"]) == 2
+    assert "--risk-level applies to the learned policies" in capsys.readouterr().err

@@ -53,6 +53,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rate", type=float, default=6.0, help="arrivals per hour for generate:N")
     p.add_argument("--noise", type=float, default=0.0, help="log-normal sigma on true throughputs")
     p.add_argument("--capacity", type=int, default=2, help="jobs per GPU: 1 exclusive, 2 pairs may share")
+    p.add_argument("--rltune-model", default=None,
+                   help="the rltune peer's trained agent (a directory written by `gogh rltune train --out`; "
+                        "default: the shipped models/rltune)")
     p.add_argument("--risk-level", type=float, default=None,
                    help="the learned policies plan unmeasured entries at the lower end of the "
                         "refiner's calibrated interval at this level (0.5-0.95; default: point predictions)")
@@ -156,7 +159,7 @@ def _run_one(args: argparse.Namespace, truth: ThroughputTable, gpus: list, names
 
     with Progress() as bars:
         results = run_policies(jobs, gpus, truth, names, config=config, progress=bars.update, predictors=predictors,
-                               risk_level=args.risk_level)
+                               risk_level=args.risk_level, rltune_model=args.rltune_model)
     accounts = energy_accounts(results)
     policies = {name: {**r.summary(), **accounts[name].as_row()} for name, r in results.items()}
     return jobs, predictors, results, policies
@@ -213,10 +216,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                          f"({truth.source}); it covers {list(truth.gpu_types)}")
     names = [n.strip() for n in args.policy.split(",") if n.strip()]
     seeds = _seeds(args)
+    if args.risk_level is not None and not any(base_policy(n) in LEARNED_POLICIES for n in names):
+        raise ValueError(f"--risk-level applies to the learned policies ({', '.join(LEARNED_POLICIES)}) and "
+                         f"none is among {names}; drop it or add one of them")
     per_seed: dict[int, dict[str, dict]] = {}
     results = jobs = predictors = None
     for seed in seeds:
-        jobs, predictors, results, per_seed[seed] = _run_one(args, truth, gpus, names, seed)
+        jobs, predictors, run, per_seed[seed] = _run_one(args, truth, gpus, names, seed)
+        results = results or run  # the plot shows the seed the JSON's "policies" are for
     figures = {"policies": per_seed[seeds[0]], "jobs": len(jobs), "gpus": len(gpus), "seed": seeds[0],
                "truth": truth.source, "trace": args.trace, "cluster": args.cluster,
                "capacity": args.capacity, "requirement_q": args.requirement_q,

@@ -194,8 +194,10 @@ def plot_curve(curve: list[dict], path: Path) -> Path:
 def add_parser(sub) -> None:
     p = sub.add_parser("rltune", help="the RLTune-style peer (a reconstruction): train its agent")
     ps = p.add_subparsers(dest="rltune", required=True)
-    t = ps.add_parser("train", help="train the agent with PPO on generated job streams")
-    t.add_argument("--out", required=True, help="directory for weights.safetensors + config.json")
+    t = ps.add_parser("train", help="train the agent with PPO on generated job streams",
+                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    t.add_argument("--out", required=True, help="directory for weights.safetensors + config.json (the "
+                   "shipped agent is models/rltune; use another directory and `gogh simulate --rltune-model`)")
     t.add_argument("--truth", default="gavel", help="'gavel' (simulation_throughputs.json) or a Gavel JSON")
     t.add_argument("--data", help="Gavel data folder (default: ../shared/data/gavel or $GOGH_GAVEL_DIR)")
     d = TrainConfig()

@@ -34,7 +34,9 @@ driven engine's terms: from a job's first round to its end, the time it ran at o
 its requirement over that whole span. A round in which an active job is not scheduled
 counts as time below its requirement (it made no progress), which is what time slicing
 costs a job that needs a throughput. ``met_on_average`` in the summary asks the milder
-question: did the job's mean rate, first round to end, meet its requirement.
+question: did the job's mean rate, first round to end, meet its requirement. ``migrations``
+counts every time a job runs on other GPU types than in its previous round (Gavel charges
+no cost for it, and neither does this engine).
 """
 
 from __future__ import annotations
@@ -182,6 +184,8 @@ def simulate_rounds(
     max_copies = int(getattr(allocator, "max_copies", 1))
     plan: list[tuple[str, int, float, float]] = []  # a round to repeat: (job, type, steps, duration)
     repeat, replay, plan_profile = 0, False, []
+    last_on: dict[str, frozenset[int]] = {}  # the GPU types each job last ran on
+    migrations = 0
     reset_s = float(getattr(allocator, "reset_s", config.reset_s))
 
     def profile(segs: list[tuple[float, str, int]]) -> list[tuple[float, float, float, dict[str, int]]]:
@@ -194,8 +198,8 @@ def simulate_rounds(
                 if d > a:
                     busy[c] += size[j]
                     w += watts[j][c]
-            w += sum((capacity[c] - busy[c]) * idle_w[c] for c in range(len(types)))
-            out.append((a, b, w, {t: busy[col[t]] for t in types}))
+            w += sum(float(capacity[c] - busy[c]) * float(idle_w[c]) for c in range(len(types)))
+            out.append((a, b, float(w), {t: busy[col[t]] for t in types}))
             a = b
         return out
 
@@ -329,6 +333,10 @@ def simulate_rounds(
                     rec.placed_s = now
                 rec.gpu_type = t
         for j, cols in copies.items():
+            where = frozenset(cols)
+            if last_on.get(j, where) != where:
+                migrations += 1  # moved to other GPU types between rounds (free in Gavel's model)
+            last_on[j] = where
             if len(cols) == 1:  # Gavel's rule: whole steps, the round's worth or what is left
                 c = cols[0]
                 rate = true_rate[j][c]
@@ -350,9 +358,9 @@ def simulate_rounds(
     for j in unfinished:
         if j in first_s:
             records[j].run_s = now - first_s[j]
-    return SimResult(policy=allocator.name, energy_j=total_j, jobs=records, decision_ms=decision_ms,
-                     power_trace=trace, end_s=now, unfinished=unfinished, occupancy=occupancy,
-                     fleet=dict(fleet))
+    return SimResult(policy=allocator.name, energy_j=float(total_j), jobs=records, decision_ms=decision_ms,
+                     power_trace=trace, end_s=float(now), unfinished=unfinished, occupancy=occupancy,
+                     fleet=dict(fleet), migrations=migrations)
 
 
 def _repeats(batch, now, active, share, plan_rate, true_rate, left, config: RoundConfig, *,

@@ -124,14 +124,15 @@ class SimPolicy:
     rounds: bool = False  # a round-based allocator (sim.rounds) rather than a placement policy
 
 
-def make_peer(name: str, seed: int = 0):
-    """A fresh round-based allocator for the peer called ``name`` (see ``PEER_POLICIES``)."""
+def make_peer(name: str, seed: int = 0, rltune_model=None):
+    """A fresh round-based allocator for the peer called ``name`` (see ``PEER_POLICIES``);
+    ``rltune_model``: the ``rltune`` agent's directory (default: the shipped one)."""
     if name in HADAR_POLICIES:
         return make_hadar_policy(name)
     if name == "rltune":  # the shipped agent (models/rltune), trained by `gogh rltune train`
         from gogh_flows.sim.rltune import make_rltune
 
-        return make_rltune()
+        return make_rltune(rltune_model)
     if name in GAVEL_POLICIES:
         return make_gavel_policy(name, seed)
     raise ValueError(f"unknown peer policy {name!r}; choose from: {', '.join(PEER_POLICIES)}")
@@ -139,7 +140,7 @@ def make_peer(name: str, seed: int = 0):
 
 def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
                 time_limit_s: float = 2.0, predictors=None, gpu_types=None,
-                risk_level: float | None = None) -> SimPolicy:
+                risk_level: float | None = None, rltune_model=None) -> SimPolicy:
     """``predictors`` (a ``sim.learned.Predictors``) is needed by the learned policies only.
 
     A learned policy gets a fresh planning view for every simulation: what it learned
@@ -164,7 +165,7 @@ def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
         return SimPolicy(name, GoghOptimizer(time_limit_s=time_limit_s, name=name),
                          LearnedThroughputs(predictors, types, refine=(name == "gogh"), risk_level=risk_level))
     if name in PEER_POLICIES:
-        return SimPolicy(name, make_peer(name, seed), TableThroughputs(truth), rounds=True)
+        return SimPolicy(name, make_peer(name, seed, rltune_model), TableThroughputs(truth), rounds=True)
     if name == "oracle":
         return SimPolicy(name, GoghOptimizer(time_limit_s=time_limit_s, name="oracle"),
                          TableThroughputs(truth))
@@ -190,6 +191,7 @@ def run_policies(
     progress: Callable[[str, int, int], None] | None = None,
     predictors=None,
     risk_level: float | None = None,
+    rltune_model=None,
 ) -> dict[str, SimResult]:
     """Simulate each named policy on the identical stream; results keyed by policy name.
 
@@ -202,7 +204,7 @@ def run_policies(
     config = config or SimConfig()
     types = sorted({g.gpu_type for g in gpus})
     policies = [make_policy(n, truth, config.seed, predictors=predictors, gpu_types=types,
-                            risk_level=risk_level) for n in names]  # validate all first
+                            risk_level=risk_level, rltune_model=rltune_model) for n in names]  # validate all first
     out: dict[str, SimResult] = {}
     for p in policies:
         cb = (lambda done, total, name=p.name: progress(name, done, total)) if progress else None
