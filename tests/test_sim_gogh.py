@@ -278,3 +278,20 @@ def test_a_risk_level_plans_unmeasured_entries_at_their_lower_bound(predictors):
     assert careful.isolated(job, "t4") == pytest.approx(point.isolated(job, "t4") * math.exp(-0.27))
     with pytest.raises(NoIntervalsError, match="intervals"):
         LearnedThroughputs(predictors, TYPES, risk_level=0.9)
+
+
+def test_a_new_job_type_is_first_offered_only_the_type_chosen_to_measure_it_on(predictors):
+    from gogh_flows.sim.learned import middle_types
+
+    assert middle_types(["v100", "p100", "k80"]) == ("p100",)
+    view = LearnedThroughputs(predictors, TYPES, refine=True, explore_types=("t4",))
+    plain = LearnedThroughputs(predictors, TYPES, refine=True)
+    easy = Job("x", "ResNet-50 (batch size 32)", 1e-6, 100.0)
+    assert view.isolated(easy, "v100") == 0.0 and view.isolated(easy, "t4") == pytest.approx(plain.isolated(easy, "t4"))
+    # a requirement the t4 is not predicted to meet: the whole fleet stays open
+    hard = Job("y", "ResNet-50 (batch size 32)", 2 * plain.isolated(easy, "t4"), 100.0)
+    assert view.isolated(hard, "v100") > 0
+    # once a job of the type was measured, every type is open again
+    ObservedThroughputs(view).observe(easy, "t4", None, plain.isolated(easy, "t4"))
+    later = Job("z", "ResNet-50 (batch size 32)", 1e-6, 100.0)
+    assert view.isolated(later, "v100") > 0

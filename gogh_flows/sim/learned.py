@@ -96,7 +96,8 @@ class LearnedThroughputs:
 
     def __init__(self, predictors: Predictors, gpu_types: Sequence[str], *, refine: bool = True,
                  features: Mapping[str, object] | None = None,
-                 default_activity: float = DEFAULT_ACTIVITY, risk_level: float | None = None) -> None:
+                 default_activity: float = DEFAULT_ACTIVITY, risk_level: float | None = None,
+                 explore_types: Sequence[str] = ()) -> None:
         from gogh_flows.predict.service import ThroughputPredictor
 
         self.refine = refine
@@ -109,6 +110,10 @@ class LearnedThroughputs:
         # Planning with margin (issue: calibrated uncertainty): the lower end of the refiner's
         # interval at ``risk_level``, wide before a job type is measured, narrower after.
         self.risk_level = risk_level
+        # Choosing the observation (issue 13, item 4): a job type nothing was measured of is
+        # first offered only these GPU types, when one of them is predicted to meet its
+        # requirement, so its first measurement is taken where it tells the most.
+        self.explore_types = tuple(g for g in explore_types if g in self.col)
         self._shrink = {}
         if risk_level is not None:
             from gogh_flows.predict.intervals import NoIntervalsError
@@ -215,6 +220,11 @@ class LearnedThroughputs:
             case = "isolated_1obs" if (typed or own) else "isolated"
             keep = np.array([g in typed or g in own for g in self.gpus])
             row = np.where(keep, row, row * self._shrink[case])
+        if self.explore_types and not (typed or own or self._measured.get(job.job_type)):
+            first = np.array([g in self.explore_types for g in self.gpus])
+            need = np.array([job.required_throughput / self._gang(job.num_gpus, g) for g in self.gpus])
+            if (row[first] >= need[first]).any():  # it can start there: nowhere else, for now
+                row = np.where(first, row, 0.0)
         stamp = (job.required_throughput, self._version.get(job.job_type, 0), len(own), len(typed),
                  self._measured_version)
         hit = self._floored.get(job.id)
@@ -338,8 +348,17 @@ class LearnedThroughputs:
         self._dirty.add(job.job_type)
 
 
+def middle_types(gpu_types: Sequence[str]) -> tuple[str, ...]:
+    """The fleet's middle GPU type by FP32 peak (of V100, P100, K80: the P100): a first
+    measurement there sits between the others, the parameter-free choice of issue 13's item 4."""
+    from gogh_flows.catalog import get_gpu_type
+
+    ranked = sorted(dict.fromkeys(gpu_types), key=lambda g: (get_gpu_type(g).fp32_tflops, g))
+    return (ranked[len(ranked) // 2],) if ranked else ()
+
+
 def _geomean(values: list[float]) -> float:
     return float(np.exp(np.mean(np.log(values))))
 
 
-__all__ = ["LearnedThroughputs", "Predictors", "gang_scaling"]
+__all__ = ["LearnedThroughputs", "Predictors", "gang_scaling", "middle_types"]
