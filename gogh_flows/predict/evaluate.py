@@ -379,6 +379,15 @@ def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], la
     type_mean = PriorRow.type_mean(truth_train, len(test), g)
     partner_mean = PriorRow.partner_mean(truth_train, len(test), g)
     roof = PriorRow.roofline(truth_train, roofline_log(full, train.names), roofline_log(full, test), g)
+    seen: dict[tuple[int, bytes], tuple[np.ndarray, np.ndarray]] = {}
+
+    def both(i: int, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """P2's and the roofline's rows for one reveal, computed once for every ensemble weight."""
+        key = (i, np.asarray(obs).tobytes())
+        if key not in seen:
+            seen[key] = (p2.refine(p1_test[i], obs)[0], roof.complete(i, obs))
+        return seen[key]
+
     return {
         "p1": lambda i, obs: np.where(np.isfinite(obs), obs, p1_test[i]),
         "p2": lambda i, obs: p2.refine(p1_test[i], obs)[0],
@@ -388,9 +397,8 @@ def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], la
         "type_mean": type_mean.complete,
         "partner_mean": partner_mean.complete,
         "roofline": roof.complete,
-        "ensemble": lambda i, obs: blend(p2.refine(p1_test[i], obs)[0], roof.complete(i, obs), *ensemble, g),
-        **{f"ensemble@{w:g}": (lambda i, obs, w=w: blend(p2.refine(p1_test[i], obs)[0], roof.complete(i, obs), w, w, g))
-           for w in ENSEMBLE_WEIGHTS},
+        "ensemble": lambda i, obs: blend(*both(i, obs), *ensemble, g),
+        **{f"ensemble@{w:g}": (lambda i, obs, w=w: blend(*both(i, obs), w, w, g)) for w in ENSEMBLE_WEIGHTS},
     }
 
 
@@ -434,8 +442,12 @@ def inner_abs_errors(full: MeasuredSet, train: MeasuredSet, layout: Layout, oof:
                      protocols: Sequence[str] = INTERVAL_PROTOCOLS) -> dict[str, dict[str, np.ndarray]]:
     """:func:`inner_family_errors` pooled over the families: what the intervals are calibrated
     on, so the held-out family never shapes its own interval."""
-    by = inner_family_errors(full, train, layout, oof, config, methods, protocols)
-    return {m: {p: np.concatenate(v) if v else np.empty(0) for p, v in ps.items()} for m, ps in by.items()}
+    return pooled(inner_family_errors(full, train, layout, oof, config, methods, protocols))
+
+
+def pooled(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]]) -> dict[str, dict[str, np.ndarray]]:
+    """Per-family error arrays concatenated, per method and protocol."""
+    return {m: {p: np.concatenate(v) if v else np.empty(0) for p, v in ps.items()} for m, ps in by_family.items()}
 
 
 def calibrate_p2(data: MeasuredSet, oof: np.ndarray, config: EvalConfig) -> Intervals:
@@ -475,7 +487,7 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
                                 methods=(*(m for m in METHODS if m != "ensemble"), *candidates) if intervals
                                 else candidates,
                                 protocols=INTERVAL_PROTOCOLS if intervals else ("isolated_1obs", "colocated_1obs"))
-    calib = {m: {p: np.concatenate(v) if v else np.empty(0) for p, v in ps.items()} for m, ps in inner.items()}
+    calib = pooled(inner)
     weights = choose_ensemble(inner)
     if intervals:
         calib["ensemble"] = {p: calib[f"ensemble@{weights[0] if PROTOCOLS[p][0] == 'isolated' else weights[1]:g}"][p]
