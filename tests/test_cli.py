@@ -107,6 +107,30 @@ def test_simulate_over_seeds_reports_one_window_for_every_policy_and_the_spread(
     assert "--seeds must be comma-separated integers such as 0,1,2, got '0,x'" in capsys.readouterr().err
 
 
+def test_simulate_floor_sits_below_every_policy_that_met_its_requirements(gavel_dir, tmp_path, capsys):
+    out = tmp_path / "floor.json"
+    rc = main(["simulate", "--truth", str(gavel_dir / "simulation_throughputs.json"),
+               "--trace", str(gavel_dir / "traces" / "physical_cluster" / "small_test.trace"),
+               "--cluster", "v100=2,p100=2,k80=4", "--policy", "greedy-fastest,oracle,oracle+limits",
+               "--seeds", "0,1", "--floor", "--json", str(out)])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    assert data["floor"]["limit_levels"] == [0.0, 0.25, 0.5, 0.75]
+    for figures in data["per_seed"].values():
+        wait, due = figures["floor, may wait"], figures["floor, by greedy-fastest"]
+        assert wait["energy_kwh_on"] <= due["energy_kwh_on"] * (1 + 1e-9)
+        for name in ("greedy-fastest", "oracle", "oracle+limits"):
+            if figures[name]["sla_attainment"] == 1.0:
+                assert figures[name]["energy_kwh_on"] >= wait["energy_kwh_on"] * (1 - 1e-6), name
+                assert figures[name]["energy_kwh_parked"] >= wait["energy_kwh_parked"] * (1 - 1e-6), name
+        # greedy-fastest finished every job by its own finish times: it meets that floor too
+        assert figures["greedy-fastest"]["energy_kwh_on"] >= due["energy_kwh_on"] * (1 - 1e-6)
+        assert wait["on_vs_greedy-fastest"] == pytest.approx(
+            wait["energy_kwh_on"] / figures["greedy-fastest"]["energy_kwh_on"])
+    assert "floor, may wait" in data["spread"]
+    assert "floor, may wait: the least any schedule" in capsys.readouterr().err
+
+
 def test_simulate_generated_arrivals_on_synthetic_fleet(gavel_dir, tmp_path, monkeypatch):
     monkeypatch.setenv("GOGH_GAVEL_DIR", str(gavel_dir))  # for the Philly duration distribution
     out = tmp_path / "gen.json"

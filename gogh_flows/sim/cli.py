@@ -12,7 +12,9 @@ from pathlib import Path
 
 from gogh_flows.sim.run import (
     ALL_POLICIES,
+    DEFAULT_LIMIT_LEVELS,
     LEARNED_POLICIES,
+    LIMITS_SUFFIX,
     SIM_POLICIES,
     base_policy,
     best_isolated,
@@ -67,6 +69,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="a move must cut the job's predicted remaining time (or energy) by this fraction")
     p.add_argument("--migration-s", type=float, default=60.0,
                    help="seconds without progress after a running job moves")
+    p.add_argument("--floor", action="store_true",
+                   help="add the least energy any schedule could spend on these jobs (a linear relaxation with "
+                        "the fleet's capacity and hindsight; with the limit levels when a +limits policy runs): "
+                        "how much there was to save, beside what each policy saved")
     p.add_argument("--json", help="write the figures to this file")
     p.add_argument("--plot", help="write a PNG: energy vs SLA attainment, and JCT CDF")
     p.set_defaults(func=cmd_simulate)
@@ -162,6 +168,15 @@ def _run_one(args: argparse.Namespace, truth: ThroughputTable, gpus: list, names
                                risk_level=args.risk_level, rltune_model=args.rltune_model)
     accounts = energy_accounts(results)
     policies = {name: {**r.summary(), **accounts[name].as_row()} for name, r in results.items()}
+    if args.floor:
+        from collections import Counter
+
+        from gogh_flows.sim.bound import floor_rows
+        from gogh_flows.sim.engine import TrueRates
+
+        limited = any(LIMITS_SUFFIX in n for n in names)
+        policies.update(floor_rows(jobs, Counter(g.gpu_type for g in gpus), TrueRates(truth, args.noise, seed),
+                                   results, levels=DEFAULT_LIMIT_LEVELS if limited else ()))
     return jobs, predictors, results, policies
 
 
@@ -236,6 +251,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                                  "last completion of any): always on (every GPU at least idle) and parked "
                                  "(empty GPUs at 0 W); on_vs_X / parked_vs_X are ratios to policy X",
                "predictors": predictors.description if predictors is not None else None}
+    if args.floor:
+        figures["floor"] = {
+            "limit_levels": list(DEFAULT_LIMIT_LEVELS) if any(LIMITS_SUFFIX in n for n in names) else [],
+            "meaning": "rows 'floor, may wait' and 'floor, by greedy-fastest' under policies: the least energy any "
+                       "schedule meeting every requirement could spend on these jobs (gogh_flows/sim/bound.py)"}
     if len(seeds) > 1:
         figures["seeds"] = seeds
         figures["per_seed"] = {str(s): f for s, f in per_seed.items()}
@@ -257,6 +277,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             print(pl.DataFrame(rows))
     print("energy_kwh: each policy's own run; energy_kwh_on / _parked: one common window for every "
           "policy, always on / idle GPUs parked; on_vs_X, parked_vs_X: ratios to policy X", file=sys.stderr)
+    if args.floor:
+        print("floor, may wait: the least any schedule meeting every requirement could spend on these jobs "
+              "(capacity, hindsight, jobs free to wait to the window's end); floor, by greedy-fastest: the same, "
+              "no job done later than greedy-fastest did it. Limit levels "
+              + (",".join(f"{f:g}" for f in DEFAULT_LIMIT_LEVELS) if any(LIMITS_SUFFIX in n for n in names)
+                 else "none (no +limits policy ran)") + "; docs/evaluation.md", file=sys.stderr)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")
