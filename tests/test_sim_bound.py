@@ -33,9 +33,18 @@ def test_a_job_no_type_can_serve_is_reported_not_counted():
     assert floor.infeasible == ("x",) and floor.per_job_above_kwh == 0.0
 
 
+def test_a_gang_needs_as_many_gpus_of_its_type_in_the_fleet():
+    gang = J("g", "a", 1000.0, 0.0, 12.0, num_gpus=2)  # only two V100s together (18 steps/s) serve it
+    rates = TrueRates(_table(), 0.0, 0)
+    assert energy_floor([gang], {"v100": 1, "t4": 4}, rates, levels=()).infeasible == ("g",)
+    v100 = get_gpu_type("v100")
+    floor = energy_floor([gang], {"v100": 2}, rates, levels=())
+    assert floor.per_job_above_kwh == pytest.approx(2 * 0.5 * (v100.tdp_w - v100.idle_w) * 1000.0 / 18.0 / J_PER_KWH)
+
+
 def test_sharing_and_limits_are_configurations_that_meet_both_requirements():
     jobs = [J("x", "a", 100.0, 0.0, 5.0), J("y", "b", 100.0, 0.0, 11.0)]
-    configs = job_configurations(jobs, ["t4", "v100"], TrueRates(_table(), 0.0, 0), levels=DEFAULT_LIMIT_LEVELS)
+    configs = job_configurations(jobs, {"t4": 1, "v100": 1}, TrueRates(_table(), 0.0, 0), levels=DEFAULT_LIMIT_LEVELS)
     # every configuration meets the job's own requirement
     for job in jobs:
         assert (configs[job.id].rate >= job.required_throughput * (1 - 1e-9)).all()
@@ -44,7 +53,7 @@ def test_sharing_and_limits_are_configurations_that_meet_both_requirements():
     assert ((configs["x"].gpu_type == v100) & (configs["x"].rate <= 6.0 + 1e-9)).any()
     # a tighter partner requirement rules the pair out: 'b' needing 13 cannot share
     strict = [J("x", "a", 100.0, 0.0, 5.0), J("y", "b", 100.0, 0.0, 13.0)]
-    cfg = job_configurations(strict, ["v100"], TrueRates(_table(), 0.0, 0), levels=())
+    cfg = job_configurations(strict, {"v100": 1}, TrueRates(_table(), 0.0, 0), levels=())
     assert (cfg["x"].rate > 6.0).all()  # only alone (10 steps/s) is left for 'x'
 
 

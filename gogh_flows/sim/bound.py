@@ -115,10 +115,12 @@ def _at_limit(energy: EnergyModel, gpu_type: str, p0: np.ndarray, limits: np.nda
     return np.where(at_top, 1.0, s / s_top), np.where(at_top, p0, np.minimum(p0, p * p0 / p_top))
 
 
-def job_configurations(jobs: Sequence[SimJob], gpu_types: Sequence[str], rates: TrueRates,
+def job_configurations(jobs: Sequence[SimJob], fleet: Mapping[str, int], rates: TrueRates,
                        energy: EnergyModel | None = None,
                        levels: Sequence[float] = FINE_LEVELS) -> dict[str, Configurations]:
-    """Every job's configurations that meet its requirement (and its partner's), by job id."""
+    """Every job's configurations that meet its requirement (and its partner's), by job id; a
+    gang only on a type with as many GPUs in ``fleet`` (GPUs per type)."""
+    gpu_types = sorted(fleet)
     energy = energy or EnergyModel()
     view = rates.view
     as_job = {s.id: Job(s.id, s.job_type, float(s.required_throughput), float(s.total_steps), s.num_gpus)
@@ -144,7 +146,7 @@ def job_configurations(jobs: Sequence[SimJob], gpu_types: Sequence[str], rates: 
         iso = {j: rates.alone(job, t) for j, job in as_job.items()}
         act = {jt: view.activity(job, t) for jt, job in first.items()}
         for j, job in as_job.items():  # alone, on each of its GPUs
-            if iso[j] <= 0:
+            if iso[j] <= 0 or job.num_gpus > fleet[t]:
                 continue
             slow, board = _at_limit(energy, t, np.array([idle + act[job.job_type] * dyn]), lims)
             ok = iso[j] / slow >= rho[j] * (1 - 1e-9)
@@ -317,7 +319,7 @@ def energy_floor(jobs: Sequence[SimJob], fleet: Mapping[str, int], rates: TrueRa
     beyond it. Without, a job may wait until the window's end.
     """
     gpu_types = sorted(fleet)
-    configs = job_configurations(jobs, gpu_types, rates, energy, levels)
+    configs = job_configurations(jobs, fleet, rates, energy, levels)
     infeasible = tuple(s.id for s in jobs if s.id not in configs)
     per_above = sum(s.total_steps * configs[s.id].above_j.min() for s in jobs if s.id in configs)
     per_total = sum(s.total_steps * configs[s.id].total_j.min() for s in jobs if s.id in configs)
