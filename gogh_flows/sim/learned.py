@@ -147,6 +147,7 @@ class LearnedThroughputs:
         self._with_siblings: dict[str, tuple[tuple[int, int], np.ndarray]] = {}
         # per job: what the simulator's overlay answers with exact measurements
         self._alone_seen: dict[str, set[str]] = {}  # job id -> GPU types measured alone on
+        self._own_rate: dict[tuple[str, str], float] = {}  # (job id, GPU type) -> its rate alone there
         self._floored: dict[str, tuple[tuple, np.ndarray]] = {}  # job id -> (stamp, row)
         self.refinements = 0  # how many times a type's row was recomputed (for reports)
 
@@ -230,12 +231,23 @@ class LearnedThroughputs:
         hit = self._floored.get(job.id)
         if hit is not None and hit[0] == stamp:
             return hit[1]
-        # GPU types nobody measured this job type on are lifted first; failing those, the
-        # ones only *other* jobs of its type were measured on (with measurement noise a
-        # job can reach its requirement where its type's mean does not)
-        out = self._floor(job, row, own | typed)
-        if out is None:
-            out = self._floor(job, row, own)
+        # Nothing to lift when the job meets its requirement somewhere already: where it was
+        # measured to (its own measurements, at its gang size), or where a type it has not
+        # tried is predicted to (one its siblings were measured on counts). Lifting the others
+        # then would offer a cheaper type predicted short, to be measured short, or move the
+        # job there from where it was fine (a job visited V100, T4 and K80 in turn while its
+        # type's H100 measurement met it).
+        need = np.array([job.required_throughput / self._gang(job.num_gpus, g) for g in self.gpus])
+        untried = np.array([g not in own and row[i] > 0 for i, g in enumerate(self.gpus)])
+        met = any(self._own_rate.get((job.id, g), 0.0) >= job.required_throughput * (1 - 1e-9) for g in own)
+        out = None
+        if not met and not (row[untried] >= need[untried] * (1 - 1e-9)).any():
+            # GPU types nobody measured this job type on are lifted first; failing those, the
+            # ones only *other* jobs of its type were measured on (with measurement noise a
+            # job can reach its requirement where its type's mean does not)
+            out = self._floor(job, row, own | typed)
+            if out is None:
+                out = self._floor(job, row, own)
         row = row if out is None else out
         self._floored[job.id] = (stamp, row)
         return row
@@ -317,6 +329,7 @@ class LearnedThroughputs:
             # value here, so the feasibility floor must lift the types not yet tried instead
             # (gogh-p1 once left jobs measured short on their floored best type queued forever)
             self._alone_seen.setdefault(job.id, set()).add(gpu_type)
+            self._own_rate[(job.id, gpu_type)] = rate
         if not self.refine or not rate > 0:
             return  # an observed 0 (did not run) stays with the simulator's exact overlay
         single = rate / self._gang(job.num_gpus, gpu_type)
