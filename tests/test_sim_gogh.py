@@ -253,6 +253,21 @@ def test_nothing_is_lifted_while_a_measured_sibling_type_meets_the_requirement(p
     assert planning.isolated(job, "t4") < 10.0
 
 
+def test_a_gang_measured_short_where_single_gpus_promise_enough_is_still_placed_somewhere(predictors):
+    """The floor judges a gang by what it would be told: a gang size measured on a type answers
+    as measured, however fast single GPUs of the type were. (Judged by the single-GPU row, a
+    2-GPU job whose type's 2-GPU runs on the V100 fell short was thought feasible there, nothing
+    was lifted, and it was never placed: six unfinished jobs in a run.)"""
+    view = LearnedThroughputs(predictors, TYPES, refine=True)
+    planning = ObservedThroughputs(view)
+    jt = "ResNet-50 (batch size 32)"
+    planning.observe(Job("s1", jt, 1.0, 100.0), "v100", None, 11.0)  # one GPU: 11 steps/s
+    planning.observe(Job("s2", jt, 1.0, 100.0, num_gpus=2), "v100", None, 12.0)  # two: only 12
+    gang = Job("b", jt, 15.0, 100.0, num_gpus=2)
+    assert planning.isolated(gang, "v100") == pytest.approx(12.0)
+    assert max(planning.isolated(gang, g) for g in TYPES) >= 15.0
+
+
 def test_a_measured_sibling_of_the_same_family_moves_an_unmeasured_type(predictors):
     view = LearnedThroughputs(predictors, TYPES, refine=True)
     sib, new = "ResNet-50 (batch size 64)", "ResNet-50 (batch size 32)"

@@ -227,7 +227,9 @@ class LearnedThroughputs:
             if (row[first] >= need[first]).any():  # it can start there: nowhere else, for now
                 row = np.where(first, row, 0.0)
         stamp = (job.required_throughput, self._version.get(job.job_type, 0), len(own), len(typed),
-                 self._measured_version)
+                 self._measured_version, tuple(self._own_rate.get((job.id, g)) for g in own),
+                 tuple(len(self._gang_seen.get((job.job_type, job.num_gpus, g), ())) for g in self.gpus)
+                 if job.num_gpus > 1 else ())
         hit = self._floored.get(job.id)
         if hit is not None and hit[0] == stamp:
             return hit[1]
@@ -238,10 +240,17 @@ class LearnedThroughputs:
         # job there from where it was fine (a job visited V100, T4 and K80 in turn while its
         # type's H100 measurement met it).
         need = np.array([job.required_throughput / self._gang(job.num_gpus, g) for g in self.gpus])
-        untried = np.array([g not in own and row[i] > 0 for i, g in enumerate(self.gpus)])
+        # what isolated() answers, per GPU: a gang size measured on a type answers as measured
+        answer = row.copy()
+        if job.num_gpus > 1:
+            for i, g in enumerate(self.gpus):
+                seen = self._gang_seen.get((job.job_type, job.num_gpus, g))
+                if seen:
+                    answer[i] = _geomean(seen) / self._gang(job.num_gpus, g)
+        untried = np.array([g not in own and answer[i] > 0 for i, g in enumerate(self.gpus)])
         met = any(self._own_rate.get((job.id, g), 0.0) >= job.required_throughput * (1 - 1e-9) for g in own)
         out = None
-        if not met and not (row[untried] >= need[untried] * (1 - 1e-9)).any():
+        if not met and not (answer[untried] >= need[untried] * (1 - 1e-9)).any():
             # GPU types nobody measured this job type on are lifted first; failing those, the
             # ones only *other* jobs of its type were measured on (with measurement noise a
             # job can reach its requirement where its type's mean does not)
