@@ -10,7 +10,7 @@ import pytest
 from gogh_flows.catalog import get_gpu_type
 from gogh_flows.energy import J_PER_KWH
 from gogh_flows.sim.account import energy_accounts
-from gogh_flows.sim.bound import energy_floor, job_configurations
+from gogh_flows.sim.bound import INFEASIBLE, energy_floor, job_configurations
 from gogh_flows.sim.engine import SimConfig, TrueRates
 from gogh_flows.sim.run import DEFAULT_LIMIT_LEVELS, parse_cluster, run_policies
 from test_sim_engine import J, _random_stream, _table
@@ -76,7 +76,7 @@ def test_capacity_binds_when_jobs_contend_for_the_efficient_gpu():
     assert tight.fleet_above_kwh == pytest.approx(expect, rel=1e-6)
     # impossible deadlines: no schedule meets them, so there is no floor to report
     none = energy_floor(jobs, fleet, rates, levels=(), window_s=10_000.0, deadlines={j.id: 50.0 for j in jobs})
-    assert none.fleet_above_kwh is None and none.notes
+    assert none.fleet_above_kwh is None and none.notes == (INFEASIBLE,)
 
 
 @pytest.mark.parametrize("seed", [1, 4, 9])
@@ -110,3 +110,19 @@ def test_no_policy_that_met_every_requirement_spent_less_than_the_floor(seed):
     assert due.fleet_above_kwh >= floor.fleet_above_kwh * (1 - 1e-9)
     g = acc_on["greedy-fastest"]
     assert g.always_on_kwh - g.idle_floor_kwh >= due.fleet_above_kwh * (1 - 1e-6)
+
+
+def test_when_glop_gives_up_highs_solves_the_same_program(monkeypatch):
+    """GLOP answered ABNORMAL on a badly conditioned program (the MSR trace with noise and
+    deadlines); the floor then asks HiGHS, which must give the same optimum as GLOP does."""
+    from ortools.linear_solver.python import model_builder as mb
+
+    jobs = _random_stream(12, seed=3)
+    fleet = {"v100": 1, "t4": 2}
+    rates = TrueRates(_table(), 0.0, 3)
+    glop = energy_floor(jobs, fleet, rates, levels=DEFAULT_LIMIT_LEVELS, window_s=40_000.0, buckets=12)
+    monkeypatch.setattr(mb.Solver, "solve", lambda self, model: mb.SolveStatus.ABNORMAL)
+    highs = energy_floor(jobs, fleet, rates, levels=DEFAULT_LIMIT_LEVELS, window_s=40_000.0, buckets=12)
+    assert glop.fleet_above_kwh is not None and highs.notes == ()
+    assert highs.fleet_above_kwh == pytest.approx(glop.fleet_above_kwh, rel=1e-6)
+    assert highs.fleet_total_kwh == pytest.approx(glop.fleet_total_kwh, rel=1e-6)

@@ -46,12 +46,18 @@ from gogh_flows.placement.problem import Job
 from gogh_flows.power_limits import _predict_arrays, default_limit_model
 from gogh_flows.sim.engine import SimJob, SimResult, TrueRates
 
-__all__ = ["EnergyFloor", "FINE_LEVELS", "energy_floor", "floor_rows", "job_configurations"]
+__all__ = ["INFEASIBLE", "EnergyFloor", "FINE_LEVELS", "energy_floor", "floor_rows", "job_configurations"]
 
 #: "any limit in the range": 5% steps (the policies choose among a handful of levels)
 FINE_LEVELS = tuple(round(0.05 * i, 2) for i in range(20))
 #: bounds the relaxation's size (variables ~ jobs x configurations x buckets)
 MAX_LP_VARIABLES = 400_000
+#: the least time a job is given in a bucket it may use at all (numerical conditioning)
+MIN_OPEN_S = 60.0
+#: why a floor is missing when no schedule meeting every requirement meets the deadlines (with
+#: measurement noise a reference policy can finish a job sooner by running it, or its partner,
+#: below its requirement)
+INFEASIBLE = "infeasible: no schedule meeting every requirement finishes every job by its deadline"
 
 
 @dataclass(frozen=True)
@@ -236,10 +242,10 @@ def _spans(jobs: Sequence[SimJob], window_s: float, deadlines: Mapping[str, floa
 def _fleet_lp(jobs: Sequence[SimJob], configs: Mapping[str, Configurations], keep: Mapping[str, np.ndarray],
               fleet: Mapping[str, int], gpu_types: Sequence[str], window_s: float, buckets: int,
               deadlines: Mapping[str, float] | None, use_total: bool,
-              time_limit_s: float) -> tuple[float | None, dict[tuple[str, bool, float], float]]:
-    """The relaxation's optimum in kWh (None when GLOP does not prove it optimal, or a job cannot
-    be done by its deadline, which no schedule then meets either) and how it does the work:
-    share of the GPU-hours it uses per (GPU type, shared, limit W)."""
+              time_limit_s: float) -> tuple[float | None, dict[tuple[str, bool, float], float], str]:
+    """The relaxation's optimum in kWh, how it does the work (share of the GPU-hours it uses per
+    (GPU type, shared, limit W)) and, when there is no optimum, why: :data:`INFEASIBLE` (no
+    schedule meeting every requirement meets the deadlines either) or GLOP's status."""
     import scipy.sparse as sp
     from ortools.linear_solver.python import model_builder as mb
 
@@ -253,6 +259,9 @@ def _fleet_lp(jobs: Sequence[SimJob], configs: Mapping[str, Configurations], kee
         k = keep[s.id]
         cost = (c.total_j if use_total else c.above_j)[k] * s.total_steps / J_PER_KWH
         end = min(window_s, deadlines.get(s.id, window_s)) if deadlines else window_s
+        # not even its fastest configuration finishes it in time: no schedule meets the deadline
+        if (end - s.arrival_s) * float(c.rate[k].max()) < s.total_steps * (1 - 1e-6):
+            return None, {}, INFEASIBLE
         for b in range(*spans[s.id]):
             open_s = min(edges[b + 1], end) - max(edges[b], s.arrival_s)
             if open_s <= 0:
@@ -264,28 +273,33 @@ def _fleet_lp(jobs: Sequence[SimJob], configs: Mapping[str, Configurations], kee
             blocks["hours"].append(s.total_steps / c.rate[k] / 3600.0)  # hours to do all of it there
             blocks["type"].append(c.gpu_type[k])
             blocks["bucket"].append(np.full(n, b))
-            blocks["open"].append(np.full(n, open_s / 3600.0))
+            # a sliver of a bucket (a deadline just past its start) counts as a minute: more time
+            # only loosens the relaxation, and a coefficient ratio of 1e7 makes GLOP give up
+            blocks["open"].append(np.full(n, max(open_s, MIN_OPEN_S) / 3600.0))
             blocks["shared"].append(c.shared[k])
             blocks["limit"].append(c.limit_w[k])
         n_jobs += 1
     if not blocks:
-        return 0.0, {}
+        return 0.0, {}, ""
     col = {name: np.concatenate(parts) for name, parts in blocks.items()}
     if np.unique(col["job"]).size < n_jobs:
-        return None, {}  # a job with no time at all before its deadline
+        return None, {}, INFEASIBLE  # a job with no time at all before its deadline
     n_var = col["cost"].size
     # rows: each job done once; a job's time within a bucket; a type's board-time per bucket
     jb_unique, jb_row = np.unique(col["job"] * buckets + col["bucket"], return_inverse=True)
     jb_open = np.zeros(jb_unique.size)
     np.maximum.at(jb_open, jb_row, col["open"])
     cap_row = col["type"] * buckets + col["bucket"]
-    var = np.arange(n_var)
-    matrix = sp.csr_matrix(
-        (np.concatenate([np.ones(n_var), col["hours"], col["board"]]),
-         (np.concatenate([col["job"], n_jobs + jb_row, n_jobs + jb_unique.size + cap_row]), np.tile(var, 3))),
-        shape=(n_jobs + jb_unique.size + len(gpu_types) * buckets, n_var))
     hours = np.diff(edges) / 3600.0
     capacity = np.array([fleet.get(t, 0) * h for t in gpu_types for h in hours])
+    # every row scaled to a right-hand side of 1 (time as a share of the open time, board time
+    # as a share of the capacity): hours and GPU-hours of a long trace span 1e-2..1e5
+    var = np.arange(n_var)
+    matrix = sp.csr_matrix(
+        (np.concatenate([np.ones(n_var), col["hours"] / jb_open[jb_row], col["board"] / capacity[cap_row]]),
+         (np.concatenate([col["job"], n_jobs + jb_row, n_jobs + jb_unique.size + cap_row]), np.tile(var, 3))),
+        shape=(n_jobs + jb_unique.size + len(gpu_types) * buckets, n_var))
+    jb_open, capacity = np.ones(jb_unique.size), np.ones(capacity.size)
     free = np.full(jb_unique.size + capacity.size, -np.inf)
     model = mb.Model()
     model.helper.fill_model_from_sparse_data(
@@ -293,14 +307,31 @@ def _fleet_lp(jobs: Sequence[SimJob], configs: Mapping[str, Configurations], kee
         np.concatenate([np.ones(n_jobs), jb_open, capacity]), matrix)
     solver = mb.Solver("glop")
     solver.set_time_limit_in_seconds(time_limit_s)
-    if solver.solve(model) != mb.SolveStatus.OPTIMAL:
-        return None, {}
-    done = np.asarray(solver.values(model.get_variables()), dtype=float) * col["board"]  # GPU-h
+    status = solver.solve(model)
+    if status == mb.SolveStatus.OPTIMAL:
+        value, x = float(solver.objective_value), np.asarray(solver.values(model.get_variables()), dtype=float)
+    elif status == mb.SolveStatus.INFEASIBLE:
+        return None, {}, INFEASIBLE
+    else:
+        # GLOP gives up on some badly conditioned programs (ABNORMAL on the MSR trace with noise
+        # and deadlines); HiGHS, through scipy, solves them to optimality
+        from scipy.optimize import linprog
+
+        rows_ub = matrix[n_jobs:]
+        res = linprog(col["cost"], A_ub=rows_ub, b_ub=np.ones(rows_ub.shape[0]), A_eq=matrix[:n_jobs],
+                      b_eq=np.ones(n_jobs), bounds=(0.0, 1.0), method="highs",
+                      options={"time_limit": time_limit_s})
+        if res.status == 2:
+            return None, {}, INFEASIBLE
+        if res.status != 0:
+            return None, {}, f"not solved to optimality (GLOP {status.name}; HiGHS: {res.message})"
+        value, x = float(res.fun), np.asarray(res.x, dtype=float)
+    done = x * col["board"]  # GPU-h
     usage: dict[tuple[str, bool, float], float] = defaultdict(float)
     for key in zip(col["type"][done > 0], col["shared"][done > 0], col["limit"][done > 0], done[done > 0]):
         usage[(gpu_types[int(key[0])], bool(key[1]), round(float(key[2]), 1))] += float(key[3])
     total = sum(usage.values())
-    return float(solver.objective_value), {k: v / total for k, v in usage.items()} if total > 0 else {}
+    return value, ({k: v / total for k, v in usage.items()} if total > 0 else {}), ""
 
 
 def energy_floor(jobs: Sequence[SimJob], fleet: Mapping[str, int], rates: TrueRates,
@@ -338,12 +369,11 @@ def energy_floor(jobs: Sequence[SimJob], fleet: Mapping[str, int], rates: TrueRa
                 if size <= MAX_LP_VARIABLES:
                     break
                 used = max(4, int(used * MAX_LP_VARIABLES / size))
-            fleet_kwh[i], how = _fleet_lp(jobs, configs, keep, fleet, gpu_types, window_s, used, deadlines,
-                                          use_total, time_limit_s)
+            fleet_kwh[i], how, why = _fleet_lp(jobs, configs, keep, fleet, gpu_types, window_s, used,
+                                               deadlines, use_total, time_limit_s)
             usage = usage or how
-        if None in fleet_kwh:
-            notes.append(f"the capacity relaxation was not solved to optimality within {time_limit_s:g} s "
-                         "(or a job has no time before its deadline)")
+            if why and why not in notes:
+                notes.append(why)
     return EnergyFloor(per_job_above_kwh=per_above / J_PER_KWH, per_job_total_kwh=per_total / J_PER_KWH,
                        levels=tuple(levels), fleet_above_kwh=fleet_kwh[0], fleet_total_kwh=fleet_kwh[1],
                        buckets=used, infeasible=infeasible, notes=tuple(notes), usage=usage)
@@ -360,8 +390,8 @@ def floor_rows(jobs: Sequence[SimJob], fleet: Mapping[str, int], rates: TrueRate
     jobs free to wait until the common window's end, and (when ``reference`` ran) no job done
     later than ``reference`` did it. Each has ``energy_kwh_on`` (the idle floor plus the least
     draw above it), ``energy_kwh_parked``, and ``on_vs_X`` / ``parked_vs_X`` /
-    ``above_idle_vs_X`` for every reference policy of the account. Rows are named
-    ``"<label>, may wait"`` and ``"<label>, by <reference>"``.
+    ``above_idle_vs_X`` for every reference policy of the account (or only a ``note`` saying
+    why there is no floor). Rows are named ``"<label>, may wait"`` and ``"<label>, by <reference>"``.
     """
     from gogh_flows.sim.account import energy_accounts
 
@@ -378,6 +408,7 @@ def floor_rows(jobs: Sequence[SimJob], fleet: Mapping[str, int], rates: TrueRate
     for when, deadlines in cases:
         f = energy_floor(jobs, fleet, rates, levels=levels, window_s=window, deadlines=deadlines)
         if f.fleet_above_kwh is None or f.fleet_total_kwh is None:
+            out[f"{label}, {when}"] = {"note": "; ".join(f.notes)}
             continue
         on, park = idle_kwh + f.fleet_above_kwh, f.fleet_total_kwh
         row = {"window_h": window / 3600, "energy_kwh_on": on, "energy_kwh_parked": park,
