@@ -204,17 +204,19 @@ def floors(sc: Scenario, on: dict, parked: dict) -> list[str]:
                "only a schedule that finishes some jobs later than greedy-fastest did could reach it"
                if due is None or due > 0.80 else
                "a schedule that finishes no job later than greedy-fastest could reach it")
+    why = rows.get("floor, limit levels, by greedy-fastest", {}).get("note", "")
     by_due = (f"or {due:.3f} finishing no job later than greedy-fastest did" if due is not None else
               "and none meeting every requirement finishes every job as early as greedy-fastest did (it ran "
-              "some below their requirements)")
+              "some below their requirements)" if why.startswith("infeasible") else
+              f"(the floor finishing no job later than greedy-fastest: {why})")
     return text + ["", f"How far, and why: the best of ours here, `{best}`, uses {best_on:.3f} of greedy-fastest's "
                    f"always-on energy; no schedule choosing among the same limit levels could go below {wait:.3f} "
                    f"with jobs free to wait, {by_due}, so "
                    f"{(best_on - wait) / (1 - wait):.0%} of what there was to save with waiting allowed is left "
                    f"unsaved. For the 0.80 bar: {verdict}. (Floors: `gogh_flows/sim/bound.py`, a linear "
-                   f"relaxation over time buckets with every type's GPU capacity and hindsight, solved by GLOP, "
-                   f"{spent:.0f} s for the four; they count only schedules that meet every requirement all the "
-                   "time, and split a shared board's draw by load, which flatters sharing.)"]
+                   f"relaxation over time buckets with every type's GPU capacity and hindsight, solved by GLOP "
+                   f"(HiGHS where GLOP gives up), {spent:.0f} s for the four; they count only schedules that meet "
+                   "every requirement all the time, so a policy at attainment below 1 can go under them.)"]
 
 
 def acceptance(on: dict, parked: dict, gpus: list, names: tuple[str, ...] = ENERGY_POLICIES,

@@ -128,7 +128,7 @@ def test_simulate_floor_sits_below_every_policy_that_met_its_requirements(gavel_
         assert wait["on_vs_greedy-fastest"] == pytest.approx(
             wait["energy_kwh_on"] / figures["greedy-fastest"]["energy_kwh_on"])
     assert "floor, may wait" in data["spread"]
-    assert "floor, may wait: the least any schedule" in capsys.readouterr().err
+    assert "'floor, may wait': the least any schedule" in capsys.readouterr().err
 
 
 def test_simulate_generated_arrivals_on_synthetic_fleet(gavel_dir, tmp_path, monkeypatch):

@@ -126,3 +126,33 @@ def test_when_glop_gives_up_highs_solves_the_same_program(monkeypatch):
     assert glop.fleet_above_kwh is not None and highs.notes == ()
     assert highs.fleet_above_kwh == pytest.approx(glop.fleet_above_kwh, rel=1e-6)
     assert highs.fleet_total_kwh == pytest.approx(glop.fleet_total_kwh, rel=1e-6)
+
+
+def test_a_pair_that_runs_a_job_faster_than_alone_does_not_lift_the_floor_above_the_run():
+    """Measured tables have pairs where a job runs faster shared than alone (two in Gavel's
+    physical file, more under noise). The engine caps its load share at its isolated rate, so
+    the floor must too: it once charged such a job shared/iso times its share, 0.7% above what
+    `oracle` spent on the two jobs here."""
+    from gogh_flows.truth.table import ThroughputTable
+
+    rows = [{"job_type": "a", "gpu_type": "v100", "scale_factor": 1, "throughput": 10.0, "activity": 0.6},
+            {"job_type": "b", "gpu_type": "v100", "scale_factor": 1, "throughput": 20.0, "activity": 0.9},
+            {"job_type": "a", "gpu_type": "v100", "scale_factor": 1, "partner": "b",
+             "throughput": 12.0, "partner_throughput": 15.0}]
+    table = ThroughputTable.from_rows(rows)
+    jobs = [J("x", "a", 3000.0, 0.0, 5.0), J("y", "b", 3000.0, 0.0, 10.0)]
+    gpus = parse_cluster("v100=1")
+    names = ["oracle", "greedy-fastest", "first-fit"]
+    on = run_policies(jobs, gpus, table, names, config=SimConfig())
+    parked = run_policies(jobs, gpus, table, names, config=SimConfig(park_idle=True))
+    acc_on, acc_p = energy_accounts(on), energy_accounts(parked, parked_run=True)
+    window = max(acc_on["oracle"].window_s, acc_p["oracle"].window_s)
+    floor = energy_floor(jobs, {"v100": 1}, TrueRates(table, 0.0, 0), levels=(), window_s=window)
+    shared = 0
+    for name in names:
+        assert on[name].summary()["sla_attainment"] == pytest.approx(1.0)
+        a = acc_on[name]
+        assert a.always_on_kwh - a.idle_floor_kwh >= floor.fleet_above_kwh * (1 - 1e-9), name
+        assert acc_p[name].parked_kwh >= floor.fleet_total_kwh * (1 - 1e-9), name
+        shared += on[name].jobs["x"].placed_s == on[name].jobs["y"].placed_s == 0.0
+    assert shared  # some policy ran them together, the case the floor must not overcharge

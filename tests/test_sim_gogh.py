@@ -268,6 +268,21 @@ def test_a_gang_measured_short_where_single_gpus_promise_enough_is_still_placed_
     assert max(planning.isolated(gang, g) for g in TYPES) >= 15.0
 
 
+def test_a_gang_whose_size_was_measured_short_everywhere_is_still_tried_somewhere(predictors):
+    """Siblings measured 2-GPU runs on every type, all below this gang's requirement: the floor
+    lifts what the planner answers (the measured gang rates), so the job is tried where it looks
+    best instead of waiting forever (its own rate may meet the requirement under noise)."""
+    view = LearnedThroughputs(predictors, TYPES, refine=True)
+    planning = ObservedThroughputs(view)
+    jt = "ResNet-50 (batch size 32)"
+    planning.observe(Job("s1", jt, 1.0, 100.0, num_gpus=2), "v100", None, 19.0)
+    planning.observe(Job("s2", jt, 1.0, 100.0, num_gpus=2), "t4", None, 5.0)
+    gang = Job("b", jt, 20.0, 100.0, num_gpus=2)
+    lifted = {g: planning.isolated(gang, g) for g in TYPES}
+    assert max(lifted.values()) >= 20.0
+    assert lifted["v100"] / lifted["t4"] == pytest.approx(19.0 / 5.0)  # lifted alike, order kept
+
+
 def test_a_measured_sibling_of_the_same_family_moves_an_unmeasured_type(predictors):
     view = LearnedThroughputs(predictors, TYPES, refine=True)
     sib, new = "ResNet-50 (batch size 64)", "ResNet-50 (batch size 32)"

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from gogh_flows.catalog import GpuType
 from gogh_flows.energy import DEFAULT_ACTIVITY, EnergyModel
 from gogh_flows.truth.table import ThroughputTable
 
@@ -101,6 +102,15 @@ class Throughputs(Protocol):
     def activity(self, job: Job, gpu_type: str) -> float:
         """Fraction of the GPU's dynamic power range the job draws alone."""
         ...
+
+
+def level_watts(gpu: GpuType, fraction: float) -> float:
+    """The power limit (W, to 0.1 W) at ``fraction`` of ``gpu``'s allowed range: what a limit
+    level means, for the placement and for whatever bounds it (``sim.bound``) alike."""
+    if gpu.power_limit_range_w is None:
+        raise ValueError(f"GPU type {gpu.name!r} has no power_limit_range_w; its limit cannot be set")
+    lo, hi = gpu.power_limit_range_w
+    return round(lo + fraction * (hi - lo), 1)
 
 
 @dataclass(frozen=True)
@@ -224,8 +234,7 @@ class PlacementProblem:
             if g.power_limit_range_w is None:
                 cached = (None,)  # a type without a known range is left at its maximum
             else:
-                lo, hi = g.power_limit_range_w
-                cached = tuple(None if f >= 1 else round(lo + f * (hi - lo), 1) for f in self.power_limit_levels)
+                cached = tuple(None if f >= 1 else level_watts(g, f) for f in self.power_limit_levels)
             self._levels[gpu_type] = cached
         return cached
 

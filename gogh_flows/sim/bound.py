@@ -12,7 +12,8 @@ strengths:
   bucket from its arrival on, no faster than that configuration's rate, and the GPUs of a type
   cannot give more board-time in a bucket than they have. The scarce efficient GPUs then go
   to the jobs that gain most from them, over the whole trace, with hindsight. Solved to
-  optimality by OR-Tools' GLOP (the figure is None when it is not).
+  optimality (the figure is None, with a note saying why, when it is not or when no schedule
+  meets the deadlines).
 
 Why they are lower bounds. The simulator charges every busy board its power at its limit.
 Split a shared board's draw between its two jobs in proportion to the load each puts on it
@@ -27,10 +28,13 @@ and, for the second, finish within the window; a policy at attainment < 1 can go
 by the steps it ran too slowly.
 
 Charge per step of job ``j`` sharing a board of type ``t`` with partner ``k`` at limit ``L``:
-``a_j * (P - idle) * slow / (load * iso_j)`` above idle (``P`` the board's draw at ``L``,
-``slow`` its slowdown, ``load = a_j r_j + a_k r_k``; with idle: ``P`` for ``P - idle``), board
-time ``slow / (2 * shared_j)``; alone ``(P - idle) * slow / iso_j`` and ``slow / iso_j`` on each
-of its GPUs.
+``(P - idle) * (a_j r_j / load) * slow / shared_j`` above idle (``P`` the board's draw at ``L``,
+``slow`` its slowdown, ``r_j = min(1, shared_j / iso_j)``, ``load = a_j r_j + a_k r_k``; with
+idle: ``P`` for ``P - idle``), board time ``slow / (2 * shared_j)``; alone ``(P - idle) * slow /
+iso_j`` and ``slow / iso_j`` on each of its GPUs. The split by load is exact; the bound is loose
+where each job of a pair picks its most favourable partner on its own, where a job's work is
+split across configurations and buckets at will, and where gangs would wait for a whole pool.
+GLOP solves the relaxation; when it gives up on a badly conditioned program, HiGHS (scipy).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gogh_flows.energy import J_PER_KWH, EnergyModel
-from gogh_flows.placement.problem import Job
+from gogh_flows.placement.problem import Job, level_watts
 from gogh_flows.power_limits import _predict_arrays, default_limit_model
 from gogh_flows.sim.engine import SimJob, SimResult, TrueRates
 
@@ -104,8 +108,7 @@ def _limits(energy: EnergyModel, gpu_type: str, levels: Sequence[float]) -> np.n
     top = energy.max_limit(g)
     if g.power_limit_range_w is None or not levels:
         return np.array([top])
-    lo, hi = g.power_limit_range_w
-    return np.array([top, *sorted({lo + f * (hi - lo) for f in levels if f < 1}, reverse=True)])
+    return np.array([top, *sorted({level_watts(g, f) for f in levels if f < 1}, reverse=True)])
 
 
 def _at_limit(energy: EnergyModel, gpu_type: str, p0: np.ndarray, limits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -146,6 +149,8 @@ def job_configurations(jobs: Sequence[SimJob], fleet: Mapping[str, int], rates: 
                                  np.ravel(limit)]))
 
     for ti, t in enumerate(gpu_types):
+        if fleet[t] < 1:
+            continue  # no GPU of the type: nothing runs there
         g = energy.gpu(t)
         idle, dyn = g.idle_w, g.tdp_w - g.idle_w
         lims = _limits(energy, t, levels)
@@ -191,7 +196,11 @@ def job_configurations(jobs: Sequence[SimJob], fleet: Mapping[str, int], rates: 
                 rate = shared[:, None, None] / slow
                 ok = (rate >= own_rho[:, None, None] * (1 - 1e-9)) & (slow <= allow[None, :, None] * (1 + 1e-9)) \
                     & (shared[:, None, None] > 0)
-                per_step = a_j * slow / (load[:, :, None] * safe_iso[:, None, None])
+                # the job's share of the board, a_j r_j / load, over its steps per second: r_j is
+                # capped at 1 (as the engine builds the board's power), so a pair that runs a job
+                # faster than alone does not lower its share
+                safe_shared = np.where(shared > 0, shared, np.inf)
+                per_step = a_j * r_own[:, None, None] * slow / (load[:, :, None] * safe_shared[:, None, None])
                 inf = np.inf
                 # optimistic over the partners of this type: least charge and board time, best rate
                 above = np.where(ok, (board - idle) * per_step, inf).min(axis=1)

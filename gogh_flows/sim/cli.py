@@ -219,6 +219,18 @@ def _table(figures: dict[str, dict]):
     return pl.DataFrame(rows)
 
 
+def _floor_legend(names: list[str]) -> str:
+    """What the floor rows mean, for the policies that ran."""
+    levels = (",".join(f"{f:g}" for f in DEFAULT_LIMIT_LEVELS) if any(LIMITS_SUFFIX in n for n in names)
+              else "none (no +limits policy ran)")
+    due = ("; 'floor, by greedy-fastest': the same, no job done later than greedy-fastest did it"
+           if "greedy-fastest" in names else "")
+    return ("'floor, may wait': the least any schedule meeting every requirement all the time could spend on "
+            f"these jobs (the fleet's capacity, hindsight, jobs free to wait to the window's end){due}. Limit "
+            f"levels {levels}; the window is the run's, so it depends on the policies run "
+            "(docs/simulation.md, the energy floor)")
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     import polars as pl
 
@@ -254,8 +266,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.floor:
         figures["floor"] = {
             "limit_levels": list(DEFAULT_LIMIT_LEVELS) if any(LIMITS_SUFFIX in n for n in names) else [],
-            "meaning": "rows 'floor, may wait' and 'floor, by greedy-fastest' under policies: the least energy any "
-                       "schedule meeting every requirement could spend on these jobs (gogh_flows/sim/bound.py)"}
+            "meaning": _floor_legend(names)}
     if len(seeds) > 1:
         figures["seeds"] = seeds
         figures["per_seed"] = {str(s): f for s, f in per_seed.items()}
@@ -278,11 +289,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print("energy_kwh: each policy's own run; energy_kwh_on / _parked: one common window for every "
           "policy, always on / idle GPUs parked; on_vs_X, parked_vs_X: ratios to policy X", file=sys.stderr)
     if args.floor:
-        print("floor, may wait: the least any schedule meeting every requirement could spend on these jobs "
-              "(capacity, hindsight, jobs free to wait to the window's end); floor, by greedy-fastest: the same, "
-              "no job done later than greedy-fastest did it. Limit levels "
-              + (",".join(f"{f:g}" for f in DEFAULT_LIMIT_LEVELS) if any(LIMITS_SUFFIX in n for n in names)
-                 else "none (no +limits policy ran)") + "; docs/evaluation.md", file=sys.stderr)
+        print(_floor_legend(names), file=sys.stderr)
+        for seed in seeds:
+            for name, row in per_seed[seed].items():
+                if "note" in row:
+                    print(f"{name} (seed {seed}): no figure, {row['note']}", file=sys.stderr)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(figures, indent=2) + "\n")

@@ -254,10 +254,10 @@ class LearnedThroughputs:
             # GPU types nobody measured this job type on are lifted first; failing those, the
             # ones only *other* jobs of its type were measured on (with measurement noise a
             # job can reach its requirement where its type's mean does not)
-            out = self._floor(job, row, own | typed)
+            out = self._floor(job, answer, own | typed)
             if out is None:
-                out = self._floor(job, row, own)
-        row = row if out is None else out
+                out = self._floor(job, answer, own)
+        row = answer if out is None else out
         self._floored[job.id] = (stamp, row)
         return row
 
@@ -305,9 +305,8 @@ class LearnedThroughputs:
     def isolated(self, job: Job, gpu_type: str) -> float:
         if gpu_type not in self.col:
             return 0.0
-        seen = self._gang_seen.get((job.job_type, job.num_gpus, gpu_type)) if job.num_gpus > 1 else None
-        if seen:
-            return _geomean(seen)  # gangs of this size measured there
+        # a gang size measured on the type answers as measured (``_single`` puts it in the row),
+        # unless the feasibility floor lifted it
         return float(self._single(job)[self.col[gpu_type]]) * self._gang(job.num_gpus, gpu_type)
 
     def pair(self, job: Job, partner: Job, gpu_type: str) -> tuple[float, float]:
