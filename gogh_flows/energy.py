@@ -34,6 +34,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from gogh_flows.catalog import GpuType, get_gpu_type
 from gogh_flows.power_limits import PowerLimitModel, default_limit_model
 
@@ -118,6 +120,18 @@ class EnergyModel:
         s_top, p_top = model.response(p0_w, g.idle_w, top)
         s, p = model.response(p0_w, g.idle_w, limit_w)
         return s / s_top, min(p0_w, p * p0_w / p_top)
+
+    def at_limits(self, gpu_type: str | GpuType, p0_w, limit_w) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`at_limit` over arrays of board draws and limits (broadcast together; a limit
+        at or above the maximum leaves the board as it is)."""
+        g = self.gpu(gpu_type)
+        model = self.limit_model or default_limit_model()
+        top = self.max_limit(g)
+        p0, limit = np.broadcast_arrays(np.asarray(p0_w, float), np.asarray(limit_w, float))
+        s, p = model.responses(p0, g.idle_w, limit)
+        s_top, p_top = model.responses(p0, g.idle_w, top)
+        at_top = limit >= top
+        return np.where(at_top, 1.0, s / s_top), np.where(at_top, p0, np.minimum(p0, p * p0 / p_top))
 
     # -- power by state ---------------------------------------------------------------
     def idle_power(self, gpu_type: str | GpuType) -> float:

@@ -164,6 +164,13 @@ class PowerLimitModel:
         return _predict_arrays(self.form, self.params, np.full(n, measurement.time_s),
                                np.full(n, measurement.power_w), np.full(n, gpu.idle_w), lim)
 
+    def responses(self, p0_w: np.ndarray, idle_w: np.ndarray, limit_w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`response` over arrays (broadcast together): for bounds over many boards and
+        limits at once (``sim.bound``), where one call per element would dominate."""
+        p0, idle, limit = np.broadcast_arrays(np.asarray(p0_w, float), np.asarray(idle_w, float),
+                                              np.asarray(limit_w, float))
+        return _predict_arrays(self.form, self.params, np.ones(p0.shape), p0, idle, limit)
+
     def response(self, p0_w: float, idle_w: float, limit_w: float) -> tuple[float, float]:
         """(slowdown ``t(L) / t0``, board power W at ``L``) for a board drawing ``p0_w`` at full power.
 

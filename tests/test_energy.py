@@ -73,3 +73,19 @@ def test_more_than_two_occupants_is_refused():
 
 def test_kwh():
     assert kwh(3.6e6) == 1.0
+
+
+@pytest.mark.parametrize("gpu", ["v100", "a100", "k80", "h100"])
+def test_at_limits_over_arrays_is_at_limit_element_by_element(gpu):
+    """The array twin (used by the energy floor) must answer as the scalar one the simulator uses."""
+    import numpy as np
+
+    model = EnergyModel()
+    g = model.gpu(gpu)
+    p0 = np.linspace(g.idle_w + 5, g.tdp_w, 7)
+    lo, hi = g.power_limit_range_w
+    limits = np.linspace(lo, hi + 20, 9)
+    slow, board = model.at_limits(gpu, p0[:, None], limits[None, :])
+    for i, p in enumerate(p0):
+        for k, lim in enumerate(limits):
+            assert (slow[i, k], board[i, k]) == pytest.approx(model.at_limit(gpu, float(p), float(lim)), rel=1e-12)

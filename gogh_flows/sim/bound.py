@@ -47,7 +47,6 @@ import numpy as np
 
 from gogh_flows.energy import J_PER_KWH, EnergyModel
 from gogh_flows.placement.problem import Job, level_watts
-from gogh_flows.power_limits import _predict_arrays, default_limit_model
 from gogh_flows.sim.engine import SimJob, SimResult, TrueRates
 
 __all__ = ["INFEASIBLE", "EnergyFloor", "FINE_LEVELS", "energy_floor", "floor_rows", "job_configurations"]
@@ -111,19 +110,6 @@ def _limits(energy: EnergyModel, gpu_type: str, levels: Sequence[float]) -> np.n
     return np.array([top, *sorted({level_watts(g, f) for f in levels if f < 1}, reverse=True)])
 
 
-def _at_limit(energy: EnergyModel, gpu_type: str, p0: np.ndarray, limits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Vectorised ``EnergyModel.at_limit``: (slowdown, board W), broadcast over p0 and limits."""
-    g = energy.gpu(gpu_type)
-    model = energy.limit_model or default_limit_model()
-    top = energy.max_limit(g)
-    p0, limits = np.broadcast_arrays(np.asarray(p0, float), np.asarray(limits, float))
-    idle, ones = np.full(p0.shape, g.idle_w), np.ones(p0.shape)
-    s, p = _predict_arrays(model.form, model.params, ones, p0, idle, limits)
-    s_top, p_top = _predict_arrays(model.form, model.params, ones, p0, idle, np.full(p0.shape, top))
-    at_top = limits >= top
-    return np.where(at_top, 1.0, s / s_top), np.where(at_top, p0, np.minimum(p0, p * p0 / p_top))
-
-
 def job_configurations(jobs: Sequence[SimJob], fleet: Mapping[str, int], rates: TrueRates,
                        energy: EnergyModel | None = None,
                        levels: Sequence[float] = FINE_LEVELS) -> dict[str, Configurations]:
@@ -135,7 +121,7 @@ def job_configurations(jobs: Sequence[SimJob], fleet: Mapping[str, int], rates: 
     as_job = {s.id: Job(s.id, s.job_type, float(s.required_throughput), float(s.total_steps), s.num_gpus)
               for s in jobs}
     rho = {s.id: float(s.required_throughput) for s in jobs}
-    rows: dict[str, list[np.ndarray]] = defaultdict(list)  # id -> [type index, above, total, board, rate] blocks
+    rows: dict[str, list[np.ndarray]] = defaultdict(list)  # id -> blocks of Configurations' columns
     singles: dict[str, list[str]] = defaultdict(list)
     for s in jobs:
         if s.num_gpus == 1:
@@ -159,7 +145,7 @@ def job_configurations(jobs: Sequence[SimJob], fleet: Mapping[str, int], rates: 
         for j, job in as_job.items():  # alone, on each of its GPUs
             if iso[j] <= 0 or job.num_gpus > fleet[t]:
                 continue
-            slow, board = _at_limit(energy, t, np.array([idle + act[job.job_type] * dyn]), lims)
+            slow, board = energy.at_limits(t, np.array([idle + act[job.job_type] * dyn]), lims)
             ok = iso[j] / slow >= rho[j] * (1 - 1e-9)
             if ok.any():
                 per_step = job.num_gpus * slow[ok] / iso[j]
@@ -192,7 +178,7 @@ def job_configurations(jobs: Sequence[SimJob], fleet: Mapping[str, int], rates: 
                 a_j, a_k = act[jt], act[pt]
                 load = a_j * r_own[:, None] + a_k * keys[None, :]  # own job x partner
                 p0 = idle + np.minimum(1.0, load) * dyn
-                slow, board = _at_limit(energy, t, p0[:, :, None], lims[None, None, :])
+                slow, board = energy.at_limits(t, p0[:, :, None], lims[None, None, :])
                 rate = shared[:, None, None] / slow
                 ok = (rate >= own_rho[:, None, None] * (1 - 1e-9)) & (slow <= allow[None, :, None] * (1 + 1e-9)) \
                     & (shared[:, None, None] > 0)
@@ -205,7 +191,7 @@ def job_configurations(jobs: Sequence[SimJob], fleet: Mapping[str, int], rates: 
                 # optimistic over the partners of this type: least charge and board time, best rate
                 above = np.where(ok, (board - idle) * per_step, inf).min(axis=1)
                 total = np.where(ok, board * per_step, inf).min(axis=1)
-                board_s = np.where(ok, slow / (2 * np.where(shared > 0, shared, inf)[:, None, None]), inf).min(axis=1)
+                board_s = np.where(ok, slow / (2 * safe_shared[:, None, None]), inf).min(axis=1)
                 best_rate = np.where(ok, rate, 0.0).max(axis=1)
                 for i, j in enumerate(own_ids):
                     fine = np.isfinite(above[i])
@@ -291,8 +277,6 @@ def _fleet_lp(jobs: Sequence[SimJob], configs: Mapping[str, Configurations], kee
     if not blocks:
         return 0.0, {}, ""
     col = {name: np.concatenate(parts) for name, parts in blocks.items()}
-    if np.unique(col["job"]).size < n_jobs:
-        return None, {}, INFEASIBLE  # a job with no time at all before its deadline
     n_var = col["cost"].size
     # rows: each job done once; a job's time within a bucket; a type's board-time per bucket
     jb_unique, jb_row = np.unique(col["job"] * buckets + col["bucket"], return_inverse=True)
@@ -308,12 +292,10 @@ def _fleet_lp(jobs: Sequence[SimJob], configs: Mapping[str, Configurations], kee
         (np.concatenate([np.ones(n_var), col["hours"] / jb_open[jb_row], col["board"] / capacity[cap_row]]),
          (np.concatenate([col["job"], n_jobs + jb_row, n_jobs + jb_unique.size + cap_row]), np.tile(var, 3))),
         shape=(n_jobs + jb_unique.size + len(gpu_types) * buckets, n_var))
-    jb_open, capacity = np.ones(jb_unique.size), np.ones(capacity.size)
-    free = np.full(jb_unique.size + capacity.size, -np.inf)
+    lower = np.concatenate([np.ones(n_jobs), np.full(matrix.shape[0] - n_jobs, -np.inf)])
     model = mb.Model()
-    model.helper.fill_model_from_sparse_data(
-        np.zeros(n_var), np.ones(n_var), col["cost"], np.concatenate([np.ones(n_jobs), free]),
-        np.concatenate([np.ones(n_jobs), jb_open, capacity]), matrix)
+    model.helper.fill_model_from_sparse_data(np.zeros(n_var), np.ones(n_var), col["cost"], lower,
+                                             np.ones(matrix.shape[0]), matrix)
     solver = mb.Solver("glop")
     solver.set_time_limit_in_seconds(time_limit_s)
     status = solver.solve(model)
