@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -146,8 +147,7 @@ class LearnedThroughputs:
         self._measured_version = 0
         self._with_siblings: dict[str, tuple[tuple[int, int], np.ndarray]] = {}
         # per job: what the simulator's overlay answers with exact measurements
-        self._alone_seen: dict[str, set[str]] = {}  # job id -> GPU types measured alone on
-        self._own_rate: dict[tuple[str, str], float] = {}  # (job id, GPU type) -> its rate alone there
+        self._own: dict[str, dict[str, float]] = {}  # job id -> {GPU type measured alone on: its rate}
         self._floored: dict[str, tuple[tuple, np.ndarray]] = {}  # job id -> (stamp, row)
         self.refinements = 0  # how many times a type's row was recomputed (for reports)
 
@@ -215,7 +215,7 @@ class LearnedThroughputs:
         """The job's single-GPU isolated row (at its lower bound under a risk level), floored
         for its requirement."""
         row = self._type_row(job.job_type)
-        own = self._alone_seen.get(job.id, set())
+        own = self._own.get(job.id, {})
         typed = self._type_measured(job.job_type, job.num_gpus)
         if self._shrink:  # measured entries stay as measured; the rest at their lower bound
             case = "isolated_1obs" if (typed or own) else "isolated"
@@ -223,11 +223,11 @@ class LearnedThroughputs:
             row = np.where(keep, row, row * self._shrink[case])
         if self.explore_types and not (typed or own or self._measured.get(job.job_type)):
             first = np.array([g in self.explore_types for g in self.gpus])
-            need = np.array([job.required_throughput / self._gang(job.num_gpus, g) for g in self.gpus])
+            need = self._need(job)
             if (row[first] >= need[first]).any():  # it can start there: nowhere else, for now
                 row = np.where(first, row, 0.0)
         stamp = (job.required_throughput, self._version.get(job.job_type, 0), len(own), len(typed),
-                 self._measured_version, tuple(self._own_rate.get((job.id, g)) for g in own),
+                 self._measured_version, tuple(own.items()),
                  tuple(len(self._gang_seen.get((job.job_type, job.num_gpus, g), ())) for g in self.gpus)
                  if job.num_gpus > 1 else ())
         hit = self._floored.get(job.id)
@@ -239,7 +239,7 @@ class LearnedThroughputs:
         # then would offer a cheaper type predicted short, to be measured short, or move the
         # job there from where it was fine (a job visited V100, T4 and K80 in turn while its
         # type's H100 measurement met it).
-        need = np.array([job.required_throughput / self._gang(job.num_gpus, g) for g in self.gpus])
+        need = self._need(job)
         # what isolated() answers, per GPU: a gang size measured on a type answers as measured
         answer = row.copy()
         if job.num_gpus > 1:
@@ -248,23 +248,26 @@ class LearnedThroughputs:
                 if seen:
                     answer[i] = _geomean(seen) / self._gang(job.num_gpus, g)
         untried = np.array([g not in own and answer[i] > 0 for i, g in enumerate(self.gpus)])
-        met = any(self._own_rate.get((job.id, g), 0.0) >= job.required_throughput * (1 - 1e-9) for g in own)
+        met = any(rate >= job.required_throughput * (1 - 1e-9) for rate in own.values())
         out = None
         if not met and not (answer[untried] >= need[untried] * (1 - 1e-9)).any():
             # GPU types nobody measured this job type on are lifted first; failing those, the
             # ones only *other* jobs of its type were measured on (with measurement noise a
             # job can reach its requirement where its type's mean does not)
-            out = self._floor(job, answer, own | typed)
+            out = self._floor(answer, need, own.keys() | typed)
             if out is None:
-                out = self._floor(job, answer, own)
+                out = self._floor(answer, need, own.keys())
         row = answer if out is None else out
         self._floored[job.id] = (stamp, row)
         return row
 
-    def _floor(self, job: Job, row: np.ndarray, measured: set[str]) -> np.ndarray | None:
-        """Unmeasured entries scaled up so the best meets the requirement (module docstring);
-        None when there is no unmeasured entry to lift."""
-        need = np.array([job.required_throughput / self._gang(job.num_gpus, g) for g in self.gpus])
+    def _need(self, job: Job) -> np.ndarray:
+        """Per GPU type, the single-GPU rate that meets the job's requirement at its gang size."""
+        return np.array([job.required_throughput / self._gang(job.num_gpus, g) for g in self.gpus])
+
+    def _floor(self, row: np.ndarray, need: np.ndarray, measured: AbstractSet[str]) -> np.ndarray | None:
+        """Unmeasured entries scaled up so the best meets ``need`` (module docstring); None when
+        there is no unmeasured entry to lift."""
         free = np.array([g not in measured and row[i] > 0 for i, g in enumerate(self.gpus)])
         if not free.any():
             return None
@@ -336,8 +339,7 @@ class LearnedThroughputs:
             # also without refinement: the simulator's overlay now answers with the measured
             # value here, so the feasibility floor must lift the types not yet tried instead
             # (gogh-p1 once left jobs measured short on their floored best type queued forever)
-            self._alone_seen.setdefault(job.id, set()).add(gpu_type)
-            self._own_rate[(job.id, gpu_type)] = rate
+            self._own.setdefault(job.id, {})[gpu_type] = rate
         if not self.refine or not rate > 0:
             return  # an observed 0 (did not run) stays with the simulator's exact overlay
         single = rate / self._gang(job.num_gpus, gpu_type)
