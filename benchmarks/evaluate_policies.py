@@ -174,13 +174,13 @@ def same_window_kwh(on: dict, gpus: list) -> dict[str, float]:
 ENERGY_POLICIES = ("oracle", "oracle+limits", "oracle+fleet", "oracle+limits+fleet")
 
 
-def floors(sc: Scenario, on: dict, parked: dict) -> list[str]:
+def floors(sc: Scenario, on: dict, parked: dict, acc_on: dict) -> list[str]:
     """How far the policies are from the least any schedule could spend (``sim.bound``), and why.
 
     Four floors from this run's jobs, truth and window: with the policies' limit levels and
     without limits, each with jobs free to wait until the window's end ("may wait") and with no
     job done later than greedy-fastest did it ("by greedy-fastest"). Rows read as the policy
-    rows above them.
+    rows above them (``acc_on``: the run's always-on account, already made by the caller).
     """
     fleet = Counter(g.gpu_type for g in parse_cluster(sc.cluster))
     rates = TrueRates(sc.truth, sc.noise, SEED)
@@ -189,10 +189,9 @@ def floors(sc: Scenario, on: dict, parked: dict) -> list[str]:
                          label="floor, limit levels"),
             **floor_rows(sc.jobs, fleet, rates, on, parked=parked, levels=(), label="floor, no limits")}
     spent = time.perf_counter() - t0
-    text = [""] + [f"| {name} | {r['on_vs_greedy-fastest']:.3f} | {r['parked_vs_greedy-fastest']:.3f} | - | "
+    text = [f"| {name} | {r['on_vs_greedy-fastest']:.3f} | {r['parked_vs_greedy-fastest']:.3f} | - | "
                    f"{r['above_idle_vs_greedy-fastest']:.3f} |" if "note" not in r else
                    f"| {name} | n/a | n/a | - | n/a ({r['note']}) |" for name, r in rows.items()]
-    acc_on = energy_accounts(on)
     best = min((n for n in ENERGY_POLICIES if n in on), key=lambda n: acc_on[n].always_on_vs["greedy-fastest"])
     best_on = acc_on[best].always_on_vs["greedy-fastest"]
     wait = rows.get("floor, limit levels, may wait", {}).get("on_vs_greedy-fastest")
@@ -243,7 +242,7 @@ def acceptance(on: dict, parked: dict, gpus: list, names: tuple[str, ...] = ENER
         out.append(f"| {name} | {a.always_on_vs['greedy-fastest']:.3f} | "
                    f"{acc_p[name].parked_vs['greedy-fastest']:.3f} | {fmt(s['sla_attainment'], 4)} | {above:.3f} |")
     if sc is not None:
-        out += floors(sc, on, parked)[1:]
+        out += floors(sc, on, parked, acc_on)
     out += ["", f"The idle floor is {floor:.1%} of greedy-fastest's always-on energy: with GPUs always on, "
             f"no policy can go below {floor:.3f} of it, however little its jobs draw."]
     return out

@@ -61,9 +61,9 @@ def main(truth_name: str = "gavel") -> None:
     t_all = time.perf_counter()
     data = gavel_dir()  # the trace and the Philly figures come from Gavel's data either way
     cluster = CLUSTERS[truth_name]
-    truth = (read_gavel_json(data / "simulation_throughputs.json") if truth_name == "gavel"
-             else synthetic_table([t.split("=")[0] for t in cluster.split(",")]))
     gpus = parse_cluster(cluster)
+    truth = (read_gavel_json(data / "simulation_throughputs.json") if truth_name == "gavel"
+             else synthetic_table(list(dict.fromkeys(g.gpu_type for g in gpus))))
     raw = read_trace(data / "traces" / "physical_cluster" / "max_min_fairness.trace")
     rows: list[dict] = []
     with Progress() as bars:
@@ -115,9 +115,14 @@ def main(truth_name: str = "gavel") -> None:
             lines.append(f"| {noise:g} | {name} | {row['worst_sla']:.4f} | {row['mean_sla']:.4f} | "
                          f"{row['worst_parked_vs_oracle']:.3f} | {row['mean_parked_vs_oracle']:.3f} |")
     stem = "risk_tradeoff" if truth_name == "gavel" else f"risk_tradeoff_{truth_name}"
-    chosen = choose_level(summary) if truth_name != "gavel" else None
+    chosen = None
     picked = OUT / "risk_tradeoff_synthetic.json"
-    if truth_name == "gavel" and picked.exists():
+    if truth_name != "gavel":
+        chosen = choose_level(summary)
+        lines += ["", f"Chosen by the rule (`choose_level`): risk level {chosen['risk_level']:g} "
+                  f"({'meets' if chosen['meets_bars'] else 'no level meets'} the bars here: worst SLA "
+                  f"{chosen['worst_sla']:.4f}, worst parked energy {chosen['worst_parked_vs_oracle']:.3f} of oracle)."]
+    elif picked.exists():
         level = json.loads(picked.read_text())["chosen"]["risk_level"]
         row = next(r for r in summary if r["noise"] == 0.1 and r["policy"] == f"gogh@{level:g}")
         verdict = row["worst_sla"] >= SLA_BAR and row["worst_parked_vs_oracle"] <= ENERGY_BAR
@@ -126,10 +131,6 @@ def main(truth_name: str = "gavel") -> None:
                   f"{row['worst_parked_vs_oracle']:.3f} of oracle: the issue's bar (>= {SLA_BAR} and <= "
                   f"{ENERGY_BAR:g} on every held-out family) is {'met' if verdict else 'not met'}."]
         chosen = {"risk_level": level, "chosen_on": "synthetic", "meets_bars": verdict, **row}
-    if chosen is not None and truth_name != "gavel":
-        lines += ["", f"Chosen by the rule (`choose_level`): risk level {chosen['risk_level']:g} "
-                  f"({'meets' if chosen['meets_bars'] else 'no level meets'} the bars here: worst SLA "
-                  f"{chosen['worst_sla']:.4f}, worst parked energy {chosen['worst_parked_vs_oracle']:.3f} of oracle)."]
     wall = time.perf_counter() - t_all
     (OUT / f"{stem}.json").write_text(json.dumps({"rows": rows, "summary": summary, "wall_s": wall, "truth": truth_name,
                                                   "cluster": cluster, "seed": SEED, "chosen": chosen},

@@ -174,9 +174,8 @@ def _run_one(args: argparse.Namespace, truth: ThroughputTable, gpus: list, names
         from gogh_flows.sim.bound import floor_rows
         from gogh_flows.sim.engine import TrueRates
 
-        limited = any(LIMITS_SUFFIX in n for n in names)
         policies.update(floor_rows(jobs, Counter(g.gpu_type for g in gpus), TrueRates(truth, args.noise, seed),
-                                   results, levels=DEFAULT_LIMIT_LEVELS if limited else ()))
+                                   results, levels=_floor_levels(names)))
     return jobs, predictors, results, policies
 
 
@@ -219,10 +218,14 @@ def _table(figures: dict[str, dict]):
     return pl.DataFrame(rows)
 
 
+def _floor_levels(names: list[str]) -> tuple[float, ...]:
+    """The limit levels the floor may use: the ``+limits`` policies' when one runs, else none."""
+    return DEFAULT_LIMIT_LEVELS if any(LIMITS_SUFFIX in n for n in names) else ()
+
+
 def _floor_legend(names: list[str]) -> str:
     """What the floor rows mean, for the policies that ran."""
-    levels = (",".join(f"{f:g}" for f in DEFAULT_LIMIT_LEVELS) if any(LIMITS_SUFFIX in n for n in names)
-              else "none (no +limits policy ran)")
+    levels = ",".join(f"{f:g}" for f in _floor_levels(names)) or "none (no +limits policy ran)"
     due = ("; 'floor, by greedy-fastest': the same, no job done later than greedy-fastest did it"
            if "greedy-fastest" in names else "")
     return ("'floor, may wait': the least any schedule meeting every requirement all the time could spend on "
@@ -265,7 +268,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                "predictors": predictors.description if predictors is not None else None}
     if args.floor:
         figures["floor"] = {
-            "limit_levels": list(DEFAULT_LIMIT_LEVELS) if any(LIMITS_SUFFIX in n for n in names) else [],
+            "limit_levels": list(_floor_levels(names)),
             "meaning": _floor_legend(names)}
     if len(seeds) > 1:
         figures["seeds"] = seeds
