@@ -218,8 +218,11 @@ def run_product_demo(seed: int = 0, out: Path | None = None, waves: int = 3, wav
                 r = refine_predictors(registry=None, min_measurements=4, holdout_fraction=0.25, epochs=150,
                                       seed=seed)
                 retrains.append(r)
-                say(f"  ({r.get('seconds', 0):.0f} s) challenger v{r.get('challenger_version')} MAPE {r.get('challenger_mape', float('nan')):.3f}"
-                    f" vs champion {r.get('champion_mape', float('nan')):.3f}: "
+                nan = float("nan")
+                trust = "in full" if r.get("trust_scale") is None else f"up to P1 error {r['trust_scale']:g}"
+                say(f"  ({r.get('seconds', 0):.0f} s) challenger v{r.get('challenger_version')} MAPE "
+                    f"{r.get('challenger_mape', nan):.3f} (corrections {trust}) vs champion "
+                    f"{r.get('champion_mape', nan):.3f}, P1 alone {r.get('p1_mape', nan):.3f}: "
                     + ("promoted" if r.get("promoted") else "kept the champion"))
         gogh_rows = _measurements(run_home / "gogh", registry.resolved_tracking_uri())
         source = predictor_source(registry)
@@ -279,7 +282,8 @@ def run_product_demo(seed: int = 0, out: Path | None = None, waves: int = 3, wav
         if unseen.height else None,
         "champion_version": versions["p2"],
         "p1_version": versions["p1"],
-        "retrains": [{k: r.get(k) for k in ("challenger_version", "challenger_mape", "champion_mape", "promoted")}
+        "retrains": [{k: r.get(k) for k in ("challenger_version", "challenger_mape", "champion_mape", "p1_mape",
+                                            "trust_scale", "promoted")}
                      for r in retrains],
         "measurements_compared": p2_err["n"],
         "fleet": DEMO_FLEET,

@@ -100,6 +100,49 @@ def test_p2_keeps_observations_and_rejects_wrong_lengths(data, p1):
         p2.refine(p1_log[0, :-1], obs[:-1])
 
 
+def test_p2_trust_scale_corrects_a_job_in_proportion_to_how_wrong_p1_was_on_it(data, p1):
+    """A job measured where P1 was right keeps P1's shape; one P1 misjudged by the scale or more
+    gets the full correction; in between, the share of it that its observed error warrants."""
+    from dataclasses import replace
+
+    layout = Layout(GPUS, data.names)
+    p1_log = ev.p1_vectors(p1, layout, data.names, data.jobs)
+    p2 = train_p2(layout, p1_log, layout.truth(data, data.names), TINY_P2)
+    k = layout.isolated_index("v100")
+    hidden = np.isfinite(p1_log[0]) & (np.arange(layout.size) != k)
+    for residual, share in ((0.0, 0.0), (0.1, 0.5), (0.2, 1.0), (0.6, 1.0)):
+        obs = np.full(layout.size, np.nan)
+        obs[k] = p1_log[0, k] + residual
+        full = p2.refine(p1_log[0], obs)[0]
+        scaled = replace(p2, trust_scale=0.2).refine(p1_log[0], obs)[0]
+        want = p1_log[0] + share * (full - p1_log[0])
+        assert scaled[k] == obs[k]
+        np.testing.assert_allclose(scaled[hidden], want[hidden], rtol=1e-6)  # float32 net
+    assert np.abs(full[hidden] - p1_log[0][hidden]).max() > 0, "the check needs a refiner that corrects"
+    with pytest.raises(ValueError, match="trust_scale"):
+        replace(p2, trust_scale=0.0)
+
+
+def test_choosing_the_trust_scale_keeps_p1_where_p1_is_already_right(data, p1):
+    """Validation measurements that P1 predicts exactly: every scale leaves P1's shape alone for
+    them, the tie goes to the scale nearest P1, and a refiner applied in full does no better."""
+    import polars as pl
+
+    from gogh_flows.predict.p2 import TRUST_SCALES
+    from gogh_flows.predict.service import choose_trust_scale, fit_refiner
+
+    pred = p1.predict(data.jobs, GPUS)
+    rows = [{"job_type": j, "gpu_type": g, "partner": None, "throughput": float(pred.isolated[i, c])}
+            for i, j in enumerate(data.names) for c, g in enumerate(GPUS) if pred.isolated[i, c] > 0]
+    seen, val = pl.DataFrame(rows[::2]), pl.DataFrame(rows[1::2])
+    p2 = fit_refiner(p1, data.jobs, seen, base=data, config=TINY_P2, gpu_types=GPUS)
+    scale, errors = choose_trust_scale(p1, p2, data.jobs, seen, val)
+    assert scale == TRUST_SCALES[-1]
+    assert set(errors) == {"full" if s is None else f"{s:g}" for s in TRUST_SCALES}
+    assert errors[f"{scale:g}"] == pytest.approx(0.0, abs=1e-6)
+    assert errors["full"] >= errors[f"{scale:g}"]
+
+
 def test_p2_training_masks_leave_something_to_predict():
     rng = np.random.default_rng(0)
     known = rng.random((200, 12)) < 0.7

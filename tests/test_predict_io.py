@@ -56,6 +56,19 @@ def test_round_trip_gives_the_same_predictions(models, saved):
     assert json.loads((d1 / "config.json").read_text())["kind"] == "p1"
 
 
+def test_a_refiners_trust_scale_is_saved_and_a_bad_one_refused(models, tmp_path):
+    from dataclasses import replace
+
+    _, _, _, p2 = models
+    d = save_model(replace(p2, trust_scale=0.2), tmp_path / "p2")
+    assert load_p2(d).trust_scale == 0.2
+    assert load_p2(save_model(p2, tmp_path / "full")).trust_scale is None  # as the shipped priors
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "trust_scale": -1}))
+    with pytest.raises(ModelFormatError, match="trust_scale must be a positive number"):
+        load_p2(d)
+
+
 @pytest.mark.parametrize("name", ["model.pt", "extra.pkl", "sub/state.pickle"])
 def test_a_pickle_next_to_the_weights_is_refused(saved, name):
     d1, _ = saved

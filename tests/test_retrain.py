@@ -97,6 +97,11 @@ def test_scheduled_deployment_promotes_a_better_challenger(gogh_home, tmp_path):
     registry = predictor_source(PredictorRegistry()).registry
     assert registry.version_for("gogh-p2", "champion") == result["challenger_version"]
     assert registry.version_for("gogh-p2", "challenger") == result["challenger_version"]
+    # how far the champion trusts its corrections over P1 was chosen in the flow and travels with it
+    from gogh_flows.predict.p2 import TRUST_SCALES
+
+    assert result["trust_scale"] in TRUST_SCALES and result["p1_mape"] > 0
+    assert predictor_source(PredictorRegistry()).get(force=True).p2.trust_scale == result["trust_scale"]
 
 
 def test_an_equal_challenger_is_registered_but_not_promoted(gogh_home, tmp_path):

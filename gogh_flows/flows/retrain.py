@@ -32,7 +32,7 @@ from gogh_flows.flows.predictors import predictor_source
 from gogh_flows.predict.data import MeasuredSet
 from gogh_flows.predict.io import save_model
 from gogh_flows.predict.p2 import P2Config
-from gogh_flows.predict.service import ThroughputPredictor, fit_refiner
+from gogh_flows.predict.service import ThroughputPredictor, choose_trust_scale, fit_refiner
 from gogh_flows.tracking.measurements import MeasurementLog
 from gogh_flows.truth import load_truth
 
@@ -115,24 +115,36 @@ def refine_predictors(
     # the challenger covers the GPU types this fleet measured; a type added later is served
     # by P1 (and by the next retraining once it has been measured)
     base = base_measurements(base_data, block.prior, gpu_types)
-    p2 = fit_refiner(champion.p1, features, train, base=base, config=P2Config(epochs=epochs, seed=seed),
-                     gpu_types=gpu_types)
+    config = P2Config(epochs=epochs, seed=seed)
+    # how far to trust the refiner over P1 (P2Model.trust_scale) is chosen on the newest of the
+    # training measurements, by a trial refiner fitted on the older ones: never on `test`,
+    # which decides the promotion
+    fit, val = split_recent(train, holdout_fraction) if train.height >= 2 else (train, train.head(0))
+    trial = fit_refiner(champion.p1, features, fit, base=base, config=config, gpu_types=gpu_types)
+    trust, trust_errors = choose_trust_scale(champion.p1, trial, features, fit, val)
+    p2 = fit_refiner(champion.p1, features, train, base=base, config=config, gpu_types=gpu_types)
+    p2.trust_scale = trust
+    p2.trained_on["trust_scale_validation_mape"] = trust_errors
     challenger = ThroughputPredictor(champion.p1, p2)
     champ_score = score(champion, features, train, test)
     chall_score = score(challenger, features, train, test)
+    # what the measurements would be predicted as with no refiner at all, for reference
+    p1_score = score(ThroughputPredictor(champion.p1, None), features, train, test)
     better = chall_score["mape"] < champ_score["mape"] * (1 - min_improvement)
+    trust_text = "in full" if trust is None else f"in proportion to P1's error up to {trust:g} (log)"
     card = (f"# P2 challenger\n\nTrained by the `gogh-refine-predictors` flow on {train.height} logged "
             f"measurements ({frame.height} runs), {time.strftime('%Y-%m-%d %H:%M:%S')}.\n"
             f"Held-out recent measurements: {test.height}; MAPE challenger {chall_score['mape']:.4f}, "
-            f"champion (v{versions['p2']}) {champ_score['mape']:.4f}.\n")
+            f"champion (v{versions['p2']}) {champ_score['mape']:.4f}, P1 alone {p1_score['mape']:.4f}.\n"
+            f"Corrections applied {trust_text}, chosen on {val.height} validation measurements.\n")
     with tempfile.TemporaryDirectory() as tmp:
         save_model(p2, Path(tmp) / "p2", card=card)
         version = source.registry.register(
             block.p2_name, Path(tmp) / "p2", alias=CHALLENGER,
             metrics={"holdout_mape": chall_score["mape"], "champion_holdout_mape": champ_score["mape"],
-                     "train_measurements": float(train.height), "holdout_measurements": float(test.height)},
+                     "p1_holdout_mape": p1_score["mape"], "train_measurements": float(train.height), "holdout_measurements": float(test.height)},
             tags={"trained_until": f"{float(frame['started_at'].max()):.3f}", "trained_by": "refine_predictors",
-                  "p1_version": str(versions["p1"])},
+                  "p1_version": str(versions["p1"]), "trust_scale": "full" if trust is None else f"{trust:g}"},
             description=f"challenger from {train.height} measurements",
             p1_uri=f"models:/{block.p1_name}/{versions['p1']}")
     promoted = bool(promote and better)
@@ -144,6 +156,7 @@ def refine_predictors(
         "champion_version": version if promoted else versions["p2"],
         "previous_champion_version": versions["p2"],
         "challenger_mape": chall_score["mape"], "champion_mape": champ_score["mape"],
+        "p1_mape": p1_score["mape"], "trust_scale": trust,
         "train_measurements": train.height, "holdout_measurements": test.height,
         "seconds": round(time.time() - started, 2),
     }
@@ -154,9 +167,12 @@ def refine_predictors(
         f"### Refiner retraining: challenger v{version} {verdict}", "",
         "| model | holdout MAPE | measurements |", "| --- | ---: | ---: |",
         f"| challenger v{version} | {chall_score['mape']:.4f} | {chall_score['n']} |",
-        f"| champion v{versions['p2']} | {champ_score['mape']:.4f} | {champ_score['n']} |", "",
+        f"| champion v{versions['p2']} | {champ_score['mape']:.4f} | {champ_score['n']} |",
+        f"| P1 alone (no refiner, for reference) | {p1_score['mape']:.4f} | {p1_score['n']} |", "",
         f"Trained on {train.height} measurements, scored on the {test.height} most recent, each predicted "
-        "without the earlier measurements of its own entry (job, GPU type, partner), as a placement would.",
+        "without the earlier measurements of its own entry (job, GPU type, partner), as a placement would. "
+        f"The challenger applies its corrections {trust_text}, chosen on the newest {val.height} of its "
+        "training measurements.",
     ]))
     logger.info("refiner challenger v%s: MAPE %.4f vs champion v%s %.4f -> %s", version,
                 chall_score["mape"], versions["p2"], champ_score["mape"], verdict)

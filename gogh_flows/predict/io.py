@@ -104,7 +104,10 @@ def load_model(directory: str | Path) -> P1Model | P2Model:
     _check_tensors(d, kind, state, expected)
     if kind == "p1":
         return P1Model.from_state(config, state)
-    return P2Model.from_state(config, state)
+    try:
+        return P2Model.from_state(config, state)
+    except (TypeError, ValueError) as exc:
+        raise ModelFormatError(f"{d / CONFIG} does not describe a usable p2 model: {exc}") from exc
 
 
 def load_p1(directory: str | Path) -> P1Model:

@@ -20,10 +20,20 @@ Training masks known vectors: for every training job, a random subset of its mea
 entries is revealed and the loss is measured on the rest. The P1 vectors it learns from
 must carry realistic P1 errors, so the caller passes *out-of-family* P1 predictions
 (:func:`gogh_flows.predict.evaluate.out_of_family_p1`).
+
+Trust in proportion to the evidence (:attr:`P2Model.trust_scale`). A refiner learns how P1
+errs on jobs it gets wrong; applied to a job P1 already predicts well (a family it was
+trained on, on the fleet it was trained for) its cross-type and profile corrections only
+add error. With a trust scale ``s``, the correction of a job's unobserved entries is applied
+in proportion to how wrong P1 was shown to be on the job's observed ones: the fraction
+``min(1, mean |r_o| / s)`` of it. A job whose measurements match P1 keeps P1's shape; a job
+P1 misjudges by ``s`` or more gets the full correction. ``None`` applies it in full
+(the shipped priors); the retraining flow chooses ``s`` on its validation measurements.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -36,6 +46,9 @@ from gogh_flows.predict.layout import Layout
 
 
 MIX_BOUND = 0.7
+#: trust scales the retraining flow chooses among (mean |log error| of P1 on a job's observed
+#: entries at which the refiner's correction applies in full; None: always in full)
+TRUST_SCALES: tuple[float | None, ...] = (None, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2)
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,13 @@ class P2Model:
     layout: Layout
     config: P2Config
     trained_on: dict = field(default_factory=dict)
+    #: mean |log error| of P1 on a job's observed entries at which the correction applies in
+    #: full (below it, in proportion); None: always in full. See the module docstring.
+    trust_scale: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.trust_scale is not None and not (math.isfinite(self.trust_scale) and self.trust_scale > 0):
+            raise ValueError(f"trust_scale must be a positive number of log units or None, got {self.trust_scale!r}")
 
     @torch.no_grad()
     def refine(self, p1_log: np.ndarray, observed_log: np.ndarray) -> np.ndarray:
@@ -112,6 +132,10 @@ class P2Model:
         p1 = torch.from_numpy(np.where(valid, p1_log, 0.0)).float()
         obs = torch.from_numpy(np.where(use, observed_log, 0.0)).float()
         out = self.net(p1, obs, torch.from_numpy(use).float()).double().numpy()
+        if self.trust_scale is not None:
+            residual = np.where(use, np.abs(observed_log - np.where(valid, p1_log, 0.0)), 0.0)
+            share = np.minimum(1.0, residual.sum(axis=1) / np.maximum(use.sum(axis=1), 1) / self.trust_scale)
+            out = np.where(valid, p1_log + share[:, None] * (out - np.where(valid, p1_log, 0.0)), out)
         out = np.where(mask, observed_log, out)
         return np.where(valid | mask, out, np.nan)
 
@@ -121,7 +145,7 @@ class P2Model:
     def config_dict(self) -> dict:
         return {"p2": asdict(self.config), "layout": {"gpus": list(self.layout.gpus),
                                                       "partners": list(self.layout.partners)},
-                "trained_on": self.trained_on}
+                "trained_on": self.trained_on, "trust_scale": self.trust_scale}
 
     @classmethod
     def from_state(cls, config: Mapping, state: Mapping[str, torch.Tensor]) -> P2Model:
@@ -129,7 +153,8 @@ class P2Model:
         layout = Layout(tuple(config["layout"]["gpus"]), tuple(config["layout"]["partners"]))
         net = P2Net(layout.size, cfg.hidden)
         net.load_state_dict(dict(state))
-        return cls(net=net, layout=layout, config=cfg, trained_on=dict(config.get("trained_on", {})))
+        return cls(net=net, layout=layout, config=cfg, trained_on=dict(config.get("trained_on", {})),
+                   trust_scale=config.get("trust_scale"))
 
 
 def _sample_masks(known: np.ndarray, rng: np.random.Generator, max_observed: int,

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 import polars as pl
@@ -36,7 +37,7 @@ from gogh_flows.predict.data import MeasuredSet, UnknownJobFeaturesError, zoo_jo
 from gogh_flows.predict.evaluate import out_of_family_p1, p1_vectors
 from gogh_flows.predict.layout import Layout
 from gogh_flows.predict.p1 import P1Model, Prediction
-from gogh_flows.predict.p2 import P2Config, P2Model, train_p2
+from gogh_flows.predict.p2 import TRUST_SCALES, P2Config, P2Model, train_p2
 from gogh_flows.predict.siblings import family_and_batch, sibling_transfer
 from gogh_flows.truth.table import SCHEMA, ThroughputTable
 from gogh_flows.workloads.features import WorkloadFeatures
@@ -460,4 +461,28 @@ def fit_refiner(p1: P1Model, features: Mapping[str, WorkloadFeatures], observati
     return model
 
 
-__all__ = ["OBSERVATION_SCHEMA", "ThroughputPredictor", "fit_refiner", "observations_frame"]
+def choose_trust_scale(p1: P1Model, p2: P2Model, features: Mapping[str, WorkloadFeatures],
+                       seen: pl.DataFrame, val: pl.DataFrame,
+                       scales: Sequence[float | None] = TRUST_SCALES) -> tuple[float | None, dict[str, float]]:
+    """The trust scale (:attr:`P2Model.trust_scale`) under which ``p2`` predicts ``val`` best.
+
+    Each validation measurement is predicted from ``seen`` without earlier measurements of its
+    own entry, as a placement would (:meth:`ThroughputPredictor.refine_error`). The figures are
+    returned by scale ("full" for None). A tie (within 0.01% of the error: float32 round-off,
+    as when no validation job has another entry measured) goes to the scale nearer P1, later
+    in ``scales``, and so does a validation set with nothing to score: when the data cannot
+    tell, the refiner stays out of the way of a P1 that may be right.
+    """
+    if not scales:
+        raise ValueError("choose_trust_scale needs at least one scale to choose from")
+    errors: dict[str, float] = {}
+    best: tuple[float, float | None] = (math.inf, scales[-1])
+    for scale in scales:
+        err = ThroughputPredictor(p1, replace(p2, trust_scale=scale)).refine_error(features, seen, val)["mape"]
+        errors["full" if scale is None else f"{scale:g}"] = err
+        if math.isfinite(err) and err <= best[0] * (1 + 1e-4) + 1e-12:
+            best = (min(err, best[0]), scale)
+    return best[1], errors
+
+
+__all__ = ["OBSERVATION_SCHEMA", "ThroughputPredictor", "choose_trust_scale", "fit_refiner", "observations_frame"]
