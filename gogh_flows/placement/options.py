@@ -20,7 +20,7 @@ import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from gogh_flows.energy import Occupant
+from gogh_flows.energy import EnergyModel, Occupant
 from gogh_flows.placement.problem import Gpu, Job, PlacementProblem
 from gogh_flows.placement.result import (
     FULL,
@@ -94,6 +94,26 @@ def alone_energy(problem: PlacementProblem, job: Job, gpu_type: str, iso: float,
     return problem.energy.energy_alone(
         gpu_type, _occupant(problem, job, gpu_type, iso), num_gpus=job.num_gpus, limit_w=limit_w
     )
+
+
+def least_alone_energy(problem: PlacementProblem, energy: EnergyModel, job: Job, gpu_type: str, work: float,
+                       levels: tuple[float | None, ...]) -> tuple[float, float | None]:
+    """Least energy for ``work`` steps alone on (empty) ``gpu_type`` over ``levels`` meeting the
+    job's requirement, and that limit: ``(inf, None)`` where the type cannot meet it."""
+    thr = problem.throughputs
+    iso = thr.isolated(job, gpu_type)
+    if not iso > 0 or iso < job.required_throughput:
+        return math.inf, None
+    occ = Occupant(work, iso, thr.activity(job, gpu_type))
+    p0 = energy.power_alone(gpu_type, occ.activity)
+    best = (math.inf, None)
+    for limit in levels:
+        if limit is not None and iso / energy.at_limit(gpu_type, p0, limit)[0] < job.required_throughput:
+            continue
+        e = energy.energy_alone(gpu_type, occ, num_gpus=job.num_gpus, limit_w=limit)
+        if e < best[0] * (1 - 1e-12):
+            best = (e, limit)
+    return best
 
 
 def pair_figures(
@@ -246,5 +266,6 @@ def waiting_reason(opts: JobOptions) -> str:
 
 
 __all__ = [
-    "FleetState", "JobOptions", "alone_energy", "best_pair", "options_for", "pair_figures", "waiting_reason",
+    "FleetState", "JobOptions", "alone_energy", "best_pair", "least_alone_energy", "options_for", "pair_figures",
+    "waiting_reason",
 ]

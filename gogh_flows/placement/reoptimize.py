@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
 
-from gogh_flows.energy import EnergyModel, Occupant
-from gogh_flows.placement.options import best_pair
+from gogh_flows.energy import EnergyModel
+from gogh_flows.placement.options import best_pair, least_alone_energy
 from gogh_flows.placement.problem import Job, PlacementProblem
 
 _RESOLUTION = 1_000_000
@@ -56,25 +56,6 @@ class Replan:
     status: str  # "optimal", "feasible" or "unchanged" (nothing worth doing)
     solve_ms: float
     gap: float = 0.0  # relative gap of the moves' saving to CP-SAT's bound (0 when proven optimal)
-
-
-def _alone(problem: PlacementProblem, energy: EnergyModel, job: Job, gpu_type: str, work: float,
-           levels: tuple[float | None, ...]) -> tuple[float, float | None]:
-    """Least remaining energy alone on ``gpu_type`` over ``levels`` meeting the requirement."""
-    thr = problem.throughputs
-    iso = thr.isolated(job, gpu_type)
-    if not iso > 0 or iso < job.required_throughput:
-        return math.inf, None
-    occ = Occupant(work, iso, thr.activity(job, gpu_type))
-    p0 = energy.power_alone(gpu_type, occ.activity)
-    best = (math.inf, None)
-    for limit in levels:
-        if limit is not None and iso / energy.at_limit(gpu_type, p0, limit)[0] < job.required_throughput:
-            continue
-        e = energy.energy_alone(gpu_type, occ, num_gpus=job.num_gpus, limit_w=limit)
-        if e < best[0] * (1 - 1e-12):
-            best = (e, limit)
-    return best
 
 
 def reoptimize(problem: PlacementProblem, *, migration_s: float = 60.0, budget: int = 8,
@@ -113,8 +94,8 @@ def reoptimize(problem: PlacementProblem, *, migration_s: float = 60.0, budget: 
             free[g.gpu_type].append(g.id)
         elif len(occ) == 1 and (occ[0].num_gpus == 1 or occ[0].gpus[0] == g.id):
             job = occ[0]  # alone, or a gang seen once (on its first GPU)
-            current = _alone(problem, energy, job, g.gpu_type, job.work, (now,))[0]
-            best, limit = _alone(problem, energy, job, g.gpu_type, job.work, levels)
+            current = least_alone_energy(problem, energy, job, g.gpu_type, job.work, (now,))[0]
+            best, limit = least_alone_energy(problem, energy, job, g.gpu_type, job.work, levels)
             if limit != now and best < current:
                 limits.update({gid: limit for gid in job.gpus})
                 saving += current - best
@@ -131,7 +112,7 @@ def reoptimize(problem: PlacementProblem, *, migration_s: float = 60.0, budget: 
             # Either may leave for an empty GPU (not both): it is charged what the pair uses
             # beyond its partner alone, as a join is costed (options.options_for).
             for job, other in ((a, b), (b, a)):
-                alone_other, other_limit = _alone(problem, energy, other, g.gpu_type, other.work, levels)
+                alone_other, other_limit = least_alone_energy(problem, energy, other, g.gpu_type, other.work, levels)
                 if not math.isfinite(alone_other):
                     continue
                 stay_cost[job.id] = e_now - alone_other
@@ -150,7 +131,7 @@ def reoptimize(problem: PlacementProblem, *, migration_s: float = 60.0, budget: 
             rate = thr.isolated(job, t)
             if not rate > 0:
                 continue
-            cost, limit = _alone(problem, energy, job, t, job.work + migration_s * rate,
+            cost, limit = least_alone_energy(problem, energy, job, t, job.work + migration_s * rate,
                                  problem.limit_levels(t))
             if cost <= (1 - min_gain) * stay_cost[job.id]:
                 options.append((job, gid, t, cost, limit))

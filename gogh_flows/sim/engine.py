@@ -36,6 +36,7 @@ import numpy as np
 
 from gogh_flows.energy import EnergyModel, Occupant, kwh
 from gogh_flows.placement.optimizer import GoghOptimizer
+from gogh_flows.placement.patience import Patience, hold_for_efficiency
 from gogh_flows.placement.problem import Gpu, Job, PlacementProblem, TableThroughputs, Throughputs
 from gogh_flows.truth.table import ThroughputTable
 
@@ -258,6 +259,7 @@ def simulate(
     progress: Callable[[int, int], None] | None = None,
     rebalance_by: str | None = "auto",
     reoptimize_s: float = 0.0,
+    patience: Patience | None = None,
 ) -> SimResult:
     """Run ``policy`` on the job stream; ``planning`` is what it predicts with (default: truth).
 
@@ -269,6 +271,11 @@ def simulate(
     budget, limits re-chosen: :func:`gogh_flows.placement.reoptimize.reoptimize`) every
     ``reoptimize_s`` seconds and whenever a completion frees GPUs with nobody waiting; it
     replaces the one-job-at-a-time rebalancing.
+
+    ``patience`` lets a new job wait (up to its ``max_wait_s`` after arrival) rather than start
+    on a GPU type that another type would beat by ``min_saving`` of energy
+    (:func:`gogh_flows.placement.patience.hold_for_efficiency`); the queue is served again
+    when a hold runs out.
     """
     energy = energy or EnergyModel()
     config = config or SimConfig()
@@ -315,8 +322,9 @@ def simulate(
     busy = {t: 0 for t in fleet}
     busy_ids: set[str] = set()
     occupancy: list[tuple[float, dict[str, int]]] = [(0.0, dict(busy))]
+    holds: dict[str, float] = {}  # job held for an efficient GPU -> when its patience runs out
 
-    while nxt < len(pending) or running:
+    while nxt < len(pending) or running or holds:
         t_arrival = pending[nxt].arrival_s if nxt < len(pending) else math.inf
         t_done = min((now + r.remaining / r.rate for r in running.values()
                       if r.rate > 0 and r.paused_until <= now), default=math.inf)
@@ -324,7 +332,8 @@ def simulate(
                        default=math.inf)
         t_observe = min((r.observe_at for r in running.values()), default=math.inf)
         t_reopt = next_reopt if running else math.inf
-        t_next = min(t_arrival, t_done, t_resume, t_observe, t_reopt, config.horizon_s)
+        t_wake = min(holds.values(), default=math.inf)
+        t_next = min(t_arrival, t_done, t_resume, t_observe, t_reopt, t_wake, config.horizon_s)
         if t_next == math.inf:
             break  # queued jobs that no GPU can ever take: reported unfinished
         dt = t_next - now
@@ -379,9 +388,9 @@ def simulate(
             queue.append(pending[nxt])
             nxt += 1
             arrived = True
-        if queue and (arrived or changed):
+        if queue and (arrived or changed or now >= t_wake):
             moved, placed_on = _serve_queue(policy, planning, energy, gpus, running, occupants,
-                                            queue, records, now, decision_ms, config, limits)
+                                            queue, records, now, decision_ms, config, limits, patience, holds)
             migrations += moved
             changed |= placed_on
         freed = [gid for gid in changed if not occupants[gid]] if vacated else []
@@ -410,7 +419,7 @@ def simulate(
                 if queue:  # GPUs the moved jobs left go to waiting jobs first
                     moved, placed_on = _serve_queue(policy, planning, energy, gpus, running,
                                                     occupants, queue, records, now, decision_ms,
-                                                    config, limits)
+                                                    config, limits, patience, holds)
                     migrations += moved
                     changed |= placed_on
         for gid in changed:
@@ -440,14 +449,19 @@ def simulate(
 
 
 def _serve_queue(policy, planning, energy, gpus, running, occupants, queue, records, now,
-                 decision_ms, config: SimConfig, limits: dict[str, float | None]) -> tuple[int, set[str]]:
-    """Decide on the queue in FIFO chunks until a chunk places nothing."""
+                 decision_ms, config: SimConfig, limits: dict[str, float | None],
+                 patience: Patience | None = None, holds: dict[str, float] | None = None) -> tuple[int, set[str]]:
+    """Decide on the queue in FIFO chunks until a chunk places nothing; ``holds`` is refilled
+    with the jobs held for an efficient GPU (job id -> when their patience runs out)."""
     moved, changed = 0, set()
     start = 0
+    if holds is not None:
+        holds.clear()
     while start < len(queue):
         before = len(queue)
         m, placed_on = _decide(policy, planning, energy, gpus, running, occupants, queue, records,
-                               now, decision_ms, config.migration_s, start, config.decision_window, limits)
+                               now, decision_ms, config.migration_s, start, config.decision_window, limits,
+                               patience, holds)
         moved += m
         changed |= placed_on
         if len(queue) == before:
@@ -457,10 +471,11 @@ def _serve_queue(policy, planning, energy, gpus, running, occupants, queue, reco
 
 
 def _decide(policy, planning, energy, gpus, running, occupants, queue, records, now,
-            decision_ms, migration_s, start, window, limits) -> tuple[int, set[str]]:
+            decision_ms, migration_s, start, window, limits, patience=None, holds=None) -> tuple[int, set[str]]:
     """Place queue[start:start + window]; returns (migrations, GPUs whose occupants changed).
 
-    Each assignment's power limit is set on its GPU(s), for a partner already there too.
+    Each assignment's power limit is set on its GPU(s), for a partner already there too. With
+    ``patience``, new jobs worth holding for an efficient GPU are left queued (into ``holds``).
     """
     run_jobs = [
         Job(r.job.id, r.job.job_type, r.job.required_throughput, max(r.remaining, _EPS_STEPS),
@@ -478,6 +493,16 @@ def _decide(policy, planning, energy, gpus, running, occupants, queue, records, 
     problem = PlacementProblem(tuple(gpus), tuple(run_jobs + waiting), planning, energy)
     t0 = time.perf_counter()
     placement = policy.place(problem)
+    if patience is not None:
+        # a hold runs out at arrival + max_wait_s exactly (the engine wakes then), whatever
+        # ``now - arrival`` rounds to
+        fresh = {q.id: (patience.max_wait_s if now >= q.arrival_s + patience.max_wait_s else now - q.arrival_s)
+                 for q in chunk if not isinstance(q, _Running)}
+        levels = tuple(getattr(policy, "power_limit_levels", ()))
+        placement, held = hold_for_efficiency(placement, replace(problem, power_limit_levels=levels), fresh,
+                                              patience)
+        if holds is not None:
+            holds.update({j: records[j].arrival_s + patience.max_wait_s for j in held})
     decision_ms.append((time.perf_counter() - t0) * 1e3)
     by_id = {(q.job.id if isinstance(q, _Running) else q.id): q for q in chunk}
     placed_job = {j.id: j for j in waiting}

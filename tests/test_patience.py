@@ -1,0 +1,105 @@
+"""Waiting for an efficient GPU (placement.patience), in the core and in the simulator."""
+
+from __future__ import annotations
+
+import pytest
+
+from gogh_flows.placement import GoghOptimizer, Gpu, Job, PlacementProblem
+from gogh_flows.placement.patience import HELD, Patience, hold_for_efficiency
+from gogh_flows.placement.problem import TableThroughputs
+from gogh_flows.sim.engine import simulate
+from gogh_flows.sim.run import WAIT_POLICIES, WAIT_S, make_policy, run_policies
+from gogh_flows.sim.traces import TraceJob
+from gogh_flows.truth.table import ThroughputTable
+
+
+def _table() -> ThroughputTable:
+    """'gain' runs 20x faster on the H100 (about half the energy per step of the T4)."""
+    rows = []
+    for gpu, tput in (("h100", 200.0), ("t4", 10.0)):
+        rows.append({"job_type": "gain", "gpu_type": gpu, "scale_factor": 1, "throughput": tput, "activity": 0.9})
+    return ThroughputTable.from_rows(rows)
+
+
+def _busy_h100() -> tuple[PlacementProblem, object]:
+    """The H100 runs one 'gain' job; a second arrives with only the T4 free."""
+    gpus = [Gpu("h", "h100", 1), Gpu("t", "t4", 1)]
+    jobs = [Job("first", "gain", 1.0, 1e6, gpus=("h",)), Job("new", "gain", 1.0, 1e6)]
+    problem = PlacementProblem.build(gpus, jobs, _table())
+    placement = GoghOptimizer().place(problem)
+    assert placement.assignment("new").gpu_type == "t4"
+    return problem, placement
+
+
+def test_a_new_job_is_held_for_a_type_that_saves_enough_energy():
+    problem, placement = _busy_h100()
+    kept, held = hold_for_efficiency(placement, problem, {"new": 0.0}, Patience(3600.0))
+    assert "new" not in kept.placed_ids and set(held) == {"new"}
+    why = next(w for w in kept.waiting if w.job_id == "new").reason
+    assert why.startswith(HELD) and "h100" in why and "t4" in why and "3600 s" in why
+    saving = float(why.split(" would use ")[1].split("%")[0]) / 100
+    assert 0.3 < saving < 0.9
+
+
+@pytest.mark.parametrize("waited, patience", [
+    (3600.0, Patience(3600.0)),  # waited long enough: it takes what is free
+    (0.0, Patience(3600.0, min_saving=0.95)),  # the H100 would not save 95%
+    (0.0, Patience(0.0)),  # no patience: never held
+])
+def test_a_job_is_not_held_past_its_patience_or_for_a_small_saving(waited, patience):
+    problem, placement = _busy_h100()
+    kept, held = hold_for_efficiency(placement, problem, {"new": waited}, patience)
+    assert held == {} and kept.assignment("new").gpu_type == "t4"
+
+
+def test_only_the_jobs_named_as_waiting_can_be_held():
+    problem, placement = _busy_h100()
+    kept, held = hold_for_efficiency(placement, problem, {}, Patience(3600.0))
+    assert held == {} and kept is placement
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"max_wait_s": -1.0}, "max_wait_s"), ({"max_wait_s": float("inf")}, "max_wait_s"),
+    ({"max_wait_s": 60.0, "min_saving": 0.0}, "min_saving"), ({"max_wait_s": 60.0, "min_saving": 1.0}, "min_saving"),
+])
+def test_patience_is_validated(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Patience(**kwargs)
+
+
+def _stream() -> list[TraceJob]:
+    # 'first' holds the H100 for 1e6 / 200 = 5000 s; 'second' arrives at 100 s and would be done
+    # on the T4 (2000 s) before the H100 frees, so nothing moves it there later
+    return [TraceJob("first", "gain", 1e6, 1, 0.0, required_throughput=5.0),
+            TraceJob("second", "gain", 2e4, 1, 100.0, required_throughput=5.0)]
+
+
+def _run(patience: Patience | None):
+    policy = GoghOptimizer(name="oracle")
+    gpus = [Gpu("h", "h100", 1), Gpu("t", "t4", 1)]
+    return simulate(_stream(), gpus, _table(), policy, planning=TableThroughputs(_table()), patience=patience)
+
+
+def test_the_simulator_holds_a_job_until_the_efficient_gpu_frees_and_saves_energy():
+    now, waited = _run(None), _run(Patience(6 * 3600.0))
+    assert now.jobs["second"].gpu_type == "t4" and now.jobs["second"].placed_s == 100.0
+    second = waited.jobs["second"]
+    assert second.gpu_type == "h100"
+    assert second.placed_s == pytest.approx(waited.jobs["first"].finished_s)  # the moment the H100 freed
+    assert waited.energy_j < now.energy_j
+    assert waited.summary()["sla_attainment"] == pytest.approx(1.0)
+
+
+def test_the_simulator_places_a_held_job_when_its_patience_runs_out():
+    short = _run(Patience(1000.0))
+    second = short.jobs["second"]
+    assert second.gpu_type == "t4" and second.placed_s == pytest.approx(100.0 + 1000.0)
+    assert short.summary()["jobs_completed"] == 2
+
+
+def test_wait_policies_build_on_the_optimisers_with_the_fixed_patience():
+    assert "oracle+limits+fleet+wait" in WAIT_POLICIES and "greedy-fastest+wait" not in WAIT_POLICIES
+    p = make_policy("oracle+limits+fleet+wait", _table())
+    assert p.patience == Patience(WAIT_S) and p.reoptimize_s > 0 and p.policy.power_limit_levels
+    res = run_policies(_stream(), [Gpu("h", "h100", 1), Gpu("t", "t4", 1)], _table(), ["oracle", "oracle+wait"])
+    assert res["oracle+wait"].jobs["second"].gpu_type == "h100" and res["oracle"].jobs["second"].gpu_type == "t4"
