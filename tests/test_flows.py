@@ -473,3 +473,51 @@ def test_a_risk_level_outside_the_calibrated_range_is_refused():
 
     with pytest.raises(ValidationError, match="risk_level"):
         PlacementPolicy(risk_level=0.3)
+
+
+def _hold_a100_then(wait_s: float, release_after_s: float | None) -> tuple:
+    """A run holds the fleet's A100; a second run starts with only the K80 free and may wait
+    ``wait_s`` for the A100 (which runs ResNet-50 for far less energy per step)."""
+    cluster = GpuCluster(fleet={"a100": 1, "k80": 1}, capacity=1)
+    gate = threading.Event()
+
+    @gogh_placed(model="ResNet-50", batch_size=64, min_throughput=0.1, work_steps=10, cluster=cluster,
+                 policy=PlacementPolicy(poll_s=0.05))
+    def holder() -> str:
+        gate.wait(30)
+        return current_placement().gpu_type
+
+    @gogh_placed(model="ResNet-50", batch_size=64, min_throughput=0.1, work_steps=10, cluster=cluster,
+                 policy=PlacementPolicy(poll_s=0.05, wait_for_efficiency_s=wait_s, wait_timeout_s=30.0))
+    def patient() -> tuple[str, float]:
+        return current_placement().gpu_type, current_placement().placement.waited_s
+
+    with ThreadPoolExecutor(2) as ex:
+        held = ex.submit(holder)
+        while not _env_ready() or not _env().pool.ledger.state().leases:
+            time.sleep(0.05)
+        if release_after_s is not None:
+            threading.Timer(release_after_s, gate.set).start()
+        got = ex.submit(patient).result(timeout=60)
+        gate.set()
+        return held.result(timeout=30), got
+
+
+def test_a_run_waits_for_an_efficient_gpu_when_its_policy_allows(gogh_home):
+    first, (gpu_type, waited) = _hold_a100_then(wait_s=20.0, release_after_s=0.5)
+    assert first == "a100"
+    assert gpu_type == "a100" and 0.3 < waited < 20.0
+
+
+def test_a_run_takes_the_free_gpu_once_its_wait_for_efficiency_runs_out(gogh_home):
+    _, (gpu_type, waited) = _hold_a100_then(wait_s=0.5, release_after_s=None)
+    assert gpu_type == "k80" and 0.45 <= waited < 10.0
+
+
+def test_waiting_for_efficiency_must_end_before_the_wait_timeout():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="must be below wait_timeout_s"):
+        PlacementPolicy(wait_for_efficiency_s=600.0)  # the default wait_timeout_s is 600 s
+    with pytest.raises(ValidationError, match="efficiency_min_saving"):
+        PlacementPolicy(efficiency_min_saving=1.0)

@@ -221,6 +221,13 @@ class PlacementPolicy(Block):
                             "were this fraction higher: predictions of unmeasured placements err, and "
                             "the cheapest slot that barely meets a requirement on paper misses it "
                             "whenever the prediction was optimistic")
+    wait_for_efficiency_s: float = Field(default=0.0, ge=0.0, description="how long a new run may wait for "
+                                         "a GPU type that would run it for at least efficiency_min_saving less "
+                                         "energy than the GPU free now (0: never; it then takes the best GPU "
+                                         "free). Its requirement is a rate while it runs, so waiting costs only "
+                                         "completion time. Must be below wait_timeout_s")
+    efficiency_min_saving: float = Field(default=0.1, gt=0.0, lt=1.0, description="the share of energy a "
+                                         "busy GPU type must save, by the predictions, for a run to wait for it")
 
     @field_validator("policy")
     @classmethod
@@ -237,6 +244,15 @@ class PlacementPolicy(Block):
             raise ValueError(f"power_limit_levels are fractions of each GPU type's limit range in [0, 1] "
                              f"(0 = its lowest limit, 1 = its maximum), got {bad}")
         return value
+
+    @model_validator(mode="after")
+    def _wait_within_timeout(self) -> PlacementPolicy:
+        if self.wait_for_efficiency_s > 0 and self.wait_for_efficiency_s >= self.wait_timeout_s:
+            raise ValueError(
+                f"wait_for_efficiency_s={self.wait_for_efficiency_s:g} s must be below wait_timeout_s="
+                f"{self.wait_timeout_s:g} s: a run waiting for an efficient GPU would otherwise fail for want "
+                "of a GPU while one was free. Raise wait_timeout_s, or lower wait_for_efficiency_s")
+        return self
 
     @field_validator("allow_migration")
     @classmethod

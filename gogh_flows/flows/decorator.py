@@ -43,6 +43,7 @@ from gogh_flows.flows.predictors import predictor_source
 from gogh_flows.predict.intervals import NoIntervalsError
 from gogh_flows.flows.session import Session, shared_session
 from gogh_flows.flows.measure import record_if_placer_lost, record_run
+from gogh_flows.placement.patience import Patience
 from gogh_flows.flows.placer import PlacementTimeout, RunLost, RunPlacement, place_with_retry
 from gogh_flows.flows.spec import check_wait_timeout, check_warmup_steps, placed_job
 from gogh_flows.runtime.context import RunCancelled, current_gpu, use_gpu
@@ -191,6 +192,8 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
         wait_timeout_s=wait_timeout_s, poll_s=policy.poll_s, versions=source.versions(),
         on_wait=logger.info, sleep=session.wait_for_release, headroom=policy.headroom,
         placement_timeout_s=policy.placement_timeout_s, power_limit_levels=tuple(policy.power_limit_levels),
+        patience=Patience(min(policy.wait_for_efficiency_s, wait_timeout_s), policy.efficiency_min_saving)
+        if policy.wait_for_efficiency_s > 0 else None,
     )
     key = artifact_key(flow_name)
     try:

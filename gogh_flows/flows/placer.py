@@ -19,6 +19,7 @@ from typing import Any, Protocol
 from gogh_flows.energy import kwh
 from gogh_flows.workloads.job import JobSpec
 from gogh_flows.placement import Gpu, Job, PlacementProblem, get_policy
+from gogh_flows.placement.patience import Patience, hold_for_efficiency
 from gogh_flows.placement.result import Placement
 from gogh_flows.runtime.devices import GpuDevice
 from gogh_flows.runtime.leases import Claim, LedgerState
@@ -125,6 +126,7 @@ def place_with_retry(
     wait_timeout_s: float, poll_s: float, versions: dict, on_wait: Callable[[str], None] | None = None,
     sleep: Callable[[float], object] = time.sleep, headroom: float = 0.0,
     placement_timeout_s: float = math.inf, power_limit_levels: Sequence[float] = (),
+    patience: Patience | None = None,
 ) -> RunPlacement:
     """Read the ledger, solve, claim by compare-and-set; decide again when the claim is refused.
 
@@ -135,7 +137,9 @@ def place_with_retry(
     returns early when a run of this process frees its GPU) up to ``wait_timeout_s``. Each
     decision between two such waits (ledger calls, predictions, solves, and the claims
     refused and re-planned in a row) is bounded by ``placement_timeout_s``, each call to the
-    pool's scheduler included.
+    pool's scheduler included. With ``patience``, a run whose best option now is clearly less
+    efficient than a busy GPU type waits for it, up to ``patience.max_wait_s`` from its start
+    (:func:`gogh_flows.placement.patience.hold_for_efficiency`).
     """
     start = time.monotonic()
     said_waiting = False
@@ -183,6 +187,8 @@ def place_with_retry(
                 # plan without headroom rather than wait for a GPU that cannot exist
                 placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, 0.0,
                                             power_limit_levels)
+            if patience is not None:
+                placement, _ = hold_for_efficiency(placement, problem, {run_id: elapsed}, patience)
             if run_id in placement.placed_ids:
                 a = placement.assignment(run_id)
                 gpu_id = a.gpus[0]
