@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from gogh_flows.placement import GoghOptimizer, Gpu, Job, PlacementProblem
+from gogh_flows.energy import EnergyModel
+from gogh_flows.placement import GoghOptimizer, Gpu, Job, PlacementProblem, get_policy
 from gogh_flows.placement.patience import HELD, Patience, hold_for_efficiency
 from gogh_flows.placement.problem import TableThroughputs
-from gogh_flows.sim.engine import simulate
+from gogh_flows.sim.engine import SimConfig, simulate
 from gogh_flows.sim.run import WAIT_POLICIES, WAIT_S, make_policy, run_policies
 from gogh_flows.sim.traces import TraceJob
 from gogh_flows.truth.table import ThroughputTable
@@ -103,3 +104,55 @@ def test_wait_policies_build_on_the_optimisers_with_the_fixed_patience():
     assert p.patience == Patience(WAIT_S) and p.reoptimize_s > 0 and p.policy.power_limit_levels
     res = run_policies(_stream(), [Gpu("h", "h100", 1), Gpu("t", "t4", 1)], _table(), ["oracle", "oracle+wait"])
     assert res["oracle+wait"].jobs["second"].gpu_type == "h100" and res["oracle"].jobs["second"].gpu_type == "t4"
+
+
+def test_held_jobs_do_not_keep_the_jobs_behind_them_from_free_gpus():
+    """A whole decision window of held jobs used to read as a full fleet: a job behind them that
+    only the (free) T4s can run waited until the holds ran out."""
+    rows = [{"job_type": "gain", "gpu_type": g, "scale_factor": 1, "throughput": t, "activity": 0.9}
+            for g, t in (("h100", 200.0), ("t4", 10.0))]
+    rows += [{"job_type": "plain", "gpu_type": "t4", "scale_factor": 1, "throughput": 10.0, "activity": 0.9},
+             {"job_type": "plain", "gpu_type": "h100", "scale_factor": 1, "throughput": 0.0, "activity": 0.9}]
+    table = ThroughputTable.from_rows(rows)
+    gpus = [Gpu("h", "h100", 1), *(Gpu(f"t{i}", "t4", 1) for i in range(4))]
+    stream = [TraceJob("first", "gain", 1e6, 1, 0.0, required_throughput=5.0),
+              *(TraceJob(f"held{i}", "gain", 2e4, 1, 100.0 + i, required_throughput=5.0) for i in range(3)),
+              TraceJob("plain", "plain", 2e4, 1, 200.0, required_throughput=5.0)]
+    res = simulate(stream, gpus, table, GoghOptimizer(name="oracle"), planning=TableThroughputs(table),
+                   config=SimConfig(decision_window=3), patience=Patience(3000.0))
+    assert res.jobs["plain"].placed_s == 200.0 and res.jobs["plain"].gpu_type == "t4"
+    assert all(res.jobs[f"held{i}"].placed_s == pytest.approx(3100.0 + i) for i in range(3))  # patience ran out
+
+
+def test_no_job_is_held_for_a_type_that_is_free_or_that_it_could_never_get():
+    rows = [{"job_type": "gain", "gpu_type": g, "scale_factor": s, "throughput": x * s, "activity": 0.9}
+            for g, x in (("h100", 200.0), ("a100", 150.0), ("t4", 10.0)) for s in (1, 2)]
+    table = ThroughputTable.from_rows(rows)
+    # greedy-fastest takes the free H100 though the free A100 would use less energy: waiting
+    # would change nothing, the A100 is free now
+    free_both = PlacementProblem.build([Gpu("h", "h100", 1), Gpu("a", "a100", 1)], [Job("new", "gain", 1.0, 1e6)],
+                                       table)
+    fastest = get_policy("greedy-fastest").place(free_both)
+    assert fastest.assignment("new").gpu_type == "h100"
+    assert hold_for_efficiency(fastest, free_both, {"new": 0.0}, Patience(3600.0))[1] == {}
+    # a 2-GPU gang: the H100s are of capacities 1 and 2, never two of one class, so no wait helps
+    split = PlacementProblem.build([Gpu("h1", "h100", 1), Gpu("h2", "h100", 2), Gpu("t1", "t4", 1),
+                                    Gpu("t2", "t4", 1)], [Job("gang", "gain", 1.0, 1e6, 2)], table)
+    placed = GoghOptimizer().place(split)
+    assert hold_for_efficiency(placed, split, {"gang": 0.0}, Patience(3600.0))[1] == {}
+
+
+def test_an_always_on_fleet_holds_for_the_dynamic_saving_only():
+    """Idle draw is paid either way with GPUs always on: a type that saves 17% counting the
+    boards' idle power but 12.5% without it is worth a hold at 15% only when idle GPUs park."""
+    table = ThroughputTable.from_rows([
+        {"job_type": "gain", "gpu_type": g, "scale_factor": 1, "throughput": t, "activity": 0.9}
+        for g, t in (("h100", 120.0), ("t4", 10.0))])
+    gpus = [Gpu("h", "h100", 1), Gpu("t", "t4", 1)]
+    problem = PlacementProblem.build(gpus, [Job("first", "gain", 1.0, 1e6, gpus=("h",)),
+                                            Job("new", "gain", 1.0, 1e6)], table)
+    placement = GoghOptimizer().place(problem)
+    patience = Patience(3600.0, min_saving=0.15)
+    assert set(hold_for_efficiency(placement, problem, {"new": 0.0}, patience)[1]) == {"new"}
+    dynamic = EnergyModel(count_idle=False)
+    assert hold_for_efficiency(placement, problem, {"new": 0.0}, patience, energy=dynamic)[1] == {}

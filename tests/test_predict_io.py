@@ -64,9 +64,10 @@ def test_a_refiners_trust_scale_is_saved_and_a_bad_one_refused(models, tmp_path)
     assert load_p2(d).trust_scale == 0.2
     assert load_p2(save_model(p2, tmp_path / "full")).trust_scale is None  # as the shipped priors
     cfg = json.loads((d / "config.json").read_text())
-    (d / "config.json").write_text(json.dumps({**cfg, "trust_scale": -1}))
-    with pytest.raises(ModelFormatError, match="trust_scale must be a positive number"):
-        load_p2(d)
+    for bad in (-1, True, "0.2"):
+        (d / "config.json").write_text(json.dumps({**cfg, "trust_scale": bad}))
+        with pytest.raises(ModelFormatError, match="trust_scale must be a positive number"):
+            load_p2(d)
 
 
 @pytest.mark.parametrize("name", ["model.pt", "extra.pkl", "sub/state.pickle"])

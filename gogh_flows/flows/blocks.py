@@ -250,8 +250,8 @@ class PlacementPolicy(Block):
         if self.wait_for_efficiency_s > 0 and self.wait_for_efficiency_s >= self.wait_timeout_s:
             raise ValueError(
                 f"wait_for_efficiency_s={self.wait_for_efficiency_s:g} s must be below wait_timeout_s="
-                f"{self.wait_timeout_s:g} s: a run waiting for an efficient GPU would otherwise fail for want "
-                "of a GPU while one was free. Raise wait_timeout_s, or lower wait_for_efficiency_s")
+                f"{self.wait_timeout_s:g} s: no run waits longer than wait_timeout_s, so the rest of that wait "
+                "would never happen. Raise wait_timeout_s, or lower wait_for_efficiency_s")
         return self
 
     @field_validator("allow_migration")

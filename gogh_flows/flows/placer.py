@@ -170,6 +170,7 @@ def place_with_retry(
     while True:
         state = ask(ledger.state)
         attempts += 1
+        held: dict[str, str] = {}  # this decision's hold for an efficient GPU, if any
         live = list(devices(state))
         elapsed = time.monotonic() - start
         if not live:
@@ -188,7 +189,7 @@ def place_with_retry(
                 placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, 0.0,
                                             power_limit_levels)
             if patience is not None:
-                placement, _ = hold_for_efficiency(placement, problem, {run_id: elapsed}, patience)
+                placement, held = hold_for_efficiency(placement, problem, {run_id: elapsed}, patience)
             if run_id in placement.placed_ids:
                 a = placement.assignment(run_id)
                 gpu_id = a.gpus[0]
@@ -237,7 +238,9 @@ def place_with_retry(
                     f"{wait_timeout_s:g} s")
             said_waiting = True
         left_to_decide()
-        sleep(min(poll_s, max(0.0, wait_timeout_s - elapsed)))
+        # a run held for an efficient GPU looks again when its patience runs out, not a poll later
+        until = min(wait_timeout_s, patience.max_wait_s) if run_id in held else wait_timeout_s
+        sleep(min(poll_s, max(0.0, until - elapsed)))
         deciding_since = time.monotonic()
 
 

@@ -5,8 +5,8 @@ run it for much less energy is busy, and the job can wait (its requirement is a 
 runs, not a deadline), starting it later on that type can save more than the wait costs.
 Energy-aware schedulers defer work for the same reason (to cleaner hours, to free efficient
 machines); here the trade is explicit and bounded: a job is held only while it has waited
-less than ``max_wait_s`` and only when a type of the fleet, were a GPU of it free, would run
-it alone for at least ``min_saving`` less energy than the option chosen now (both at their
+less than ``max_wait_s`` and only when a GPU type that is busy now would, once free, run it
+alone for at least ``min_saving`` less energy than alone where it was placed (both at their
 best power limit, by the problem's own predictions). Past ``max_wait_s`` it takes what the
 placement offers. The cost is completion time, reported beside the energy it saved.
 
@@ -23,7 +23,8 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from gogh_flows.placement.options import least_alone_energy
+from gogh_flows.energy import EnergyModel
+from gogh_flows.placement.options import FleetState, least_alone_energy
 from gogh_flows.placement.problem import PlacementProblem
 from gogh_flows.placement.result import Placement, Waiting
 
@@ -46,38 +47,55 @@ class Patience:
 
 
 def hold_for_efficiency(placement: Placement, problem: PlacementProblem, waited_s: Mapping[str, float],
-                        patience: Patience) -> tuple[Placement, dict[str, str]]:
+                        patience: Patience, *, energy: EnergyModel | None = None) -> tuple[Placement, dict[str, str]]:
     """``placement`` without the assignments of jobs worth holding, and why each was held.
 
     ``waited_s`` names the jobs that may be held (new jobs, not yet started) with how long
-    each has waited; any other assignment is kept. A held job moves to the placement's
-    ``waiting`` with a reason that names the type it waits for and what it would save.
+    each has waited; any other assignment is kept, and so is a job that shares a board (a
+    join, or half of a new pair: its partner was placed counting on it). A job is held for a
+    GPU type that has no free GPUs for it once the placement is applied (waiting for a type
+    that is free would change nothing) and that could ever take it (a gang needs as many
+    GPUs of one type and capacity), when running alone there would cost at most
+    ``1 - min_saving`` of running alone where it was placed, both at their best power limit.
+    ``energy`` is what a decision changes (default the problem's; an always-on fleet pays its
+    idle draw either way, so the simulator passes a model without it). A held job moves to
+    the placement's ``waiting`` with a reason that names the type and the saving.
     """
     if patience.max_wait_s <= 0 or not placement.assignments:
         return placement, {}
-    fleet = Counter(g.gpu_type for g in problem.gpus)
+    energy = energy or problem.energy
     jobs = {j.id: j for j in problem.jobs}
+    paired = {a.job_id for a in placement.assignments if a.partner is not None}
+    paired |= {a.partner for a in placement.assignments if a.partner is not None}
+    state = FleetState(problem)
+    for a in placement.assignments:
+        state.add(jobs[a.job_id], a.gpus, a.power_limit_w)
+    free = state.free_by_class()
+    size: dict[tuple[str, int], int] = Counter((g.gpu_type, g.capacity) for g in problem.gpus)
     keep, held = [], {}
     for a in placement.assignments:
         waited = waited_s.get(a.job_id)
-        if waited is None or waited >= patience.max_wait_s or not a.energy_j > 0:
+        if waited is None or waited >= patience.max_wait_s or a.job_id in paired:
             keep.append(a)
             continue
         job = jobs[a.job_id]
-        best, where = math.inf, None
-        for t, n in fleet.items():
-            if n >= job.num_gpus and t != a.gpu_type:
-                e = least_alone_energy(problem, problem.energy, job, t, job.work, problem.limit_levels(t))[0]
-                if e < best:
-                    best, where = e, t
-        if where is not None and best <= (1 - patience.min_saving) * a.energy_j:
-            held[a.job_id] = (f"{HELD}: {where} would use {1 - best / a.energy_j:.0%} less energy than "
+
+        def alone(gpu_type: str) -> float:
+            return least_alone_energy(problem, energy, job, gpu_type, job.work, problem.limit_levels(gpu_type))[0]
+
+        busy = {t for (t, _), n in size.items() if n >= job.num_gpus} - {
+            t for (t, _), ids in free.items() if len(ids) >= job.num_gpus}
+        here = alone(a.gpu_type)
+        best, where = min(((alone(t), t) for t in sorted(busy - {a.gpu_type})), default=(math.inf, None))
+        if where is not None and math.isfinite(here) and best <= (1 - patience.min_saving) * here:
+            held[a.job_id] = (f"{HELD}: {where} would use {1 - best / here:.0%} less energy than "
                               f"{a.gpu_type} now; waiting up to {patience.max_wait_s - waited:.0f} s more")
         else:
             keep.append(a)
     if not held:
         return placement, {}
-    best_tput = {j: max((problem.throughputs.isolated(jobs[j], t) for t in fleet), default=0.0) for j in held}
+    best_tput = {j: max((problem.throughputs.isolated(jobs[j], t) for t in problem.gpu_types), default=0.0)
+                 for j in held}
     waiting = (*placement.waiting, *(Waiting(j, why, best_tput[j]) for j, why in held.items()))
     return dataclasses.replace(placement, assignments=tuple(keep), waiting=waiting), held
 

@@ -112,7 +112,8 @@ class P2Model:
     trust_scale: float | None = None
 
     def __post_init__(self) -> None:
-        if self.trust_scale is not None and not (math.isfinite(self.trust_scale) and self.trust_scale > 0):
+        ok = isinstance(self.trust_scale, int | float) and not isinstance(self.trust_scale, bool)
+        if self.trust_scale is not None and not (ok and math.isfinite(self.trust_scale) and self.trust_scale > 0):
             raise ValueError(f"trust_scale must be a positive number of log units or None, got {self.trust_scale!r}")
 
     @torch.no_grad()

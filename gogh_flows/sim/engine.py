@@ -390,12 +390,14 @@ def simulate(
             arrived = True
         if queue and (arrived or changed or now >= t_wake):
             moved, placed_on = _serve_queue(policy, planning, energy, gpus, running, occupants,
-                                            queue, records, now, decision_ms, config, limits, patience, holds)
+                                            queue, records, now, decision_ms, config, limits, patience, holds,
+                                            move_energy)
             migrations += moved
             changed |= placed_on
         freed = [gid for gid in changed if not occupants[gid]] if vacated else []
         if reoptimize_s > 0:
-            if now >= next_reopt or (freed and not queue):
+            # held jobs turned the free GPUs down: they do not keep them from the re-solve
+            if now >= next_reopt or (freed and all(_queue_id(q) in holds for q in queue)):
                 if now >= next_reopt:
                     next_reopt = now + reoptimize_s
                 t0 = time.perf_counter()
@@ -407,8 +409,9 @@ def simulate(
                 changed |= touched
         elif objective is not None and freed:
             t0 = time.perf_counter()
+            unheld = [q for q in queue if _queue_id(q) not in holds]
             moves, touched, weighed = _rebalance(objective, planning, move_energy, gpus, by_id,
-                                                 fleet_index, occupants, running, queue, records,
+                                                 fleet_index, occupants, running, unheld, records,
                                                  now, config, len(freed))
             if weighed:
                 rebalance_ms.append((time.perf_counter() - t0) * 1e3)
@@ -419,7 +422,7 @@ def simulate(
                 if queue:  # GPUs the moved jobs left go to waiting jobs first
                     moved, placed_on = _serve_queue(policy, planning, energy, gpus, running,
                                                     occupants, queue, records, now, decision_ms,
-                                                    config, limits, patience, holds)
+                                                    config, limits, patience, holds, move_energy)
                     migrations += moved
                     changed |= placed_on
         for gid in changed:
@@ -450,29 +453,34 @@ def simulate(
 
 def _serve_queue(policy, planning, energy, gpus, running, occupants, queue, records, now,
                  decision_ms, config: SimConfig, limits: dict[str, float | None],
-                 patience: Patience | None = None, holds: dict[str, float] | None = None) -> tuple[int, set[str]]:
-    """Decide on the queue in FIFO chunks until a chunk places nothing; ``holds`` is refilled
-    with the jobs held for an efficient GPU (job id -> when their patience runs out)."""
+                 patience: Patience | None = None, holds: dict[str, float] | None = None,
+                 hold_energy: EnergyModel | None = None) -> tuple[int, set[str]]:
+    """Decide on the queue in FIFO chunks until a chunk places and holds nothing; ``holds`` is
+    refilled with the jobs held for an efficient GPU (job id -> when their patience runs out),
+    which stay queued without blocking the jobs behind them. ``hold_energy``: what a decision
+    changes, for the hold (without idle power on an always-on fleet)."""
     moved, changed = 0, set()
     start = 0
     if holds is not None:
         holds.clear()
     while start < len(queue):
         before = len(queue)
-        m, placed_on = _decide(policy, planning, energy, gpus, running, occupants, queue, records,
-                               now, decision_ms, config.migration_s, start, config.decision_window, limits,
-                               patience, holds)
+        m, placed_on, n_held = _decide(policy, planning, energy, gpus, running, occupants, queue, records,
+                                       now, decision_ms, config.migration_s, start, config.decision_window,
+                                       limits, patience, holds, hold_energy)
         moved += m
         changed |= placed_on
-        if len(queue) == before:
-            break  # this chunk placed nothing: the fleet is full for now
+        if len(queue) == before and not n_held:
+            break  # this chunk placed nothing and held nothing: the fleet is full for now
         start += config.decision_window - (before - len(queue))
     return moved, changed
 
 
-def _decide(policy, planning, energy, gpus, running, occupants, queue, records, now,
-            decision_ms, migration_s, start, window, limits, patience=None, holds=None) -> tuple[int, set[str]]:
-    """Place queue[start:start + window]; returns (migrations, GPUs whose occupants changed).
+def _decide(policy, planning, energy, gpus, running, occupants, queue, records, now, decision_ms,
+            migration_s, start, window, limits, patience=None, holds=None,
+            hold_energy=None) -> tuple[int, set[str], int]:
+    """Place queue[start:start + window]; returns (migrations, GPUs whose occupants changed,
+    jobs held).
 
     Each assignment's power limit is set on its GPU(s), for a partner already there too. With
     ``patience``, new jobs worth holding for an efficient GPU are left queued (into ``holds``).
@@ -493,6 +501,7 @@ def _decide(policy, planning, energy, gpus, running, occupants, queue, records, 
     problem = PlacementProblem(tuple(gpus), tuple(run_jobs + waiting), planning, energy)
     t0 = time.perf_counter()
     placement = policy.place(problem)
+    held: dict[str, str] = {}
     if patience is not None:
         # a hold runs out at arrival + max_wait_s exactly (the engine wakes then), whatever
         # ``now - arrival`` rounds to
@@ -500,11 +509,11 @@ def _decide(policy, planning, energy, gpus, running, occupants, queue, records, 
                  for q in chunk if not isinstance(q, _Running)}
         levels = tuple(getattr(policy, "power_limit_levels", ()))
         placement, held = hold_for_efficiency(placement, replace(problem, power_limit_levels=levels), fresh,
-                                              patience)
+                                              patience, energy=hold_energy)
         if holds is not None:
             holds.update({j: records[j].arrival_s + patience.max_wait_s for j in held})
     decision_ms.append((time.perf_counter() - t0) * 1e3)
-    by_id = {(q.job.id if isinstance(q, _Running) else q.id): q for q in chunk}
+    by_id = {_queue_id(q): q for q in chunk}
     placed_job = {j.id: j for j in waiting}
     changed: set[str] = set()
     moved = 0
@@ -527,8 +536,8 @@ def _decide(policy, planning, energy, gpus, running, occupants, queue, records, 
             limits[gid] = a.power_limit_w
         records[a.job_id].gpu_type = a.gpu_type
     placed = {a.job_id for a in placement.assignments}
-    queue[:] = [q for q in queue if (q.job.id if isinstance(q, _Running) else q.id) not in placed]
-    return moved, changed
+    queue[:] = [q for q in queue if _queue_id(q) not in placed]
+    return moved, changed, len(held)
 
 
 REBALANCE_OBJECTIVES = (None, "time", "energy")
@@ -546,6 +555,10 @@ def rebalance_objective(policy: Policy) -> str | None:
     if declared is not _UNDECLARED:
         return declared
     return "energy" if isinstance(policy, GoghOptimizer) else None
+
+
+def _queue_id(q: SimJob | _Running) -> str:
+    return q.job.id if isinstance(q, _Running) else q.id
 
 
 def _queued_job(q: SimJob | _Running) -> Job:
