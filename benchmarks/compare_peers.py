@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "peers.md"
 OUT = REPO / "benchmarks" / "results" / "compare_peers.json"
 KEYS = ("gavel-physical", "gavel-physical-noise", "gavel-msr", "modern-mixed")
-OURS = ("oracle", "oracle+limits", "gogh", "gogh+limits", "gogh-p1", "greedy-fastest", "greedy-efficiency",
+OURS = ("oracle", "oracle+limits", "gogh", "gogh+limits", "gogh+limits+wait", "gogh-p1", "greedy-fastest", "greedy-efficiency",
         "first-fit")
 MODELS = {"gavel": REPO / "models" / "gavel", "synthetic": REPO / "models" / "synthetic"}
 
