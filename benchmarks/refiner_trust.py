@@ -27,11 +27,11 @@ import numpy as np
 
 from gogh_flows.demo import DEMO_FLEET, _measurements
 from gogh_flows.flows.observations import observations_from_measurements
-from gogh_flows.flows.retrain import base_measurements, split_recent
+from gogh_flows.flows.retrain import base_measurements, fit_challenger
 from gogh_flows.predict.data import zoo_jobs
 from gogh_flows.predict.io import load_p1, load_p2, models_dir
 from gogh_flows.predict.p2 import TRUST_SCALES, P2Config
-from gogh_flows.predict.service import ThroughputPredictor, choose_trust_scale, fit_refiner
+from gogh_flows.predict.service import ThroughputPredictor
 
 OUT = Path(__file__).resolve().parent / "results"
 WAVE = 8  # runs per wave in `gogh demo` (its default --wave-size)
@@ -61,11 +61,9 @@ def replay(state: Path, prior: str = "synthetic") -> list[dict]:
             return ThroughputPredictor(p1, p2).refine_error(features, seen, scored)["mape"]
 
         for seed in SEEDS:
-            config = P2Config(epochs=EPOCHS, seed=seed)
-            fit, val = split_recent(train, 0.25)
-            trial = fit_refiner(p1, features, fit, base=base, config=config, gpu_types=gpus)
-            chosen, _ = choose_trust_scale(p1, trial, features, fit, val)
-            p2 = fit_refiner(p1, features, train, base=base, config=config, gpu_types=gpus)
+            p2, _ = fit_challenger(p1, features, train, base=base, config=P2Config(epochs=EPOCHS, seed=seed),
+                                   gpu_types=gpus, validation_fraction=0.25)  # as the demo's flow
+            chosen = p2.trust_scale
             row = {"state": str(state), "after_wave": k, "seed": seed, "measurements": test.height,
                    "P1 alone": err(None), "shipped refiner": err(shipped),
                    "chosen scale": chosen, "challenger, chosen scale": err(replace(p2, trust_scale=chosen))}

@@ -31,7 +31,8 @@ from gogh_flows.flows.observations import observations_from_measurements
 from gogh_flows.flows.predictors import predictor_source
 from gogh_flows.predict.data import MeasuredSet
 from gogh_flows.predict.io import save_model
-from gogh_flows.predict.p2 import P2Config
+from gogh_flows.predict.p1 import P1Model
+from gogh_flows.predict.p2 import P2Config, P2Model
 from gogh_flows.predict.service import ThroughputPredictor, choose_trust_scale, fit_refiner
 from gogh_flows.tracking.measurements import MeasurementLog
 from gogh_flows.truth import load_truth
@@ -64,6 +65,24 @@ def base_measurements(base_data: str, prior: str | None, gpu_types: list[str]) -
     if source == "gavel":
         return MeasuredSet.from_table(load_truth("gavel"))
     raise ValueError(f"unknown base data {source!r}; expected one of {BASE_DATA}")
+
+
+def fit_challenger(p1: P1Model, features: dict, train: pl.DataFrame, *, base: MeasuredSet | None, config: P2Config,
+                   gpu_types: list[str], validation_fraction: float) -> tuple[P2Model, int]:
+    """A refiner fitted on ``train``, and how many measurements chose its trust scale.
+
+    How far it trusts its corrections over P1 (:attr:`P2Model.trust_scale`) is chosen on the
+    newest ``validation_fraction`` of ``train`` by a trial refiner fitted on the older rest
+    (:func:`gogh_flows.predict.service.choose_trust_scale`), so nothing outside ``train`` takes
+    part: the caller keeps its held-out runs for judging the result.
+    """
+    fit, val = split_recent(train, validation_fraction) if train.height >= 2 else (train, train.head(0))
+    trial = fit_refiner(p1, features, fit, base=base, config=config, gpu_types=gpu_types)
+    trust, errors = choose_trust_scale(p1, trial, features, fit, val)
+    p2 = fit_refiner(p1, features, train, base=base, config=config, gpu_types=gpu_types)
+    p2.trust_scale = trust
+    p2.trained_on["trust_scale_validation_mape"] = errors
+    return p2, val.height
 
 
 @task(name="gogh-score-refiner", cache_policy=NO_CACHE, persist_result=False)
@@ -115,16 +134,10 @@ def refine_predictors(
     # the challenger covers the GPU types this fleet measured; a type added later is served
     # by P1 (and by the next retraining once it has been measured)
     base = base_measurements(base_data, block.prior, gpu_types)
-    config = P2Config(epochs=epochs, seed=seed)
-    # how far to trust the refiner over P1 (P2Model.trust_scale) is chosen on the newest of the
-    # training measurements, by a trial refiner fitted on the older ones: never on `test`,
-    # which decides the promotion
-    fit, val = split_recent(train, holdout_fraction) if train.height >= 2 else (train, train.head(0))
-    trial = fit_refiner(champion.p1, features, fit, base=base, config=config, gpu_types=gpu_types)
-    trust, trust_errors = choose_trust_scale(champion.p1, trial, features, fit, val)
-    p2 = fit_refiner(champion.p1, features, train, base=base, config=config, gpu_types=gpu_types)
-    p2.trust_scale = trust
-    p2.trained_on["trust_scale_validation_mape"] = trust_errors
+    # never scored on `test` while it is fitted: `test` decides the promotion
+    p2, n_val = fit_challenger(champion.p1, features, train, base=base, config=P2Config(epochs=epochs, seed=seed),
+                               gpu_types=gpu_types, validation_fraction=holdout_fraction)
+    trust = p2.trust_scale
     challenger = ThroughputPredictor(champion.p1, p2)
     champ_score = score(champion, features, train, test)
     chall_score = score(challenger, features, train, test)
@@ -136,7 +149,7 @@ def refine_predictors(
             f"measurements ({frame.height} runs), {time.strftime('%Y-%m-%d %H:%M:%S')}.\n"
             f"Held-out recent measurements: {test.height}; MAPE challenger {chall_score['mape']:.4f}, "
             f"champion (v{versions['p2']}) {champ_score['mape']:.4f}, P1 alone {p1_score['mape']:.4f}.\n"
-            f"Corrections applied {trust_text}, chosen on {val.height} validation measurements.\n")
+            f"Corrections applied {trust_text}, chosen on {n_val} validation measurements.\n")
     with tempfile.TemporaryDirectory() as tmp:
         save_model(p2, Path(tmp) / "p2", card=card)
         version = source.registry.register(
@@ -171,7 +184,7 @@ def refine_predictors(
         f"| P1 alone (no refiner, for reference) | {p1_score['mape']:.4f} | {p1_score['n']} |", "",
         f"Trained on {train.height} measurements, scored on the {test.height} most recent, each predicted "
         "without the earlier measurements of its own entry (job, GPU type, partner), as a placement would. "
-        f"The challenger applies its corrections {trust_text}, chosen on the newest {val.height} of its "
+        f"The challenger applies its corrections {trust_text}, chosen on the newest {n_val} of its "
         "training measurements.",
     ]))
     logger.info("refiner challenger v%s: MAPE %.4f vs champion v%s %.4f -> %s", version,
@@ -188,4 +201,4 @@ def serve_refiner(name: str = "gogh-refine", *, cron: str | None = None, interva
     refine_predictors.serve(name=name, cron=cron, interval=interval_s, parameters=parameters or {})
 
 
-__all__ = ["CHALLENGER", "refine_predictors", "serve_refiner", "split_recent"]
+__all__ = ["CHALLENGER", "fit_challenger", "refine_predictors", "serve_refiner", "split_recent"]
