@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import threading
 import time
@@ -492,15 +493,27 @@ def _hold_a100_then(wait_s: float, release_after_s: float | None) -> tuple:
     def patient() -> tuple[str, float]:
         return current_placement().gpu_type, current_placement().placement.waited_s
 
-    with ThreadPoolExecutor(2) as ex:
-        held = ex.submit(holder)
-        while not _env_ready() or not _env().pool.ledger.state().leases:
-            time.sleep(0.05)
-        if release_after_s is not None:
-            threading.Timer(release_after_s, gate.set).start()
-        got = ex.submit(patient).result(timeout=60)
-        gate.set()
-        return held.result(timeout=30), got
+    class ReleaseOnceHeld(logging.Handler):
+        """Starts the release clock when the patient run says it waits, not when it is submitted:
+        a slow flow-run start must not let the A100 free up before the patient has looked."""
+
+        def emit(self, record: logging.LogRecord) -> None:
+            if "waits for a GPU" in record.getMessage() and release_after_s is not None:
+                threading.Timer(release_after_s, gate.set).start()
+
+    handler = ReleaseOnceHeld()
+    run_logger = logging.getLogger("prefect.task_runs")
+    run_logger.addHandler(handler)
+    try:
+        with ThreadPoolExecutor(2) as ex:
+            held = ex.submit(holder)
+            while not _env_ready() or not _env().pool.ledger.state().leases:
+                time.sleep(0.05)
+            got = ex.submit(patient).result(timeout=60)
+            gate.set()
+            return held.result(timeout=30), got
+    finally:
+        run_logger.removeHandler(handler)
 
 
 def test_a_run_waits_for_an_efficient_gpu_when_its_policy_allows(gogh_home):
