@@ -96,24 +96,39 @@ def alone_energy(problem: PlacementProblem, job: Job, gpu_type: str, iso: float,
     )
 
 
+def best_alone_limit(energy: EnergyModel, gpu_type: str, occ: Occupant, num_gpus: int, required: float,
+                     levels: tuple[float | None, ...]) -> tuple[float, float, float | None, float]:
+    """(energy, throughput, limit, energy at ``levels[0]``) of ``occ`` alone on ``gpu_type`` at
+    the least-energy level of ``levels`` (highest first) at which it still meets ``required``.
+
+    ``levels[0]`` must be feasible (the caller checked the job meets its requirement there);
+    slowdowns grow as limits fall, so the scan stops at the first level too slow."""
+    e_first = energy.energy_alone(gpu_type, occ, num_gpus=num_gpus, limit_w=levels[0])
+    pick = (e_first, occ.isolated, levels[0])
+    if len(levels) > 1:
+        p0 = energy.power_alone(gpu_type, occ.activity)
+        for limit in levels[1:]:
+            slow = energy.at_limit(gpu_type, p0, limit)[0]
+            if occ.isolated / slow < required:
+                break
+            e = energy.energy_alone(gpu_type, occ, num_gpus=num_gpus, limit_w=limit)
+            if e < pick[0] * (1 - 1e-12):
+                pick = (e, occ.isolated / slow, limit)
+    return (*pick, e_first)
+
+
 def least_alone_energy(problem: PlacementProblem, energy: EnergyModel, job: Job, gpu_type: str, work: float,
                        levels: tuple[float | None, ...]) -> tuple[float, float | None]:
-    """Least energy for ``work`` steps alone on (empty) ``gpu_type`` over ``levels`` meeting the
-    job's requirement, and that limit: ``(inf, None)`` where the type cannot meet it."""
+    """Least energy for ``work`` steps alone on (empty) ``gpu_type`` over ``levels`` (highest
+    first) meeting the job's requirement, and that limit: ``(inf, None)`` where the type cannot
+    meet it."""
     thr = problem.throughputs
     iso = thr.isolated(job, gpu_type)
     if not iso > 0 or iso < job.required_throughput:
         return math.inf, None
     occ = Occupant(work, iso, thr.activity(job, gpu_type))
-    p0 = energy.power_alone(gpu_type, occ.activity)
-    best = (math.inf, None)
-    for limit in levels:
-        if limit is not None and iso / energy.at_limit(gpu_type, p0, limit)[0] < job.required_throughput:
-            continue
-        e = energy.energy_alone(gpu_type, occ, num_gpus=job.num_gpus, limit_w=limit)
-        if e < best[0] * (1 - 1e-12):
-            best = (e, limit)
-    return best
+    e, _, limit, _ = best_alone_limit(energy, gpu_type, occ, job.num_gpus, job.required_throughput, levels)
+    return e, limit
 
 
 def pair_figures(
@@ -198,18 +213,8 @@ def options_for(problem: PlacementProblem, state: FleetState, job: Job,
             rejected[NOT_ENOUGH_GPUS] += len(ids)
         else:
             occ = _occupant(problem, job, gtype, iso)
-            e_max = energy.energy_alone(gtype, occ, num_gpus=job.num_gpus)
-            pick = (e_max, iso, None)
-            if limited:
-                p0 = energy.power_alone(gtype, occ.activity)
-                for limit in problem.limit_levels(gtype)[1:]:
-                    slow = energy.at_limit(gtype, p0, limit)[0]
-                    if iso / slow < rho:
-                        break  # lower limits are slower still
-                    e = energy.energy_alone(gtype, occ, num_gpus=job.num_gpus, limit_w=limit)
-                    if e < pick[0] * (1 - 1e-12):
-                        pick = (e, iso / slow, limit)
-            e, t_lim, limit = pick
+            e, t_lim, limit, e_max = best_alone_limit(energy, gtype, occ, job.num_gpus, rho,
+                                                      problem.limit_levels(gtype) if limited else (None,))
             choices.append(Choice(
                 gpu_type=gtype, gpus=tuple(ids[: job.num_gpus]), throughput=t_lim, energy_j=e,
                 power_w=job.num_gpus * energy.power_alone(gtype, occ.activity, limit),
