@@ -106,6 +106,31 @@ def test_wait_policies_build_on_the_optimisers_with_the_fixed_patience():
     assert res["oracle+wait"].jobs["second"].gpu_type == "h100" and res["oracle"].jobs["second"].gpu_type == "t4"
 
 
+def test_a_wait_policys_patience_can_be_set_per_run():
+    gpus = [Gpu("h", "h100", 1), Gpu("t", "t4", 1)]
+    short = run_policies(_stream(), gpus, _table(), ["oracle+wait"], patience=Patience(1000.0))["oracle+wait"]
+    assert short.jobs["second"].gpu_type == "t4" and short.jobs["second"].placed_s == pytest.approx(1100.0)
+
+
+def test_gogh_simulate_sets_the_patience_and_refuses_it_without_a_wait_policy(gavel_dir, tmp_path, capsys):
+    import json
+
+    from gogh_flows.cli import main
+
+    base = ["simulate", "--truth", str(gavel_dir / "simulation_throughputs.json"), "--trace", "generate:12",
+            "--rate", "4", "--cluster", "v100=2,p100=2,k80=2"]
+    out = tmp_path / "s.json"
+    assert main([*base, "--policy", "oracle,oracle+wait", "--wait-hours", "0.5", "--json", str(out)]) == 0
+    figures = json.loads(out.read_text())
+    assert figures["wait_hours"] == 0.5 and figures["wait_saving"] == 0.1
+    assert set(figures["policies"]) == {"oracle", "oracle+wait"}
+    capsys.readouterr()
+    assert main([*base, "--policy", "oracle", "--wait-hours", "1"]) == 2
+    assert "apply to the +wait policies" in capsys.readouterr().err
+    assert main([*base, "--policy", "oracle+wait", "--wait-saving", "1.5"]) == 2
+    assert "--wait-saving must be a share of energy in (0, 1)" in capsys.readouterr().err
+
+
 def test_held_jobs_do_not_keep_the_jobs_behind_them_from_free_gpus():
     """A whole decision window of held jobs used to read as a full fleet: a job behind them that
     only the (free) T4s can run waited until the holds ran out."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -16,6 +17,9 @@ from gogh_flows.sim.run import (
     LEARNED_POLICIES,
     LIMITS_SUFFIX,
     SIM_POLICIES,
+    WAIT_S,
+    WAIT_SAVING,
+    WAIT_SUFFIX,
     base_policy,
     best_isolated,
     parse_cluster,
@@ -61,6 +65,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--risk-level", type=float, default=None,
                    help="the learned policies plan unmeasured entries at the lower end of the "
                         "refiner's calibrated interval at this level (0.5-0.95; default: point predictions)")
+    p.add_argument("--wait-hours", type=float, default=None,
+                   help="how long the +wait policies let a new job wait for a busy GPU type that runs it "
+                        "for less energy (default 6; docs/optimizer.md has the trade against completion time)")
+    p.add_argument("--wait-saving", type=float, default=None,
+                   help="the share of energy that GPU type must save for a +wait policy to hold a job "
+                        "(default 0.1)")
     p.add_argument("--requirement-q", default="0.2,0.9",
                    help="LOW,HIGH: requirement = q * best isolated throughput, q ~ U(LOW, HIGH)")
     p.add_argument("--no-rebalance", action="store_true",
@@ -165,7 +175,8 @@ def _run_one(args: argparse.Namespace, truth: ThroughputTable, gpus: list, names
 
     with Progress() as bars:
         results = run_policies(jobs, gpus, truth, names, config=config, progress=bars.update, predictors=predictors,
-                               risk_level=args.risk_level, rltune_model=args.rltune_model)
+                               risk_level=args.risk_level, rltune_model=args.rltune_model,
+                               patience=_patience(args))
     accounts = energy_accounts(results)
     policies = {name: {**r.summary(), **accounts[name].as_row()} for name, r in results.items()}
     if args.floor:
@@ -186,8 +197,6 @@ SPREAD = ("on_vs_greedy-fastest", "on_vs_oracle", "parked_vs_greedy-fastest", "p
 
 def _spread(per_seed: dict[int, dict[str, dict]]) -> dict[str, dict[str, dict[str, float]]]:
     """policy -> figure -> {mean, min, max} over the seeds."""
-    import math
-
     out: dict[str, dict[str, dict[str, float]]] = {}
     for figures in per_seed.values():
         for policy, row in figures.items():
@@ -234,6 +243,19 @@ def _floor_legend(names: list[str]) -> str:
             "(docs/simulation.md, the energy floor)")
 
 
+def _patience(args: argparse.Namespace):
+    """What the +wait policies run with: --wait-hours and --wait-saving, else the defaults."""
+    from gogh_flows.placement.patience import Patience
+
+    hours = WAIT_S / 3600 if args.wait_hours is None else args.wait_hours
+    saving = WAIT_SAVING if args.wait_saving is None else args.wait_saving
+    if not (math.isfinite(hours) and hours >= 0):
+        raise ValueError(f"--wait-hours must be a number of hours >= 0 (0: never hold), got {hours!r}")
+    if not 0 < saving < 1:
+        raise ValueError(f"--wait-saving must be a share of energy in (0, 1), e.g. 0.1, got {saving!r}")
+    return Patience(hours * 3600.0, saving)
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     import polars as pl
 
@@ -249,6 +271,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.risk_level is not None and not any(base_policy(n) in LEARNED_POLICIES for n in names):
         raise ValueError(f"--risk-level applies to the learned policies ({', '.join(LEARNED_POLICIES)}) and "
                          f"none is among {names}; drop it or add one of them")
+    if (args.wait_hours is not None or args.wait_saving is not None) and not any(
+            n.endswith(WAIT_SUFFIX) for n in names):
+        raise ValueError(f"--wait-hours and --wait-saving apply to the +wait policies (e.g. oracle+limits+wait) and "
+                         f"none is among {names}; drop them or add one")
+    _patience(args)  # bad values stop here, before anything runs
     per_seed: dict[int, dict[str, dict]] = {}
     results = jobs = predictors = None
     for seed in seeds:
@@ -260,6 +287,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                "noise": args.noise, "rebalance": not args.no_rebalance,
                "rebalance_gain": args.rebalance_gain, "migration_s": args.migration_s,
                "holdout_family": args.holdout_family,
+               **({"wait_hours": _patience(args).max_wait_s / 3600, "wait_saving": _patience(args).min_saving}
+                  if any(n.endswith(WAIT_SUFFIX) for n in names) else {}),
                "policies_are_for_seed": seeds[0],
                "energy_account": "energy_kwh is each policy's own run (idle until its own last completion); "
                                  "energy_kwh_on / energy_kwh_parked cover one window for every policy (0 to the "

@@ -146,8 +146,9 @@ def make_peer(name: str, seed: int = 0, rltune_model=None):
 
 def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
                 time_limit_s: float = 2.0, predictors=None, gpu_types=None,
-                risk_level: float | None = None, rltune_model=None) -> SimPolicy:
-    """``predictors`` (a ``sim.learned.Predictors``) is needed by the learned policies only.
+                risk_level: float | None = None, rltune_model=None, patience: Patience | None = None) -> SimPolicy:
+    """``predictors`` (a ``sim.learned.Predictors``) is needed by the learned policies only;
+    ``patience``, by the ``+wait`` policies (default ``WAIT_S``, ``WAIT_SAVING``).
 
     A learned policy gets a fresh planning view for every simulation: what it learned
     from one run's observations never leaks into another.
@@ -156,7 +157,7 @@ def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
         inner = make_policy(name.removesuffix(WAIT_SUFFIX), truth, seed, time_limit_s, predictors, gpu_types,
                             risk_level)
         return dataclasses.replace(inner, name=name, policy=dataclasses.replace(inner.policy, name=name),
-                                   patience=Patience(WAIT_S, WAIT_SAVING))
+                                   patience=patience or Patience(WAIT_S, WAIT_SAVING))
     if name in FLEET_POLICIES:
         inner = make_policy(name.removesuffix(FLEET_SUFFIX), truth, seed, time_limit_s, predictors, gpu_types,
                             risk_level)
@@ -203,19 +204,21 @@ def run_policies(
     predictors=None,
     risk_level: float | None = None,
     rltune_model=None,
+    patience: Patience | None = None,
 ) -> dict[str, SimResult]:
     """Simulate each named policy on the identical stream; results keyed by policy name.
 
     ``predictors`` (``sim.learned.Predictors``) serve the learned policies (``gogh``,
     ``gogh-p1``); each of their runs starts from the predictors alone. ``risk_level``: the
     learned policies plan with the lower end of the refiner's interval at that level.
+    ``patience``: how long the ``+wait`` policies let a new job wait, for what saving.
     """
     if not names:
         raise ValueError(f"name at least one policy: {', '.join(ALL_POLICIES)}")
     config = config or SimConfig()
     types = sorted({g.gpu_type for g in gpus})
-    policies = [make_policy(n, truth, config.seed, predictors=predictors, gpu_types=types,
-                            risk_level=risk_level, rltune_model=rltune_model) for n in names]  # validate all first
+    policies = [make_policy(n, truth, config.seed, predictors=predictors, gpu_types=types, risk_level=risk_level,
+                            rltune_model=rltune_model, patience=patience) for n in names]  # validate all first
     out: dict[str, SimResult] = {}
     for p in policies:
         cb = (lambda done, total, name=p.name: progress(name, done, total)) if progress else None
