@@ -84,3 +84,26 @@ def test_fleet_reoptimisation_runs_in_the_simulator_and_keeps_every_requirement(
         assert s["sla_attainment"] == pytest.approx(1.0), name
     with pytest.raises(ValueError, match="reoptimize_s"):
         simulate(jobs, gpus, _table(), make_policy("oracle", _table()).policy, reoptimize_s=-1.0)
+
+
+def test_a_job_short_only_because_of_its_limit_gets_the_limit_raised_not_the_same_plan_again():
+    """The planner predicts a limit's slowdown from the power a job draws, here assumed far lower
+    than it is (activity 0.3 against 1.0): it picks a limit that is too low. Re-placing the job
+    on its measurement repeated the same plan for ever (attainment 0); raising the board's limit
+    a level at a time after each observation brings it to its requirement."""
+    from gogh_flows.placement import GoghOptimizer, Gpu
+    from gogh_flows.placement.problem import TableThroughputs
+    from gogh_flows.sim.run import DEFAULT_LIMIT_LEVELS
+    from gogh_flows.sim.traces import TraceJob
+    from gogh_flows.truth.table import ThroughputTable
+
+    def table(activity: float) -> ThroughputTable:
+        return ThroughputTable.from_rows([{"job_type": "hot", "gpu_type": "h100", "scale_factor": 1,
+                                           "throughput": 100.0, "activity": activity}])
+
+    jobs = [TraceJob("a", "hot", 100.0 * 36000, 1, 0.0, required_throughput=70.0)]
+    policy = GoghOptimizer(name="oracle", power_limit_levels=DEFAULT_LIMIT_LEVELS)
+    run = simulate(jobs, [Gpu("h", "h100", 1)], table(1.0), policy, planning=TableThroughputs(table(0.3)))
+    s = run.summary()
+    assert s["sla_attainment"] > 0.95 and s["jobs_completed"] == 1
+    assert s["avg_jct_s"] < 36000 / 0.7 * 1.05  # at about its requirement's pace, not the lowest limit's

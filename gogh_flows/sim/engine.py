@@ -376,7 +376,17 @@ def simulate(
             partners = [o for o in occupants[r.gpus[0]] if o is not r]
             # what the job does at full power: the limit's slowdown is the simulator's own doing
             planning.observe(r.job, gpu_type, partners[0].job if partners else None, r.rate * r.slow)
-            if r.rate < r.job.required_throughput * (1 - 1e-9):
+            short = r.rate < r.job.required_throughput * (1 - 1e-9)
+            if short and r.slow > 1 and r.rate * r.slow >= r.job.required_throughput * (1 - 1e-9):
+                # Short only because of the board's limit, which the plan expected to be enough (its
+                # slowdown is predicted from an assumed power draw): raise the limit one level and
+                # look again, rather than re-place the job where the same plan would put it again.
+                up = _next_limit_up(energy, gpu_type, limits[r.gpus[0]], levels)
+                for gid in r.gpus:
+                    limits[gid] = up
+                    changed.add(gid)
+                continue
+            if short:
                 del running[r.job.id]  # evicted: re-placed first, ahead of new arrivals
                 for gid in r.gpus:
                     occupants[gid].remove(r)
@@ -715,6 +725,17 @@ def _reoptimize(planning, energy, gpus, occupants, running, records, limits, now
         r.gpus, r.slot_s, r.paused_until = m.to_gpus, now, now + config.migration_s
         records[m.job_id].gpu_type = m.to_type
     return len(plan.moves), touched
+
+
+def _next_limit_up(energy: EnergyModel, gpu_type: str, limit: float | None, levels: tuple[float, ...]) -> float | None:
+    """The policy's next limit level above ``limit`` on ``gpu_type`` (None: its maximum)."""
+    from gogh_flows.placement.problem import level_watts
+
+    g = energy.gpu(gpu_type)
+    if limit is None or g.power_limit_range_w is None:
+        return None
+    above = sorted(w for w in (level_watts(g, f) for f in levels if f < 1) if w > limit + 1e-6)
+    return above[0] if above else None
 
 
 def _update_rates(gpu: Gpu, occ: list[_Running], rates: TrueRates, energy: EnergyModel,
