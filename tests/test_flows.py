@@ -490,8 +490,9 @@ def _hold_a100_then(wait_s: float, release_after_s: float | None) -> tuple:
 
     @gogh_placed(model="ResNet-50", batch_size=64, min_throughput=0.1, work_steps=10, cluster=cluster,
                  policy=PlacementPolicy(poll_s=0.05, wait_for_efficiency_s=wait_s, wait_timeout_s=30.0))
-    def patient() -> tuple[str, float]:
-        return current_placement().gpu_type, current_placement().placement.waited_s
+    def patient() -> tuple[str, float, str]:
+        placed = current_placement().placement
+        return placed.gpu_type, placed.waited_s, placed.explanation_md
 
     class ReleaseOnceHeld(logging.Handler):
         """Starts the release clock when the patient run says it waits, not when it is submitted:
@@ -517,14 +518,16 @@ def _hold_a100_then(wait_s: float, release_after_s: float | None) -> tuple:
 
 
 def test_a_run_waits_for_an_efficient_gpu_when_its_policy_allows(gogh_home):
-    first, (gpu_type, waited) = _hold_a100_then(wait_s=20.0, release_after_s=0.5)
+    first, (gpu_type, waited, why) = _hold_a100_then(wait_s=20.0, release_after_s=0.5)
     assert first == "a100"
     assert gpu_type == "a100" and 0.3 < waited < 20.0
+    assert "| held for an efficient GPU | from 0." in why and "a100 would use" in why  # the artifact says why
 
 
 def test_a_run_takes_the_free_gpu_once_its_wait_for_efficiency_runs_out(gogh_home):
-    _, (gpu_type, waited) = _hold_a100_then(wait_s=0.5, release_after_s=None)
+    _, (gpu_type, waited, why) = _hold_a100_then(wait_s=0.5, release_after_s=None)
     assert gpu_type == "k80" and 0.45 <= waited < 10.0
+    assert "held for an efficient GPU" in why
 
 
 def test_waiting_for_efficiency_must_end_before_the_wait_timeout():
@@ -534,3 +537,6 @@ def test_waiting_for_efficiency_must_end_before_the_wait_timeout():
         PlacementPolicy(wait_for_efficiency_s=600.0)  # the default wait_timeout_s is 600 s
     with pytest.raises(ValidationError, match="efficiency_min_saving"):
         PlacementPolicy(efficiency_min_saving=1.0)
+    with pytest.raises(ValueError, match="must be below the decorator's wait_timeout_s"):  # its override too
+        gogh_placed(model="ResNet-50", batch_size=64, min_throughput=0.1, work_steps=10, wait_timeout_s=3.0,
+                    policy=PlacementPolicy(wait_for_efficiency_s=20.0))

@@ -121,6 +121,8 @@ def test_p2_trust_scale_corrects_a_job_in_proportion_to_how_wrong_p1_was_on_it(d
     assert np.abs(full[hidden] - p1_log[0][hidden]).max() > 0, "the check needs a refiner that corrects"
     with pytest.raises(ValueError, match="trust_scale"):
         replace(p2, trust_scale=0.0)
+    with pytest.raises(ValueError, match="trust_scale"):  # too large for a float: refused, not an OverflowError
+        replace(p2, trust_scale=10**400)
 
 
 def test_choosing_the_trust_scale_keeps_p1_where_p1_is_already_right(data, p1):

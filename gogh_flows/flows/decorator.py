@@ -96,6 +96,12 @@ def gogh_placed(
     _check_block_arg("cluster", cluster, GpuCluster)
     _check_block_arg("registry", registry, PredictorRegistry)
     _check_block_arg("policy", policy, PlacementPolicy)
+    waits = policy.wait_for_efficiency_s if isinstance(policy, PlacementPolicy) else 0.0
+    if wait_s is not None and waits > 0 and waits >= wait_s:
+        raise ValueError(
+            f"the policy's wait_for_efficiency_s ({policy.wait_for_efficiency_s:g} s) must be below the "
+            f"decorator's wait_timeout_s ({wait_s:g} s), which overrides the policy's: a run that may wait for "
+            "an efficient GPU must still have time to take a free one; raise wait_timeout_s or lower the wait")
     settings = _Settings(cluster, registry, policy, wait_s, warmup)
 
     def decorate(obj: Any) -> Flow:

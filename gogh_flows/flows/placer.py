@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from gogh_flows.energy import kwh
 from gogh_flows.workloads.job import JobSpec
 from gogh_flows.placement import Gpu, Job, PlacementProblem, get_policy
-from gogh_flows.placement.patience import Patience, hold_for_efficiency
+from gogh_flows.placement.patience import HELD, Patience, hold_for_efficiency
 from gogh_flows.placement.result import Placement
 from gogh_flows.runtime.devices import GpuDevice
 from gogh_flows.runtime.leases import Claim, LedgerState
@@ -167,6 +167,8 @@ def place_with_retry(
                 f"within {budget:.1f} s (what was left of placement_timeout_s={placement_timeout_s:g} s); "
                 "check that the scheduler is alive and not overloaded") from exc
 
+    held_note: str | None = None  # why the run was first held for an efficient GPU, if it was
+    said_unheld = False
     while True:
         state = ask(ledger.state)
         attempts += 1
@@ -190,6 +192,8 @@ def place_with_retry(
                                             power_limit_levels)
             if patience is not None:
                 placement, held = hold_for_efficiency(placement, problem, {run_id: elapsed}, patience)
+                if run_id in held and held_note is None:
+                    held_note = f"from {elapsed:.1f} s: " + held[run_id].removeprefix(f"{HELD}: ").split("; waiting")[0]
             if run_id in placement.placed_ids:
                 a = placement.assignment(run_id)
                 gpu_id = a.gpus[0]
@@ -209,7 +213,8 @@ def place_with_retry(
                     predicted_energy_j=a.energy_j, partners=tuple(j.job_type for j in others),
                     policy=placement.policy, solve_ms=placement.solve_ms, waited_s=waited,
                     predictor_versions=dict(versions),
-                    explanation_md=explain_markdown(job, run_id, placement, problem, gpu_id, waited, versions),
+                    explanation_md=explain_markdown(job, run_id, placement, problem, gpu_id, waited, versions,
+                                                    held_note),
                     options=explain_rows(job, run_id, placement, gpu_id),
                     partner_runs=tuple(j.id for j in others),
                     # at the board's new limit: what the partner gets once this run joins
@@ -237,6 +242,10 @@ def place_with_retry(
                     f"required {job.required_throughput:g}); retrying every {poll_s:g} s for up to "
                     f"{wait_timeout_s:g} s")
             said_waiting = True
+        if held_note is not None and run_id not in held and on_wait is not None and not said_unheld:
+            on_wait(f"run {run_id}: its wait for an efficient GPU is over after {elapsed:.1f} s; it takes the "
+                    "first GPU that meets its requirement")
+            said_unheld = True
         left_to_decide()
         # a run held for an efficient GPU looks again when its patience runs out, not a poll later
         until = min(wait_timeout_s, patience.max_wait_s) if run_id in held else wait_timeout_s
@@ -264,8 +273,9 @@ def explain_rows(job: JobSpec, run_id: str, placement: Placement, gpu_id: str) -
 
 
 def explain_markdown(job: JobSpec, run_id: str, placement: Placement, problem: PlacementProblem,
-                     gpu_id: str, waited_s: float, versions: dict) -> str:
-    """The Prefect artifact: chosen slot, its predicted figures, runner-ups, and rejections."""
+                     gpu_id: str, waited_s: float, versions: dict, held_note: str | None = None) -> str:
+    """The Prefect artifact: chosen slot, its predicted figures, runner-ups, and rejections;
+    ``held_note``: why the run was held for an efficient GPU while it waited, if it was."""
     a = placement.assignment(run_id)
     ex = placement.explanations.get(run_id)
     partners = [f"`{j.job_type}` ({j.id})" for j in problem.occupants(gpu_id) if j.id != run_id]
@@ -284,6 +294,7 @@ def explain_markdown(job: JobSpec, run_id: str, placement: Placement, problem: P
         f"| work | {job.work_steps:,} steps |",
         f"| policy | {placement.policy} ({placement.status}, {placement.solve_ms:.1f} ms) |",
         f"| waited for a GPU | {waited_s:.1f} s |",
+        *([f"| held for an efficient GPU | {held_note} |"] if held_note else []),
         f"| predictors | P1 v{versions.get('p1')}, P2 v{versions.get('p2')} |",
         "",
     ]

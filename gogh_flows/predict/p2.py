@@ -112,9 +112,13 @@ class P2Model:
     trust_scale: float | None = None
 
     def __post_init__(self) -> None:
-        ok = isinstance(self.trust_scale, int | float) and not isinstance(self.trust_scale, bool)
-        if self.trust_scale is not None and not (ok and math.isfinite(self.trust_scale) and self.trust_scale > 0):
-            raise ValueError(f"trust_scale must be a positive number of log units or None, got {self.trust_scale!r}")
+        x = self.trust_scale
+        try:
+            ok = x is None or (isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x > 0)
+        except OverflowError:  # an integer too large for a float
+            ok = False
+        if not ok:
+            raise ValueError(f"trust_scale must be a positive number of log units or None, got {x!r:.60}")
 
     @torch.no_grad()
     def refine(self, p1_log: np.ndarray, observed_log: np.ndarray) -> np.ndarray:

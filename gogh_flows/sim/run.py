@@ -184,7 +184,10 @@ def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
     if name in POLICIES and name != "optimizer":
         policy = get_policy(name, seed=seed) if name == "random" else get_policy(name)
         return SimPolicy(name, policy, TableThroughputs(truth))
-    raise ValueError(f"unknown simulation policy {name!r}; choose from: {', '.join(ALL_POLICIES)}")
+    mods = [m for m in (LIMITS_SUFFIX, FLEET_SUFFIX, WAIT_SUFFIX) if m in name]
+    hint = (f" (the modifiers {', '.join(mods)} apply to {', '.join(OPTIMIZER_POLICIES)} only, in the order "
+            f"{LIMITS_SUFFIX}{FLEET_SUFFIX}{WAIT_SUFFIX}, e.g. oracle+limits+fleet+wait)" if mods else "")
+    raise ValueError(f"unknown simulation policy {name!r}{hint}; choose from: {', '.join(ALL_POLICIES)}")
 
 
 def round_config(config: SimConfig) -> RoundConfig:

@@ -207,6 +207,11 @@ def _drop_wide_jobs(jobs: list[TraceJob], max_gpus: int, path: Path) -> list[Tra
 def load_philly_distribution(path: str | Path) -> pl.DataFrame:
     """The Philly (duration_s, num_gpus) rows that :func:`generate_arrivals` draws from."""
     path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path}: no Philly job distribution here; generated traces (generate:N) draw durations and GPU "
+            "counts from Gavel's traces/philly_job_distribution.csv: set GOGH_GAVEL_DIR to the folder holding "
+            "Gavel's data (default ../shared/data/gavel, relative to where you run)")
     try:
         frame = pl.read_csv(path)
     except pl.exceptions.PolarsError as exc:
