@@ -193,7 +193,8 @@ def place_with_retry(
             if patience is not None:
                 placement, held = hold_for_efficiency(placement, problem, {run_id: elapsed}, patience)
                 if run_id in held and held_note is None:
-                    held_note = f"from {elapsed:.1f} s: " + held[run_id].removeprefix(f"{HELD}: ").split("; waiting")[0]
+                    why = held[run_id].removeprefix(f"{HELD}: ").split("; waiting")[0]
+                    held_note = f"from {elapsed:.1f} s: {why}"
             if run_id in placement.placed_ids:
                 a = placement.assignment(run_id)
                 gpu_id = a.gpus[0]

@@ -37,7 +37,7 @@ import numpy as np
 from gogh_flows.energy import EnergyModel, Occupant, kwh
 from gogh_flows.placement.optimizer import GoghOptimizer
 from gogh_flows.placement.patience import Patience, hold_for_efficiency
-from gogh_flows.placement.problem import Gpu, Job, PlacementProblem, TableThroughputs, Throughputs
+from gogh_flows.placement.problem import Gpu, Job, PlacementProblem, TableThroughputs, Throughputs, level_watts
 from gogh_flows.truth.table import ThroughputTable
 
 _EPS_STEPS = 1e-6
@@ -729,8 +729,6 @@ def _reoptimize(planning, energy, gpus, occupants, running, records, limits, now
 
 def _next_limit_up(energy: EnergyModel, gpu_type: str, limit: float | None, levels: tuple[float, ...]) -> float | None:
     """The policy's next limit level above ``limit`` on ``gpu_type`` (None: its maximum)."""
-    from gogh_flows.placement.problem import level_watts
-
     g = energy.gpu(gpu_type)
     if limit is None or g.power_limit_range_w is None:
         return None
