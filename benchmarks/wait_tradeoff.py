@@ -23,8 +23,8 @@ from pathlib import Path
 
 from gogh_flows.placement.patience import Patience
 from gogh_flows.sim.account import energy_accounts
-from gogh_flows.sim.engine import SimConfig, simulate
-from gogh_flows.sim.run import WAIT_SAVING, make_policy, parse_cluster
+from gogh_flows.sim.engine import SimConfig
+from gogh_flows.sim.run import WAIT_SAVING, WAIT_SUFFIX, parse_cluster, run_policies
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evaluate_policies import SEED, scenarios  # noqa: E402 - the scenarios are defined once, there
@@ -47,14 +47,11 @@ def main() -> None:
         t0 = time.perf_counter()
         gpus = parse_cluster(sc.cluster)
         config = SimConfig(seed=SEED, noise=sc.noise)
-        greedy = make_policy("greedy-fastest", sc.truth, SEED)
-        results = {"greedy-fastest": simulate(sc.jobs, gpus, sc.truth, greedy.policy, planning=greedy.planning,
-                                              config=config)}
+        results = run_policies(sc.jobs, gpus, sc.truth, ["greedy-fastest"], config=config)
         for hours in HOURS:
-            p = make_policy(POLICY, sc.truth, SEED)  # a fresh planning view per run
-            results[f"{hours} h"] = simulate(sc.jobs, gpus, sc.truth, p.policy, planning=p.planning, config=config,
-                                             reoptimize_s=p.reoptimize_s,
-                                             patience=Patience(hours * 3600.0, WAIT_SAVING) if hours else None)
+            name = POLICY + (WAIT_SUFFIX if hours else "")
+            results[f"{hours} h"] = run_policies(sc.jobs, gpus, sc.truth, [name], config=config,
+                                                 patience=Patience(hours * 3600.0, WAIT_SAVING))[name]
         acc = energy_accounts(results)
         lines += [f"## {sc.title}", "", f"Cluster `{sc.cluster}`; {len(sc.jobs)} jobs; {time.perf_counter() - t0:.0f} s.",
                   "", "| patience | always on vs greedy-fastest | parked vs greedy-fastest | SLA attainment | "

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from gogh_flows.energy import kwh
 from gogh_flows.workloads.job import JobSpec
 from gogh_flows.placement import Gpu, Job, PlacementProblem, get_policy
-from gogh_flows.placement.patience import HELD, Patience, hold_for_efficiency
+from gogh_flows.placement.patience import Patience, hold_for_efficiency
 from gogh_flows.placement.result import Placement
 from gogh_flows.runtime.devices import GpuDevice
 from gogh_flows.runtime.leases import Claim, LedgerState
@@ -193,8 +193,7 @@ def place_with_retry(
             if patience is not None:
                 placement, held = hold_for_efficiency(placement, problem, {run_id: elapsed}, patience)
                 if run_id in held and held_note is None:
-                    why = held[run_id].removeprefix(f"{HELD}: ").split("; waiting")[0]
-                    held_note = f"from {elapsed:.1f} s: {why}"
+                    held_note = f"from {elapsed:.1f} s: {held[run_id]}"
             if run_id in placement.placed_ids:
                 a = placement.assignment(run_id)
                 gpu_id = a.gpus[0]

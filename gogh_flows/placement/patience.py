@@ -59,7 +59,9 @@ def hold_for_efficiency(placement: Placement, problem: PlacementProblem, waited_
     ``1 - min_saving`` of running alone where it was placed, both at their best power limit.
     ``energy`` is what a decision changes (default the problem's; an always-on fleet pays its
     idle draw either way, so the simulator passes a model without it). A held job moves to
-    the placement's ``waiting`` with a reason that names the type and the saving.
+    the placement's ``waiting`` with a reason that names the type and the saving; the dict
+    returned says the same without the ``HELD`` prefix and the time left (what a run reports
+    once it has been placed).
     """
     if patience.max_wait_s <= 0 or not placement.assignments:
         return placement, {}
@@ -72,7 +74,7 @@ def hold_for_efficiency(placement: Placement, problem: PlacementProblem, waited_
         state.add(jobs[a.job_id], a.gpus, a.power_limit_w)
     free = state.free_by_class()
     size: dict[tuple[str, int], int] = Counter((g.gpu_type, g.capacity) for g in problem.gpus)
-    keep, held = [], {}
+    keep, held, left = [], {}, {}
     for a in placement.assignments:
         waited = waited_s.get(a.job_id)
         if waited is None or waited >= patience.max_wait_s or a.job_id in paired:
@@ -88,15 +90,16 @@ def hold_for_efficiency(placement: Placement, problem: PlacementProblem, waited_
         here = alone(a.gpu_type)
         best, where = min(((alone(t), t) for t in sorted(busy - {a.gpu_type})), default=(math.inf, None))
         if where is not None and math.isfinite(here) and best <= (1 - patience.min_saving) * here:
-            held[a.job_id] = (f"{HELD}: {where} would use {1 - best / here:.0%} less energy than "
-                              f"{a.gpu_type} now; waiting up to {patience.max_wait_s - waited:.0f} s more")
+            held[a.job_id] = f"{where} would use {1 - best / here:.0%} less energy than {a.gpu_type} now"
+            left[a.job_id] = patience.max_wait_s - waited
         else:
             keep.append(a)
     if not held:
         return placement, {}
     best_tput = {j: max((problem.throughputs.isolated(jobs[j], t) for t in problem.gpu_types), default=0.0)
                  for j in held}
-    waiting = (*placement.waiting, *(Waiting(j, why, best_tput[j]) for j, why in held.items()))
+    waiting = (*placement.waiting, *(Waiting(j, f"{HELD}: {why}; waiting up to {left[j]:.0f} s more", best_tput[j])
+                                     for j, why in held.items()))
     return dataclasses.replace(placement, assignments=tuple(keep), waiting=waiting), held
 
 

@@ -162,7 +162,8 @@ def _seeds(args: argparse.Namespace) -> list[int]:
     return seeds
 
 
-def _run_one(args: argparse.Namespace, truth: ThroughputTable, gpus: list, names: list[str], seed: int):
+def _run_one(args: argparse.Namespace, truth: ThroughputTable, gpus: list, names: list[str], seed: int,
+             patience=None):
     from gogh_flows.sim.account import energy_accounts
     from gogh_flows.sim.engine import SimConfig
 
@@ -175,8 +176,7 @@ def _run_one(args: argparse.Namespace, truth: ThroughputTable, gpus: list, names
 
     with Progress() as bars:
         results = run_policies(jobs, gpus, truth, names, config=config, progress=bars.update, predictors=predictors,
-                               risk_level=args.risk_level, rltune_model=args.rltune_model,
-                               patience=_patience(args))
+                               risk_level=args.risk_level, rltune_model=args.rltune_model, patience=patience)
     accounts = energy_accounts(results)
     policies = {name: {**r.summary(), **accounts[name].as_row()} for name, r in results.items()}
     if args.floor:
@@ -271,15 +271,15 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.risk_level is not None and not any(base_policy(n) in LEARNED_POLICIES for n in names):
         raise ValueError(f"--risk-level applies to the learned policies ({', '.join(LEARNED_POLICIES)}) and "
                          f"none is among {names}; drop it or add one of them")
-    if (args.wait_hours is not None or args.wait_saving is not None) and not any(
-            n.endswith(WAIT_SUFFIX) for n in names):
+    waits = any(n.endswith(WAIT_SUFFIX) for n in names)
+    if (args.wait_hours is not None or args.wait_saving is not None) and not waits:
         raise ValueError(f"--wait-hours and --wait-saving apply to the +wait policies (e.g. oracle+limits+wait) and "
                          f"none is among {names}; drop them or add one")
-    _patience(args)  # bad values stop here, before anything runs
+    patience = _patience(args) if waits else None  # bad values stop here, before anything runs
     per_seed: dict[int, dict[str, dict]] = {}
     results = jobs = predictors = None
     for seed in seeds:
-        jobs, predictors, run, per_seed[seed] = _run_one(args, truth, gpus, names, seed)
+        jobs, predictors, run, per_seed[seed] = _run_one(args, truth, gpus, names, seed, patience)
         results = results or run  # the plot shows the seed the JSON's "policies" are for
     figures = {"policies": per_seed[seeds[0]], "jobs": len(jobs), "gpus": len(gpus), "seed": seeds[0],
                "truth": truth.source, "trace": args.trace, "cluster": args.cluster,
@@ -287,8 +287,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                "noise": args.noise, "rebalance": not args.no_rebalance,
                "rebalance_gain": args.rebalance_gain, "migration_s": args.migration_s,
                "holdout_family": args.holdout_family,
-               **({"wait_hours": _patience(args).max_wait_s / 3600, "wait_saving": _patience(args).min_saving}
-                  if any(n.endswith(WAIT_SUFFIX) for n in names) else {}),
+               **({"wait_hours": patience.max_wait_s / 3600, "wait_saving": patience.min_saving}
+                  if patience is not None else {}),
                "policies_are_for_seed": seeds[0],
                "energy_account": "energy_kwh is each policy's own run (idle until its own last completion); "
                                  "energy_kwh_on / energy_kwh_parked cover one window for every policy (0 to the "
