@@ -90,7 +90,8 @@ def test_a_job_short_only_because_of_its_limit_gets_the_limit_raised_not_the_sam
     """The planner predicts a limit's slowdown from the power a job draws, here assumed far lower
     than it is (activity 0.3 against 1.0): it picks a limit that is too low. Re-placing the job
     on its measurement repeated the same plan for ever (attainment 0); raising the board's limit
-    a level at a time after each observation brings it to its requirement."""
+    to the level its observed slowdown says suffices brings it to its requirement after one
+    observation (a level at a time took one observation per level)."""
     from gogh_flows.placement import GoghOptimizer, Gpu
     from gogh_flows.placement.problem import TableThroughputs
     from gogh_flows.sim.run import DEFAULT_LIMIT_LEVELS
@@ -107,3 +108,5 @@ def test_a_job_short_only_because_of_its_limit_gets_the_limit_raised_not_the_sam
     s = run.summary()
     assert s["sla_attainment"] > 0.95 and s["jobs_completed"] == 1
     assert s["avg_jct_s"] < 36000 / 0.7 * 1.05  # at about its requirement's pace, not the lowest limit's
+    rec = run.jobs["a"]
+    assert rec.run_s - rec.ok_s == pytest.approx(SimConfig().observe_after_s)  # short until its first observation only

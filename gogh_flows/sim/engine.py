@@ -379,9 +379,11 @@ def simulate(
             short = r.rate < r.job.required_throughput * (1 - 1e-9)
             if short and r.slow > 1 and r.rate * r.slow >= r.job.required_throughput * (1 - 1e-9):
                 # Short only because of the board's limit, which the plan expected to be enough (its
-                # slowdown is predicted from an assumed power draw): raise the limit one level and
-                # look again, rather than re-place the job where the same plan would put it again.
-                up = _next_limit_up(energy, gpu_type, limits[r.gpus[0]], levels)
+                # slowdown is predicted from an assumed power draw): raise the limit to the level the
+                # observed slowdown says suffices and look again, rather than re-place the job where
+                # the same plan would put it again.
+                need = r.rate * r.slow / r.job.required_throughput
+                up = _sufficient_limit(energy, gpu_type, limits[r.gpus[0]], r.slow, need, levels)
                 for gid in r.gpus:
                     limits[gid] = up
                     changed.add(gid)
@@ -727,13 +729,29 @@ def _reoptimize(planning, energy, gpus, occupants, running, records, limits, now
     return len(plan.moves), touched
 
 
-def _next_limit_up(energy: EnergyModel, gpu_type: str, limit: float | None, levels: tuple[float, ...]) -> float | None:
-    """The policy's next limit level above ``limit`` on ``gpu_type`` (None: its maximum)."""
+def _sufficient_limit(energy: EnergyModel, gpu_type: str, limit: float | None, slow: float, need: float,
+                      levels: tuple[float, ...]) -> float | None:
+    """The lowest of the policy's limit levels above ``limit`` on ``gpu_type`` at which a board
+    observed slowed ``slow``-fold there is slowed at most ``need``-fold (None: its maximum).
+
+    The board's draw at its maximum is what the observed slowdown implies under the limit
+    model (a slowdown grows with the draw it cuts): a plan's assumed draw is what left the
+    job short. Stepping one level at a time instead cost a short job an observation interval
+    per level."""
     g = energy.gpu(gpu_type)
     if limit is None or g.power_limit_range_w is None:
         return None
+    # the most the board can draw at its maximum and be slowed no more than observed: at the
+    # clock floor larger draws are all slowed about alike (not even monotonically), so the
+    # largest that fits is the safe side
+    draws = np.linspace(g.idle_w, energy.max_limit(g), 257)
+    fits = draws[energy.at_limits(g, draws, limit)[0] <= slow * (1 + 1e-6)]
+    p0 = float(fits[-1]) if fits.size else float(draws[-1])
     above = sorted(w for w in (level_watts(g, f) for f in levels if f < 1) if w > limit + 1e-6)
-    return above[0] if above else None
+    for w in above:
+        if energy.at_limit(g, p0, w)[0] <= need * (1 - 1e-9):
+            return w
+    return None
 
 
 def _update_rates(gpu: Gpu, occ: list[_Running], rates: TrueRates, energy: EnergyModel,
