@@ -80,6 +80,11 @@ class GpuCluster(Block):
     power_cap_fraction: float | None = Field(default=None, gt=0.0, le=1.0, description="local-cuda mode, "
                                              "off by default: cap every board at this fraction of its default "
                                              "power limit (0 < f <= 1) instead of power_cap_w")
+    run_power_limits: bool = Field(default=False, description="local-cuda mode, off by default: set each "
+                                   "board to the power limit its runs' placements chose (PlacementPolicy."
+                                   "power_limit_levels), put back when the board empties and when the pool stops. "
+                                   "Needs root, as `nvidia-smi -pl` does (checked when the pool starts); without it "
+                                   "chosen limits are logged and not applied")
 
     @field_validator("fleet")
     @classmethod
@@ -102,6 +107,13 @@ class GpuCluster(Block):
         if self.power_cap_w is not None and self.power_cap_fraction is not None:
             raise ValueError(f"give power_cap_w ({self.power_cap_w:g} W) or power_cap_fraction "
                              f"({self.power_cap_fraction:g} of the default limit), not both")
+        if self.run_power_limits and self.mode != "local-cuda":
+            raise ValueError(f"run_power_limits applies to mode='local-cuda' only (this cluster is {self.mode!r}): "
+                             "an emulated GPU enacts chosen limits anyway, and a remote pool's boards belong to "
+                             "their hosts")
+        if self.run_power_limits and (self.power_cap_w is not None or self.power_cap_fraction is not None):
+            raise ValueError("give a pool-wide power cap (power_cap_w / power_cap_fraction) or run_power_limits, "
+                             "not both: a run's limit would lift the cap, and putting the board back would undo it")
         if (self.power_cap_w is not None or self.power_cap_fraction is not None) and self.mode != "local-cuda":
             raise ValueError(f"power caps apply to mode='local-cuda' only (this cluster is {self.mode!r}): a "
                              "remote pool's boards belong to their hosts (cap them there with `nvidia-smi -pl`), "
@@ -208,9 +220,9 @@ class PlacementPolicy(Block):
     power_limit_levels: list[float] = Field(default_factory=list, description="power limits the "
                                             "optimiser may set on a GPU with a run, as fractions of its type's "
                                             "range (0 = lowest, 1 = maximum; e.g. [0, 0.25, 0.5, 0.75]); empty: "
-                                            "every GPU stays at its maximum. The emulated fleet enacts them; on "
-                                            "real GPUs a chosen limit is logged and not applied (use GpuCluster's "
-                                            "power_cap_w for a fleet-wide cap)")
+                                            "every GPU stays at its maximum. The emulated fleet enacts them; real "
+                                            "GPUs with GpuCluster(mode='local-cuda', run_power_limits=True), else a "
+                                            "chosen limit is logged and not applied")
     risk_level: float | None = Field(default=None, ge=0.5, le=0.95, description="plan with the lower end "
                                      "of the refiner's calibrated interval at this level instead of the point "
                                      "prediction (0.9: on model families the predictors never saw, 90% of "

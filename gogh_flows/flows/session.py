@@ -42,7 +42,7 @@ def _pool_detail(cluster: GpuCluster) -> str:
     if cluster.mode == "local-cuda":
         cap = (f", power cap {cluster.power_cap_w:g} W" if cluster.power_cap_w is not None else
                f", power cap {cluster.power_cap_fraction:g} of default" if cluster.power_cap_fraction is not None
-               else "")
+               else ", runs set their board's power limit" if cluster.run_power_limits else "")
         return f"local-cuda: one dask-cuda worker process per NVIDIA GPU{cap}"
     return f"remote: the Dask scheduler at {cluster.address}"
 
@@ -81,7 +81,8 @@ class Session:
                                      time_scale=cluster.time_scale, seed=cluster.seed, lease_timeout_s=lease)
                 elif cluster.mode == "local-cuda":
                     pool = open_pool("local-cuda", capacity=cluster.capacity, lease_timeout_s=lease,
-                                     power_cap_w=cluster.power_cap_w, power_cap_fraction=cluster.power_cap_fraction)
+                                     power_cap_w=cluster.power_cap_w, power_cap_fraction=cluster.power_cap_fraction,
+                                     run_power_limits=cluster.run_power_limits)
                 else:
                     pool = open_pool("remote", address=cluster.address, lease_timeout_s=lease)
             stack.callback(pool.close)

@@ -17,11 +17,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gogh_flows.runtime.board import BoardShare, EnergyAt, SharedBoard, join_board, leave_board
 from gogh_flows.runtime.devices import GpuDevice
 from gogh_flows.runtime.telemetry import DEFAULT_WARMUP_STEPS, StepCounter, TelemetryReading
+
+if TYPE_CHECKING:
+    from gogh_flows.energy import EnergyModel
 
 __all__ = ["NvmlBoard", "NvmlSampler", "NvmlUnavailable", "discover", "load_pynvml", "probe"]
 
@@ -119,6 +122,11 @@ class NvmlSampler(StepCounter):
     power samples. Throughput and energy cover the steady-state window (see
     :class:`~gogh_flows.runtime.telemetry.StepWindow`). Metrics the board does not support
     are left ``None``.
+
+    The board's power limit is read when the run starts and again whenever the worker's
+    occupancy changes it (:meth:`set_power_limit`); a run under a limit below the board's
+    maximum records how much the energy model says it was slowed (``limit_slowdown``, from the
+    run's predicted power ``power_w``), so the refiner learns its rate at full power.
     """
 
     source = "nvml"
@@ -126,7 +134,7 @@ class NvmlSampler(StepCounter):
     def __init__(self, device: GpuDevice | None = None, *, interval_s: float = 0.1,
                  nvml: ModuleType | None = None, clock: Callable[[], float] = time.monotonic,
                  warmup_steps: float = DEFAULT_WARMUP_STEPS,
-                 power_w: float | None = None) -> None:
+                 power_w: float | None = None, energy: EnergyModel | None = None) -> None:
         if not interval_s > 0:
             raise ValueError(f"interval_s must be > 0 seconds, got {interval_s!r}")
         super().__init__(clock=clock, warmup_steps=warmup_steps)
@@ -137,6 +145,9 @@ class NvmlSampler(StepCounter):
         self._board: SharedBoard | None = None
         self._key: Any = None
         self._limit_w: float | None = None
+        self._max_w: float | None = None  # the board's highest allowed limit
+        self._handle: Any = None
+        self._energy = energy
 
     @property
     def board(self) -> SharedBoard | None:
@@ -159,12 +170,38 @@ class NvmlSampler(StepCounter):
         except Exception:  # noqa: BLE001 - no UUID: the device we were given names the board
             board_id = (self.device.uuid or self.device.cuda_index or self.device.id) if self.device else "visible"
         self._key = (id(nvml), board_id)
-        try:  # the limit the board ran under (a cap, by gogh or an administrator, changes every figure)
-            self._limit_w: float | None = nvml.nvmlDeviceGetPowerManagementLimit(handle) / 1000.0
+        self._handle = handle
+        self._read_limit()
+        try:
+            self._max_w = nvml.nvmlDeviceGetPowerManagementLimitConstraints(handle)[1] / 1000.0
         except Exception:  # noqa: BLE001 - not every board (or fake) reports it
-            self._limit_w = None
+            self._max_w = None
         self._board = join_board(self._key, nvml, handle, self._share, interval_s=self.interval_s,
                                  clock=self._clock)
+
+    def _read_limit(self) -> None:
+        """The limit the board runs under (a cap, by gogh or an administrator, changes every figure)."""
+        try:
+            self._limit_w = self._nvml.nvmlDeviceGetPowerManagementLimit(self._handle) / 1000.0  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001 - not every board (or fake) reports it
+            self._limit_w = None
+
+    def set_power_limit(self, limit_w: float | None) -> None:
+        """The worker's occupancy changed the board's limit: record the one NVML says is in force."""
+        if self._handle is not None:
+            self._read_limit()
+
+    def _limit_slowdown(self, mean_power_w: float | None) -> float | None:
+        if self._limit_w is None or self._max_w is None or self.device is None:
+            return None
+        if self._limit_w >= self._max_w - 0.5:
+            return 1.0
+        if self._share.power_w is None:
+            return None  # nothing to tell how hard the limit held the run back
+        from gogh_flows.energy import EnergyModel
+
+        return (self._energy or EnergyModel()).limit_slowdown(
+            self.device.gpu_type, self._share.power_w, self._limit_w, self._max_w, mean_power_w)
 
     def stop(self) -> TelemetryReading:
         if self._board is None:
@@ -200,12 +237,14 @@ class NvmlSampler(StepCounter):
         if win is not None:  # the window's ends were marked as the reports came
             start, last = share.at("window_start"), share.at("last_report")
             stretch, before = last.minus(start), start.minus(share.joined)  # type: ignore[union-attr,arg-type]
+            mean = stretch.board_integrated / stretch.t if share.power_samples and stretch.t > 0 else None
             return TelemetryReading(
-                mean_power_w=stretch.board_integrated / stretch.t if share.power_samples and stretch.t > 0 else None,
-                energy_j=board_j(stretch) if powered else None,
+                mean_power_w=mean, energy_j=board_j(stretch) if powered else None,
                 attributed_energy_j=run_j(stretch) if powered else None,
-                startup_energy_j=run_j(before) if powered else None, **common)
+                startup_energy_j=run_j(before) if powered else None, limit_slowdown=self._limit_slowdown(mean),
+                **common)
+        mean = total.board_integrated / wall if share.power_samples and wall > 0 else None
         return TelemetryReading(
-            mean_power_w=total.board_integrated / wall if share.power_samples and wall > 0 else None,
-            energy_j=board_j(total) if powered else None, attributed_energy_j=run_j(total) if powered else None,
+            mean_power_w=mean, energy_j=board_j(total) if powered else None,
+            attributed_energy_j=run_j(total) if powered else None, limit_slowdown=self._limit_slowdown(mean),
             **common)

@@ -173,7 +173,8 @@ class GpuPool:
         placing process is lost before the body ends; ``warmup_steps`` are the steps before the
         run's steady-state measurement window opens; ``power_limit_w`` is the board limit its
         placement chose (None: the maximum), the board's limit from the run's start (the emulator
-        enacts it; on a real GPU it is logged as not applied); ``features`` (the job's layer
+        enacts it; a real GPU when the pool was opened with ``run_power_limits``, else it is logged
+        as not applied); ``features`` (the job's layer
         features) let an emulated fleet run a job type its truth lacks, from the synthetic
         fleet. These names are taken by ``submit``:
         pass a body keyword argument with the same name through ``functools.partial``.
@@ -434,7 +435,7 @@ def _close_within(cluster: Any, timeout_s: float) -> bool:
 def local_cuda_pool(*, capacity: int = 2, interval_s: float = 0.1, silence_logs: int = logging.ERROR,
                     lease_timeout_s: float | None = None, start_timeout_s: float | None = None,
                     power_cap_w: float | None = None, power_cap_fraction: float | None = None,
-                    **cluster_options: Any) -> GpuPool:
+                    run_power_limits: bool = False, **cluster_options: Any) -> GpuPool:
     """One ``LocalCUDACluster`` worker per local NVIDIA board, matched to the catalog by NVML name.
 
     Fails fast instead of hanging: a script that would re-run itself in every spawned
@@ -442,7 +443,10 @@ def local_cuda_pool(*, capacity: int = 2, interval_s: float = 0.1, silence_logs:
     starting the cluster and its workers is bounded by ``start_timeout_s`` (default
     ``GOGH_POOL_START_TIMEOUT_S``, else 60 s). ``power_cap_w`` (watts) or
     ``power_cap_fraction`` (of each board's default limit) caps every board while the
-    pool's workers live; off by default, see :mod:`gogh_flows.runtime.power_cap`. Extra
+    pool's workers live; off by default, see :mod:`gogh_flows.runtime.power_cap`.
+    ``run_power_limits`` lets each worker set its board to the power limit its runs'
+    placements chose (off by default; checked when the pool starts, put back when the board
+    empties and when the worker stops, see :mod:`gogh_flows.runtime.run_limits`). Extra
     keyword arguments go to ``LocalCUDACluster``.
     """
     from gogh_flows.runtime.main_guard import check_main_guard
@@ -450,6 +454,10 @@ def local_cuda_pool(*, capacity: int = 2, interval_s: float = 0.1, silence_logs:
 
     check_main_guard("dask-cuda GPU worker processes (local_cuda_pool)")
     check_cap_request(power_cap_w, power_cap_fraction)
+    if run_power_limits and (power_cap_w is not None or power_cap_fraction is not None):
+        raise ValueError("give a pool-wide power cap (power_cap_w / power_cap_fraction) or per-run limits "
+                         "(run_power_limits=True), not both: a run's limit would lift the cap, and putting the "
+                         "board back would undo it")
     bound = _start_timeout(start_timeout_s)
     try:
         from dask_cuda import LocalCUDACluster
@@ -501,6 +509,14 @@ def local_cuda_pool(*, capacity: int = 2, interval_s: float = 0.1, silence_logs:
         devices.sort(key=lambda d: d.cuda_index or 0)
         if caps:
             _apply_caps(client, caps, {str(name): visible for name, visible in first.items()})
+        if run_power_limits:
+            from gogh_flows.runtime.run_limits import PLUGIN_NAME as LIMITS_PLUGIN
+            from gogh_flows.runtime.run_limits import RunLimitsPlugin, board_of
+
+            client.register_plugin(RunLimitsPlugin({str(pins[d.id]): board_of(d) for d in devices}),
+                                   name=LIMITS_PLUGIN)  # a worker NVML refuses fails the pool here
+            log.info("gogh: runs set their board's power limit as placed; each board is put back when it is "
+                     "empty and when its worker stops")
         return GpuPool(mode="local-cuda", devices=devices, client=client, cluster=cluster, pins=pins,
                        emulated=frozenset(), lease_timeout_s=lease_timeout_s)
     except BaseException:

@@ -341,4 +341,4 @@ def telemetry_for(
     except NvmlUnavailable as exc:
         _warn_fallback(str(exc))
         return WallClockMeter(warmup_steps=warmup_steps)
-    return NvmlSampler(device, interval_s=interval_s, warmup_steps=warmup_steps, power_w=power_w)
+    return NvmlSampler(device, interval_s=interval_s, warmup_steps=warmup_steps, power_w=power_w, energy=energy)

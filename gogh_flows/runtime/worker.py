@@ -27,6 +27,7 @@ from gogh_flows.runtime.context import GpuContext, use_gpu
 from gogh_flows.runtime.devices import GpuDevice
 from gogh_flows.runtime.leases import WorkerLease
 from gogh_flows.runtime.outcome import RunOutcome
+from gogh_flows.runtime.run_limits import active_limiter
 from gogh_flows.runtime.telemetry import DEFAULT_WARMUP_STEPS, Meter, TelemetryReading, telemetry_for
 from gogh_flows.truth.table import ThroughputTable
 
@@ -97,10 +98,16 @@ class Occupancy:
         self._lock = threading.RLock()
         self._by_gpu: dict[str, dict[str, _Occupant]] = {}
         self._limits: dict[str, float | None] = {}  # each board's power limit, set by the last run to join
+        #: where a real board's limit is set (per-run limits on): gpu id -> enact(limit W or None)
+        self._enact: dict[str, Callable[[float | None], Any]] = {}
 
     def join(self, gpu_id: str, run_key: str, job_type: str, meter: Meter,
-             power_limit_w: float | None = None) -> None:
-        """A run starts on the board; its placement's limit becomes the board's (one per board)."""
+             power_limit_w: float | None = None, enact: Callable[[float | None], Any] | None = None) -> None:
+        """A run starts on the board; its placement's limit becomes the board's (one per board).
+
+        ``enact`` sets a real board's limit (:class:`~gogh_flows.runtime.run_limits.BoardLimiter`),
+        called under the lock so that the board ends at the last join's limit; when the board
+        empties it is called with ``None`` (back to the limit before)."""
         with self._lock:
             runs = self._by_gpu.setdefault(gpu_id, {})
             new = _Occupant(run_key, job_type, meter, {})
@@ -109,6 +116,9 @@ class Occupancy:
                 new.seen[other.run_key] = other.job_type
             runs[run_key] = new
             self._limits[gpu_id] = power_limit_w
+            if enact is not None:
+                self._enact[gpu_id] = enact
+            self._enact_limit(gpu_id, power_limit_w)
             self._notify(runs, power_limit_w)
 
     def leave(self, gpu_id: str, run_key: str) -> tuple[str, ...]:
@@ -119,7 +129,19 @@ class Occupancy:
             if not runs:
                 self._by_gpu.pop(gpu_id, None)
                 self._limits.pop(gpu_id, None)  # an empty board goes back to its maximum
+                self._enact_limit(gpu_id, None)
+                self._enact.pop(gpu_id, None)
             return tuple(gone.seen.values()) if gone else ()
+
+    def _enact_limit(self, gpu_id: str, limit_w: float | None) -> None:
+        enact = self._enact.get(gpu_id)
+        if enact is None:
+            return
+        try:
+            enact(limit_w)
+        except Exception as exc:  # noqa: BLE001 - the runs go on at the board's limit, which they record
+            log.error("gogh: %s; the runs on %s go on at its current limit (recorded with their measurements)",
+                      exc, gpu_id)
 
     def limit(self, gpu_id: str) -> float | None:
         with self._lock:
@@ -264,15 +286,22 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
                               gpu_id=device.id, gpu_type=device.gpu_type, job_type=spec.job_type,
                               run_id=spec.run_id, worker=worker_name, exception=not_started)
     meter.start()
-    if spec.power_limit_w is not None and not emulated:
-        log.warning("gogh: power limit %g W chosen for run %s on %s is not applied: per-run limits are "
-                    "enacted on the emulated fleet only; the board runs at its current limit (recorded "
-                    "with the measurement). A fleet-wide cap: GpuCluster(power_cap_w=...)",
-                    spec.power_limit_w, spec.run_id or spec.run_key, device.id)
+    limiter = None if emulated else active_limiter()
+    if spec.power_limit_w is not None and not emulated and limiter is None:
+        log.warning("gogh: power limit %g W chosen for run %s on %s is not applied: this pool does not set "
+                    "per-run limits on real boards (GpuCluster(mode='local-cuda', run_power_limits=True) does, "
+                    "with the permission `nvidia-smi -pl` needs); the board runs at its current limit (recorded "
+                    "with the measurement)", spec.power_limit_w, spec.run_id or spec.run_key, device.id)
     # the board's limit per the ledger (the last claim on it) where the run holds a lease: a run
     # placed earlier at its own limit can start after a later claim re-chose the board's
     board_limit = lease.board_limit_w if lease is not None and lease.board_limit_known else spec.power_limit_w
-    occupancy.join(device.id, spec.run_key, job_label, meter, board_limit if emulated else None)
+    if emulated:
+        occupancy.join(device.id, spec.run_key, job_label, meter, board_limit)
+    elif limiter is not None:
+        occupancy.join(device.id, spec.run_key, job_label, meter, board_limit,
+                       enact=lambda w: limiter.enact(device, w))
+    else:
+        occupancy.join(device.id, spec.run_key, job_label, meter, None)
     seen: tuple[str, ...] = ()
     body_start = time.time()
     placer_lost = False
