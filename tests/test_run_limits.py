@@ -212,3 +212,25 @@ def test_limits_and_a_cap_together_are_refused_before_anything_starts(fake_gpus)
         GpuCluster(mode="emulated", run_power_limits=True)
     assert GpuCluster(mode="local-cuda", run_power_limits=True).run_power_limits
     assert fake_gpus.set_calls == []
+
+
+def test_a_real_run_short_of_its_requirement_lifts_its_board_while_it_runs(monkeypatch):
+    import time
+
+    nvml = fake_nvml(limits_w=(100, 700))
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setattr(rl, "_active", rl.BoardLimiter())
+    spec = RunSpec(device=H100, mode="local-cuda", emulated=False, run_key="k", run_id="run-3",
+                   check_worker=False, power_limit_w=200.0, required_throughput=1e6)  # no board is that fast
+
+    def body():
+        seen = []
+        for _ in range(12):
+            time.sleep(0.002)
+            current_gpu().report(1)
+            seen.append(nvml.limit_mw[0] / W)
+        return seen
+
+    seen = execute(body, (), {}, spec).value
+    # warm-up (5 steps) and 5 more measured at 200 W; then the board is back at its 700 W
+    assert seen[:9] == [200] * 9 and seen[9:] == [700] * 3

@@ -116,3 +116,57 @@ def test_a_body_that_starts_late_runs_at_the_boards_limit_not_its_own():
     assert lease.begin("v100-0", key="k1")
     assert lease.board_limit_known and lease.board_limit_w is None
     lease._stop.set()
+
+
+# -- the limit guard: a run short of its requirement under a lowered limit lifts it ---------------
+def _advance_chunks(n: int, chunk: float) -> float:
+    for _ in range(n):
+        current_gpu().advance(chunk)
+    return n * chunk
+
+
+def test_a_run_below_its_requirement_at_a_limit_lifts_the_board_to_its_maximum(caplog):
+    """'a' alone on a V100 runs 100 steps/s at full power and 100 / slow at 160 W; promised 95,
+    the board goes back to its maximum as soon as the warm-up is done (an emulated rate is exact)."""
+    slow = EnergyModel().at_limit("v100", 196.0, 160.0)[0]
+    assert 100.0 / slow < 95
+    with caplog.at_level(logging.WARNING, logger="gogh_flows.runtime"), \
+            emulated_pool({"v100": 1}, truth=small_truth()) as pool:
+        lifted = pool.run(_advance_chunks, 100, 5.0, gpu_id="v100-0", job_type="a", power_limit_w=160.0,
+                          required_throughput=95.0, run_id="short-run").telemetry
+        kept = pool.run(_advance_chunks, 100, 5.0, gpu_id="v100-0", job_type="a", power_limit_w=160.0,
+                        required_throughput=100.0 / slow * 0.99).telemetry
+    assert "run short-run measured" in caplog.text and "below its required 95, at the board's 160 W limit: " \
+        "the board goes back to its maximum limit" in caplog.text
+    assert lifted.power_limit_w is None  # it ended at full power
+    # the 5 warm-up steps at the limit, the other 495 at full power
+    assert lifted.limit_slowdown == pytest.approx((5 * slow + 495) / 500)
+    assert kept.power_limit_w == 160.0 and kept.limit_slowdown == pytest.approx(slow)  # met: left alone
+
+
+def test_the_guard_acts_only_on_enough_steps_and_only_on_a_limited_board():
+    from gogh_flows.runtime.telemetry import WallClockMeter
+    from gogh_flows.runtime.worker import LimitGuard
+
+    t = [0.0]
+    meter = WallClockMeter(clock=lambda: t[0], warmup_steps=5)
+    occ = Occupancy()
+    occ.join("v100-0", "r", "a", meter, 150.0)
+    meter.watch = guard = LimitGuard(V100, "r", 50.0, occ)
+    meter.start()
+    for _ in range(9):  # 10 steps/s, far below 50, but the warm-up and 5 more steps are not done yet
+        t[0] += 0.1
+        meter.report(1)
+    assert occ.limit("v100-0") == 150.0 and guard.lifted == []
+    t[0] += 0.1
+    meter.report(1)
+    assert occ.limit("v100-0") is None and guard.lifted == [(150.0, pytest.approx(10.0))]
+    t[0] += 0.1
+    meter.report(1)  # at full power already: nothing more to do
+    assert len(guard.lifted) == 1
+
+
+def test_a_required_throughput_must_be_positive():
+    with emulated_pool({"v100": 1}, truth=small_truth()) as pool:
+        with pytest.raises(ValueError, match="required_throughput must be > 0 steps/s or None, got 0"):
+            pool.submit(_advance, 5, gpu_id="v100-0", job_type="a", required_throughput=0)

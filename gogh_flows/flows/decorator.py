@@ -422,6 +422,7 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
     try:
         where = {"gpu_id": placement.gpu_id, "job_type": job.job_type, "run_id": ledger_id, "hold_lease": True,
                  "warmup_steps": settings.warmup_steps, "power_limit_w": placement.power_limit_w,
+                 "required_throughput": placement.required_throughput,
                  # a user's own model: the emulated fleet computes its figures from these
                  "features": job.features if job.family is None else None}
         if in_process:

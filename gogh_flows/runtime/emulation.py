@@ -225,6 +225,15 @@ class EmulatedMeter(StepCounter):
             self._steps += float(steps)
         if self.time_scale > 0 and dt > 0:
             self._sleep(dt * self.time_scale)
+        if self.watch is not None:
+            self.watch(self)
+
+    def rate_now(self) -> float | None:
+        """The run's true rate now (partners and limit as they are), once the warm-up is done."""
+        with self._lock:
+            if self._steps < self.warmup_steps or self.job_type is None or self.truth is None:
+                return None
+            return self.throughput() / self._slow
 
     def stop(self) -> TelemetryReading:
         with self._lock:

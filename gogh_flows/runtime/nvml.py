@@ -189,7 +189,10 @@ class NvmlSampler(StepCounter):
     def set_power_limit(self, limit_w: float | None) -> None:
         """The worker's occupancy changed the board's limit: record the one NVML says is in force."""
         if self._handle is not None:
+            before = self._limit_w
             self._read_limit()
+            if self._limit_w != before:
+                self._limit_changed()
 
     def _limit_slowdown(self, mean_power_w: float | None) -> float | None:
         if self._limit_w is None or self._max_w is None or self.device is None:

@@ -160,7 +160,7 @@ class GpuPool:
                run_id: str | None = None, hold_lease: bool = False,
                record_if_placer_lost: Callable[[RunOutcome], tuple[str, dict]] | None = None,
                warmup_steps: float = DEFAULT_WARMUP_STEPS, power_limit_w: float | None = None,
-               features: Any = None, **kwargs: Any) -> Future:
+               features: Any = None, required_throughput: float | None = None, **kwargs: Any) -> Future:
         """Run ``fn(*args, **kwargs)`` on the worker pinned to ``gpu_id``; a Future of :class:`RunOutcome`.
 
         ``job_type`` names the workload for the emulator and the outcome;
@@ -176,16 +176,20 @@ class GpuPool:
         enacts it; a real GPU when the pool was opened with ``run_power_limits``, else it is logged
         as not applied); ``features`` (the job's layer
         features) let an emulated fleet run a job type its truth lacks, from the synthetic
-        fleet. These names are taken by ``submit``:
+        fleet; ``required_throughput`` (steps/s) has a board whose limit leaves the run below it
+        go back to its maximum limit (:class:`~gogh_flows.runtime.worker.LimitGuard`). These names are taken by ``submit``:
         pass a body keyword argument with the same name through ``functools.partial``.
         """
         if self._closed:
             raise RuntimeError("this GPU pool is closed; open a new one")
         device = self.device(gpu_id)
+        if required_throughput is not None and not required_throughput > 0:
+            raise ValueError(f"required_throughput must be > 0 steps/s or None, got {required_throughput!r}")
         key = f"gogh-{device.id}-{run_id or getattr(fn, '__name__', 'run')}-{uuid.uuid4().hex[:12]}"
         spec = RunSpec(device=device, mode=self.mode, emulated=device.id in self._emulated, run_key=key,
                        job_type=job_type, run_id=run_id, partners=partners, hold_lease=hold_lease,
                        record_if_placer_lost=record_if_placer_lost, warmup_steps=warmup_steps,
+                       required_throughput=required_throughput,
                        power_limit_w=power_limit_w, features=features)
         if hold_lease:
             if not run_id:

@@ -196,6 +196,9 @@ class StepCounter:
         self._partners: tuple[str, ...] = ()
         self._window_start: tuple[float, float] | None = None
         self._last_report: tuple[float, float] | None = None
+        self._since: tuple[float, float] | None = None  # (time, steps) of the board's last limit change
+        #: called after each report, outside the meter's lock (the worker's limit guard)
+        self.watch: Callable[[Any], None] | None = None
 
     def report(self, steps: float = 1.0) -> None:
         with self._lock:
@@ -206,6 +209,25 @@ class StepCounter:
                 self._window_start = (now, self._steps)
             self._last_report = (now, self._steps)
             self._on_report(now, opened)
+        if self.watch is not None:
+            self.watch(self)
+
+    def _limit_changed(self) -> None:
+        """The board's limit changed: a rate from now on is the new limit's."""
+        with self._lock:
+            self._since = (self._clock(), self._steps)
+
+    def rate_now(self) -> float | None:
+        """Steps/s since the warm-up and the board's last limit change, once ``warmup_steps`` more
+        steps were reported over a measurable time (``None`` before): evidence enough to act on."""
+        with self._lock:
+            if self._window_start is None or self._last_report is None:
+                return None
+            t0, s0 = max(self._window_start, self._since or self._window_start)
+            t1, s1 = self._last_report
+            if s1 - s0 < max(1.0, self.warmup_steps) or t1 <= t0:
+                return None
+            return (s1 - s0) / (t1 - t0)
 
     def _on_report(self, now: float, opened: bool) -> None:
         """Called under the lock after each report; ``opened``: this report opened the window."""

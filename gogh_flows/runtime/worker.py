@@ -133,6 +133,19 @@ class Occupancy:
                 self._enact.pop(gpu_id, None)
             return tuple(gone.seen.values()) if gone else ()
 
+    def lift_limit(self, gpu_id: str) -> float | None:
+        """Put a limited board back to its maximum (its runs' meters are told); the limit it had,
+        ``None`` when it had none (nothing changed)."""
+        with self._lock:
+            limit = self._limits.get(gpu_id)
+            runs = self._by_gpu.get(gpu_id)
+            if limit is None or not runs:
+                return None
+            self._limits[gpu_id] = None
+            self._enact_limit(gpu_id, None)
+            self._notify(runs, None)
+            return limit
+
     def _enact_limit(self, gpu_id: str, limit_w: float | None) -> None:
         enact = self._enact.get(gpu_id)
         if enact is None:
@@ -186,6 +199,40 @@ class RunSpec:
     #: the job's layer features: an emulated fleet whose truth lacks the job type (a user's own
     #: model) computes its figures from them on the synthetic fleet (:func:`_learn_job`)
     features: Any = None
+    #: steps/s the run's placement promised it (None: no requirement): below it at a lowered board
+    #: limit, the board goes back to its maximum (:class:`LimitGuard`)
+    required_throughput: float | None = None
+
+
+class LimitGuard:
+    """Lifts a run's board to its maximum limit when the run measures below its requirement under
+    a lowered one.
+
+    The placement chose the limit from the run's *predicted* rate and power draw; when those were
+    optimistic the run would stay short of its requirement for its whole life (runs are not
+    moved). The guard looks at every report once the meter has a rate to go by (``rate_now``:
+    the emulator's exact rate after the warm-up; on a measured board, the rate over as many
+    steps again since the warm-up or the last limit change) and acts only while the board is
+    limited, so it costs nothing at full power. The ledger keeps the claim's limit: a later placement on the board sees the
+    lower one, plans the run slower than it is, and its own claim sets the board's limit anew.
+    """
+
+    def __init__(self, device: GpuDevice, run: str, required: float, occupancy: Occupancy) -> None:
+        self.device, self.run, self.required, self.occupancy = device, run, float(required), occupancy
+        self.lifted: list[tuple[float, float]] = []  # (limit W lifted, rate then)
+
+    def __call__(self, meter: Any) -> None:
+        if self.occupancy.limit(self.device.id) is None:
+            return
+        rate = meter.rate_now()
+        if rate is None or rate >= self.required * (1 - 1e-9):
+            return
+        limit = self.occupancy.lift_limit(self.device.id)
+        if limit is not None:
+            self.lifted.append((limit, rate))
+            log.warning("gogh: run %s measured %.4g steps/s on %s, below its required %.4g, at the board's "
+                        "%g W limit: the board goes back to its maximum limit", self.run, rate, self.device.id,
+                        self.required, limit)
 
 
 class RunNotStarted(RuntimeError):
@@ -295,6 +342,8 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
     # the board's limit per the ledger (the last claim on it) where the run holds a lease: a run
     # placed earlier at its own limit can start after a later claim re-chose the board's
     board_limit = lease.board_limit_w if lease is not None and lease.board_limit_known else spec.power_limit_w
+    if spec.required_throughput is not None and (emulated or limiter is not None):
+        meter.watch = LimitGuard(device, spec.run_id or spec.run_key, spec.required_throughput, occupancy)
     if emulated:
         occupancy.join(device.id, spec.run_key, job_label, meter, board_limit)
     elif limiter is not None:
