@@ -121,17 +121,18 @@ class EnergyModel:
         s, p = model.response(p0_w, g.idle_w, limit_w)
         return s / s_top, min(p0_w, p * p0_w / p_top)
 
-    def limit_slowdown(self, gpu_type: str | GpuType, p0_w: float, limit_w: float, max_w: float,
+    def limit_slowdown(self, gpu_type: str | GpuType, p0_w: float, limit_w: float, full_w: float,
                        mean_w: float | None = None) -> float:
-        """How much a board limit of ``limit_w`` slowed a run, against the board's own maximum
-        ``max_w`` (a PCIe board's is below its type's), for a board drawing ``p0_w`` at full power.
+        """How much a board limit of ``limit_w`` slowed a run against the board's own full limit
+        ``full_w`` (its default: a PCIe board's is below its type's), for a board drawing ``p0_w``
+        at full power.
 
         A real run at a limit is measured at it, and the refiner learns rates at full power. 1
         where the board drew well below the limit (``mean_w`` < 0.9 of it): the limit did not bind.
         """
-        if limit_w >= max_w or (mean_w is not None and mean_w < 0.9 * limit_w):
+        if limit_w >= full_w or (mean_w is not None and mean_w < 0.9 * limit_w):
             return 1.0
-        return self.at_limit(gpu_type, p0_w, limit_w)[0] / self.at_limit(gpu_type, p0_w, max_w)[0]
+        return self.at_limit(gpu_type, p0_w, limit_w)[0] / self.at_limit(gpu_type, p0_w, full_w)[0]
 
     def at_limits(self, gpu_type: str | GpuType, p0_w, limit_w) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`at_limit` over arrays of board draws and limits (broadcast together; a limit

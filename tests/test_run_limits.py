@@ -37,7 +37,8 @@ def no_exit_hooks(monkeypatch):
 
 def test_a_board_takes_each_limit_and_goes_back_to_the_one_before(no_exit_hooks):
     nvml = fake_nvml(limits_w=(100, 700), current_w=650)
-    limiter = rl.BoardLimiter(nvml)
+    limiter = rl.BoardLimiter(nvml, restore=rl.plan_run_limits(["GPU-0"], nvml))
+    assert nvml.live == 0  # the plan only read it
     assert limiter.enact(H100, 300.0) == 300 and nvml.limit_mw[0] == 300 * W
     assert len(no_exit_hooks) == 1 and nvml.live == 1  # restored at exit if nothing else does
     assert limiter.enact(H100, 250.0) == 250
@@ -48,19 +49,48 @@ def test_a_board_takes_each_limit_and_goes_back_to_the_one_before(no_exit_hooks)
     assert nvml.limit_mw[0] == 650 * W and nvml.live == 0 and no_exit_hooks == []
 
 
-def test_a_limit_outside_the_boards_range_is_clamped_and_said(caplog):
+def test_a_limit_outside_what_the_board_may_take_is_clamped_and_said_once(caplog):
     nvml = fake_nvml(limits_w=(150, 250), default_w=250)  # a PCIe board; the catalog's type goes to 300 W
+    limiter = rl.BoardLimiter(nvml)
     with caplog.at_level("WARNING", logger="gogh_flows.runtime"):
-        assert rl.BoardLimiter(nvml).enact(H100, 120.0) == 150
-    assert "power limit 120 W chosen for GPU 0 (NVIDIA H100 80GB HBM3) is outside the 150-250 W it accepts; " \
-           "set to 150 W" in caplog.text
+        assert limiter.enact(H100, 120.0) == 150
+        assert limiter.enact(H100, 120.0) == 150
+    assert caplog.text.count("power limit 120 W chosen for GPU 0 (NVIDIA H100 80GB HBM3) is outside the 150-250 W "
+                             "it may take (its range, and never above its limit from before); set to 150 W") == 1
 
 
-def test_a_refusal_says_nvmls_answer_and_how_to_turn_limits_off():
-    nvml = fake_nvml(refuse="NVMLError_NoPermission")
-    with pytest.raises(pc.PowerCapError, match=r"NVMLError_NoPermission: Insufficient Permissions\. Changing a "
-                                                r"board's power limit needs root.*`sudo nvidia-smi -i 0 -pl 300`.*"
-                                                r"leave run_power_limits off"):
+def test_an_administrators_cap_stays_a_cap():
+    nvml = fake_nvml(limits_w=(100, 700), current_w=300)  # capped at 300 W before the pool started
+    limiter = rl.BoardLimiter(nvml, restore={"GPU-0": 300.0})
+    assert limiter.enact(H100, 450.0) == 300  # a placement's 450 W does not lift the cap
+    assert limiter.enact(H100, 200.0) == 200
+    assert limiter.enact(H100, None) == 300
+
+
+def test_a_worker_restarted_after_a_crash_puts_the_board_back_to_the_limit_from_before(caplog):
+    """The pool's opener read 700 W before any change; a worker was killed with its board at 200 W.
+    Its replacement must not take 200 W for the limit to put back."""
+    nvml = fake_nvml(limits_w=(100, 700), current_w=200)
+    with caplog.at_level("WARNING", logger="gogh_flows.runtime"):
+        rl.BoardLimiter(nvml, restore={"0": 700.0}).check("0")
+    assert nvml.limit_mw[0] == 700 * W
+    assert "GPU 0 (NVIDIA H100 80GB HBM3) was at 200 W, not its 700 W from before the pool started" in caplog.text
+    nvml.limit_mw[0] = 250 * W  # and the opener's exit puts back a board a killed worker left changed
+    rl.restore_if_still_changed({"0": 700.0}, nvml)
+    assert nvml.limit_mw[0] == 700 * W
+    rl.restore_if_still_changed({"0": 700.0}, nvml)  # already back: no call
+    assert nvml.set_calls[-1] == (0, 700 * W) and len(nvml.set_calls) == 2
+
+
+@pytest.mark.parametrize("refuse, says", [
+    ("NVMLError_NoPermission", r"needs root, as `nvidia-smi -pl` does: run the pool's dask-cuda workers as a user "
+                               r"allowed to, or leave run_power_limits off"),
+    ("NVMLError_NotSupported", r"does not let its power limit be changed: leave run_power_limits off"),
+])
+def test_a_refusal_says_nvmls_answer_and_what_to_do(refuse, says):
+    nvml = fake_nvml(refuse=refuse)
+    with pytest.raises(pc.PowerCapError, match=rf"NVML refused to set the power limit of GPU 0 \(NVIDIA H100 80GB "
+                                                rf"HBM3\) to 300 W: {refuse}: .*\. .*{says}"):
         rl.BoardLimiter(nvml).enact(H100, 300.0)
 
 
@@ -112,6 +142,18 @@ def test_runs_that_start_and_end_together_leave_the_board_as_it_was():
     assert not any(t.is_alive() for t in threads)
     assert nvml.limit_mw[0] == 600 * W and occ.snapshot() == {}
     assert {mw for _, mw in nvml.set_calls} >= {200 * W, 550 * W, 600 * W}
+    # and while runs overlap, the board holds the last join's limit: replay the calls in order
+    last: dict[str, float] = {}
+    occ2 = Occupancy()
+    limiter2 = rl.BoardLimiter(nvml)
+    for k, w in enumerate((300.0, 250.0, 400.0)):
+        occ2.join("h100-0", f"s{k}", "a", _LimitReader(nvml), w, enact=lambda x: limiter2.enact(H100, x))
+        last["now"] = nvml.limit_mw[0] / W
+        assert last["now"] == w
+    occ2.leave("h100-0", "s2")
+    assert nvml.limit_mw[0] / W == 400.0  # runs left: the board keeps the last join's limit
+    occ2.leave("h100-0", "s0"), occ2.leave("h100-0", "s1")
+    assert nvml.limit_mw[0] == 600 * W
 
 
 def test_a_real_run_with_a_limit_runs_under_it_and_records_its_slowdown(monkeypatch):
@@ -133,9 +175,11 @@ def test_a_real_run_with_a_limit_runs_under_it_and_records_its_slowdown(monkeypa
     reading = outcome.telemetry
     assert reading.source == "nvml" and reading.power_limit_w == 160
     p0 = _predicted_power(H100, job, None, None)
-    # the fake board draws 150 W, close to the 160 W limit: it bound, by the energy model this much
-    assert reading.limit_slowdown == pytest.approx(EnergyModel().limit_slowdown("h100", p0, 160.0, 700.0, 150.0))
-    assert reading.limit_slowdown > 1
+    # the fake board draws 150 W, close to the 160 W limit: it bound. By the energy model, a board
+    # predicted to draw p0 at its default 700 W is slowed this much at 160 W:
+    assert p0 > 300
+    assert reading.limit_slowdown == pytest.approx(EnergyModel().at_limit("h100", p0, 160.0)[0])
+    assert reading.limit_slowdown > 1.5
 
 
 def test_without_per_run_limits_a_real_board_is_left_alone(caplog):
@@ -155,11 +199,11 @@ def test_without_per_run_limits_a_real_board_is_left_alone(caplog):
 
 def test_the_slowdown_estimate_is_against_the_boards_own_maximum():
     e = EnergyModel()
-    assert e.limit_slowdown("v100", 280.0, 300.0, 300.0) == 1.0  # at its maximum
+    assert e.limit_slowdown("v100", 280.0, 300.0, 300.0) == 1.0  # at its full limit
     assert e.limit_slowdown("v100", 280.0, 200.0, 300.0, mean_w=150.0) == 1.0  # drew well below: did not bind
     full = e.limit_slowdown("v100", 280.0, 200.0, 300.0)
     assert full == pytest.approx(e.at_limit("v100", 280.0, 200.0)[0]) and full > 1
-    pcie = e.limit_slowdown("v100", 280.0, 200.0, 250.0)  # a 250 W board at 200 W: less than from 300 W
+    pcie = e.limit_slowdown("v100", 280.0, 200.0, 250.0)  # a board whose default is 250 W: less than from 300 W
     assert 1 < pcie < full
 
 
@@ -177,11 +221,13 @@ def _limit_now() -> float:
     return sys.modules["pynvml"].limit_mw[0] / W
 
 
-def test_a_local_cuda_pool_with_run_limits_sets_each_runs_and_puts_the_board_back(fake_gpus):
+def test_a_local_cuda_pool_with_run_limits_sets_each_runs_and_puts_the_board_back(fake_gpus, never_the_real_setter):  # noqa: F811
     from gogh_flows.runtime.pool import local_cuda_pool
 
     with local_cuda_pool(capacity=1, run_power_limits=True) as pool:
         assert fake_gpus.set_calls == [(0, 700 * W)]  # the permission check: the limit in force, unchanged
+        (backstop, args, _), = never_the_real_setter  # the opener's exit puts back what a killed worker left
+        assert backstop is rl.restore_if_still_changed and args == ({"GPU-0": 700.0},)
         outcome = pool.run(_limit_now, gpu_id="h100-0", job_type="a", power_limit_w=250.0)
         assert outcome.value == 250 and outcome.telemetry.power_limit_w == 250
         assert fake_gpus.limit_mw[0] == 700 * W
@@ -195,7 +241,9 @@ def test_a_pool_that_may_not_change_its_boards_fails_when_it_starts(monkeypatch)
     nvml = fake_nvml(["NVIDIA H100 80GB HBM3"], refuse="NVMLError_NoPermission")
     monkeypatch.setitem(sys.modules, "dask_cuda", types.SimpleNamespace(LocalCUDACluster=FakeLocalCUDACluster))
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
-    with pytest.raises(pc.PowerCapError, match="NVMLError_NoPermission.*leave run_power_limits off"):
+    with pytest.raises(pc.PowerCapError, match=r"NVML refused to check that this worker may change \(at pool start\) "
+                                                r"the power limit of GPU 0.*NVMLError_NoPermission.*leave "
+                                                r"run_power_limits off"):
         local_cuda_pool(run_power_limits=True)
     assert nvml.set_calls == [] and nvml.limit_mw == {0: 700 * W}
 
@@ -231,6 +279,8 @@ def test_a_real_run_short_of_its_requirement_lifts_its_board_while_it_runs(monke
             seen.append(nvml.limit_mw[0] / W)
         return seen
 
-    seen = execute(body, (), {}, spec).value
+    outcome = execute(body, (), {}, spec)
     # warm-up (5 steps) and 5 more measured at 200 W; then the board is back at its 700 W
-    assert seen[:9] == [200] * 9 and seen[9:] == [700] * 3
+    assert outcome.value[:9] == [200] * 9 and outcome.value[9:] == [700] * 3
+    # the limit changed mid-run: no slowdown is made up for the mix, the rate is learned as measured
+    assert outcome.telemetry.limit_slowdown is None and outcome.telemetry.power_limit_w == 700

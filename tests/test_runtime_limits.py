@@ -137,7 +137,7 @@ def test_a_run_below_its_requirement_at_a_limit_lifts_the_board_to_its_maximum(c
         kept = pool.run(_advance_chunks, 100, 5.0, gpu_id="v100-0", job_type="a", power_limit_w=160.0,
                         required_throughput=100.0 / slow * 0.99).telemetry
     assert "run short-run measured" in caplog.text and "below its required 95, at the board's 160 W limit: " \
-        "the board goes back to its maximum limit" in caplog.text
+        "the board goes back to its full limit" in caplog.text
     assert lifted.power_limit_w is None  # it ended at full power
     # the 5 warm-up steps at the limit, the other 495 at full power
     assert lifted.limit_slowdown == pytest.approx((5 * slow + 495) / 500)

@@ -124,9 +124,10 @@ class NvmlSampler(StepCounter):
     are left ``None``.
 
     The board's power limit is read when the run starts and again whenever the worker's
-    occupancy changes it (:meth:`set_power_limit`); a run under a limit below the board's
-    maximum records how much the energy model says it was slowed (``limit_slowdown``, from the
-    run's predicted power ``power_w``), so the refiner learns its rate at full power.
+    occupancy changes it (:meth:`set_power_limit`); a run alone under one limit gogh set records
+    how much the energy model says that limit slowed it against the board's default limit
+    (``limit_slowdown``, from the run's predicted power ``power_w``), so the refiner learns its
+    rate at full power.
     """
 
     source = "nvml"
@@ -145,7 +146,9 @@ class NvmlSampler(StepCounter):
         self._board: SharedBoard | None = None
         self._key: Any = None
         self._limit_w: float | None = None
-        self._max_w: float | None = None  # the board's highest allowed limit
+        self._full_w: float | None = None  # the board's default limit: where predictions are of
+        self._chosen: list[float | None] = []  # the limits gogh's occupancy set on the board during the run
+        self._seen_partners = False
         self._handle: Any = None
         self._energy = energy
 
@@ -173,9 +176,9 @@ class NvmlSampler(StepCounter):
         self._handle = handle
         self._read_limit()
         try:
-            self._max_w = nvml.nvmlDeviceGetPowerManagementLimitConstraints(handle)[1] / 1000.0
+            self._full_w = nvml.nvmlDeviceGetPowerManagementDefaultLimit(handle) / 1000.0
         except Exception:  # noqa: BLE001 - not every board (or fake) reports it
-            self._max_w = None
+            self._full_w = None
         self._board = join_board(self._key, nvml, handle, self._share, interval_s=self.interval_s,
                                  clock=self._clock)
 
@@ -187,7 +190,8 @@ class NvmlSampler(StepCounter):
             self._limit_w = None
 
     def set_power_limit(self, limit_w: float | None) -> None:
-        """The worker's occupancy changed the board's limit: record the one NVML says is in force."""
+        """The worker's occupancy set the board's limit: record the one NVML says is in force."""
+        self._chosen.append(limit_w)
         if self._handle is not None:
             before = self._limit_w
             self._read_limit()
@@ -195,16 +199,25 @@ class NvmlSampler(StepCounter):
                 self._limit_changed()
 
     def _limit_slowdown(self, mean_power_w: float | None) -> float | None:
-        if self._limit_w is None or self._max_w is None or self.device is None:
+        """How much the limit gogh set slowed the run, by the energy model, when that can be told:
+        the run alone on its board under one limit from start to end, and its board power at the
+        default limit predicted. Otherwise ``None`` (a limit gogh did not set, a partner's draw or a
+        limit changed mid-run): the refiner then learns the rate as measured, the slow side."""
+        chosen = {w for w in self._chosen if w is not None}
+        if not chosen:
             return None
-        if self._limit_w >= self._max_w - 0.5:
-            return 1.0
-        if self._share.power_w is None:
-            return None  # nothing to tell how hard the limit held the run back
+        if (len(set(self._chosen)) > 1 or self._seen_partners or self._limit_w is None or self._full_w is None
+                or self._share.power_w is None or self.device is None):
+            return None
         from gogh_flows.energy import EnergyModel
 
         return (self._energy or EnergyModel()).limit_slowdown(
-            self.device.gpu_type, self._share.power_w, self._limit_w, self._max_w, mean_power_w)
+            self.device.gpu_type, self._share.power_w, self._limit_w, self._full_w, mean_power_w)
+
+    def set_partners(self, partners: tuple[str, ...]) -> None:
+        super().set_partners(partners)
+        if partners:
+            self._seen_partners = True
 
     def stop(self) -> TelemetryReading:
         if self._board is None:

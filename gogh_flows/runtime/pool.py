@@ -478,6 +478,11 @@ def local_cuda_pool(*, capacity: int = 2, interval_s: float = 0.1, silence_logs:
         raise RuntimeError(f"local-cuda mode found no NVIDIA GPU (check CUDA_VISIBLE_DEVICES); {CUDA_HINT}")
     types = [from_nvml_name(b.name).name for b in boards]  # unknown boards -> clear UnknownGpuTypeError
     caps = _plan_caps(boards, power_cap_w, power_cap_fraction)  # range checked before anything changes
+    restore: dict[str, float] = {}
+    if run_power_limits:  # the limits to put back, read before any worker can change one
+        from gogh_flows.runtime.run_limits import plan_run_limits
+
+        restore = plan_run_limits([b.uuid or str(b.index) for b in boards])
     deadline = time.monotonic() + bound
     cluster = _start_within(
         LocalCUDACluster,
@@ -515,10 +520,12 @@ def local_cuda_pool(*, capacity: int = 2, interval_s: float = 0.1, silence_logs:
             _apply_caps(client, caps, {str(name): visible for name, visible in first.items()})
         if run_power_limits:
             from gogh_flows.runtime.run_limits import PLUGIN_NAME as LIMITS_PLUGIN
-            from gogh_flows.runtime.run_limits import RunLimitsPlugin, board_of
+            from gogh_flows.runtime.run_limits import RunLimitsPlugin, board_of, restore_if_still_changed
 
-            client.register_plugin(RunLimitsPlugin({str(pins[d.id]): board_of(d) for d in devices}),
+            client.register_plugin(RunLimitsPlugin({str(pins[d.id]): board_of(d) for d in devices}, restore),
                                    name=LIMITS_PLUGIN)  # a worker NVML refuses fails the pool here
+            # a worker killed outright cannot put its board back: this process does at its exit
+            atexit.register(restore_if_still_changed, restore)
             log.info("gogh: runs set their board's power limit as placed; each board is put back when it is "
                      "empty and when its worker stops")
         return GpuPool(mode="local-cuda", devices=devices, client=client, cluster=cluster, pins=pins,

@@ -6,15 +6,20 @@ machine state, shared by every run on the board and every user of the machine, a
 a process that dies. So, like the pool-wide caps (:mod:`gogh_flows.runtime.power_cap`), this
 is off unless the pool asks (``GpuCluster(mode="local-cuda", run_power_limits=True)``):
 
-* **asked before any run.** The pool's :class:`RunLimitsPlugin` has every worker set its
-  board's limit to the limit already in force (which changes nothing) when it starts, so a
-  missing permission stops the pool with NVML's answer, not each run later;
+* **the limit to go back to is read once, by the process that opens the pool**, before any
+  worker changes anything, and shipped to the workers: a worker that the nanny restarts after a
+  crash would otherwise take the lowered limit it finds for the one to put back;
+* **asked before any run.** Each worker sets its board to that limit when it starts (which
+  changes nothing, or puts back a board a killed predecessor left lowered), so a missing
+  permission stops the pool with NVML's answer, not each run later;
 * **one limit per board**, the last claim's (the ledger's), set by the worker's occupancy
   under its lock as runs join, so the order of the changes is the order of the joins;
-* **put back** to the limit in force before gogh first changed the board when the board has
-  no run left, when the worker stops (plugin teardown) and at the worker process's exit;
-* **clamped into the board's range**, and said: the catalog's range describes one variant of
-  a type (a PCIe V100 accepts 100-250 W, the SXM2 part 150-300 W).
+* **put back** when the board has no run left, when the worker stops (plugin teardown), at the
+  worker process's normal exit, and at the exit of the process that opened the pool for a
+  board a killed worker left changed;
+* **never above the limit from before** (an administrator's cap stays a cap) **nor outside the
+  board's range**, and said: the catalog's range describes one variant of a type (a PCIe V100
+  accepts 100-250 W, the SXM2 part 150-300 W).
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ from distributed import WorkerPlugin
 
 from gogh_flows.runtime.devices import GpuDevice
 from gogh_flows.runtime.power_cap import (
-    _PERMISSION_HINT,
     PowerCapError,
     PowerLimits,
     _describe,
@@ -41,15 +45,15 @@ from gogh_flows.runtime.power_cap import (
     read_limits,
 )
 
-__all__ = ["PLUGIN_NAME", "BoardLimiter", "RunLimitsPlugin", "active_limiter", "board_of"]
+__all__ = ["PLUGIN_NAME", "BoardLimiter", "RunLimitsPlugin", "active_limiter", "board_of", "plan_run_limits",
+           "restore_if_still_changed"]
 
 log = logging.getLogger("gogh_flows.runtime")
 
 #: the name the pool registers its :class:`RunLimitsPlugin` under on its workers
 PLUGIN_NAME = "gogh-run-limits"
 
-_HINT = _PERMISSION_HINT.replace("or leave power_cap_w / power_cap_fraction unset",
-                                 "or leave run_power_limits off (chosen limits are then logged, not applied)")
+_OFF = "or leave run_power_limits off (chosen limits are then logged, not applied)"
 
 
 def board_of(device: GpuDevice) -> str:
@@ -61,18 +65,74 @@ def board_of(device: GpuDevice) -> str:
     return str(device.cuda_index)
 
 
+def _refusal(label: str, watts: float, exc: Exception, doing: str) -> PowerCapError:
+    kind = type(exc).__name__
+    if "NoPermission" in kind:
+        hint = ("Changing a board's power limit needs root, as `nvidia-smi -pl` does: run the pool's dask-cuda "
+                f"workers as a user allowed to, {_OFF}")
+    elif "NotSupported" in kind:
+        hint = "This board does not let its power limit be changed: leave run_power_limits off"
+    else:
+        hint = f"If it persists, {_OFF}"
+    return PowerCapError(f"NVML refused to {doing} the power limit of {label} to {watts:g} W: {kind}: {exc}. "
+                         f"{hint}")
+
+
 class _Board:
-    def __init__(self, handle: Any, label: str, index: str, limits: PowerLimits) -> None:
+    def __init__(self, handle: Any, label: str, index: str, limits: PowerLimits, restore_w: float) -> None:
         self.handle, self.label, self.index, self.limits = handle, label, index, limits
-        self.restore_w = limits.current_w  # in force before gogh changed it
+        self.restore_w = restore_w  # in force before gogh changed it (read by the pool's opener)
         self.changed = False
+        self.said: set[float] = set()  # clamped limits already warned about
+
+
+def plan_run_limits(boards: list[str], nvml: ModuleType | None = None) -> dict[str, float]:
+    """Each board's limit in force now, in watts: what the pool's workers put back. Changes nothing."""
+    nvml = nvml or _load_pynvml()
+    try:
+        nvml.nvmlInit()
+    except Exception as exc:
+        raise PowerCapError(f"run_power_limits needs NVML (nvmlInit failed: {type(exc).__name__}: {exc}); "
+                            "it needs an NVIDIA driver") from exc
+    try:
+        return {board: read_limits(nvml, _handle(nvml, board)).current_w for board in boards}
+    finally:
+        _shutdown(nvml)
+
+
+def restore_if_still_changed(restore: dict[str, float], nvml: ModuleType | None = None) -> None:
+    """At the pool opener's exit: a board not back at its limit from before was left by a worker
+    killed outright (its own exit hooks never ran); put it back and say so."""
+    try:
+        nvml = nvml or _load_pynvml()
+        nvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML left at exit: nothing to do
+        return
+    try:
+        for board, watts in restore.items():
+            try:
+                handle = _handle(nvml, board)
+                if nvml.nvmlDeviceGetPowerManagementLimit(handle) != _mw(watts):
+                    nvml.nvmlDeviceSetPowerManagementLimit(handle, _mw(watts))
+                    log.warning("gogh: power limit of GPU %s put back to %g W at exit (a worker left it changed)",
+                                board, watts)
+            except Exception as exc:  # noqa: BLE001 - say it, do not hide the program's own outcome
+                log.error("gogh: could not put the power limit of GPU %s back to %g W at exit: %s: %s; "
+                          "`sudo nvidia-smi -i <index> -pl %g` does", board, watts, type(exc).__name__, exc, watts)
+    finally:
+        _shutdown(nvml)
 
 
 class BoardLimiter:
-    """The per-run limits of one worker process's board(s), and their way back."""
+    """The per-run limits of one worker process's board(s), and their way back.
 
-    def __init__(self, nvml: ModuleType | None = None) -> None:
+    ``restore`` maps a board to the limit to put back (the pool's opener read it before any
+    change); a board not in it is put back to the limit it had when this limiter first read it.
+    """
+
+    def __init__(self, nvml: ModuleType | None = None, restore: dict[str, float] | None = None) -> None:
         self._nvml = nvml
+        self._restore = dict(restore or {})
         self._lock = threading.RLock()
         self._boards: dict[str, _Board] = {}
         self._open = False
@@ -93,28 +153,31 @@ class BoardLimiter:
         handle = _handle(nvml, board)
         _, index, name = _describe(nvml, handle, board)
         shown = str(index if index is not None else board)
-        rec = _Board(handle, f"GPU {shown} ({name})", shown, read_limits(nvml, handle))
+        limits = read_limits(nvml, handle)
+        rec = _Board(handle, f"GPU {shown} ({name})", shown, limits, self._restore.get(board, limits.current_w))
         self._boards[board] = rec
         return rec
 
-    def _set(self, rec: _Board, watts: float) -> float:
+    def _set(self, rec: _Board, watts: float, doing: str = "set") -> float:
         try:
             self._nvml.nvmlDeviceSetPowerManagementLimit(rec.handle, _mw(watts))  # type: ignore[union-attr]
         except Exception as exc:
-            hint = ("this board does not let its power limit be changed" if "NotSupported" in type(exc).__name__
-                    else _HINT.format(index=rec.index, watts=f"{watts:g}"))
-            raise PowerCapError(f"NVML refused to set the power limit of {rec.label} to {watts:g} W: "
-                                f"{type(exc).__name__}: {exc}. {hint}.") from exc
+            raise _refusal(rec.label, watts, exc, doing) from exc
         try:
             return self._nvml.nvmlDeviceGetPowerManagementLimit(rec.handle) / 1000  # type: ignore[union-attr]
         except Exception:  # noqa: BLE001 - it was accepted; say what was asked
             return watts
 
     def check(self, board: str) -> PowerLimits:
-        """Set ``board``'s limit to the one in force: proof, before any run, that this process may."""
+        """Set ``board`` to its limit from before: proof, before any run, that this process may
+        (and a board a killed predecessor left lowered is put back)."""
         with self._lock:
             rec = self._board(board)
-            self._set(rec, rec.limits.current_w)
+            if rec.limits.current_w != rec.restore_w:
+                log.warning("gogh: %s was at %g W, not its %g W from before the pool started (a worker stopped "
+                            "without putting it back?); it is put back", rec.label, rec.limits.current_w,
+                            rec.restore_w)
+            self._set(rec, rec.restore_w, doing="check that this worker may change (at pool start)")
             return rec.limits
 
     def enact(self, device: GpuDevice, limit_w: float | None) -> float:
@@ -128,11 +191,12 @@ class BoardLimiter:
                 in_force = self._set(rec, rec.restore_w)
                 rec.changed = False
                 return in_force
-            lo, hi = rec.limits.min_w, rec.limits.max_w
+            lo, hi = rec.limits.min_w, min(rec.limits.max_w, rec.restore_w)
             target = min(max(float(limit_w), lo), hi)
-            if target != limit_w:
-                log.warning("gogh: power limit %g W chosen for %s is outside the %g-%g W it accepts; set to %g W",
-                            limit_w, rec.label, lo, hi, target)
+            if target != limit_w and limit_w not in rec.said:
+                rec.said.add(limit_w)
+                log.warning("gogh: power limit %g W chosen for %s is outside the %g-%g W it may take (its range, "
+                            "and never above its limit from before); set to %g W", limit_w, rec.label, lo, hi, target)
             rec.changed = True
             return self._set(rec, target)
 
@@ -177,15 +241,16 @@ class RunLimitsPlugin(WorkerPlugin):
 
     idempotent = False
 
-    def __init__(self, boards: Mapping[str, str]) -> None:
+    def __init__(self, boards: Mapping[str, str], restore: Mapping[str, float] | None = None) -> None:
         self.boards = dict(boards)
+        self.restore = dict(restore or {})  # board -> W to put back, read by the pool's opener
 
     def setup(self, worker: Any) -> None:
         global _active
         board = self.boards.get(str(getattr(worker, "name", "")))
         if board is None:
             return
-        limiter = BoardLimiter()
+        limiter = BoardLimiter(restore=self.restore)
         try:
             limits = limiter.check(board)
         except BaseException:

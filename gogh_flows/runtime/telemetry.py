@@ -213,7 +213,8 @@ class StepCounter:
             self.watch(self)
 
     def _limit_changed(self) -> None:
-        """The board's limit changed: a rate from now on is the new limit's."""
+        """The board's limit changed: a rate from now on is the new limit's (as after a partner
+        came or went, :meth:`set_partners`)."""
         with self._lock:
             self._since = (self._clock(), self._steps)
 
@@ -237,6 +238,8 @@ class StepCounter:
 
     def set_partners(self, partners: tuple[str, ...]) -> None:
         with self._lock:
+            if tuple(partners) != self._partners:  # a rate from now on is the new company's
+                self._since = (self._clock(), self._steps)
             self._partners = tuple(partners)
 
     @property

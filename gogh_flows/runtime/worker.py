@@ -133,13 +133,14 @@ class Occupancy:
                 self._enact.pop(gpu_id, None)
             return tuple(gone.seen.values()) if gone else ()
 
-    def lift_limit(self, gpu_id: str) -> float | None:
-        """Put a limited board back to its maximum (its runs' meters are told); the limit it had,
-        ``None`` when it had none (nothing changed)."""
+    def lift_limit(self, gpu_id: str, expected: float) -> float | None:
+        """Put a board limited at ``expected`` back to its full limit (its runs' meters are told);
+        the limit it had, ``None`` when it no longer had that one (nothing changed: a join may have
+        set another since the caller looked)."""
         with self._lock:
             limit = self._limits.get(gpu_id)
             runs = self._by_gpu.get(gpu_id)
-            if limit is None or not runs:
+            if limit is None or limit != expected or not runs:
                 return None
             self._limits[gpu_id] = None
             self._enact_limit(gpu_id, None)
@@ -153,8 +154,12 @@ class Occupancy:
         try:
             enact(limit_w)
         except Exception as exc:  # noqa: BLE001 - the runs go on at the board's limit, which they record
-            log.error("gogh: %s; the runs on %s go on at its current limit (recorded with their measurements)",
-                      exc, gpu_id)
+            if self._by_gpu.get(gpu_id):
+                log.error("gogh: %s; the runs on %s go on at its current limit (recorded with their "
+                          "measurements)", exc, gpu_id)
+            else:
+                log.error("gogh: %s; %s is left at that limit for every user of the machine until it is put "
+                          "back (`sudo nvidia-smi -i <index> -pl <watts>`)", exc, gpu_id)
 
     def limit(self, gpu_id: str) -> float | None:
         with self._lock:
@@ -205,8 +210,8 @@ class RunSpec:
 
 
 class LimitGuard:
-    """Lifts a run's board to its maximum limit when the run measures below its requirement under
-    a lowered one.
+    """Lifts a run's board to its full limit (the maximum; on a real board, the limit it had before
+    gogh changed it) when the run measures below its requirement under a lowered one.
 
     The placement chose the limit from the run's *predicted* rate and power draw; when those were
     optimistic the run would stay short of its requirement for its whole life (runs are not
@@ -222,16 +227,23 @@ class LimitGuard:
         self.lifted: list[tuple[float, float]] = []  # (limit W lifted, rate then)
 
     def __call__(self, meter: Any) -> None:
-        if self.occupancy.limit(self.device.id) is None:
+        try:
+            self._look(meter)
+        except Exception as exc:  # noqa: BLE001 - a guard must never fail the body it watches
+            log.error("gogh: the power-limit guard of run %s on %s failed: %s: %s", self.run, self.device.id,
+                      type(exc).__name__, exc)
+
+    def _look(self, meter: Any) -> None:
+        limit = self.occupancy.limit(self.device.id)
+        if limit is None:
             return
         rate = meter.rate_now()
         if rate is None or rate >= self.required * (1 - 1e-9):
             return
-        limit = self.occupancy.lift_limit(self.device.id)
-        if limit is not None:
+        if self.occupancy.lift_limit(self.device.id, expected=limit) is not None:
             self.lifted.append((limit, rate))
             log.warning("gogh: run %s measured %.4g steps/s on %s, below its required %.4g, at the board's "
-                        "%g W limit: the board goes back to its maximum limit", self.run, rate, self.device.id,
+                        "%g W limit: the board goes back to its full limit", self.run, rate, self.device.id,
                         self.required, limit)
 
 
