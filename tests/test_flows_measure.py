@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from gogh_flows import GpuCluster, current_placement, gogh_placed
@@ -111,6 +113,10 @@ def test_whole_run_and_shared_figures_reach_the_table_as_measured():
     # figure includes 18 s of start-up, and a report-only body on an emulated fleet was timed
     # by the CPU, not by the GPU it stood for
     assert obs["throughput"].to_list() == [24.0, 30.0]
+    # a run whose board limit the worker's guard lifted says so in its row; others do not
+    lifted = row(dataclasses.replace(emulated, power_limit_w=None, limit_slowdown=1.04, limit_lifted_from_w=160.0),
+                 "r5")
+    assert '"limit_lifted_from_w": "160"' in lifted["extra"] and "limit_lifted_from_w" not in d["extra"]
 
 
 def test_every_meter_declares_the_members_callers_use():

@@ -53,6 +53,8 @@ def build_measurement(job: JobSpec, placement: RunPlacement, outcome: Any, error
                       "board_run_energy_j": _fmt(tel.board_run_energy_j), "energy_split": tel.energy_split or "",
                       "energy_method": tel.energy_method or "", "power_limit_w": _fmt(tel.power_limit_w),
                       "limit_slowdown": _fmt(tel.limit_slowdown)})
+        if tel.limit_lifted_from_w is not None:  # the run measured short under its limit: the guard lifted it
+            extra["limit_lifted_from_w"] = _fmt(tel.limit_lifted_from_w)
     if placement.partner_runs:
         # what the decision saw on this GPU, and what it predicted for each partner next to this run
         extra["placed_next_to"] = ",".join(placement.partner_runs)

@@ -130,6 +130,9 @@ class TelemetryReading:
     #: how much the board's limit slowed the run (1: not at all): the emulator's own factor, so
     #: what is learned from the run can be brought back to full power (flows/observations.py)
     limit_slowdown: float | None = None
+    #: the board limit (W) the worker's guard lifted because this run measured below its
+    #: requirement under it (None: not lifted); see runtime/worker.py LimitGuard
+    limit_lifted_from_w: float | None = None
 
     def as_metrics(self) -> dict[str, float]:
         """The numeric fields that are set, flat, for a metrics logger."""

@@ -10,6 +10,7 @@ plugin (another client connecting to a shared scheduler) cannot lose it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import pickle
@@ -378,6 +379,9 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
         body_end = time.time()
         seen = occupancy.leave(device.id, spec.run_key)
         reading: TelemetryReading = meter.stop()
+        guard = getattr(meter, "watch", None)
+        if isinstance(guard, LimitGuard) and guard.lifted:
+            reading = dataclasses.replace(reading, limit_lifted_from_w=guard.lifted[0][0])
         if lease is not None:
             placer_lost = lease.end()
     if override is not None and emulated:
