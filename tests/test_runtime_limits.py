@@ -171,3 +171,30 @@ def test_a_required_throughput_must_be_positive():
     with emulated_pool({"v100": 1}, truth=small_truth()) as pool:
         with pytest.raises(ValueError, match="required_throughput must be > 0 steps/s or None, got 0"):
             pool.submit(_advance, 5, gpu_id="v100-0", job_type="a", required_throughput=0)
+
+
+def test_the_ledger_hears_of_a_lift_and_a_decision_on_the_old_limit_is_refused():
+    plugin = LedgerPlugin(5.0)
+    plugin.names = {"tcp://w": "v100-0"}
+    assert plugin.claim("r1", "v100-0", "v100-0", 2, "a", 1.0, 1.0, 0, power_limit_w=160.0)["ok"]
+    assert plugin.claim("r2", "v100-0", "v100-0", 2, "b", 1.0, 1.0, 1, power_limit_w=160.0)["ok"]
+    before = plugin.versions["v100-0"]
+    assert not plugin.lift("r1", 200.0)["ok"]  # not the board's limit (a later claim changed it): left alone
+    assert plugin.lift("r1", 160.0) == {"ok": True, "version": before + 1}
+    leases = {d["run_id"]: d for d in plugin.state()["leases"]}
+    assert leases["r1"]["power_limit_w"] is None and leases["r2"]["power_limit_w"] is None
+    assert plugin.counts["limits_lifted"] == 1
+    # a third run decided while the board was at 160 W: its claim names the old version
+    assert plugin.claim("r3", "v100-0", "v100-0", 3, "c", 1.0, 1.0, before)["reason"] == "changed"
+
+
+def test_a_pool_run_holding_its_lease_tells_the_ledger_when_its_board_is_lifted():
+    with emulated_pool({"v100": 1}, truth=small_truth()) as pool:
+        ledger = pool.ledger
+        version = ledger.state().version("v100-0")
+        assert ledger.claim("short", "v100-0", worker=pool.device("v100-0").worker, capacity=2, job_type="a",
+                            required_throughput=95.0, work=500.0, expect_version=version, power_limit_w=160.0).ok
+        outcome = pool.run(_advance_chunks, 100, 5.0, gpu_id="v100-0", job_type="a", run_id="short",
+                           hold_lease=True, power_limit_w=160.0, required_throughput=95.0)
+        assert outcome.telemetry.limit_lifted_from_w == 160.0
+        assert ledger.state().counts["limits_lifted"] == 1

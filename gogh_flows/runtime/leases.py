@@ -262,6 +262,14 @@ class WorkerLease:
                             self.run_id)
                 return
 
+    def lift(self, from_w: float) -> None:
+        """Tell the ledger the run's board went back to its full limit from ``from_w``."""
+        try:
+            self._call("gogh_ledger_lift", run_id=self.run_id, from_w=float(from_w))
+        except Exception as exc:  # noqa: BLE001 - the next claim on the board sets its limit anyway
+            log.warning("gogh: could not tell the pool's ledger that run %s's board went back to its full "
+                        "limit: %s", self.run_id, exc)
+
     def end(self) -> bool:
         """Free the slot; whether the run's placing process was lost (nobody will log its outcome)."""
         self._stop.set()

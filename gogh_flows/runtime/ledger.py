@@ -118,6 +118,7 @@ class LedgerPlugin(SchedulerPlugin):
             "gogh_ledger_get": self.get,
             "gogh_ledger_refresh": self.refresh,
             "gogh_ledger_begin": self.begin,
+            "gogh_ledger_lift": self.lift,
             "gogh_ledger_release": self.release,
             "gogh_ledger_cancel": self.cancel,
             "gogh_ledger_deposit": self.deposit,
@@ -292,6 +293,20 @@ class LedgerPlugin(SchedulerPlugin):
         # the board's limit is the last claim's on it, not this run's own: bodies start in any
         # order, and one placed earlier (at its own limit) may start after a later claim reset it
         return {"ok": True, "lease_timeout_s": self.lease_timeout_s, "power_limit_w": lease["power_limit_w"]}
+
+    def lift(self, run_id: str, from_w: float) -> dict[str, Any]:
+        """The run's worker put its board back to its full limit (the run measured short under
+        ``from_w``): every lease of that GPU says so, if the board's limit is still ``from_w``,
+        and the GPU's version is bumped, so a decision taken on the lower limit is refused and
+        decides again on the board as it is."""
+        lease = self.leases.get(run_id)
+        if lease is None or lease["power_limit_w"] is None or abs(lease["power_limit_w"] - float(from_w)) > 1e-6:
+            return {"ok": False}  # gone, or a later claim set the board's limit since
+        for other in self.leases.values():
+            if other["gpu_id"] == lease["gpu_id"]:
+                other["power_limit_w"] = None
+        self._count("limits_lifted")
+        return {"ok": True, "version": self._bump(lease["gpu_id"])}
 
     def release(self, run_id: str, if_unstarted: bool = False) -> dict[str, Any]:
         """Free the run's slot; with ``if_unstarted``, only if its body never started.

@@ -216,15 +216,18 @@ class LimitGuard:
 
     The placement chose the limit from the run's *predicted* rate and power draw; when those were
     optimistic the run would stay short of its requirement for its whole life (runs are not
-    moved). The guard looks at every report once the meter has a rate to go by (``rate_now``:
+    moved). The ledger is told (``on_lift``: the run's lease), which bumps the GPU's version, so
+    a placement decided on the lower limit is refused and decides again. The guard looks at
+    every report once the meter has a rate to go by (``rate_now``:
     the emulator's exact rate after the warm-up; on a measured board, the rate over as many
     steps again since the warm-up or the last limit change) and acts only while the board is
-    limited, so it costs nothing at full power. The ledger keeps the claim's limit: a later placement on the board sees the
-    lower one, plans the run slower than it is, and its own claim sets the board's limit anew.
+    limited, so it costs nothing at full power.
     """
 
-    def __init__(self, device: GpuDevice, run: str, required: float, occupancy: Occupancy) -> None:
+    def __init__(self, device: GpuDevice, run: str, required: float, occupancy: Occupancy,
+                 on_lift: Callable[[float], None] | None = None) -> None:
         self.device, self.run, self.required, self.occupancy = device, run, float(required), occupancy
+        self.on_lift = on_lift  # told the limit lifted (the run's lease tells the ledger)
         self.lifted: list[tuple[float, float]] = []  # (limit W lifted, rate then)
 
     def __call__(self, meter: Any) -> None:
@@ -246,6 +249,8 @@ class LimitGuard:
             log.warning("gogh: run %s measured %.4g steps/s on %s, below its required %.4g, at the board's "
                         "%g W limit: the board goes back to its full limit", self.run, rate, self.device.id,
                         self.required, limit)
+            if self.on_lift is not None:
+                self.on_lift(limit)
 
 
 class RunNotStarted(RuntimeError):
@@ -356,7 +361,8 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
     # placed earlier at its own limit can start after a later claim re-chose the board's
     board_limit = lease.board_limit_w if lease is not None and lease.board_limit_known else spec.power_limit_w
     if spec.required_throughput is not None and (emulated or limiter is not None):
-        meter.watch = LimitGuard(device, spec.run_id or spec.run_key, spec.required_throughput, occupancy)
+        meter.watch = LimitGuard(device, spec.run_id or spec.run_key, spec.required_throughput, occupancy,
+                                 on_lift=lease.lift if lease is not None else None)
     if emulated:
         occupancy.join(device.id, spec.run_key, job_label, meter, board_limit)
     elif limiter is not None:
