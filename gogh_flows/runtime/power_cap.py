@@ -419,14 +419,27 @@ def record_reported(reports: Mapping[str, Mapping[str, tuple[int | None, float]]
             _IN_FORCE.update({board: value for board, value in held.items() if board in planned})
 
 
-def restore_if_still_capped(boards: Sequence[BoardCap], nvml: ModuleType | None = None) -> None:
-    """At the opener's exit: put back any board still at its cap (its worker died without restoring)."""
+@contextmanager
+def nvml_at_exit(nvml: ModuleType | None = None) -> Iterator[ModuleType | None]:
+    """NVML opened for an exit hook's block, closed after; ``None`` when it cannot be opened
+    (no NVML left at exit: the hook has nothing to do)."""
     try:
         nvml = nvml or _load_pynvml()
         nvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no NVML left at exit: nothing to do
+    except Exception:  # noqa: BLE001 - see above
+        yield None
         return
     try:
+        yield nvml
+    finally:
+        _shutdown(nvml)
+
+
+def restore_if_still_capped(boards: Sequence[BoardCap], nvml: ModuleType | None = None) -> None:
+    """At the opener's exit: put back any board still at its cap (its worker died without restoring)."""
+    with nvml_at_exit(nvml) as nvml:
+        if nvml is None:
+            return
         for cap in boards:
             try:
                 handle = _handle(nvml, cap.board)
@@ -439,5 +452,3 @@ def restore_if_still_capped(boards: Sequence[BoardCap], nvml: ModuleType | None 
                     _remember(cap, None)
             except Exception as exc:  # noqa: BLE001 - say it, do not hide the program's own outcome
                 log.error("gogh: %s", exc)
-    finally:
-        _shutdown(nvml)

@@ -42,6 +42,7 @@ from gogh_flows.runtime.power_cap import (
     _load_pynvml,
     _mw,
     _shutdown,
+    nvml_at_exit,
     read_limits,
 )
 
@@ -103,12 +104,9 @@ def plan_run_limits(boards: list[str], nvml: ModuleType | None = None) -> dict[s
 def restore_if_still_changed(restore: dict[str, float], nvml: ModuleType | None = None) -> None:
     """At the pool opener's exit: a board not back at its limit from before was left by a worker
     killed outright (its own exit hooks never ran); put it back and say so."""
-    try:
-        nvml = nvml or _load_pynvml()
-        nvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no NVML left at exit: nothing to do
-        return
-    try:
+    with nvml_at_exit(nvml) as nvml:
+        if nvml is None:
+            return
         for board, watts in restore.items():
             try:
                 handle = _handle(nvml, board)
@@ -119,8 +117,6 @@ def restore_if_still_changed(restore: dict[str, float], nvml: ModuleType | None 
             except Exception as exc:  # noqa: BLE001 - say it, do not hide the program's own outcome
                 log.error("gogh: could not put the power limit of GPU %s back to %g W at exit: %s: %s; "
                           "`sudo nvidia-smi -i <index> -pl %g` does", board, watts, type(exc).__name__, exc, watts)
-    finally:
-        _shutdown(nvml)
 
 
 class BoardLimiter:
