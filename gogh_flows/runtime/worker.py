@@ -206,7 +206,7 @@ class RunSpec:
     #: model) computes its figures from them on the synthetic fleet (:func:`_learn_job`)
     features: Any = None
     #: steps/s the run's placement promised it (None: no requirement): below it at a lowered board
-    #: limit, the board goes back to its maximum (:class:`LimitGuard`)
+    #: limit, the board goes back to its full limit (:class:`LimitGuard`)
     required_throughput: float | None = None
 
 
@@ -218,10 +218,10 @@ class LimitGuard:
     optimistic the run would stay short of its requirement for its whole life (runs are not
     moved). The ledger is told (``on_lift``: the run's lease), which bumps the GPU's version, so
     a placement decided on the lower limit is refused and decides again. The guard looks at
-    every report once the meter has a rate to go by (``rate_now``:
-    the emulator's exact rate after the warm-up; on a measured board, the rate over as many
-    steps again since the warm-up or the last limit change) and acts only while the board is
-    limited, so it costs nothing at full power.
+    every report once the meter has a rate to go by (``rate_now``: the emulator's exact rate
+    after the warm-up; on a measured board, the rate over as many steps again since the warm-up,
+    the last limit change or the last partner change) and acts only while the board is limited,
+    so it costs nothing at full power.
     """
 
     def __init__(self, device: GpuDevice, run: str, required: float, occupancy: Occupancy,
@@ -360,16 +360,13 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
     # the board's limit per the ledger (the last claim on it) where the run holds a lease: a run
     # placed earlier at its own limit can start after a later claim re-chose the board's
     board_limit = lease.board_limit_w if lease is not None and lease.board_limit_known else spec.power_limit_w
-    if spec.required_throughput is not None and (emulated or limiter is not None):
-        meter.watch = LimitGuard(device, spec.run_id or spec.run_key, spec.required_throughput, occupancy,
-                                 on_lift=lease.lift if lease is not None else None)
-    if emulated:
-        occupancy.join(device.id, spec.run_key, job_label, meter, board_limit)
-    elif limiter is not None:
-        occupancy.join(device.id, spec.run_key, job_label, meter, board_limit,
-                       enact=lambda w: limiter.enact(device, w))
-    else:
-        occupancy.join(device.id, spec.run_key, job_label, meter, None)
+    enact = (lambda w: limiter.enact(device, w)) if limiter is not None else None
+    limits_enacted = emulated or enact is not None
+    guard = None
+    if spec.required_throughput is not None and limits_enacted:
+        guard = meter.watch = LimitGuard(device, spec.run_id or spec.run_key, spec.required_throughput, occupancy,
+                                         on_lift=lease.lift if lease is not None else None)
+    occupancy.join(device.id, spec.run_key, job_label, meter, board_limit if limits_enacted else None, enact=enact)
     seen: tuple[str, ...] = ()
     body_start = time.time()
     placer_lost = False
@@ -385,8 +382,7 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
         body_end = time.time()
         seen = occupancy.leave(device.id, spec.run_key)
         reading: TelemetryReading = meter.stop()
-        guard = getattr(meter, "watch", None)
-        if isinstance(guard, LimitGuard) and guard.lifted:
+        if guard is not None and guard.lifted:
             reading = dataclasses.replace(reading, limit_lifted_from_w=guard.lifted[0][0])
         if lease is not None:
             placer_lost = lease.end()
