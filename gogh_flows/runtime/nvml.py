@@ -203,11 +203,9 @@ class NvmlSampler(StepCounter):
         the run alone on its board under one limit from start to end, and its board power at the
         default limit predicted. Otherwise ``None`` (a limit gogh did not set, a partner's draw or a
         limit changed mid-run): the refiner then learns the rate as measured, the slow side."""
-        chosen = {w for w in self._chosen if w is not None}
-        if not chosen:
-            return None
-        if (len(set(self._chosen)) > 1 or self._seen_partners or self._limit_w is None or self._full_w is None
-                or self._share.power_w is None or self.device is None):
+        chosen = set(self._chosen)
+        if (len(chosen) != 1 or None in chosen or self._seen_partners or self._limit_w is None
+                or self._full_w is None or self._share.power_w is None or self.device is None):
             return None
         from gogh_flows.energy import EnergyModel
 

@@ -177,8 +177,9 @@ class GpuPool:
         as not applied); ``features`` (the job's layer
         features) let an emulated fleet run a job type its truth lacks, from the synthetic
         fleet; ``required_throughput`` (steps/s) has a board whose limit leaves the run below it
-        go back to its maximum limit (:class:`~gogh_flows.runtime.worker.LimitGuard`). These names are taken by ``submit``:
-        pass a body keyword argument with the same name through ``functools.partial``.
+        go back to its full limit (:class:`~gogh_flows.runtime.worker.LimitGuard`). These names
+        are taken by ``submit``: pass a body keyword argument with the same name through
+        ``functools.partial``.
         """
         if self._closed:
             raise RuntimeError("this GPU pool is closed; open a new one")

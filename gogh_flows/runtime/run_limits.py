@@ -87,14 +87,20 @@ class _Board:
         self.said: set[float] = set()  # clamped limits already warned about
 
 
-def plan_run_limits(boards: list[str], nvml: ModuleType | None = None) -> dict[str, float]:
-    """Each board's limit in force now, in watts: what the pool's workers put back. Changes nothing."""
+def _open_nvml(nvml: ModuleType | None) -> ModuleType:
+    """NVML, initialised (the caller shuts it down), or a :class:`PowerCapError` saying why not."""
     nvml = nvml or _load_pynvml()
     try:
         nvml.nvmlInit()
     except Exception as exc:
         raise PowerCapError(f"run_power_limits needs NVML (nvmlInit failed: {type(exc).__name__}: {exc}); "
                             "it needs an NVIDIA driver") from exc
+    return nvml
+
+
+def plan_run_limits(boards: list[str], nvml: ModuleType | None = None) -> dict[str, float]:
+    """Each board's limit in force now, in watts: what the pool's workers put back. Changes nothing."""
+    nvml = _open_nvml(nvml)
     try:
         return {board: read_limits(nvml, _handle(nvml, board)).current_w for board in boards}
     finally:
@@ -137,15 +143,11 @@ class BoardLimiter:
         """The board's record, read from NVML the first time (NVML opened until :meth:`restore_all`)."""
         if board in self._boards:
             return self._boards[board]
-        nvml = self._nvml = self._nvml or _load_pynvml()
         if not self._open:
-            try:
-                nvml.nvmlInit()
-            except Exception as exc:
-                raise PowerCapError(f"per-run power limits need NVML (nvmlInit failed: {type(exc).__name__}: "
-                                    f"{exc}); it needs an NVIDIA driver") from exc
+            self._nvml = _open_nvml(self._nvml)
             self._open = True
-            atexit.register(self._at_exit)
+            atexit.register(self.restore_all)
+        nvml = self._nvml
         handle = _handle(nvml, board)
         _, index, name = _describe(nvml, handle, board)
         shown = str(index if index is not None else board)
@@ -211,11 +213,8 @@ class BoardLimiter:
             self._boards.clear()
             if self._open:
                 self._open = False
-                atexit.unregister(self._at_exit)
+                atexit.unregister(self.restore_all)
                 _shutdown(self._nvml)  # type: ignore[arg-type]
-
-    def _at_exit(self) -> None:
-        self.restore_all()
 
 
 _active: BoardLimiter | None = None
