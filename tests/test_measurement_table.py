@@ -114,6 +114,34 @@ def _append_from_process(root: str, start: int, count: int, shared_key: str) -> 
         table.append(row(i, key=shared_key))
 
 
+def test_a_reader_that_keeps_losing_to_merges_reads_with_merges_held_off(tmp_path, monkeypatch):
+    """Readers race merges optimistically; one that loses every time (a loaded machine) is not
+    starved: it takes the merge lock, so a merge started meanwhile waits, and it reads every row."""
+    import gogh_flows.tracking.table as table_module
+
+    table = small(tmp_path, parts=1000)
+    for i in range(10):
+        table.append(row(i))
+    real = table_module._read_once
+    lost = 0
+    merged_beside: list[bool] = []
+
+    def unlucky(root, schema):
+        nonlocal lost
+        if lost < table_module._OPTIMISTIC_READS:
+            lost += 1
+            return None  # as if a merge landed under this read
+        beside = threading.Thread(target=lambda: merged_beside.append(table.compact(blocking=False)))
+        beside.start()
+        beside.join()
+        return real(root, schema)
+
+    monkeypatch.setattr(table_module, "_read_once", unlucky)
+    assert table.read().height == 10
+    assert merged_beside == [False]  # the merge found the reader holding the lock
+    assert table.compact(blocking=False)  # and may merge once the reader is done
+
+
 def test_threads_and_processes_appending_and_merging_at_once(tmp_path):
     """Writers in 2 processes and 8 threads, merging every 4 parts, a reader throughout:
     every row once, the shared key exactly once, no reader ever sees fewer rows than before."""

@@ -46,7 +46,8 @@ log = logging.getLogger(__name__)
 PARTS_PER_SEGMENT = 64
 #: segments of one level merged into one of the next once there are this many
 FANOUT = 4
-_READ_RETRIES = 20
+#: reads that may find a merge under them before a reader holds merges off
+_OPTIMISTIC_READS = 20
 
 
 def key_digest(key: str) -> str:
@@ -211,7 +212,7 @@ class MeasurementTable:
 
     def read(self) -> pl.DataFrame:
         """Every row once (the earliest logged of a key), as one polars scan over the folder."""
-        return read_table_folder(self.root, self.schema)
+        return read_table_folder(self.root, self.schema, lock_timeout_s=self._lock_timeout_s)
 
     @staticmethod
     def _read_files(files: list[Path], schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
@@ -223,27 +224,55 @@ class MeasurementTable:
                                extra_columns="ignore").collect()
 
 
-def read_table_folder(root: str | os.PathLike[str], schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
-    """A table folder's rows, each key once, without creating anything (a reader of another's table).
+def read_table_folder(root: str | os.PathLike[str], schema: Mapping[str, pl.DataType], *,
+                      lock_timeout_s: float = 120.0) -> pl.DataFrame:
+    """A table folder's rows, each key once, without creating anything unless merges keep racing it.
 
     Parts are listed before segments, and the segments again after reading: a merge moves rows
     from parts (or lower segments) into a new segment before deleting its inputs, so a read
     whose segment listing did not change saw every row; otherwise (or when a listed file was
-    merged away meanwhile) it reads again.
+    merged away meanwhile) it reads again. A reader that loses that race ``_OPTIMISTIC_READS``
+    times in a row (many writers merging often on a loaded machine) takes the merge lock and
+    reads with merges held off, so it is never starved; only then does it create the lock
+    file, and a reader not allowed to (a read-only copy, where nothing merges) keeps retrying.
     """
     root = Path(root)
-    for _ in range(_READ_RETRIES):
-        parts = sorted((root / "parts").glob("*.parquet"))
-        segments = sorted((root / "segments").glob("*.parquet"))
-        try:
-            frame = unique_rows(MeasurementTable._read_files(segments + parts, schema))
-        except FileNotFoundError:
-            continue
-        if sorted((root / "segments").glob("*.parquet")) == segments:
+    for attempt in range(_OPTIMISTIC_READS):
+        frame = _read_once(root, schema)
+        if frame is not None:
             return frame
-        time.sleep(0.005)
-    raise RuntimeError(f"the measurement table {root} was merged under a reader {_READ_RETRIES} times in a row; "
-                       "read it again")
+        time.sleep(0.002 * (attempt + 1))
+    try:
+        lock = FileLock(str(root / ".merge.lock"), timeout=lock_timeout_s)
+        lock.acquire()
+    except Timeout:
+        raise
+    except OSError:  # cannot create the lock file: nobody merges here either
+        lock = None
+    try:
+        for _ in range(_OPTIMISTIC_READS):
+            frame = _read_once(root, schema)
+            if frame is not None:
+                return frame
+            time.sleep(0.01)
+    finally:
+        if lock is not None:
+            lock.release()
+    raise RuntimeError(f"the measurement table {root} kept changing under a reader {2 * _OPTIMISTIC_READS} times, "
+                       "the last ones with merges held off: is something other than gogh-flows deleting its files?")
+
+
+def _read_once(root: Path, schema: Mapping[str, pl.DataType]) -> pl.DataFrame | None:
+    """The rows if no merge moved them while they were read, else None (read again)."""
+    parts = sorted((root / "parts").glob("*.parquet"))
+    segments = sorted((root / "segments").glob("*.parquet"))
+    try:
+        frame = unique_rows(MeasurementTable._read_files(segments + parts, schema))
+    except FileNotFoundError:  # merged away (or a part that lost its key claim) since listed
+        return None
+    if sorted((root / "segments").glob("*.parquet")) != segments:
+        return None
+    return frame
 
 
 def with_schema(frame: pl.DataFrame, schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
