@@ -18,6 +18,7 @@ from pydantic import Field, field_validator, model_validator
 
 from gogh_flows.catalog import get_gpu_type
 from gogh_flows.placement import POLICIES
+from gogh_flows.runtime.power_cap import check_cap_request
 
 #: The example block documents shipped with the repository.
 REPO_BLOCKS = Path(__file__).resolve().parents[2] / "blocks"
@@ -104,16 +105,11 @@ class GpuCluster(Block):
                              "whose workers advertise their GPU (docs/runtime.md)")
         if self.mode == "emulated" and not self.fleet:
             raise ValueError("an emulated GpuCluster needs a fleet, e.g. fleet={'v100': 2, 't4': 2}")
-        if self.power_cap_w is not None and self.power_cap_fraction is not None:
-            raise ValueError(f"give power_cap_w ({self.power_cap_w:g} W) or power_cap_fraction "
-                             f"({self.power_cap_fraction:g} of the default limit), not both")
+        check_cap_request(self.power_cap_w, self.power_cap_fraction, run_power_limits=self.run_power_limits)
         if self.run_power_limits and self.mode != "local-cuda":
             raise ValueError(f"run_power_limits applies to mode='local-cuda' only (this cluster is {self.mode!r}): "
                              "an emulated GPU enacts chosen limits anyway, and a remote pool's boards belong to "
                              "their hosts")
-        if self.run_power_limits and (self.power_cap_w is not None or self.power_cap_fraction is not None):
-            raise ValueError("give a pool-wide power cap (power_cap_w / power_cap_fraction) or run_power_limits, "
-                             "not both: a run's limit would lift the cap, and putting the board back would undo it")
         if (self.power_cap_w is not None or self.power_cap_fraction is not None) and self.mode != "local-cuda":
             raise ValueError(f"power caps apply to mode='local-cuda' only (this cluster is {self.mode!r}): a "
                              "remote pool's boards belong to their hosts (cap them there with `nvidia-smi -pl`), "

@@ -458,11 +458,7 @@ def local_cuda_pool(*, capacity: int = 2, interval_s: float = 0.1, silence_logs:
     from gogh_flows.runtime.power_cap import check_cap_request
 
     check_main_guard("dask-cuda GPU worker processes (local_cuda_pool)")
-    check_cap_request(power_cap_w, power_cap_fraction)
-    if run_power_limits and (power_cap_w is not None or power_cap_fraction is not None):
-        raise ValueError("give a pool-wide power cap (power_cap_w / power_cap_fraction) or per-run limits "
-                         "(run_power_limits=True), not both: a run's limit would lift the cap, and putting the "
-                         "board back would undo it")
+    check_cap_request(power_cap_w, power_cap_fraction, run_power_limits=run_power_limits)
     bound = _start_timeout(start_timeout_s)
     try:
         from dask_cuda import LocalCUDACluster

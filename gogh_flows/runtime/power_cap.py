@@ -90,11 +90,13 @@ class BoardCap:
 
 
 # -- checking what was asked ------------------------------------------------------------
-def check_cap_request(power_cap_w: float | None, power_cap_fraction: float | None) -> None:
+def check_cap_request(power_cap_w: float | None, power_cap_fraction: float | None, *,
+                      run_power_limits: bool = False) -> None:
     """Raise ``ValueError`` unless the request is none, or exactly one well-formed value.
 
     ``power_cap_w`` is watts per board (> 0); ``power_cap_fraction`` a fraction of each
-    board's default limit, in (0, 1].
+    board's default limit, in (0, 1]. A cap and per-run limits (``run_power_limits``) are
+    refused together: a run's limit would lift the cap, and putting the board back would undo it.
     """
     for name, value in (("power_cap_w", power_cap_w), ("power_cap_fraction", power_cap_fraction)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
@@ -103,6 +105,10 @@ def check_cap_request(power_cap_w: float | None, power_cap_fraction: float | Non
     if power_cap_w is not None and power_cap_fraction is not None:
         raise ValueError(f"give power_cap_w ({power_cap_w!r} W) or power_cap_fraction ({power_cap_fraction!r} "
                          "of the default limit), not both")
+    if run_power_limits and (power_cap_w is not None or power_cap_fraction is not None):
+        raise ValueError("give a pool-wide power cap (power_cap_w / power_cap_fraction) or per-run limits "
+                         "(run_power_limits=True), not both: a run's limit would lift the cap, and putting the "
+                         "board back would undo it")
     if power_cap_w is not None and not power_cap_w > 0:
         raise ValueError(f"power_cap_w must be > 0 watts, got {power_cap_w!r}")
     if power_cap_fraction is not None and not 0 < power_cap_fraction <= 1:
@@ -243,14 +249,26 @@ def power_cap_in_force(device: GpuDevice | str | int | None = None) -> float | N
     return None
 
 
-def _refused(cap: BoardCap, watts: float, exc: Exception, doing: str) -> PowerCapError:
+def nvml_refusal(label: str, watts: float, exc: Exception, doing: str, *, permission: str,
+                 unsupported: str, other: str | None = None) -> PowerCapError:
+    """What NVML's refusal to change a board's limit means and what to do, by the error's kind
+    (the hints differ between a pool's cap and per-run limits; the diagnosis is the same)."""
     kind = type(exc).__name__
     if "NotSupported" in kind:
-        hint = "this board does not let its power limit be changed; leave power_cap_w / power_cap_fraction unset"
+        hint = unsupported
+    elif "NoPermission" in kind or other is None:
+        hint = permission
     else:
-        hint = _PERMISSION_HINT.format(index=cap.index if cap.index is not None else cap.board, watts=f"{watts:g}")
-    return PowerCapError(f"NVML refused to {doing} the power limit of {cap.label} to {watts:g} W: {kind}: {exc}. "
+        hint = other
+    return PowerCapError(f"NVML refused to {doing} the power limit of {label} to {watts:g} W: {kind}: {exc}. "
                          f"{hint}.")
+
+
+def _refused(cap: BoardCap, watts: float, exc: Exception, doing: str) -> PowerCapError:
+    return nvml_refusal(
+        cap.label, watts, exc, doing,
+        permission=_PERMISSION_HINT.format(index=cap.index if cap.index is not None else cap.board, watts=f"{watts:g}"),
+        unsupported="this board does not let its power limit be changed; leave power_cap_w / power_cap_fraction unset")
 
 
 def apply_cap(nvml: ModuleType, cap: BoardCap) -> float:

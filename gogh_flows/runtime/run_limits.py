@@ -43,6 +43,7 @@ from gogh_flows.runtime.power_cap import (
     _mw,
     _shutdown,
     nvml_at_exit,
+    nvml_refusal,
     read_limits,
 )
 
@@ -67,16 +68,12 @@ def board_of(device: GpuDevice) -> str:
 
 
 def _refusal(label: str, watts: float, exc: Exception, doing: str) -> PowerCapError:
-    kind = type(exc).__name__
-    if "NoPermission" in kind:
-        hint = ("Changing a board's power limit needs root, as `nvidia-smi -pl` does: run the pool's dask-cuda "
-                f"workers as a user allowed to, {_OFF}")
-    elif "NotSupported" in kind:
-        hint = "This board does not let its power limit be changed: leave run_power_limits off"
-    else:
-        hint = f"If it persists, {_OFF}"
-    return PowerCapError(f"NVML refused to {doing} the power limit of {label} to {watts:g} W: {kind}: {exc}. "
-                         f"{hint}")
+    return nvml_refusal(
+        label, watts, exc, doing,
+        permission=("Changing a board's power limit needs root, as `nvidia-smi -pl` does: run the pool's dask-cuda "
+                    f"workers as a user allowed to, {_OFF}"),
+        unsupported="This board does not let its power limit be changed: leave run_power_limits off",
+        other=f"If it persists, {_OFF}")
 
 
 class _Board:
