@@ -68,3 +68,31 @@ def test_runs_started_together_share_a_board_only_knowingly_at_its_limit(gogh_ho
     for row in frame.iter_rows(named=True):
         extra = json.loads(row["extra"]) if isinstance(row["extra"], str) else row["extra"]
         assert extra["power_limit_w"] != "" and float(extra["limit_slowdown"]) >= 1.0
+
+
+def test_a_level_a_run_was_lifted_from_is_not_chosen_again_for_its_job_type(gogh_home):
+    """The guard lifted two earlier runs of the type at limit L (they measured short there): the
+    next run of the type is placed above L, by what the pool's measurements say."""
+    import time
+
+    from gogh_flows import GpuCluster
+
+    cluster = GpuCluster(fleet={"a100": 1})
+    policy = PlacementPolicy(power_limit_levels=[0.0, 0.25, 0.5, 0.75], headroom=0.0)
+
+    @gogh_placed(model="ResNet-50", batch_size=64, min_throughput=0.5, work_steps=50, cluster=cluster,
+                 policy=policy)
+    def train() -> float | None:
+        return current_placement().power_limit_w
+
+    first = train()
+    assert first is not None
+    table = list(open_sessions().values())[0].measurements.table
+    row = table.read().row(0, named=True)
+    extra = json.loads(row["extra"]) if isinstance(row["extra"], str) else dict(row["extra"])
+    extra.update(power_limit_w="", limit_lifted_from_w=f"{first:g}", limit_lifted_rate="0.3")
+    for run in ("lifted-1", "lifted-2"):  # two short there against the first run's one: their median
+        assert table.append({**row, "run_id": run, "key": f"{run}:{row['gpu_id']}", "extra": json.dumps(extra),
+                             "logged_at": time.time()})
+    second = train()
+    assert second is None or second > first

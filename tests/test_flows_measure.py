@@ -114,9 +114,10 @@ def test_whole_run_and_shared_figures_reach_the_table_as_measured():
     # by the CPU, not by the GPU it stood for
     assert obs["throughput"].to_list() == [24.0, 30.0]
     # a run whose board limit the worker's guard lifted says so in its row; others do not
-    lifted = row(dataclasses.replace(emulated, power_limit_w=None, limit_slowdown=1.04, limit_lifted_from_w=160.0),
-                 "r5")
+    lifted = row(dataclasses.replace(emulated, power_limit_w=None, limit_slowdown=1.04, limit_lifted_from_w=160.0,
+                                     limit_lifted_rate=21.5), "r5")
     assert '"limit_lifted_from_w": "160"' in lifted["extra"] and "limit_lifted_from_w" not in d["extra"]
+    assert '"limit_lifted_rate": "21.5"' in lifted["extra"]
 
 
 def test_every_meter_declares_the_members_callers_use():

@@ -139,6 +139,7 @@ def test_a_run_below_its_requirement_at_a_limit_lifts_the_board_to_its_maximum(c
     assert "run short-run measured" in caplog.text and "below its required 95, at the board's 160 W limit: " \
         "the board goes back to its full limit" in caplog.text
     assert lifted.power_limit_w is None and lifted.limit_lifted_from_w == 160.0  # it ended at full power
+    assert lifted.limit_lifted_rate == pytest.approx(100.0 / slow)  # what the next run of 'a' learns 160 W gives
     # the 5 warm-up steps at the limit, the other 495 at full power
     assert lifted.limit_slowdown == pytest.approx((5 * slow + 495) / 500)
     assert kept.power_limit_w == 160.0 and kept.limit_slowdown == pytest.approx(slow)  # met: left alone

@@ -185,6 +185,8 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
         logger.warning(source.degraded)
     gpu_types = sorted({d.gpu_type for d in session.pool.devices})
     observations = session.observations.get() if policy.refine else None
+    # what this pool's runs at lowered limits measured: no level a job type was too slow at is offered again
+    evidence = session.observations.limit_evidence() if policy.refine and policy.power_limit_levels else None
     if policy.risk_level is not None and predictor.intervals is None:
         raise NoIntervalsError(
             f"PlacementPolicy(risk_level={policy.risk_level:g}) plans with the refiner's calibrated intervals, and "
@@ -198,6 +200,7 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
         wait_timeout_s=wait_timeout_s, poll_s=policy.poll_s, versions=source.versions(),
         on_wait=logger.info, sleep=session.wait_for_release, headroom=policy.headroom,
         placement_timeout_s=policy.placement_timeout_s, power_limit_levels=tuple(policy.power_limit_levels),
+        limit_evidence=evidence,
         patience=Patience(min(policy.wait_for_efficiency_s, wait_timeout_s), policy.efficiency_min_saving)
         if policy.wait_for_efficiency_s > 0 else None,
     )

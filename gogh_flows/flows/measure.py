@@ -55,6 +55,7 @@ def build_measurement(job: JobSpec, placement: RunPlacement, outcome: Any, error
                       "limit_slowdown": _fmt(tel.limit_slowdown)})
         if tel.limit_lifted_from_w is not None:  # the run measured short under its limit: the guard lifted it
             extra["limit_lifted_from_w"] = _fmt(tel.limit_lifted_from_w)
+            extra["limit_lifted_rate"] = _fmt(tel.limit_lifted_rate)
     if placement.partner_runs:
         # what the decision saw on this GPU, and what it predicted for each partner next to this run
         extra["placed_next_to"] = ",".join(placement.partner_runs)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import statistics
+
 import polars as pl
 
 from gogh_flows.predict.service import observations_frame
@@ -9,19 +12,29 @@ from gogh_flows.tracking.measurements import MeasurementLog
 
 
 class ObservationCache:
-    """Logged measurements as P2 observations, re-read only when the table changed."""
+    """Logged measurements as P2 observations and limit evidence, re-read only when the table changed."""
 
     def __init__(self, log: MeasurementLog) -> None:
         self.log = log
         self._stamp: object = None
         self._frame = observations_from_measurements(pl.DataFrame())
+        self._evidence: dict[tuple[str, str], tuple[tuple[float, float], ...]] = {}
 
-    def get(self) -> pl.DataFrame:
+    def _refresh(self) -> None:
         stamp = self.log.table.version()
         if stamp != self._stamp:
-            self._frame = observations_from_measurements(self.log.read())
+            frame = self.log.read()
+            self._frame = observations_from_measurements(frame)
+            self._evidence = limit_evidence_from_measurements(frame)
             self._stamp = stamp
+
+    def get(self) -> pl.DataFrame:
+        self._refresh()
         return self._frame
+
+    def limit_evidence(self) -> dict[tuple[str, str], tuple[tuple[float, float], ...]]:
+        self._refresh()
+        return self._evidence
 
 
 def observations_from_measurements(frame: pl.DataFrame) -> pl.DataFrame:
@@ -37,38 +50,68 @@ def observations_from_measurements(frame: pl.DataFrame) -> pl.DataFrame:
     A run slowed by its board's power limit is learned at full power (its throughput times
     the slowdown the emulator recorded), since predictions are of the maximum limit.
     """
+    rows = []
+    for r in _steady_rows(frame):
+        partners = [p for p in (r.get("partners") or []) if p]
+        if len(set(partners)) > 1:
+            continue
+        slowdown = _extra_float(r.get("extra"), "limit_slowdown") or 1.0
+        rows.append({"job_type": r["job_type"], "gpu_type": r["gpu_type"],
+                     "partner": partners[0] if partners else None,
+                     "throughput": float(r["throughput"]) * max(slowdown, 1.0)})
+    return observations_frame(rows)
+
+
+def limit_evidence_from_measurements(frame: pl.DataFrame) -> dict[tuple[str, str], tuple[tuple[float, float], ...]]:
+    """Measurements -> what runs alone at a lowered limit showed: (job type, GPU type) -> ((limit W, steps/s), ...).
+
+    The placement's ``limit_evidence`` (``PlacementProblem.rate_bound``): a run short of its
+    requirement under a limit gave the rate the worker's guard measured there before lifting
+    it; a run that kept its limit, its measured rate at it. Only runs alone (a partner slows a
+    run for its own reasons) and measured as the refiner's observations are (the steady window).
+    Runs at one limit count by their median: the least of many noisy runs would drift ever lower.
+    """
+    out: dict[tuple[str, str], dict[float, list[float]]] = {}
+    for r in _steady_rows(frame):
+        if any(p for p in (r.get("partners") or [])):
+            continue
+        extra = r.get("extra")
+        lifted = _extra_float(extra, "limit_lifted_from_w")
+        if lifted is not None:
+            point = (lifted, _extra_float(extra, "limit_lifted_rate"))
+        else:
+            point = (_extra_float(extra, "power_limit_w"), float(r["throughput"]))
+        if point[0] is not None and point[1] is not None:
+            out.setdefault((r["job_type"], r["gpu_type"]), {}).setdefault(round(point[0], 1), []).append(point[1])
+    return {k: tuple((w, statistics.median(rates)) for w, rates in sorted(v.items())) for k, v in out.items()}
+
+
+def _steady_rows(frame: pl.DataFrame) -> list[dict]:
+    """Rows whose throughput is the run's steady rate on its GPU (see observations_from_measurements)."""
     if frame.is_empty() or "throughput" not in frame.columns:
-        return observations_frame()
+        return []
     window = pl.col("window") if "window" in frame.columns else pl.lit(None, dtype=pl.String)
     emulated = pl.col("telemetry") == "emulated"
     # an emulated GPU's figure is its truth only in emulated time (advance()); a body that only
     # reported on an emulated fleet was timed by the CPU it ran on, not by the GPU it stood for
     steady = ((window == "steady") & ~emulated) | (window == "emulated") | (window.is_null() & emulated)
-    rows = []
-    for r in frame.filter((pl.col("throughput") > 0) & (pl.col("steps") > 0) & steady).iter_rows(named=True):
-        partners = [p for p in (r.get("partners") or []) if p]
-        if len(set(partners)) > 1:
-            continue
-        rows.append({"job_type": r["job_type"], "gpu_type": r["gpu_type"],
-                     "partner": partners[0] if partners else None,
-                     "throughput": float(r["throughput"]) * _limit_slowdown(r.get("extra"))})
-    return observations_frame(rows)
+    return list(frame.filter((pl.col("throughput") > 0) & (pl.col("steps") > 0) & steady).iter_rows(named=True))
 
 
-def _limit_slowdown(extra: object) -> float:
-    """How much a board limit slowed the run (the emulator records it): predictions are of full power."""
+def _extra_float(extra: object, name: str) -> float | None:
+    """A number the run's ``extra`` recorded (JSON text or a mapping); None when absent or not a number."""
     if isinstance(extra, str):
         import json
 
         try:
             extra = json.loads(extra)
         except ValueError:
-            return 1.0
+            return None
     try:
-        value = float((extra or {}).get("limit_slowdown") or 1.0)  # type: ignore[union-attr]
+        value = float((extra or {}).get(name) or "nan")  # type: ignore[union-attr]
     except (TypeError, ValueError, AttributeError):
-        return 1.0
-    return value if value >= 1.0 else 1.0
+        return None
+    return value if math.isfinite(value) and value > 0 else None
 
 
-__all__ = ["ObservationCache", "observations_from_measurements"]
+__all__ = ["ObservationCache", "limit_evidence_from_measurements", "observations_from_measurements"]

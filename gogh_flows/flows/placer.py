@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -101,10 +101,12 @@ def decide(
     job: JobSpec, run_id: str, devices: Sequence[GpuDevice], running: list[Job],
     table: ThroughputTable, policy: str, time_limit_s: float, headroom: float = 0.0,
     power_limit_levels: Sequence[float] = (),
+    limit_evidence: Mapping[tuple[str, str], tuple[tuple[float, float], ...]] | None = None,
 ) -> tuple[Placement, PlacementProblem]:
     gpus = [Gpu(d.id, d.gpu_type, d.capacity) for d in devices]
     new = Job(run_id, job.job_type, job.required_throughput * (1 + headroom), float(job.work_steps))
-    problem = PlacementProblem.build(gpus, [*running, new], table, power_limit_levels=tuple(power_limit_levels))
+    problem = PlacementProblem.build(gpus, [*running, new], table, power_limit_levels=tuple(power_limit_levels),
+                                     limit_evidence=limit_evidence)
     options = {"time_limit_s": time_limit_s} if policy == "optimizer" else {}
     return get_policy(policy, **options).place(problem), problem
 
@@ -127,6 +129,7 @@ def place_with_retry(
     sleep: Callable[[float], object] = time.sleep, headroom: float = 0.0,
     placement_timeout_s: float = math.inf, power_limit_levels: Sequence[float] = (),
     patience: Patience | None = None,
+    limit_evidence: Mapping[tuple[str, str], tuple[tuple[float, float], ...]] | None = None,
 ) -> RunPlacement:
     """Read the ledger, solve, claim by compare-and-set; decide again when the claim is refused.
 
@@ -139,7 +142,8 @@ def place_with_retry(
     refused and re-planned in a row) is bounded by ``placement_timeout_s``, each call to the
     pool's scheduler included. With ``patience``, a run whose best option now is clearly less
     efficient than a busy GPU type waits for it, up to ``patience.max_wait_s`` from its start
-    (:func:`gogh_flows.placement.patience.hold_for_efficiency`).
+    (:func:`gogh_flows.placement.patience.hold_for_efficiency`). ``limit_evidence``: what runs
+    at lowered limits measured (``PlacementProblem.limit_evidence``).
     """
     start = time.monotonic()
     said_waiting = False
@@ -183,13 +187,13 @@ def place_with_retry(
             feats = {t: (job.features if t == job.job_type else features(t)) for t in types}
             table = predict(feats)
             placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, headroom,
-                                        power_limit_levels)
+                                        power_limit_levels, limit_evidence)
             short = next((w for w in placement.waiting if w.job_id == run_id), None)
             if short is not None and headroom > 0 and job.required_throughput <= short.best_throughput:
                 # no GPU type clears the requirement with headroom, but some clear it exactly:
                 # plan without headroom rather than wait for a GPU that cannot exist
                 placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, 0.0,
-                                            power_limit_levels)
+                                            power_limit_levels, limit_evidence)
             if patience is not None:
                 placement, held = hold_for_efficiency(placement, problem, {run_id: elapsed}, patience)
                 if run_id in held and held_note is None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gogh_flows.energy import EnergyModel, Occupant
@@ -97,23 +98,27 @@ def alone_energy(problem: PlacementProblem, job: Job, gpu_type: str, iso: float,
 
 
 def best_alone_limit(energy: EnergyModel, gpu_type: str, occ: Occupant, num_gpus: int, required: float,
-                     levels: tuple[float | None, ...]) -> tuple[float, float, float | None, float]:
+                     levels: tuple[float | None, ...],
+                     bound: Callable[[float | None], float] | None = None) -> tuple[float, float, float | None, float]:
     """(energy, throughput, limit, energy at ``levels[0]``) of ``occ`` alone on ``gpu_type`` at
     the least-energy level of ``levels`` (highest first) at which it still meets ``required``.
 
     ``levels[0]`` must be feasible (the caller checked the job meets its requirement there);
-    slowdowns grow as limits fall, so the scan stops at the first level too slow."""
+    slowdowns grow as limits fall, so the scan stops at the first level too slow, by the
+    model or by ``bound`` (the most the job's own runs measured at a limit: ``rate_bound``)."""
     e_first = energy.energy_alone(gpu_type, occ, num_gpus=num_gpus, limit_w=levels[0])
     pick = (e_first, occ.isolated, levels[0])
     if len(levels) > 1:
         p0 = energy.power_alone(gpu_type, occ.activity)
         for limit in levels[1:]:
-            slow = energy.at_limit(gpu_type, p0, limit)[0]
-            if occ.isolated / slow < required:
+            rate = occ.isolated / energy.at_limit(gpu_type, p0, limit)[0]
+            if bound is not None:
+                rate = min(rate, bound(limit))
+            if rate < required:
                 break
             e = energy.energy_alone(gpu_type, occ, num_gpus=num_gpus, limit_w=limit)
             if e < pick[0] * (1 - 1e-12):
-                pick = (e, occ.isolated / slow, limit)
+                pick = (e, rate, limit)
     return (*pick, e_first)
 
 
@@ -127,7 +132,8 @@ def least_alone_energy(problem: PlacementProblem, energy: EnergyModel, job: Job,
     if not iso > 0 or iso < job.required_throughput:
         return math.inf, None
     occ = Occupant(work, iso, thr.activity(job, gpu_type))
-    e, _, limit, _ = best_alone_limit(energy, gpu_type, occ, job.num_gpus, job.required_throughput, levels)
+    e, _, limit, _ = best_alone_limit(energy, gpu_type, occ, job.num_gpus, job.required_throughput, levels,
+                                      lambda w: problem.rate_bound(job, gpu_type, w))
     return e, limit
 
 
@@ -151,7 +157,9 @@ def pair_figures(
     if limit_w is not None:
         p0 = problem.energy.power_shared(gpu_type, loads)
         slow = problem.energy.at_limit(gpu_type, p0, limit_w)[0]
-    tj, tk = tj / slow, tk / slow
+    # what each job's own runs measured at this limit bounds it (a partner only slows it more)
+    tj = min(tj / slow, problem.rate_bound(job, gpu_type, limit_w))
+    tk = min(tk / slow, problem.rate_bound(partner, gpu_type, limit_w))
     if tj < job.required_throughput:
         return TOO_SLOW, tj, tk, 0.0, 0.0
     if tk < partner.required_throughput:
@@ -214,7 +222,8 @@ def options_for(problem: PlacementProblem, state: FleetState, job: Job,
         else:
             occ = _occupant(problem, job, gtype, iso)
             e, t_lim, limit, e_max = best_alone_limit(energy, gtype, occ, job.num_gpus, rho,
-                                                      problem.limit_levels(gtype) if limited else (None,))
+                                                      problem.limit_levels(gtype) if limited else (None,),
+                                                      lambda w, t=gtype: problem.rate_bound(job, t, w))
             choices.append(Choice(
                 gpu_type=gtype, gpus=tuple(ids[: job.num_gpus]), throughput=t_lim, energy_j=e,
                 power_w=job.num_gpus * energy.power_alone(gtype, occ.activity, limit),

@@ -8,6 +8,7 @@ individually; :class:`TableThroughputs` serves a ground-truth table (the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
@@ -18,6 +19,20 @@ from gogh_flows.truth.table import ThroughputTable
 
 GANG_SIZES = (1, 2, 4, 8)
 MAX_CAPACITY = 2  # co-location data is pairwise: Gavel measured pairs, not triples
+
+
+def _checked_evidence(evidence: Mapping) -> dict[tuple[str, str], tuple[tuple[float, float], ...]]:
+    out: dict[tuple[str, str], tuple[tuple[float, float], ...]] = {}
+    for key, points in (evidence or {}).items():
+        if not (isinstance(key, tuple) and len(key) == 2 and all(isinstance(k, str) and k for k in key)):
+            raise ValueError(f"limit_evidence is keyed by (job type, GPU type), got the key {key!r}")
+        pts = tuple((float(w), float(r)) for w, r in points)
+        bad = [pt for pt in pts if not (math.isfinite(pt[0]) and pt[0] > 0 and math.isfinite(pt[1]) and pt[1] >= 0)]
+        if bad:
+            raise ValueError(f"limit_evidence for {key!r} holds (limit W, steps/s) pairs with a limit > 0 and a "
+                             f"rate >= 0; got {bad!r}")
+        out[key] = pts
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +165,12 @@ class PlacementProblem:
     #: power-limit levels to choose from, as fractions of each type's limit range (0 = its
     #: lowest limit, 1 = its maximum); empty: every GPU keeps the limit it has (docs/optimizer.md)
     power_limit_levels: tuple[float, ...] = ()
+    #: rates measured at lowered limits, (job type, GPU type) -> ((limit W, steps/s), ...), of
+    #: single-GPU runs alone: a board's throughput does not rise as its limit falls, so at a
+    #: limit at or below one measured a job of that type runs at most as fast as it did there.
+    #: The power-limit model predicts every job's slowdown from its draw alone; this is what a
+    #: job's own runs showed (docs/energy.md, "Learning from runs at limits")
+    limit_evidence: Mapping[tuple[str, str], tuple[tuple[float, float], ...]] = field(default_factory=dict)
     _by_id: Mapping[str, Gpu] = field(init=False, repr=False, compare=False)
     _occupants: Mapping[str, tuple[Job, ...]] = field(init=False, repr=False, compare=False)
     _levels: dict[str, tuple[float | None, ...]] = field(default_factory=dict, init=False, repr=False,
@@ -165,6 +186,7 @@ class PlacementProblem:
                              f"(1 = the maximum limit), got {bad!r}")
         object.__setattr__(self, "power_limit_levels", tuple(sorted(set(levels) | ({1.0} if levels else set()),
                                                                     reverse=True)))
+        object.__setattr__(self, "limit_evidence", _checked_evidence(self.limit_evidence))
         by_id: dict[str, Gpu] = {}
         for g in self.gpus:
             if g.id in by_id:
@@ -219,9 +241,22 @@ class PlacementProblem:
         throughputs: Throughputs | ThroughputTable,
         energy: EnergyModel | None = None,
         power_limit_levels: tuple[float, ...] = (),
+        limit_evidence: Mapping[tuple[str, str], Iterable[tuple[float, float]]] | None = None,
     ) -> PlacementProblem:
         tp = TableThroughputs(throughputs) if isinstance(throughputs, ThroughputTable) else throughputs
-        return cls(tuple(gpus), tuple(jobs), tp, energy or EnergyModel(), tuple(power_limit_levels))
+        return cls(tuple(gpus), tuple(jobs), tp, energy or EnergyModel(), tuple(power_limit_levels),
+                   dict(limit_evidence or {}))  # type: ignore[arg-type]
+
+    def rate_bound(self, job: Job, gpu_type: str, limit_w: float | None) -> float:
+        """The most ``job`` can run at on ``gpu_type`` at ``limit_w`` by what its type's runs
+        measured at that limit or above (inf: nothing known; at the maximum, for a gang, or for
+        a type never measured at a lowered limit there, the predictions stand alone)."""
+        if limit_w is None or job.num_gpus > 1 or not self.limit_evidence:
+            return math.inf
+        seen = self.limit_evidence.get((job.job_type, gpu_type))
+        if not seen:
+            return math.inf
+        return min((rate for watts, rate in seen if watts >= limit_w - 1e-6), default=math.inf)
 
     def limit_levels(self, gpu_type: str) -> tuple[float | None, ...]:
         """The limits a placement may set on a free GPU of ``gpu_type``, highest first; None is

@@ -94,7 +94,9 @@ def violations(problem: PlacementProblem, placement: Placement, rtol: float = 1e
                 out.append(f"{gid}: pair ({a.id}, {b.id}) does not fit (pair throughput 0)")
                 continue
             slow = _slowdown(problem, gpu.gpu_type, occ, limits[gid])
-            for job, t in ((a, ta / slow), (b, tb / slow)):
+            bound = problem.rate_bound
+            for job, t in ((a, min(ta / slow, bound(a, gpu.gpu_type, limits[gid]))),
+                           (b, min(tb / slow, bound(b, gpu.gpu_type, limits[gid])))):
                 if t < job.required_throughput * (1 - rtol):
                     out.append(
                         f"{gid}: {job.id} gets {t:.4g} < required {job.required_throughput:.4g} steps/s"
@@ -102,7 +104,8 @@ def violations(problem: PlacementProblem, placement: Placement, rtol: float = 1e
                     )
         elif len(occ) == 1 and occ[0].id in seen:
             job = occ[0]
-            t = thr.isolated(job, gpu.gpu_type) / _slowdown(problem, gpu.gpu_type, occ, limits[gid])
+            t = min(thr.isolated(job, gpu.gpu_type) / _slowdown(problem, gpu.gpu_type, occ, limits[gid]),
+                    problem.rate_bound(job, gpu.gpu_type, limits[gid]))
             if t < job.required_throughput * (1 - rtol):
                 out.append(
                     f"{gid}: {job.id} gets {t:.4g} < required {job.required_throughput:.4g} steps/s"

@@ -133,6 +133,9 @@ class TelemetryReading:
     #: the board limit (W) the worker's guard lifted because this run measured below its
     #: requirement under it (None: not lifted); see runtime/worker.py LimitGuard
     limit_lifted_from_w: float | None = None
+    #: the run's rate (steps/s) the guard measured at that limit: what the next placement of its
+    #: job type learns the limit gives (flows/observations.py ``limit_evidence_from_measurements``)
+    limit_lifted_rate: float | None = None
 
     def as_metrics(self) -> dict[str, float]:
         """The numeric fields that are set, flat, for a metrics logger."""

@@ -383,7 +383,8 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
         seen = occupancy.leave(device.id, spec.run_key)
         reading: TelemetryReading = meter.stop()
         if guard is not None and guard.lifted:
-            reading = dataclasses.replace(reading, limit_lifted_from_w=guard.lifted[0][0])
+            reading = dataclasses.replace(reading, limit_lifted_from_w=guard.lifted[0][0],
+                                          limit_lifted_rate=guard.lifted[0][1])
         if lease is not None:
             placer_lost = lease.end()
     if override is not None and emulated:

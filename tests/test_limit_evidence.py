@@ -1,0 +1,102 @@
+"""Learning from runs at limits: a level a job type measured too slow at is not offered again
+(PlacementProblem.limit_evidence; docs/energy.md, "Learning from runs at limits")."""
+
+from __future__ import annotations
+
+import json
+
+import polars as pl
+import pytest
+
+from gogh_flows.flows.observations import limit_evidence_from_measurements
+from gogh_flows.placement import BASELINES, GoghOptimizer, Gpu, Job, PlacementProblem, get_policy
+from gogh_flows.placement.result import Assignment, Placement
+from gogh_flows.placement.verify import violations
+from test_placement_limits import LEVELS, _table
+
+
+def _problem(evidence=None, jobs=None, gpus=None) -> PlacementProblem:
+    return PlacementProblem.build(gpus or [Gpu("h-0", "h100")], jobs or [Job("j", "heavy", 5.0, 1e5)], _table(),
+                                  power_limit_levels=LEVELS, limit_evidence=evidence)
+
+
+def test_a_level_measured_too_slow_is_not_chosen_again_by_any_policy():
+    first = GoghOptimizer().place(_problem()).assignment("j")
+    assert first.power_limit_w is not None  # the model says a lower limit meets 5 steps/s
+    # ... but a run of the type there measured 4.2 steps/s
+    problem = _problem({("heavy", "h100"): ((first.power_limit_w, 4.2),)})
+    for name in ("optimizer", *BASELINES):
+        a = get_policy(name).place(problem).assignment("j")
+        assert a.power_limit_w is None or a.power_limit_w > first.power_limit_w, name
+        assert violations(problem, get_policy(name).place(problem)) == [], name
+
+
+def test_evidence_at_a_limit_bounds_every_limit_below_it_and_nothing_above():
+    problem = _problem({("heavy", "h100"): ((500.0, 6.0),)})
+    job = problem.job("j")
+    assert problem.rate_bound(job, "h100", 500.0) == 6.0
+    assert problem.rate_bound(job, "h100", 300.0) == 6.0  # a lower limit is no faster
+    assert problem.rate_bound(job, "h100", 600.0) == float("inf")
+    assert problem.rate_bound(job, "h100", None) == float("inf")  # the maximum: predictions alone
+    assert problem.rate_bound(job, "a100", 300.0) == float("inf")  # another GPU type: nothing known
+    gang = Job("g", "heavy", 5.0, 1e5, num_gpus=2)
+    assert problem.rate_bound(gang, "h100", 300.0) == float("inf")  # measured single-GPU runs only
+    # the least of the limits at or above
+    two = _problem({("heavy", "h100"): ((500.0, 6.0), (400.0, 7.0))})
+    assert two.rate_bound(job, "h100", 400.0) == 6.0
+
+
+def test_a_partner_is_bounded_by_its_own_evidence_when_a_join_lowers_the_limit():
+    # a light job runs alone; the heavy one joining may set a lower limit for the pair
+    running = Job("r", "light", 1.0, 1e5, gpus=("h-0",))
+    arriving = Job("j", "heavy", 1.0, 1e5)
+    plain = GoghOptimizer().place(_problem(jobs=[running, arriving]))
+    a = plain.assignment("j")
+    assert a.partner == "r" and a.power_limit_w is not None
+    # the light job's runs measured it slower than its requirement at that limit and below
+    problem = _problem({("light", "h100"): ((a.power_limit_w, 0.5),)}, jobs=[running, arriving])
+    after = GoghOptimizer().place(problem)
+    b = after.assignment("j")
+    assert b.power_limit_w is None or b.power_limit_w > a.power_limit_w
+    assert violations(problem, after) == []
+
+
+def test_verify_flags_a_placement_at_a_level_the_evidence_rules_out():
+    problem = _problem({("heavy", "h100"): ((400.0, 4.0),)})
+    bad = Placement("hand", (Assignment("j", "h100", ("h-0",), 5.5, 0.0, power_limit_w=300.0),), (), "heuristic",
+                    float("nan"), 0.0)
+    assert any("< required 5" in v and "at 300 W" in v for v in violations(problem, bad))
+
+
+@pytest.mark.parametrize("evidence, match", [
+    ({"heavy": ((300.0, 4.0),)}, "keyed by \\(job type, GPU type\\)"),
+    ({("heavy", "h100"): ((0.0, 4.0),)}, "limit > 0"),
+    ({("heavy", "h100"): ((300.0, float("nan")),)}, "rate >= 0"),
+])
+def test_malformed_evidence_says_what_it_should_be(evidence, match):
+    with pytest.raises(ValueError, match=match):
+        _problem(evidence)
+
+
+def _row(run: str, *, gpu_type="h100", job_type="heavy", throughput=5.0, partners=(), window="emulated",
+         **extra) -> dict:
+    return {"run_id": run, "job_type": job_type, "gpu_type": gpu_type, "throughput": throughput, "steps": 100.0,
+            "partners": list(partners), "telemetry": "emulated", "window": window,
+            "extra": json.dumps({k: str(v) for k, v in extra.items()})}
+
+
+def test_measurements_give_the_rate_at_the_limit_a_lifted_run_left_and_a_kept_one_ran_at():
+    frame = pl.DataFrame([
+        _row("lifted", throughput=6.5, power_limit_w="", limit_lifted_from_w=300.0, limit_lifted_rate=4.1),
+        _row("kept-a", throughput=7.0, power_limit_w=400.0),
+        _row("kept-b", throughput=9.0, power_limit_w=400.0),
+        _row("kept-c", throughput=7.5, power_limit_w=400.0),
+        _row("full", throughput=10.0, power_limit_w=""),  # at the maximum: nothing to learn here
+        _row("paired", throughput=2.0, power_limit_w=300.0, partners=("other",)),  # slowed by its partner
+        _row("cpu-timed", throughput=0.1, power_limit_w=300.0, window="whole_run"),  # not its GPU's rate
+        _row("t4", gpu_type="t4", throughput=1.0, power_limit_w=50.0),
+    ], schema_overrides={"partners": pl.List(pl.String)})
+    evidence = limit_evidence_from_measurements(frame)
+    assert evidence == {("heavy", "h100"): ((300.0, 4.1), (400.0, 7.5)),  # runs at one limit: their median
+                        ("heavy", "t4"): ((50.0, 1.0),)}
+    assert limit_evidence_from_measurements(pl.DataFrame()) == {}
