@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 
 from gogh_flows.catalog import GpuType
 from gogh_flows.energy import DEFAULT_ACTIVITY, EnergyModel
+from gogh_flows.power_limits import evidence_bound
 from gogh_flows.truth.table import ThroughputTable
 
 GANG_SIZES = (1, 2, 4, 8)
@@ -256,7 +257,7 @@ class PlacementProblem:
         seen = self.limit_evidence.get((job.job_type, gpu_type))
         if not seen:
             return math.inf
-        return min((rate for watts, rate in seen if watts >= limit_w - 1e-6), default=math.inf)
+        return evidence_bound(seen, limit_w)
 
     def limit_levels(self, gpu_type: str) -> tuple[float | None, ...]:
         """The limits a placement may set on a free GPU of ``gpu_type``, highest first; None is
