@@ -96,3 +96,14 @@ def test_a_level_a_run_was_lifted_from_is_not_chosen_again_for_its_job_type(gogh
                              "logged_at": time.time()})
     second = train()
     assert second is None or second > first
+    # and its explanation says what the runs at limits measured
+    from prefect.client.orchestration import get_client
+
+    async def explained() -> str:
+        async with get_client() as client:
+            arts = await client.read_artifacts()
+        return "\n".join(str(x.data) for x in arts if x.key and x.key.startswith("gogh-placement-train"))
+
+    import asyncio
+
+    assert f"| measured at lowered limits | {first:g} W: 0.3 steps/s" in asyncio.run(explained())

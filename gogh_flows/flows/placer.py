@@ -276,6 +276,12 @@ def explain_rows(job: JobSpec, run_id: str, placement: Placement, gpu_id: str) -
     return tuple(rows)
 
 
+def _evidence_text(problem: PlacementProblem, job_type: str, gpu_type: str) -> str:
+    """What runs of ``job_type`` measured at lowered limits on ``gpu_type``, for the explanation."""
+    points = problem.limit_evidence.get((job_type, gpu_type), ())
+    return ", ".join(f"{w:g} W: {r:.4g} steps/s" for w, r in sorted(points))
+
+
 def explain_markdown(job: JobSpec, run_id: str, placement: Placement, problem: PlacementProblem,
                      gpu_id: str, waited_s: float, versions: dict, held_note: str | None = None) -> str:
     """The Prefect artifact: chosen slot, its predicted figures, runner-ups, and rejections;
@@ -295,6 +301,8 @@ def explain_markdown(job: JobSpec, run_id: str, placement: Placement, problem: P
         *([f"| power limit | {a.power_limit_w:g} W (saves {kwh(ex.chosen.limit_saving_j):.4g} kWh "
            "predicted, against the board's previous limit) |"]
           if a.power_limit_w is not None and ex is not None and ex.chosen is not None else []),
+        *([f"| measured at lowered limits | {measured} (levels where this type was slower than "
+           "required are not offered) |"] if (measured := _evidence_text(problem, job.job_type, a.gpu_type)) else []),
         f"| work | {job.work_steps:,} steps |",
         f"| policy | {placement.policy} ({placement.status}, {placement.solve_ms:.1f} ms) |",
         f"| waited for a GPU | {waited_s:.1f} s |",
