@@ -72,6 +72,7 @@ def test_verify_flags_a_placement_at_a_level_the_evidence_rules_out():
     ({"heavy": ((300.0, 4.0),)}, "keyed by \\(job type, GPU type\\)"),
     ({("heavy", "h100"): ((0.0, 4.0),)}, "limit > 0"),
     ({("heavy", "h100"): ((300.0, float("nan")),)}, "rate >= 0"),
+    ({("heavy", "h100"): (300.0, 4.0)}, "pairs with a limit > 0"),
 ])
 def test_malformed_evidence_says_what_it_should_be(evidence, match):
     with pytest.raises(ValueError, match=match):

@@ -27,11 +27,14 @@ def _checked_evidence(evidence: Mapping) -> dict[tuple[str, str], tuple[tuple[fl
     for key, points in (evidence or {}).items():
         if not (isinstance(key, tuple) and len(key) == 2 and all(isinstance(k, str) and k for k in key)):
             raise ValueError(f"limit_evidence is keyed by (job type, GPU type), got the key {key!r}")
-        pts = tuple((float(w), float(r)) for w, r in points)
+        try:
+            pts = tuple((float(w), float(r)) for w, r in points)
+        except (TypeError, ValueError):
+            pts = ((math.nan, math.nan),)  # not pairs of numbers: said below
         bad = [pt for pt in pts if not (math.isfinite(pt[0]) and pt[0] > 0 and math.isfinite(pt[1]) and pt[1] >= 0)]
         if bad:
             raise ValueError(f"limit_evidence for {key!r} holds (limit W, steps/s) pairs with a limit > 0 and a "
-                             f"rate >= 0; got {bad!r}")
+                             f"rate >= 0; got {list(points)!r}")
         out[key] = pts
     return out
 
