@@ -50,3 +50,14 @@ def test_a_cheaper_runner_up_says_why_it_was_not_chosen():
                for why in cheaper["runner_up_not_chosen_because"])
     dearer = table.filter(pl.col("runner_up_energy_kwh") >= pl.col("pred_energy_kwh"))
     assert dearer["runner_up_not_chosen_because"].null_count() == dearer.height
+
+
+@pytest.mark.parametrize("p1, p2, says", [
+    (0.050, 0.030, "the refiner helped"),
+    (0.0498, 0.0496, "no clear difference"),  # a demo printed 5.0% against 5.0% as "helped"
+    (0.030, 0.050, "made it worse"),
+])
+def test_the_demo_calls_a_refiner_win_only_when_it_is_one(p1, p2, says):
+    from gogh_flows.demo import _refiner_verdict
+
+    assert says in _refiner_verdict(p1, p2)
