@@ -23,9 +23,9 @@ class ObservationCache:
     def _refresh(self) -> None:
         stamp = self.log.table.version()
         if stamp != self._stamp:
-            frame = self.log.read()
-            self._frame = observations_from_measurements(frame)
-            self._evidence = limit_evidence_from_measurements(frame)
+            rows = _steady_rows(self.log.read())  # once for both: the table can be long
+            self._frame = _observations(rows)
+            self._evidence = _limit_evidence(rows)
             self._stamp = stamp
 
     def get(self) -> pl.DataFrame:
@@ -50,8 +50,12 @@ def observations_from_measurements(frame: pl.DataFrame) -> pl.DataFrame:
     A run slowed by its board's power limit is learned at full power (its throughput times
     the slowdown the emulator recorded), since predictions are of the maximum limit.
     """
+    return _observations(_steady_rows(frame))
+
+
+def _observations(steady: list[dict]) -> pl.DataFrame:
     rows = []
-    for r in _steady_rows(frame):
+    for r in steady:
         partners = [p for p in (r.get("partners") or []) if p]
         if len(set(partners)) > 1:
             continue
@@ -71,8 +75,12 @@ def limit_evidence_from_measurements(frame: pl.DataFrame) -> dict[tuple[str, str
     run for its own reasons) and measured as the refiner's observations are (the steady window).
     Runs at one limit count by their median: the least of many noisy runs would drift ever lower.
     """
+    return _limit_evidence(_steady_rows(frame))
+
+
+def _limit_evidence(steady: list[dict]) -> dict[tuple[str, str], tuple[tuple[float, float], ...]]:
     out: dict[tuple[str, str], dict[float, list[float]]] = {}
-    for r in _steady_rows(frame):
+    for r in steady:
         if any(p for p in (r.get("partners") or [])):
             continue
         extra = r.get("extra")
