@@ -168,10 +168,14 @@ def test_the_guard_acts_only_on_enough_steps_and_only_on_a_limited_board():
     assert len(guard.lifted) == 1
 
 
-def test_a_required_throughput_must_be_positive():
+def test_a_required_throughput_and_a_power_limit_must_be_possible():
     with emulated_pool({"v100": 1}, truth=small_truth()) as pool:
         with pytest.raises(ValueError, match="required_throughput must be > 0 steps/s or None, got 0"):
             pool.submit(_advance, 5, gpu_id="v100-0", job_type="a", required_throughput=0)
+        # an emulated board enacts exactly what it is given: a limit no V100 can have is refused
+        for bad, says in ((float("nan"), "watts > 0"), (-10.0, "watts > 0"), (50.0, "outside v100's range 150-300 W")):
+            with pytest.raises(ValueError, match=says):
+                pool.submit(_advance, 5, gpu_id="v100-0", job_type="a", power_limit_w=bad)
 
 
 def test_the_ledger_hears_of_a_lift_and_a_decision_on_the_old_limit_is_refused():

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import multiprocessing
 import os
 import textwrap
@@ -67,6 +68,21 @@ class UnknownDeviceError(KeyError, ValueError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else ""
+
+
+def _check_limit(watts: float, device: GpuDevice, *, emulated: bool) -> None:
+    """A run's board limit, refused before it reaches a worker when it cannot be one: an
+    emulated board enacts exactly what it is given, so outside the type's range it would run
+    slower than any board can (a real board's limit is clamped to what NVML allows)."""
+    if isinstance(watts, bool) or not isinstance(watts, int | float) or not math.isfinite(watts) or watts <= 0:
+        raise ValueError(f"power_limit_w must be watts > 0 or None (the maximum), got {watts!r}")
+    if emulated:
+        from gogh_flows.catalog import get_gpu_type
+
+        rng = get_gpu_type(device.gpu_type).power_limit_range_w
+        if rng is not None and not rng[0] - 1e-6 <= watts <= rng[1] + 1e-6:
+            raise ValueError(f"power_limit_w={watts:g} W is outside {device.gpu_type}'s range {rng[0]:g}-{rng[1]:g} W "
+                             f"(the catalog's); give a limit in it, or None for the maximum")
 
 
 class GpuPool:
@@ -186,6 +202,8 @@ class GpuPool:
         device = self.device(gpu_id)
         if required_throughput is not None and not required_throughput > 0:
             raise ValueError(f"required_throughput must be > 0 steps/s or None, got {required_throughput!r}")
+        if power_limit_w is not None:
+            _check_limit(power_limit_w, device, emulated=device.id in self._emulated)
         key = f"gogh-{device.id}-{run_id or getattr(fn, '__name__', 'run')}-{uuid.uuid4().hex[:12]}"
         spec = RunSpec(device=device, mode=self.mode, emulated=device.id in self._emulated, run_key=key,
                        job_type=job_type, run_id=run_id, partners=partners, hold_lease=hold_lease,
