@@ -7,6 +7,7 @@ fail the test and records exit hooks instead of registering them.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import types
@@ -284,3 +285,30 @@ def test_a_real_run_short_of_its_requirement_lifts_its_board_while_it_runs(monke
     assert outcome.value[:9] == [200] * 9 and outcome.value[9:] == [700] * 3
     # the limit changed mid-run: no slowdown is made up for the mix, the rate is learned as measured
     assert outcome.telemetry.limit_slowdown is None and outcome.telemetry.power_limit_w == 700
+
+
+def test_a_limit_clamped_up_to_the_cap_is_no_limit_to_the_guard(monkeypatch):
+    """An administrator capped the board at 300 W; a placement chose 450 W, which the board cannot
+    take above its cap: the board is not below its limit from before, so a run short of its
+    requirement there is not 'lifted' (nothing to lift), nor recorded as measured at 450 W."""
+    import time
+
+    nvml = fake_nvml(limits_w=(100, 700), current_w=300)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setattr(rl, "_active", rl.BoardLimiter(nvml, restore={"GPU-0": 300.0}))
+    spec = RunSpec(device=H100, mode="local-cuda", emulated=False, run_key="k", run_id="run-4",
+                   check_worker=False, power_limit_w=450.0, required_throughput=1e6)
+
+    def body():
+        for _ in range(12):
+            time.sleep(0.002)
+            current_gpu().report(1)
+        return nvml.limit_mw[0] / W
+
+    outcome = execute(body, (), {}, spec)
+    assert outcome.value == 300  # the cap held throughout
+    assert outcome.telemetry.limit_lifted_from_w is None and outcome.telemetry.limit_lifted_rate is None
+    # a limit that binds is still lifted, and recorded as the limit in force
+    monkeypatch.setattr(rl, "_active", rl.BoardLimiter(nvml, restore={"GPU-0": 300.0}))
+    lowered = execute(body, (), {}, dataclasses.replace(spec, run_key="k2", run_id="run-5", power_limit_w=200.0))
+    assert lowered.telemetry.limit_lifted_from_w == 200.0 and lowered.value == 300

@@ -195,6 +195,16 @@ class BoardLimiter:
             rec.changed = True
             return self._set(rec, target)
 
+    def lower(self, device: GpuDevice, limit_w: float | None) -> float | None:
+        """:meth:`enact`, answering what the runs on the board are under: the limit in force, or
+        None when the board is not below its limit from before (``None`` asked, or a limit an
+        administrator's cap or the board's range clamped up to it), so nothing judges a run by
+        a limit that is not there."""
+        in_force = self.enact(device, limit_w)
+        with self._lock:
+            before = self._board(board_of(device)).restore_w
+        return None if limit_w is None or in_force >= before - 1e-6 else in_force
+
     def restore_all(self) -> None:
         """Every board this process changed back to its limit before; NVML closed."""
         with self._lock:

@@ -98,7 +98,8 @@ class Occupancy:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._by_gpu: dict[str, dict[str, _Occupant]] = {}
-        self._limits: dict[str, float | None] = {}  # each board's power limit, set by the last run to join
+        self._limits: dict[str, float | None] = {}  # each board's power limit in force, set by the last run to join
+        self._chosen: dict[str, float | None] = {}  # ... and the limit that run's placement chose (the ledger's)
         #: where a real board's limit is set (per-run limits on): gpu id -> enact(limit W or None)
         self._enact: dict[str, Callable[[float | None], Any]] = {}
 
@@ -116,11 +117,12 @@ class Occupancy:
                 other.seen[run_key] = job_type
                 new.seen[other.run_key] = other.job_type
             runs[run_key] = new
-            self._limits[gpu_id] = power_limit_w
             if enact is not None:
                 self._enact[gpu_id] = enact
-            self._enact_limit(gpu_id, power_limit_w)
-            self._notify(runs, power_limit_w)
+            # the limit in force: a real board's may be clamped (an administrator's cap, its range)
+            self._limits[gpu_id] = in_force = self._enact_limit(gpu_id, power_limit_w)
+            self._chosen[gpu_id] = power_limit_w
+            self._notify(runs, in_force)
 
     def leave(self, gpu_id: str, run_key: str) -> tuple[str, ...]:
         with self._lock:
@@ -130,30 +132,35 @@ class Occupancy:
             if not runs:
                 self._by_gpu.pop(gpu_id, None)
                 self._limits.pop(gpu_id, None)  # an empty board goes back to its maximum
+                self._chosen.pop(gpu_id, None)
                 self._enact_limit(gpu_id, None)
                 self._enact.pop(gpu_id, None)
             return tuple(gone.seen.values()) if gone else ()
 
     def lift_limit(self, gpu_id: str, expected: float) -> float | None:
         """Put a board limited at ``expected`` back to its full limit (its runs' meters are told);
-        the limit it had, ``None`` when it no longer had that one (nothing changed: a join may have
-        set another since the caller looked)."""
+        the limit its placement had chosen (what the ledger knows it by; a real board's in force may
+        have been clamped), ``None`` when it no longer had ``expected`` (nothing changed: a join may
+        have set another since the caller looked)."""
         with self._lock:
             limit = self._limits.get(gpu_id)
             runs = self._by_gpu.get(gpu_id)
             if limit is None or limit != expected or not runs:
                 return None
             self._limits[gpu_id] = None
+            chosen = self._chosen.pop(gpu_id, limit)
             self._enact_limit(gpu_id, None)
             self._notify(runs, None)
-            return limit
+            return chosen
 
-    def _enact_limit(self, gpu_id: str, limit_w: float | None) -> None:
+    def _enact_limit(self, gpu_id: str, limit_w: float | None) -> float | None:
+        """Set the board's limit where a real board is behind it; the limit now in force (a real
+        board's as set, None when it is not below its limit from before; else ``limit_w``)."""
         enact = self._enact.get(gpu_id)
         if enact is None:
-            return
+            return limit_w
         try:
-            enact(limit_w)
+            return enact(limit_w)
         except Exception as exc:  # noqa: BLE001 - the runs go on at the board's limit, which they record
             if self._by_gpu.get(gpu_id):
                 log.error("gogh: %s; the runs on %s go on at its current limit (recorded with their "
@@ -161,6 +168,7 @@ class Occupancy:
             else:
                 log.error("gogh: %s; %s is left at that limit for every user of the machine until it is put "
                           "back (`sudo nvidia-smi -i <index> -pl <watts>`)", exc, gpu_id)
+            return limit_w
 
     def limit(self, gpu_id: str) -> float | None:
         with self._lock:
@@ -244,13 +252,14 @@ class LimitGuard:
         rate = meter.rate_now()
         if rate is None or rate >= self.required * (1 - 1e-9):
             return
-        if self.occupancy.lift_limit(self.device.id, expected=limit) is not None:
-            self.lifted.append((limit, rate))
+        chosen = self.occupancy.lift_limit(self.device.id, expected=limit)
+        if chosen is not None:
+            self.lifted.append((limit, rate))  # the limit in force: what the rate was measured under
             log.warning("gogh: run %s measured %.4g steps/s on %s, below its required %.4g, at the board's "
                         "%g W limit: the board goes back to its full limit", self.run, rate, self.device.id,
                         self.required, limit)
             if self.on_lift is not None:
-                self.on_lift(limit)
+                self.on_lift(chosen)
 
 
 class RunNotStarted(RuntimeError):
@@ -360,7 +369,7 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
     # the board's limit per the ledger (the last claim on it) where the run holds a lease: a run
     # placed earlier at its own limit can start after a later claim re-chose the board's
     board_limit = lease.board_limit_w if lease is not None and lease.board_limit_known else spec.power_limit_w
-    enact = (lambda w: limiter.enact(device, w)) if limiter is not None else None
+    enact = (lambda w: limiter.lower(device, w)) if limiter is not None else None
     limits_enacted = emulated or enact is not None
     guard = None
     if spec.required_throughput is not None and limits_enacted:
