@@ -262,7 +262,9 @@ def run_product_demo(seed: int = 0, out: Path | None = None, waves: int = 3, wav
     unseen = gogh_rows.filter(pl.col("family") == UNSEEN_FAMILY)
     g_waves, f_waves = wave_rows(gogh_rows, plan), wave_rows(greedy_rows, plan)
     windows = [max([*busy_s(a).values(), *busy_s(b).values(), 0.0]) for a, b in zip(g_waves, f_waves)]
-    limits = [float(json.loads(x or "{}").get("power_limit_w") or 0) for x in gogh_rows["extra"].to_list()]
+    # a run whose board the guard lifted ended at full power but started at its placement's limit
+    limits = [float(e.get("power_limit_w") or e.get("limit_lifted_from_w") or 0)
+              for e in (json.loads(x or "{}") for x in gogh_rows["extra"].to_list())]
     summary = {
         "runs": gogh_rows.height,
         "energy_kwh_gogh": round(energy_kwh(gogh_rows), 4),

@@ -146,6 +146,19 @@ def test_a_run_below_its_requirement_at_a_limit_lifts_the_board_to_its_maximum(c
     assert kept.limit_lifted_from_w is None
 
 
+def test_a_body_that_advances_its_whole_work_at_once_is_guarded_after_its_warm_up():
+    """One advance(500) (a body that reports once, or the declared work counted at the end) on a
+    board whose limit leaves the run short: looked at when the warm-up ends, as a real board
+    reporting step by step would be, so 5 steps run at the limit and 495 at full power, not all
+    500 at a limit lifted once the work is done."""
+    slow = EnergyModel().at_limit("v100", 196.0, 160.0)[0]
+    with emulated_pool({"v100": 1}, truth=small_truth()) as pool:
+        tel = pool.run(_advance_chunks, 1, 500.0, gpu_id="v100-0", job_type="a", power_limit_w=160.0,
+                       required_throughput=95.0, warmup_steps=5).telemetry
+    assert tel.limit_lifted_from_w == 160.0 and tel.limit_lifted_rate == pytest.approx(100.0 / slow)
+    assert tel.limit_slowdown == pytest.approx((5 * slow + 495) / 500)
+
+
 def test_the_guard_acts_only_on_enough_steps_and_only_on_a_limited_board():
     from gogh_flows.runtime.telemetry import WallClockMeter
     from gogh_flows.runtime.worker import LimitGuard

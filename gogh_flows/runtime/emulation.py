@@ -213,6 +213,17 @@ class EmulatedMeter(StepCounter):
     def advance(self, steps: float) -> None:
         if not steps >= 0:
             raise ValueError(f"advance() takes a number of steps >= 0, got {steps!r}")
+        # A watched run on a limited board is looked at when its warm-up ends, as a real board
+        # reporting step by step would be, however many steps one call covers (a body that
+        # advances its whole work at once, or the declared work counted at the end): the rest
+        # then runs at the limit the guard left, not all of it at one it would have lifted.
+        first = self.warmup_steps - self._steps
+        if self.watch is not None and self._limit is not None and 0 < first < steps:
+            self._advance(first)
+            steps -= first
+        self._advance(steps)
+
+    def _advance(self, steps: float) -> None:
         self._refresh_override()
         with self._lock:
             tput = self.throughput() / self._slow

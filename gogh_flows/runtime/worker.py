@@ -228,8 +228,9 @@ class LimitGuard:
     a placement decided on the lower limit is refused and decides again. The guard looks at
     every report once the meter has a rate to go by (``rate_now``: the emulator's exact rate
     after the warm-up; on a measured board, the rate over as many steps again since the warm-up,
-    the last limit change or the last partner change) and acts only while the board is limited,
-    so it costs nothing at full power.
+    the last limit change or the last partner change) and acts only while the board is limited
+    (the limit in force: a real board's chosen limit that a cap or its range left at the limit
+    from before is none), so it costs nothing at full power.
     """
 
     def __init__(self, device: GpuDevice, run: str, required: float, occupancy: Occupancy,
