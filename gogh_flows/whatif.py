@@ -53,8 +53,9 @@ ENERGY_SPLIT = (
     "would draw for the progress it still makes (its alone power x its shared/isolated rate), "
     "per step of this job; the partner's own share is not in it")
 
-NO_INTERVAL = ("No interval: P1 and P2 give point estimates (no ensemble, variance or quantiles); "
-               "their measured error by model family is in docs/predictors.md")
+NO_INTERVAL = ("These are point predictions; the refiner's calibrated intervals, when its models carry them "
+               "(the shipped ones do), are what PlacementPolicy(risk_level=...) plans with, and their widths and "
+               "coverage, with the measured error by model family, are in docs/predictors.md")
 
 #: A requirement no prediction falls below: the what-if asks for the figures, not for a verdict
 #: on a requirement, so placement's TOO_SLOW / HURTS_PARTNER checks must never reject a pair.
