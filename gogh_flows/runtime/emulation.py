@@ -242,7 +242,7 @@ class EmulatedMeter(StepCounter):
     def rate_now(self) -> float | None:
         """The run's true rate now (partners and limit as they are), once the warm-up is done."""
         with self._lock:
-            if self._steps < self.warmup_steps or self.job_type is None or self.truth is None:
+            if self._steps < self.warmup_steps - 1e-9 or self.job_type is None or self.truth is None:
                 return None
             return self.throughput() / self._slow
 
