@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+from collections.abc import Mapping
 
 import polars as pl
 
@@ -103,21 +105,27 @@ def _steady_rows(frame: pl.DataFrame) -> list[dict]:
     # an emulated GPU's figure is its truth only in emulated time (advance()); a body that only
     # reported on an emulated fleet was timed by the CPU it ran on, not by the GPU it stood for
     steady = ((window == "steady") & ~emulated) | (window == "emulated") | (window.is_null() & emulated)
-    return list(frame.filter((pl.col("throughput") > 0) & (pl.col("steps") > 0) & steady).iter_rows(named=True))
+    rows = list(frame.filter((pl.col("throughput") > 0) & (pl.col("steps") > 0) & steady).iter_rows(named=True))
+    for r in rows:  # the extras parsed once per row, for every reader of them
+        r["extra"] = _parsed(r.get("extra"))
+    return rows
 
 
-def _extra_float(extra: object, name: str) -> float | None:
-    """A number the run's ``extra`` recorded (JSON text or a mapping); None when absent or not a number."""
+def _parsed(extra: object) -> Mapping:
+    """A row's ``extra`` (JSON text as stored, or a mapping) as a mapping; empty when unreadable."""
     if isinstance(extra, str):
-        import json
-
         try:
             extra = json.loads(extra)
         except ValueError:
-            return None
+            return {}
+    return extra if isinstance(extra, Mapping) else {}
+
+
+def _extra_float(extra: Mapping, name: str) -> float | None:
+    """A number the run's parsed ``extra`` recorded; None when absent or not a number > 0."""
     try:
-        value = float((extra or {}).get(name) or "nan")  # type: ignore[union-attr]
-    except (TypeError, ValueError, AttributeError):
+        value = float(extra.get(name) or "nan")
+    except (TypeError, ValueError):
         return None
     return value if math.isfinite(value) and value > 0 else None
 
