@@ -182,7 +182,17 @@ class MeasurementTable:
         return sorted(self.segments_dir.glob(f"L{level:02d}-*.parquet"))
 
     def _merge(self, files: list[Path], *, level: int) -> None:
-        frame = unique_rows(self._read_files(files, self.schema))
+        while True:
+            try:
+                frame = unique_rows(self._read_files(files, self.schema))
+                break
+            except FileNotFoundError:
+                # only an appender that lost its key's claim removes a file outside the merge lock
+                # (its own part: the row is another writer's); merge without it
+                kept = [f for f in files if f.exists()]
+                if len(kept) == len(files):
+                    raise
+                files = kept
         self._write(frame, self.segments_dir, f"L{level:02d}-{time.time_ns():020d}-{uuid.uuid4().hex[:12]}")
         for path in files:  # the merged copy is in place first: a crash here only doubles rows
             path.unlink(missing_ok=True)
