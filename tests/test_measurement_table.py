@@ -183,3 +183,26 @@ def test_threads_and_processes_appending_and_merging_at_once(tmp_path):
     assert frame["key"].n_unique() == frame.height
     assert sum(won) <= 1  # the processes may have claimed the shared key first
     assert seen == sorted(seen) and len(seen) > 1
+
+
+def test_a_merge_whose_listed_part_is_removed_by_a_losing_appender_merges_the_rest(tmp_path, monkeypatch):
+    """An appender that lost its key's claim removes its own part outside the merge lock; a merge
+    that listed it goes on without it (its row is the winner's) instead of failing."""
+    table = small(tmp_path, parts=1000)
+    for i in range(5):
+        table.append(row(i))
+    loser = MeasurementTable._write(pl.DataFrame([row(0)], schema=SCHEMA), table.parts_dir, "99999999999999999999-loser")
+    real = MeasurementTable._read_files
+    calls = []
+
+    def read_after_the_loser_left(files, schema):
+        if not calls:
+            loser.unlink()  # between the merge's listing and its read
+        calls.append(len(files))
+        return real(files, schema)
+
+    monkeypatch.setattr(MeasurementTable, "_read_files", staticmethod(read_after_the_loser_left))
+    assert table.compact()
+    assert calls[0] == 6 and calls[1] == 5  # tried with the loser's part, then without it
+    monkeypatch.undo()
+    assert sorted(table.read()["key"].to_list()) == sorted(f"run-{i}:gpu-{i % 4}" for i in range(5))
