@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
+
+from gogh_flows.truth import TRUTH_HELP
 
 __all__ = ["main"]
 
@@ -72,6 +76,45 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _probe_scheduler(address: str, timeout: float) -> None:
+    """Ask ``address`` who it is, within ``timeout`` s, before a Dask ``Client`` connects.
+
+    A ``Client`` pointed at something that is not a Dask scheduler does not fail cleanly: a
+    server that accepts the connection and never answers (the scheduler's dashboard port, any
+    web server) holds it well past its timeout, and one that answers in another protocol has its
+    reply read as a frame length (a multi-exabyte allocation). One bounded ``identity`` call
+    tells all three apart and says which it was.
+    """
+    import asyncio
+
+    from distributed.core import rpc
+    from distributed.security import Security
+
+    async def identity() -> dict:
+        remote = rpc(address, timeout=timeout, connection_args=Security().get_connection_args("client"))
+        try:
+            return await asyncio.wait_for(remote.identity(), timeout)
+        finally:
+            await remote.close_rpc()
+
+    hint = ("check the address: the scheduler listens on tcp://HOST:8786 unless started with --port, "
+            "and 8787 is its dashboard, not the scheduler")
+    try:
+        who = asyncio.run(identity())
+    except (asyncio.TimeoutError, TimeoutError):
+        raise ValueError(f"nothing at {address!r} answered as a Dask scheduler within {timeout:g} s; {hint}") from None
+    except OSError as exc:
+        raise ValueError(f"cannot reach the Dask scheduler at {address!r} ({exc}); {hint}, and that the "
+                         "scheduler runs") from None
+    except ValueError as exc:  # a malformed address: Dask's own message says what is wrong with it
+        raise ValueError(f"{address!r} is not a Dask scheduler address ({exc}); {hint}") from None
+    except Exception as exc:  # noqa: BLE001 - another protocol's reply surfaces as anything from MemoryError down
+        raise ValueError(f"{address!r} answered, but not as a Dask scheduler ({type(exc).__name__}); {hint}") from None
+    if not isinstance(who, dict) or who.get("type") != "Scheduler":
+        kind = who.get("type") if isinstance(who, dict) else type(who).__name__
+        raise ValueError(f"{address!r} is a Dask {kind}, not the scheduler; {hint}")
+
+
 def cmd_pool_status(args: argparse.Namespace) -> int:
     from distributed import Client
     from rich.console import Console
@@ -81,6 +124,7 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
 
     if args.timeout <= 0:
         raise ValueError(f"--timeout must be a number of seconds > 0, got {args.timeout:g}")
+    _probe_scheduler(args.address, args.timeout)
     try:
         client = Client(args.address, timeout=args.timeout, set_as_default=False)
     except (OSError, TimeoutError) as exc:
@@ -175,15 +219,50 @@ def build_parser() -> argparse.ArgumentParser:
     bp.add_argument("--repeat", type=int, default=10)
     bp.add_argument("--seed", type=int, default=0)
     bp.add_argument("--time-limit", type=float, default=2.0, help="CP-SAT time limit, seconds")
-    bp.add_argument("--truth", default="synthetic", help="'synthetic' or a Gavel throughput JSON")
+    bp.add_argument("--truth", default="synthetic", help=TRUTH_HELP)
     bp.add_argument("--json", help="write the figures to this file")
     bp.set_defaults(func=cmd_bench_placement)
     return parser
 
 
+# options naming a file a command writes, and those naming a folder it writes into
+_FILE_OUTPUTS = ("json", "plot")
+_FOLDER_OUTPUTS = ("out",)
+
+
+def check_outputs_writable(args: argparse.Namespace) -> None:
+    """Refuse an output path that cannot be written before the command runs, not after.
+
+    An evaluation can run for minutes; finding then that its ``--json`` lands in a read-only
+    or missing place loses all of it. A missing parent folder is fine (commands create it), so
+    the check walks up to the nearest folder that exists and asks whether it can be written.
+    """
+    for name in _FILE_OUTPUTS + _FOLDER_OUTPUTS:
+        value = getattr(args, name, None)
+        if not isinstance(value, str) or not value:
+            continue
+        path = Path(value).expanduser()
+        option = f"--{name}"
+        if name in _FILE_OUTPUTS and path.is_dir():
+            suffix = "png" if name == "plot" else "json"
+            raise ValueError(f"{option} {value!r} is a folder; give a file name in it (e.g. {path / ('out.' + suffix)})")
+        if path.is_file() and not os.access(path, os.W_OK):
+            raise ValueError(f"{option} {value!r} exists and cannot be written; choose another path")
+        existing = path if name in _FOLDER_OUTPUTS and path.is_dir() else path.parent
+        while not existing.exists():
+            existing = existing.parent
+        try:  # a file made and removed: permissions, read-only mounts and pseudo-filesystems alike
+            with tempfile.TemporaryFile(dir=existing):
+                pass
+        except OSError as exc:
+            raise ValueError(f"{option} {value!r} cannot be written: nothing can be created in {str(existing)!r} "
+                             f"({exc.strerror or exc}); choose another path") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        check_outputs_writable(args)
         return args.func(args)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         print(f"gogh: error: {exc}", file=sys.stderr)

@@ -61,6 +61,60 @@ def test_pool_status_prints_who_holds_what(capsys):
         assert [lease["run_id"] for lease in state["leases"]] == ["run-7"]
 
 
+def _loopback_server(reply: bytes | None):
+    """A loopback TCP server that answers every connection with ``reply``, or never answers."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    held = []
+
+    def serve():
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            held.append(conn)
+            if reply is not None:
+                conn.recv(4096)
+                conn.sendall(reply)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, held
+
+
+@pytest.mark.parametrize(("reply", "match"), [
+    (b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n" * 4, "answered, but not as a Dask scheduler"),
+    (None, "answered as a Dask scheduler within 2 s"),
+])
+def test_pool_status_at_something_that_is_not_a_scheduler_fails_in_its_timeout(reply, match, capsys):
+    import time
+
+    server, held = _loopback_server(reply)
+    try:
+        start = time.monotonic()
+        assert main(["pool", "status", f"tcp://127.0.0.1:{server.getsockname()[1]}", "--timeout", "2"]) == 2
+        assert time.monotonic() - start < 30  # before the probe: minutes, or a multi-exabyte allocation
+        err = capsys.readouterr().err
+        assert match in err and "8787 is its dashboard" in err and "Traceback" not in err
+    finally:
+        server.close()
+        for conn in held:
+            conn.close()
+
+
+def test_pool_status_at_a_worker_says_it_is_not_the_scheduler(capsys):
+    from gogh_flows.runtime import emulated_pool
+
+    with emulated_pool("v100=1", processes=False, capacity=1) as pool:
+        worker = next(iter(pool.client.scheduler_info()["workers"]))
+        assert main(["pool", "status", worker, "--timeout", "5"]) == 2
+        assert "is a Dask Worker, not the scheduler" in capsys.readouterr().err
+    assert main(["pool", "status", "127.0.0.1", "--timeout", "1"]) == 2
+    assert "missing port number" in capsys.readouterr().err
+
+
 def test_simulate_on_gavel_trace_writes_every_policy(gavel_dir, tmp_path, capsys):
     out, png = tmp_path / "sim.json", tmp_path / "sim.png"
     rc = main(["simulate", "--truth", str(gavel_dir / "simulation_throughputs.json"),
@@ -172,3 +226,27 @@ def test_demo_environment_creates_a_fresh_home_with_its_parents(tmp_path, monkey
     home = tmp_path / "new" / "gogh"
     _setup_env(home / "runs" / "x", home / "prefect")
     assert (home / "prefect").is_dir() and (home / "runs" / "x").is_dir()
+
+
+@pytest.mark.parametrize("argv", [
+    ["power", "evaluate", "--data", "unused", "--test-gpu", "v100", "--json", "/proc/gogh-test/figures.json"],
+    ["predictors", "evaluate", "--truth", "synthetic", "--json", "/proc/figures.json"],
+    ["predictors", "train", "--truth", "synthetic", "--out", "/proc/gogh-test/models"],
+    ["bench", "placement", "--gpus", "4", "--json", "{file}/figures.json"],
+])
+def test_an_output_that_cannot_be_written_is_refused_before_the_command_runs(argv, tmp_path, capsys):
+    """Refused first: had the command run, "unused" data would fail otherwise, training would take minutes."""
+    plain_file = tmp_path / "a-file"
+    plain_file.write_text("")
+    argv = [a.replace("{file}", str(plain_file)) for a in argv]
+    assert main(argv) == 2
+    assert "cannot be written: nothing can be created in" in capsys.readouterr().err
+
+
+def test_a_folder_given_as_an_output_file_is_refused_with_a_file_name_to_use(tmp_path, capsys):
+    assert main(["bench", "placement", "--gpus", "4", "--json", str(tmp_path)]) == 2
+    assert f"is a folder; give a file name in it (e.g. {tmp_path / 'out.json'})" in capsys.readouterr().err
+    out = tmp_path / "new" / "deeper" / "b.json"  # a missing parent is created, not refused
+    assert main(["bench", "placement", "--gpus", "8", "--running", "4", "--arrivals", "1", "--repeat", "1",
+                 "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["p50_ms"] > 0
