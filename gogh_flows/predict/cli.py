@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from gogh_flows.truth import TRUTH_HELP
+
 __all__ = ["add_parser", "cmd_calibrate", "cmd_evaluate", "cmd_train", "format_report"]
 
 
@@ -18,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ps = p.add_subparsers(dest="predictors", required=True)
 
     def common(x: argparse.ArgumentParser) -> None:
-        x.add_argument("--truth", default="synthetic", help="'synthetic' or a Gavel throughput JSON")
+        x.add_argument("--truth", default="synthetic", help=TRUTH_HELP)
         x.add_argument("--encoder", default="transformer", choices=("gru", "ff", "transformer"), help="P1 job encoder")
         x.add_argument("--seed", type=int, default=0)
         x.add_argument("--gpu-types", help="comma-separated GPU types to keep (default: all in the truth)")
@@ -231,7 +233,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     p1_cfg, p2_cfg = _configs(args)
     anomalies: list = []
     _, full = _data(args, anomalies)
-    holdouts = None if args.holdout_family == "all" else [args.holdout_family]
+    holdouts = None if args.holdout_family.strip().casefold() == "all" else [args.holdout_family]
     from gogh_flows.progress import Progress
 
     with Progress() as bars:

@@ -84,15 +84,21 @@ class MeasuredSet:
     def names(self) -> tuple[str, ...]:
         return tuple(self.jobs)
 
+    def family_named(self, name: str, *, what: str = "model family") -> str:
+        """This data set's spelling of family ``name``, matched case-insensitively as job names are."""
+        wanted = name.strip().casefold()
+        for family in self.families:
+            if family.casefold() == wanted:
+                return family
+        raise ValueError(f"unknown {what} {name!r}; this data set has {list(self.families)} "
+                         "(matched case-insensitively)")
+
     def of_family(self, family: str) -> tuple[str, ...]:
         return tuple(n for n in self.jobs if self.family[n] == family)
 
     def without(self, families: Iterable[str]) -> MeasuredSet:
         """Everything except the given families: their jobs, and every pair they are part of."""
-        drop = set(families)
-        unknown = drop - set(self.families)
-        if unknown:
-            raise ValueError(f"unknown families {sorted(unknown)}; this data set has {list(self.families)}")
+        drop = {self.family_named(f) for f in families}
         keep = [n for n in self.jobs if self.family[n] not in drop]
         return self.subset(keep)
 

@@ -594,10 +594,7 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
 
     ``progress(name, done, total)`` hears of each held-out family done (``gogh_flows.progress``).
     """
-    holdouts = tuple(holdouts) if holdouts else full.families
-    unknown = [h for h in holdouts if h not in full.families]
-    if unknown:
-        raise ValueError(f"unknown holdout family {unknown}; families in this data: {list(full.families)}")
+    holdouts = tuple(full.family_named(h, what="holdout family") for h in holdouts) if holdouts else full.families
     start = time.perf_counter()
     families, jobs, by_type, weights = {}, {}, {}, {}
     counts: dict[str, dict[str, list[int]]] = {m: {} for m in METHODS}

@@ -32,14 +32,14 @@ from gogh_flows.sim.traces import (
     load_philly_distribution,
     read_trace,
 )
-from gogh_flows.truth import load_truth
+from gogh_flows.truth import TRUTH_HELP, load_truth
 from gogh_flows.truth.gavel import gavel_dir
 from gogh_flows.truth.table import ThroughputTable
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="compare placement policies on a trace")
-    p.add_argument("--truth", default="synthetic", help="'synthetic' or a Gavel throughput JSON")
+    p.add_argument("--truth", default="synthetic", help=TRUTH_HELP)
     p.add_argument("--trace", required=True, help="a .trace file, or generate:N for N Poisson arrivals")
     p.add_argument("--cluster", required=True, help="e.g. v100=8,p100=16,k80=24")
     p.add_argument("--policy", default=",".join(SIM_POLICIES),
@@ -260,6 +260,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     import polars as pl
 
     truth = load_truth(args.truth)
+    if args.holdout_family:  # the truth's spelling, whatever the case given: it names results and messages
+        from gogh_flows.predict.data import MeasuredSet
+
+        args.holdout_family = MeasuredSet.from_table(truth).family_named(args.holdout_family)
     gpus = parse_cluster(args.cluster, capacity=args.capacity)
     types = sorted({g.gpu_type for g in gpus})
     missing = [t for t in types if t not in truth.gpu_types]

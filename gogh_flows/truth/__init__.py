@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from gogh_flows.truth.table import ThroughputTable
 
+TRUTH_HELP = ("'synthetic' (the built-in fleet), 'gavel' (simulation_throughputs.json in $GOGH_GAVEL_DIR, "
+              "default ../shared/data/gavel) or the path of a Gavel throughput JSON")
+
 
 def load_truth(spec: str) -> ThroughputTable:
     """``"synthetic"`` (the built-in fleet), ``"gavel"`` (Gavel's measured
@@ -22,4 +25,4 @@ def load_truth(spec: str) -> ThroughputTable:
     return read_gavel_json(spec)
 
 
-__all__ = ["ThroughputTable", "load_truth"]
+__all__ = ["TRUTH_HELP", "ThroughputTable", "load_truth"]
