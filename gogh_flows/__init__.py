@@ -20,6 +20,8 @@ _LAZY = {
     "PredictorRegistry": "gogh_flows.flows.blocks",
     "PlacementPolicy": "gogh_flows.flows.blocks",
     "PlacementTimeout": "gogh_flows.flows.placer",
+    "InfeasibleRequirement": "gogh_flows.flows.placer",
+    "RunLost": "gogh_flows.flows.placer",
     "refine_predictors": "gogh_flows.flows.retrain",
     "JobSpec": "gogh_flows.workloads.job",
 }

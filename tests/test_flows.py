@@ -14,10 +14,17 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from prefect import flow, task
 
-from gogh_flows import GpuCluster, PlacementPolicy, current_placement, gogh_placed
+from gogh_flows import (
+    GpuCluster,
+    InfeasibleRequirement,
+    PlacementPolicy,
+    PlacementTimeout,
+    RunLost,
+    current_placement,
+    gogh_placed,
+)
 from gogh_flows.flows.decorator import artifact_key
 from gogh_flows.flows.session import open_sessions
-from gogh_flows.flows.placer import InfeasibleRequirement, PlacementTimeout
 from runrecords import assert_shared_only_knowingly, run_records
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -540,3 +547,12 @@ def test_waiting_for_efficiency_must_end_before_the_wait_timeout():
     with pytest.raises(ValueError, match="must be below the decorator's wait_timeout_s"):  # its override too
         gogh_placed(model="ResNet-50", batch_size=64, min_throughput=0.1, work_steps=10, wait_timeout_s=3.0,
                     policy=PlacementPolicy(wait_for_efficiency_s=20.0))
+
+
+def test_the_errors_a_run_can_fail_with_are_importable_from_the_package():
+    import gogh_flows
+    from gogh_flows.flows import placer
+
+    assert (InfeasibleRequirement, PlacementTimeout, RunLost) == (
+        placer.InfeasibleRequirement, placer.PlacementTimeout, placer.RunLost)
+    assert {"InfeasibleRequirement", "PlacementTimeout", "RunLost"} <= set(gogh_flows.__all__)
