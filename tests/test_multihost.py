@@ -73,14 +73,19 @@ def cli_pool(tmp: Path, workers: dict[str, int], *, lease_timeout_s: float = 4.0
                 client.wait_for_workers(len(workers), timeout=120)
         yield {"address": address, "procs": procs, "logs": logs}
     finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        # workers first, while their scheduler still answers: a worker told to stop as its
+        # scheduler goes away can hang in its close until killed (20 s a pool, most test runs)
+        scheduler = procs.pop("scheduler", None)
+        for group in (list(procs.values()), [scheduler] if scheduler else []):
+            for p in group:
+                if p.poll() is None:
+                    p.terminate()
+            for p in group:
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(timeout=20)
 
 
 def _host(tmp: Path, name: str, address: str, *args: str) -> subprocess.Popen:
