@@ -363,6 +363,11 @@ def test_misspelt_block_fields_and_bad_registry_settings_are_refused(tmp_path):
     assert PredictorRegistry(tracking_uri="postgresql+psycopg://db/mlflow").tracking_uri.startswith("postgresql")
     with pytest.raises(ValueError, match="lease_timeout_s"):
         GpuCluster(lease_timeout_s=0)
+    with pytest.raises(ValueError, match="truth 'gavle' is neither 'synthetic', 'gavel' nor the path"):
+        GpuCluster(truth="gavle")
+    # a path is read where the pool starts, which may be another machine: not checked here
+    assert GpuCluster(truth="/data/gavel/simulation_throughputs.json").truth.endswith(".json")
+    assert GpuCluster(truth=" gavel").truth == "gavel"
 
 
 def test_placed_flow_is_deployable(gogh_home):

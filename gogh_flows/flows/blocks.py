@@ -98,6 +98,16 @@ class GpuCluster(Block):
             out[gpu.name] = out.get(gpu.name, 0) + count
         return out
 
+    @field_validator("truth")
+    @classmethod
+    def _truth_spec(cls, truth: str) -> str:
+        """A misspelt name is refused here; a path is only read where the pool starts (its machine)."""
+        spec = truth.strip()
+        if spec in ("synthetic", "gavel") or spec.endswith(".json") or "/" in spec or "\\" in spec:
+            return spec
+        raise ValueError(f"truth {truth!r} is neither 'synthetic', 'gavel' nor the path of a Gavel throughput "
+                         "JSON (a '.json' file, or a folder holding simulation_throughputs.json)")
+
     @model_validator(mode="after")
     def _mode_needs(self) -> GpuCluster:
         if self.mode == "remote" and not self.address:
