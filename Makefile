@@ -25,7 +25,7 @@ demo: $(STAMP)
 	$(BIN)/gogh demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/placement_scaling.py
