@@ -329,4 +329,9 @@ def test_placing_onto_a_tls_secured_pool(tmp_path):
             cwd=str(home), env=_env(GOGH_HOME=str(home), GOGH_MODELS_DIR=str(REPO / "models"), **env_tls),
             stdout=subprocess.PIPE, stderr=open(home / "stderr.log", "w"), text=True)
         runs = [r for r in _results(proc, 120) if "summary" not in r]
+        # `gogh pool status` reaches it with the same certificates, from Dask's configuration
+        status = subprocess.run([str(BIN / "gogh"), "pool", "status", pool["address"], "--json"],
+                                env=_env(**env_tls), capture_output=True, text=True, timeout=120)
     assert [r["status"] for r in runs] == ["completed", "completed"], runs
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["counts"]["released"] == 2
