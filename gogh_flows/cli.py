@@ -76,55 +76,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _probe_scheduler(address: str, timeout: float) -> None:
-    """Ask ``address`` who it is, within ``timeout`` s, before a Dask ``Client`` connects.
-
-    A ``Client`` pointed at something that is not a Dask scheduler does not fail cleanly: a
-    server that accepts the connection and never answers (the scheduler's dashboard port, any
-    web server) holds it well past its timeout, and one that answers in another protocol has its
-    reply read as a frame length (a multi-exabyte allocation). One bounded ``identity`` call
-    tells all three apart and says which it was.
-    """
-    import asyncio
-
-    from distributed.core import rpc
-    from distributed.security import Security
-
-    async def identity() -> dict:
-        remote = rpc(address, timeout=timeout, connection_args=Security().get_connection_args("client"))
-        try:
-            return await asyncio.wait_for(remote.identity(), timeout)
-        finally:
-            await remote.close_rpc()
-
-    hint = ("check the address: the scheduler listens on tcp://HOST:8786 unless started with --port, "
-            "and 8787 is its dashboard, not the scheduler")
-    try:
-        who = asyncio.run(identity())
-    except (asyncio.TimeoutError, TimeoutError):
-        raise ValueError(f"nothing at {address!r} answered as a Dask scheduler within {timeout:g} s; {hint}") from None
-    except OSError as exc:
-        raise ValueError(f"cannot reach the Dask scheduler at {address!r} ({exc}); {hint}, and that the "
-                         "scheduler runs") from None
-    except ValueError as exc:  # a malformed address: Dask's own message says what is wrong with it
-        raise ValueError(f"{address!r} is not a Dask scheduler address ({exc}); {hint}") from None
-    except Exception as exc:  # noqa: BLE001 - another protocol's reply surfaces as anything from MemoryError down
-        raise ValueError(f"{address!r} answered, but not as a Dask scheduler ({type(exc).__name__}); {hint}") from None
-    if not isinstance(who, dict) or who.get("type") != "Scheduler":
-        kind = who.get("type") if isinstance(who, dict) else type(who).__name__
-        raise ValueError(f"{address!r} is a Dask {kind}, not the scheduler; {hint}")
-
-
 def cmd_pool_status(args: argparse.Namespace) -> int:
     from distributed import Client
     from rich.console import Console
     from rich.table import Table
 
     from gogh_flows.runtime.leases import PoolLedger
+    from gogh_flows.runtime.probe import SchedulerUnreachable, probe_scheduler
 
     if args.timeout <= 0:
         raise ValueError(f"--timeout must be a number of seconds > 0, got {args.timeout:g}")
-    _probe_scheduler(args.address, args.timeout)
+    try:
+        probe_scheduler(args.address, args.timeout)
+    except SchedulerUnreachable as exc:
+        raise ValueError(str(exc)) from None
     try:
         client = Client(args.address, timeout=args.timeout, set_as_default=False)
     except (OSError, TimeoutError) as exc:

@@ -305,8 +305,23 @@ def test_remote_pool_unreachable_scheduler_is_a_clear_error():
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(ConnectionError, match=f"cannot reach the Dask scheduler at 'tcp://127.0.0.1:{port}'"):
+    with pytest.raises(ConnectionError, match=f"nothing at 'tcp://127.0.0.1:{port}' answered as a Dask scheduler"):
         remote_pool(f"tcp://127.0.0.1:{port}", timeout=1)
+
+
+def test_remote_pool_at_a_hung_scheduler_fails_within_its_timeout():
+    """A scheduler that accepts connections and never answers (stopped, swapping): the Client's
+    handshake alone would hold the placing process for minutes."""
+    import socket
+    import time
+
+    from gogh_flows.runtime.probe import SchedulerUnreachable
+
+    with socket.create_server(("127.0.0.1", 0)) as hung:  # the kernel accepts; nobody answers
+        start = time.monotonic()
+        with pytest.raises(SchedulerUnreachable, match="within 2 s .*down or hung"):
+            remote_pool(f"tcp://127.0.0.1:{hung.getsockname()[1]}", timeout=2)
+        assert time.monotonic() - start < 20
 
 
 # -- local CUDA ----------------------------------------------------------------------

@@ -39,6 +39,7 @@ from gogh_flows.energy import EnergyModel
 from gogh_flows.runtime.devices import GpuDevice, device_id, fleet_devices, split_device_id
 from gogh_flows.runtime.leases import PoolLedger
 from gogh_flows.runtime.outcome import RunOutcome
+from gogh_flows.runtime.probe import probe_scheduler
 from gogh_flows.runtime.telemetry import DEFAULT_WARMUP_STEPS
 from gogh_flows.runtime.worker import PLUGIN_NAME, RunSpec, RuntimeConfig, describe_worker, execute
 from gogh_flows.truth.table import ThroughputTable
@@ -650,6 +651,7 @@ def remote_pool(address: str, *, timeout: float = 10.0, min_workers: int = 1,
     scheduler and its workers are left running on close. ``truth``/``time_scale`` (emulated workers only), when
     given, are shipped to the workers for every client of this scheduler.
     """
+    probe_scheduler(address, timeout)  # a hung scheduler would hold the Client's handshake for minutes
     try:
         client = Client(address, timeout=timeout, set_as_default=False)
     except (OSError, TimeoutError) as exc:

@@ -1,0 +1,57 @@
+"""Is there a Dask scheduler at this address? One bounded question before a ``Client`` connects.
+
+A ``distributed.Client`` pointed at something that is not an answering Dask scheduler does not
+fail within its ``timeout``: a scheduler that hangs (stopped, swapping) or any server that
+accepts the connection and never answers (the scheduler's dashboard port, a web server) holds
+its handshake for minutes, and one that answers in another protocol has its reply read as a
+frame length (a multi-exabyte allocation). One ``identity`` call under ``asyncio.wait_for``
+tells these apart, in time, and says which it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+HINT = ("check the address: the scheduler listens on tcp://HOST:8786 unless started with --port, "
+        "and 8787 is its dashboard, not the scheduler")
+
+
+class SchedulerUnreachable(ConnectionError):
+    """Nothing at the address answered as a Dask scheduler in time; the message says what did."""
+
+
+def probe_scheduler(address: str, timeout: float) -> None:
+    """Return once ``address`` answers as a Dask scheduler within ``timeout`` s; else raise
+    :class:`SchedulerUnreachable` (``ValueError`` for an address Dask cannot parse).
+
+    TLS settings come from Dask's configuration, as the ``Client``'s do.
+    """
+    from distributed.core import rpc
+    from distributed.security import Security
+
+    async def identity() -> object:
+        remote = rpc(address, timeout=timeout, connection_args=Security().get_connection_args("client"))
+        try:
+            return await asyncio.wait_for(remote.identity(), timeout)
+        finally:
+            await remote.close_rpc()
+
+    try:
+        who = asyncio.run(identity())
+    except (asyncio.TimeoutError, TimeoutError):
+        raise SchedulerUnreachable(f"nothing at {address!r} answered as a Dask scheduler within {timeout:g} s "
+                                   f"(a scheduler that is down or hung, or another service); {HINT}") from None
+    except OSError as exc:
+        raise SchedulerUnreachable(f"cannot reach the Dask scheduler at {address!r} ({exc}); {HINT}, and that "
+                                   "the scheduler runs") from None
+    except ValueError as exc:  # a malformed address: Dask's own message says what is wrong with it
+        raise ValueError(f"{address!r} is not a Dask scheduler address ({exc}); {HINT}") from None
+    except Exception as exc:  # noqa: BLE001 - another protocol's reply surfaces as anything from MemoryError down
+        raise SchedulerUnreachable(f"{address!r} answered, but not as a Dask scheduler ({type(exc).__name__}); "
+                                   f"{HINT}") from None
+    if not isinstance(who, dict) or who.get("type") != "Scheduler":
+        kind = who.get("type") if isinstance(who, dict) else type(who).__name__
+        raise SchedulerUnreachable(f"{address!r} is a Dask {kind}, not the scheduler; {HINT}")
+
+
+__all__ = ["HINT", "SchedulerUnreachable", "probe_scheduler"]
