@@ -561,3 +561,28 @@ def test_the_errors_a_run_can_fail_with_are_importable_from_the_package():
     assert (InfeasibleRequirement, PlacementTimeout, RunLost) == (
         placer.InfeasibleRequirement, placer.PlacementTimeout, placer.RunLost)
     assert {"InfeasibleRequirement", "PlacementTimeout", "RunLost"} <= set(gogh_flows.__all__)
+
+
+def test_a_placing_process_connects_again_after_dask_gave_up_on_its_scheduler(gogh_home, monkeypatch, caplog):
+    """Dask reconnects a client only while its scheduler is back within the client's timeout, then
+    closes it; the process's later runs must reach the scheduler again, not fail for good."""
+    from gogh_flows.runtime import emulated_pool
+
+    monkeypatch.setenv("GOGH_EMULATED", "1")  # the pool's worker processes say they are emulated
+    with emulated_pool("a100=1", processes=True, capacity=2) as pool:
+        cluster = GpuCluster(mode="remote", address=pool.address)
+
+        @gogh_placed(model="ResNet-18", batch_size=32, min_throughput=0.5, work_steps=5, cluster=cluster)
+        def remote_run() -> str:
+            return current_placement().gpu_id
+
+        assert remote_run() == "a100-0"
+        first = _env()
+        first.pool.client.close()  # what Dask does when the scheduler stays away past the timeout
+        with caplog.at_level(logging.WARNING, logger="gogh_flows"):
+            assert remote_run() == "a100-0"
+        assert "Dask stopped reconnecting; connecting again" in caplog.text
+        second = _env()  # one session again: the lost one was closed and replaced
+        assert second is not first and second.pool.client.status == "running"
+        rows = second.measurements.read()
+        assert rows.height == 2 and (rows["status"] == "completed").all()  # both runs measured, once each

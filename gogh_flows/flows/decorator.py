@@ -353,7 +353,10 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
 
     def outcome() -> Any:
         if future.status == "cancelled":
-            raise RunLost(f"run {run_id} on {placement.gpu_id} was cancelled by Dask (its worker was lost) "
+            # a client cut off from its scheduler cancels every future it holds, workers alive or not
+            why = ("its worker was lost" if future.client.status == "running"
+                   else "the connection to the pool's scheduler was lost")
+            raise RunLost(f"run {run_id} on {placement.gpu_id} was cancelled by Dask ({why}) "
                           "before the body returned; its measurement is logged as failed")
         return future.result()  # done: returns the outcome, or raises what the pool raised
 

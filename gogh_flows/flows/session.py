@@ -132,14 +132,36 @@ _SESSIONS: dict[str, Session] = {}
 _LOCK = threading.Lock()
 
 
+def _scheduler_lost(session: Session) -> bool:
+    """True when the remote pool's Dask client gave up on its scheduler for good.
+
+    Dask reconnects by itself while the scheduler is back within the client's timeout; past
+    that it closes the client, and every later placement of this process would fail. A
+    scheduler restarted after longer (a machine rebooted) is then reached with a new session.
+    """
+    client = getattr(session.pool, "client", None)
+    return session.cluster.mode == "remote" and client is not None and client.status in ("closing", "closed")
+
+
 def shared_session(cluster: GpuCluster, tracking_uri: str) -> Session:
-    """The process-wide session of a fleet and tracking store (opened on first use)."""
+    """The process-wide session of a fleet and tracking store (opened on first use, and again
+    when its remote scheduler was lost for longer than Dask reconnects)."""
     key = f"{cluster.key()}|{tracking_uri}|{state_dir()}"
+    stale = None
     with _LOCK:
         session = _SESSIONS.get(key)
+        if session is not None and _scheduler_lost(session):
+            log.warning("gogh: the connection to the Dask scheduler at %s was lost and Dask stopped reconnecting; "
+                        "connecting again", cluster.address)
+            stale, session = _SESSIONS.pop(key), None
         if session is None:
             session = _SESSIONS[key] = Session.open(cluster, tracking_uri)
-        return session
+    if stale is not None:  # its runs have failed with the connection; what they measured is on disk
+        try:
+            stale.close()
+        except Exception as exc:  # noqa: BLE001 - the new session serves either way
+            log.warning("gogh: closing the session of the lost scheduler connection failed: %s", exc)
+    return session
 
 
 def close_all() -> None:
