@@ -305,7 +305,9 @@ def test_remote_pool_unreachable_scheduler_is_a_clear_error():
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with pytest.raises(ConnectionError, match=f"nothing at 'tcp://127.0.0.1:{port}' answered as a Dask scheduler"):
+    # Dask's own connect timeout or the probe's, whichever ends first: both say where and why
+    with pytest.raises(ConnectionError, match=f"(cannot reach the Dask scheduler at|nothing at) "
+                                              f"'tcp://127.0.0.1:{port}'"):
         remote_pool(f"tcp://127.0.0.1:{port}", timeout=1)
 
 
@@ -432,3 +434,18 @@ def test_runs_sharing_a_local_board_split_its_energy_and_never_log_it_twice(monk
     assert shares == pytest.approx(board, rel=0.1)  # one board's energy, not two
     for r in readings:  # each run carries a part of the shared stretch, split by the power model
         assert r.run_energy_j < 0.9 * r.board_run_energy_j and "model" in r.energy_split
+
+
+def test_the_scheduler_probe_works_from_async_code_too():
+    """An async flow places from inside a running event loop, where asyncio.run() is refused."""
+    import asyncio
+    import socket
+
+    from gogh_flows.runtime.probe import SchedulerUnreachable, probe_scheduler
+
+    with socket.create_server(("127.0.0.1", 0)) as hung:
+        async def place() -> None:
+            probe_scheduler(f"tcp://127.0.0.1:{hung.getsockname()[1]}", 1)
+
+        with pytest.raises(SchedulerUnreachable, match="within 1 s"):
+            asyncio.run(place())

@@ -11,6 +11,7 @@ tells these apart, in time, and says which it was.
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 HINT = ("check the address: the scheduler listens on tcp://HOST:8786 unless started with --port, "
         "and 8787 is its dashboard, not the scheduler")
@@ -37,13 +38,19 @@ def probe_scheduler(address: str, timeout: float) -> None:
             await remote.close_rpc()
 
     try:
-        who = asyncio.run(identity())
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # the usual case: no loop in this thread
+            who = asyncio.run(identity())
+        else:  # called from async code (an async flow): a loop of its own, in a thread of its own
+            with ThreadPoolExecutor(1) as pool:
+                who = pool.submit(lambda: asyncio.run(identity())).result()
     except (asyncio.TimeoutError, TimeoutError):
         raise SchedulerUnreachable(f"nothing at {address!r} answered as a Dask scheduler within {timeout:g} s "
                                    f"(a scheduler that is down or hung, or another service); {HINT}") from None
     except OSError as exc:
-        raise SchedulerUnreachable(f"cannot reach the Dask scheduler at {address!r} ({exc}); {HINT}, and that "
-                                   "the scheduler runs") from None
+        raise SchedulerUnreachable(f"cannot reach the Dask scheduler at {address!r} ({exc}); is it running? "
+                                   f"{HINT}") from None
     except ValueError as exc:  # a malformed address: Dask's own message says what is wrong with it
         raise ValueError(f"{address!r} is not a Dask scheduler address ({exc}); {HINT}") from None
     except Exception as exc:  # noqa: BLE001 - another protocol's reply surfaces as anything from MemoryError down
