@@ -50,7 +50,7 @@ class DemoJob:
 
 
 def _setup_env(home: Path, prefect_home: Path) -> None:
-    from gogh_flows.localenv import OFFLINE, set_defaults, sqlite_server
+    from gogh_flows.localenv import OFFLINE, THROWAWAY_SERVER, set_defaults, sqlite_server
 
     set_defaults({
         **OFFLINE,
@@ -60,14 +60,8 @@ def _setup_env(home: Path, prefect_home: Path) -> None:
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
         # eight concurrent flow runs write to the temporary server's SQLite
         **sqlite_server(20),
-        # The temporary server is thrown away at the end: it need not store the event stream,
-        # record task-run states from events or run automations, and each of those services is
-        # one more writer on its SQLite file. With them, the task-run recorder and the API's
-        # task-run inserts locked each other out until the 60 s timeout (a known Prefect issue
-        # with SQLite, PrefectHQ/prefect#18934): a wave took 77 s instead of 12.
-        "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false",
-        "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
-        "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED": "false",
+        # the temporary server is thrown away at the end (localenv.THROWAWAY_SERVER says why)
+        **THROWAWAY_SERVER,
     })
     # Prefect creates its home without parents: a fresh GOGH_HOME would leave the temporary
     # server without a database folder (it then times out starting)

@@ -29,10 +29,23 @@ def sqlite_server(connections: int) -> dict[str, str]:
     }
 
 
+# A Prefect server thrown away after use (the demo's, the tests') need not store the event
+# stream, record task-run states from events or run automations, and each of those services is
+# one more writer on its SQLite file. With them, the task-run recorder and the API's task-run
+# inserts locked each other out until the 60 s database timeout (a known Prefect issue with
+# SQLite, PrefectHQ/prefect#18934): a demo wave took 77 s instead of 12, and the tests' 40-run
+# test stalled a whole minute at once, 52-250 s from run to run.
+THROWAWAY_SERVER = {
+    "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_ENABLED": "false",
+    "PREFECT_SERVER_SERVICES_TRIGGERS_ENABLED": "false",
+    "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_ENABLED": "false",
+}
+
+
 def set_defaults(values: Mapping[str, str]) -> None:
     """``os.environ.setdefault`` for each of ``values``."""
     for key, value in values.items():
         os.environ.setdefault(key, value)
 
 
-__all__ = ["OFFLINE", "set_defaults", "sqlite_server"]
+__all__ = ["OFFLINE", "THROWAWAY_SERVER", "set_defaults", "sqlite_server"]

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from gogh_flows.localenv import OFFLINE, set_defaults, sqlite_server  # imports no Prefect
+from gogh_flows.localenv import OFFLINE, THROWAWAY_SERVER, set_defaults, sqlite_server  # imports no Prefect
 
 set_defaults({
     **OFFLINE,
+    **THROWAWAY_SERVER,  # a test server is thrown away too: no SQLite lock-outs of a minute
     # the test server is SQLite: room for dozens of concurrent flow runs (the 40-run test)
     **sqlite_server(40),
     "PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_TIMEOUT": "120",
