@@ -22,10 +22,28 @@ set_defaults({
 })
 # all state under temp dirs: a developer's own MLflow server is never written to by the tests
 os.environ.pop("MLFLOW_TRACKING_URI", None)
-os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY", tempfile.mkdtemp(prefix="gogh-hypothesis-"))
+_SESSION_DIRS: list[str] = []
+
+
+def _session_dir(variable: str, prefix: str) -> None:
+    """A temp dir for ``variable`` unless the caller set one; removed when the suite ends
+    (each run left two behind before, dozens on a developer's machine)."""
+    if variable not in os.environ:
+        os.environ[variable] = tempfile.mkdtemp(prefix=prefix)
+        _SESSION_DIRS.append(os.environ[variable])
+
+
+def pytest_unconfigure(config) -> None:
+    import shutil
+
+    for folder in _SESSION_DIRS:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+_session_dir("HYPOTHESIS_STORAGE_DIRECTORY", "gogh-hypothesis-")
 # the zoo's features, extracted once for the session and read by every process it starts
 # (Dask workers, host processes): each would otherwise trace the zoo again (~8 s of CPU)
-os.environ.setdefault("GOGH_CACHE_DIR", tempfile.mkdtemp(prefix="gogh-cache-"))
+_session_dir("GOGH_CACHE_DIR", "gogh-cache-")
 
 REPO = Path(__file__).resolve().parent.parent
 GAVEL_DIR = Path(os.environ.get("GOGH_GAVEL_DIR", REPO.parent / "shared" / "data" / "gavel"))
