@@ -563,6 +563,35 @@ def test_the_errors_a_run_can_fail_with_are_importable_from_the_package():
     assert {"InfeasibleRequirement", "PlacementTimeout", "RunLost"} <= set(gogh_flows.__all__)
 
 
+def test_a_run_whose_scheduler_stops_answering_is_lost_with_the_reason():
+    """The run's lease is checked while its body runs: a scheduler whose connection Dask gave
+    up on, or one that hangs, fails the run as RunLost saying which, not with Dask's
+    "ConnectionPool closing." or a wait without end."""
+    import types
+
+    from gogh_flows.flows.decorator import await_run
+    from gogh_flows.runtime.probe import SchedulerUnreachable
+
+    class Ledger:
+        lease_timeout_s = 1.5
+
+        def __init__(self, error: Exception) -> None:
+            self.error = error
+
+        def get(self, run_id: str, *, timeout_s: float | None = None):
+            assert timeout_s == self.lease_timeout_s  # bounded: a hung scheduler must not hang the run
+            raise self.error
+
+    never_done = types.SimpleNamespace(status="pending", add_done_callback=lambda callback: None)
+    placement = types.SimpleNamespace(run_id="r1", gpu_id="a100-0")
+    lost = SchedulerUnreachable("lost the connection to the pool's Dask scheduler at tcp://10.0.0.1:8786")
+    with pytest.raises(RunLost, match="r1 on a100-0 lost touch with its pool.*lost the connection to the "
+                                      "pool's Dask scheduler at tcp://10.0.0.1:8786.*logged as failed"):
+        await_run(Ledger(lost), never_done, placement, start_within_s=60, check_s=0.01)
+    with pytest.raises(RunLost, match="the pool's scheduler did not answer for 1.5 s"):
+        await_run(Ledger(TimeoutError()), never_done, placement, start_within_s=60, check_s=0.01)
+
+
 def test_a_placing_process_connects_again_after_dask_gave_up_on_its_scheduler(gogh_home, monkeypatch, caplog):
     """Dask reconnects a client only while its scheduler is back within the client's timeout, then
     closes it; the process's later runs must reach the scheduler again, not fail for good."""

@@ -66,7 +66,7 @@ def cli_pool(tmp: Path, workers: dict[str, int], *, lease_timeout_s: float = 4.0
                 [str(BIN / "dask"), "worker", address, "--name", name, "--nthreads", str(slots),
                  "--resources", f"slot={slots}", "--no-nanny", "--host", "127.0.0.1", "--no-dashboard", *sec],
                 env=env, stdout=open(logs / f"{name}.log", "w"), stderr=subprocess.STDOUT)
-        if not sec:  # every worker in before a test starts (a TLS client needs its certificates)
+        if workers and not sec:  # every worker in before a test starts (a TLS client needs its certificates)
             from distributed import Client
 
             with Client(address, timeout=60, set_as_default=False) as client:
@@ -117,6 +117,31 @@ def _started_lease(ledger, deadline_s: float, not_run: str | None = None):
                 return lease
         time.sleep(0.2)
     raise AssertionError("no run started on the pool")
+
+
+def test_a_ledger_call_after_the_scheduler_died_says_the_connection_was_lost(tmp_path):
+    """What a placing process meets when the pool's scheduler dies: a ConnectionError naming the
+    scheduler, not Dask's bare CommClosedError("ConnectionPool closing.")."""
+    from distributed import Client
+
+    from gogh_flows.runtime.leases import PoolLedger
+    from gogh_flows.runtime.probe import SchedulerUnreachable
+
+    with cli_pool(tmp_path, {}) as pool:
+        with Client(pool["address"], timeout=4, set_as_default=False) as client:  # 4 s of reconnecting
+            ledger = PoolLedger(client)
+            try:
+                assert ledger.state().leases == ()
+                scheduler = pool["procs"]["scheduler"]
+                scheduler.kill()
+                scheduler.wait(timeout=20)
+                start = time.monotonic()
+                with pytest.raises(SchedulerUnreachable, match="lost the connection to the pool's Dask scheduler "
+                                                               f"at {pool['address']}"):
+                    ledger.state(timeout_s=60)
+                assert time.monotonic() - start < 30
+            finally:
+                ledger.close()
 
 
 def test_two_hosts_placing_twenty_runs_onto_one_cli_pool_share_only_knowingly(tmp_path):

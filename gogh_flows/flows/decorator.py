@@ -49,6 +49,7 @@ from gogh_flows.flows.spec import check_wait_timeout, check_warmup_steps, placed
 from gogh_flows.runtime.context import RunCancelled, current_gpu, use_gpu
 from gogh_flows.runtime.leases import PoolLedger
 from gogh_flows.runtime.ledger import PLACER_LOST
+from gogh_flows.runtime.probe import SchedulerUnreachable
 from gogh_flows.runtime.telemetry import DEFAULT_WARMUP_STEPS
 from gogh_flows.workloads.job import JobSpec
 
@@ -366,7 +367,17 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
     while True:
         if done.wait(check_s):
             return outcome()
-        lease = ledger.get(run_id)
+        try:
+            # bounded: a scheduler that hangs must not hang the run (nor can it keep the lease)
+            lease = ledger.get(run_id, timeout_s=ledger.lease_timeout_s)
+        except (SchedulerUnreachable, TimeoutError) as exc:
+            if done.is_set():
+                return outcome()
+            why = (str(exc) if isinstance(exc, SchedulerUnreachable)
+                   else f"the pool's scheduler did not answer for {ledger.lease_timeout_s:g} s")
+            raise RunLost(f"run {run_id} on {placement.gpu_id} lost touch with its pool before the body "
+                          f"returned: {why}. Its measurement is logged as failed; retry the flow run once "
+                          "the scheduler answers") from exc
         if lease is None:
             # the body may have just ended (the worker frees the lease first): a moment's grace
             if done.wait(max(check_s, 2.0)):

@@ -19,6 +19,7 @@ from typing import Any
 from distributed import Client
 
 from gogh_flows.runtime.ledger import PLUGIN_NAME, LedgerPlugin
+from gogh_flows.runtime.probe import SchedulerUnreachable
 
 __all__ = ["Claim", "Lease", "LedgerState", "LostRun", "PoolLedger", "WorkerLease", "ensure_ledger"]
 
@@ -124,10 +125,24 @@ class PoolLedger:
         self.lease_timeout_s = self.state().lease_timeout_s
 
     def _call(self, op: str, *, timeout_s: float | None = None, **kwargs: Any) -> Any:
-        """One RPC to the ledger; ``TimeoutError`` when the scheduler does not answer within ``timeout_s``."""
+        """One RPC to the ledger; ``TimeoutError`` when the scheduler does not answer within
+        ``timeout_s``, :class:`SchedulerUnreachable` when the connection to it is lost.
+
+        Dask raises the latter as its own ``CommClosedError("ConnectionPool closing.")`` once
+        its client stopped reconnecting, which says neither what was lost nor what happens next.
+        """
         bounded = timeout_s is not None and math.isfinite(timeout_s)
-        return self.client.sync(getattr(self.client.scheduler, op), callback_timeout=timeout_s if bounded else None,
-                                **kwargs)
+        try:
+            return self.client.sync(getattr(self.client.scheduler, op),
+                                    callback_timeout=timeout_s if bounded else None, **kwargs)
+        except SchedulerUnreachable:
+            raise
+        except OSError as exc:  # CommClosedError, a refused or reset connection
+            raise SchedulerUnreachable(
+                f"lost the connection to the pool's Dask scheduler at {self.client.scheduler.address} "
+                f"({type(exc).__name__}: {exc}). Dask tries to reconnect for its client's timeout (10 s "
+                "by default), then gives up; this process's next run connects again, and says so if the "
+                "scheduler is still down") from exc
 
     # -- reading -------------------------------------------------------------------------
     def state(self, *, timeout_s: float | None = None) -> LedgerState:
