@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -130,7 +131,21 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: commands whose parsers live with their code; importing it costs seconds (torch, OR-Tools),
+#: so only the command being run is imported, and all of them for ``gogh --help``
+_COMMAND_MODULES = {
+    "simulate": "gogh_flows.sim.cli",
+    "predictors": "gogh_flows.predict.cli",
+    "predict": "gogh_flows.whatif",
+    "power": "gogh_flows.power_limits",
+    "rltune": "gogh_flows.sim.rltune_train",
+}
+#: commands defined in this module
+_OWN_COMMANDS = frozenset({"demo", "blocks", "serve", "pool", "bench"})
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or (``command``) one whose only other-module command is that one."""
     parser = argparse.ArgumentParser(prog="gogh", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -167,13 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     ps.add_argument("--json", action="store_true", help="print the ledger's state as JSON")
     ps.set_defaults(func=cmd_pool_status)
 
-    from gogh_flows.sim.cli import add_parser as add_simulate
-
-    add_simulate(sub)
-    from gogh_flows.predict.cli import add_parser as add_predictors; add_predictors(sub)  # noqa: E702
-    from gogh_flows.whatif import add_parser as add_predict; add_predict(sub)  # noqa: E702
-    from gogh_flows.power_limits import add_parser as add_power; add_power(sub)  # noqa: E702
-    from gogh_flows.sim.rltune_train import add_parser as add_rltune; add_rltune(sub)  # noqa: E702
+    for name, module in _COMMAND_MODULES.items():
+        if command is None or command == name:
+            importlib.import_module(module).add_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
@@ -225,7 +236,12 @@ def check_outputs_writable(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # `gogh pool status` need not import torch: 0.5 s instead of 5 (an unknown or no command
+    # gets the whole parser, so its error and --help list every command)
+    first = argv[0] if argv and not argv[0].startswith("-") else None
+    known = first in _OWN_COMMANDS or first in _COMMAND_MODULES
+    args = build_parser(first if known else None).parse_args(argv)
     try:
         check_outputs_writable(args)
         return args.func(args)

@@ -5,6 +5,25 @@ import pytest
 from gogh_flows.cli import main
 
 
+def test_a_command_imports_only_its_own_parser_and_an_unknown_one_lists_every_command(capsys):
+    """`gogh pool status` must not pay for torch and OR-Tools (5 s on 2 cores) to parse its line."""
+    import subprocess
+    import sys
+
+    from gogh_flows.cli import _COMMAND_MODULES, _OWN_COMMANDS, build_parser
+
+    choices = set(build_parser()._subparsers._group_actions[0].choices)
+    assert choices == _OWN_COMMANDS | set(_COMMAND_MODULES)  # the two lists name every command
+    code = ("import sys\nfrom gogh_flows.cli import main\ntry:\n    main(['pool', 'status', '--help'])\n"
+            "except SystemExit:\n    pass\nprint([m for m in ('torch', 'ortools') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stderr
+    with pytest.raises(SystemExit):
+        main(["simulat"])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'simulat'" in err and "'simulate'" in err and "'pool'" in err
+
+
 def test_bench_placement_writes_the_three_figures(tmp_path, capsys):
     out = tmp_path / "b.json"
     rc = main(["bench", "placement", "--gpus", "32", "--running", "40", "--arrivals", "4",
