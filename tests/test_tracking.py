@@ -362,6 +362,34 @@ def test_background_mirror_says_an_outage_once_and_backs_off(tmp_path: Path, cap
     assert len(down.spooled()) == 4  # nothing lost: delivered when it is back
 
 
+def test_collecting_lost_runs_warns_only_when_the_ledger_stays_unreachable(tmp_path: Path, caplog):
+    """One slow answer from a busy scheduler is not an outage: said on the third failure in a
+    row, once, and again only after a success ended the outage."""
+    answers = iter([TimeoutError("timed out after 5 s"), None, TimeoutError("timed out after 5 s")]
+                   + [TimeoutError("timed out after 5 s")] * 5)
+    asked = threading.Event()
+    calls = []
+
+    def collect() -> None:
+        calls.append(1)
+        answer = next(answers, None)
+        if len(calls) >= 8:
+            asked.set()
+        if answer is not None:
+            raise answer
+
+    mlog = MeasurementLog(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "measurements")
+    with caplog.at_level(logging.WARNING, logger="gogh_flows"):
+        flusher = SpoolFlusher(mlog, interval_s=0.01, collect=collect, collect_every_s=0.01)
+        try:
+            assert asked.wait(30)
+        finally:
+            flusher.stop()
+    said = [r.getMessage() for r in caplog.records if "could not collect" in r.getMessage()]
+    # failures: 1 (alone), then 6 in a row from the third call: said once, at the third of those
+    assert len(said) == 1 and "3 tries in a row" in said[0] and "timed out after 5 s" in said[0], said
+
+
 def test_unreachable_mlflow_spools_then_flush_writes(tmp_path: Path, uri: str, caplog):
     root = tmp_path / "measurements"
     down = MeasurementLog(f"http://127.0.0.1:{free_port()}", root)

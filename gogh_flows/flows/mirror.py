@@ -18,6 +18,10 @@ from gogh_flows.tracking.measurements import MeasurementLog
 log = logging.getLogger("gogh_flows")
 
 
+#: failed collections in a row before an outage is said
+_COLLECT_FAILURES_SAID = 3
+
+
 class SpoolFlusher:
     """Writes deferred measurements to MLflow in the background.
 
@@ -35,7 +39,7 @@ class SpoolFlusher:
         self._collect = collect
         self._collect_every_s = collect_every_s
         self._collected_at = -1e18
-        self._collect_failing = False
+        self._collect_failures = 0  # in a row
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="gogh-mlflow-mirror", daemon=True)
@@ -69,13 +73,17 @@ class SpoolFlusher:
         try:
             self._collect()
         except Exception as exc:  # noqa: BLE001 - the ledger keeps them; asked again next time
-            if not self._collect_failing:
+            self._collect_failures += 1
+            # said once an outage lasts: one slow answer from a busy scheduler is not one
+            # (it warned under every loaded test run), and nothing is lost meanwhile
+            if self._collect_failures == _COLLECT_FAILURES_SAID:
                 log.warning("gogh: could not collect the measurements the pool's ledger holds for lost "
-                            "placing processes (asked again every %g s): %s", self._collect_every_s,
-                            short_error(exc))
-            self._collect_failing = True
+                            "placing processes for %d tries in a row (asked again every %g s; they wait "
+                            "there): %s", self._collect_failures, self._collect_every_s, short_error(exc))
+            else:
+                log.debug("gogh: collecting lost placing processes' measurements failed: %s", short_error(exc))
         else:
-            self._collect_failing = False
+            self._collect_failures = 0
 
     def stop(self) -> None:
         self._stop.set()
