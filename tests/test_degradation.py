@@ -195,6 +195,57 @@ def _place(ledger, *, devices=None, predict=None, **options):
 _JOB = placed_job(model="ResNet-50", batch_size=64, min_throughput=1.0, work_steps=100)
 
 
+def _two_types(v100_rate: float, t4_rate: float):
+    """A V100 (1 slot, held by another run) and a free T4, predicted at these rates for _JOB."""
+    from gogh_flows.runtime.devices import GpuDevice
+    from gogh_flows.truth.table import ThroughputTable
+
+    rows = [{"job_type": _JOB.job_type, "gpu_type": t, "scale_factor": 1, "throughput": rate}
+            for t, rate in (("v100", v100_rate), ("t4", t4_rate))]
+    table = ThroughputTable.from_rows(rows, source="hand-made")
+    v100 = GpuDevice(id="v100-0", gpu_type="v100", worker="v100-0", capacity=1)
+    t4 = GpuDevice(id="t4-0", gpu_type="t4", worker="t4-0", capacity=1)
+
+    class Ledger:
+        def __init__(self) -> None:
+            self.claimed: list[str] = []
+
+        def state(self, *, timeout_s=None):
+            now = time.time()
+            busy = (Lease(run_id="x", gpu_id="v100-0", worker="v100-0", job_type=_JOB.job_type,
+                          required_throughput=2.0, work=1e9, claimed_at=now, seen_at=now, started_at=now,
+                          cancel=False),)
+            return LedgerState(now=now, lease_timeout_s=30.0, versions={"v100-0": 1}, leases=busy,
+                               workers=frozenset({"v100-0", "t4-0"}), counts={})
+
+        def claim(self, run_id, gpu_id, *, timeout_s=None, **kwargs):
+            self.claimed.append(gpu_id)
+            return Claim(ok=True, version=1)
+
+    return table, [v100, t4], Ledger()
+
+
+def test_headroom_is_kept_while_the_type_that_clears_it_is_busy():
+    """A run whose requirement only a busy type meets with headroom waits for it: the headroom
+    is dropped only when no type of the fleet could clear it (it was dropped whenever the fleet
+    was busy, and a T4 predicted 2.6% above the requirement measured below it)."""
+    job = placed_job(model="ResNet-50", batch_size=64, min_throughput=2.0, work_steps=100)
+    table, devices, ledger = _two_types(v100_rate=4.6, t4_rate=2.05)
+    from gogh_flows.flows.placer import place_with_retry
+
+    with pytest.raises(PlacementTimeout, match="was busy"):
+        place_with_retry(job, "r1", devices=lambda state: devices, ledger=ledger, predict=lambda feats: table,
+                         features=lambda t: job.features, policy="greedy-fastest", versions={}, headroom=0.1,
+                         time_limit_s=0.1, wait_timeout_s=0.3, poll_s=0.1)
+    assert ledger.claimed == []
+    # with no type that could clear 2.0 x 1.1 (the V100 as slow as the T4), the T4 is taken at once
+    table, devices, ledger = _two_types(v100_rate=2.0, t4_rate=2.05)
+    placed = place_with_retry(job, "r2", devices=lambda state: devices, ledger=ledger, predict=lambda feats: table,
+                              features=lambda t: job.features, policy="greedy-fastest", versions={}, headroom=0.1,
+                              time_limit_s=0.1, wait_timeout_s=0.3, poll_s=0.1)
+    assert placed.gpu_id == "t4-0" and ledger.claimed == ["t4-0"]
+
+
 def test_deciding_is_bounded_by_placement_timeout_s_apart_from_waiting():
     class Contended:
         """Every claim is refused as 'changed': other runs keep winning the GPU."""

@@ -189,9 +189,11 @@ def place_with_retry(
             placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, headroom,
                                         power_limit_levels, limit_evidence)
             short = next((w for w in placement.waiting if w.job_id == run_id), None)
-            if short is not None and headroom > 0 and job.required_throughput <= short.best_throughput:
+            if (short is not None and headroom > 0
+                    and job.required_throughput <= short.best_throughput < job.required_throughput * (1 + headroom)):
                 # no GPU type clears the requirement with headroom, but some clear it exactly:
-                # plan without headroom rather than wait for a GPU that cannot exist
+                # plan without headroom rather than wait for a GPU that cannot exist; while a type
+                # that clears it with headroom is only busy, wait for it as the headroom asks
                 placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, 0.0,
                                             power_limit_levels, limit_evidence)
             if patience is not None:

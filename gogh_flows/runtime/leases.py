@@ -135,8 +135,8 @@ class PoolLedger:
         try:
             return self.client.sync(getattr(self.client.scheduler, op),
                                     callback_timeout=timeout_s if bounded else None, **kwargs)
-        except SchedulerUnreachable:
-            raise
+        except (SchedulerUnreachable, TimeoutError):
+            raise  # TimeoutError is an OSError too: the scheduler is there but slow, or hung
         except OSError as exc:  # CommClosedError, a refused or reset connection
             raise SchedulerUnreachable(
                 f"lost the connection to the pool's Dask scheduler at {self.client.scheduler.address} "
