@@ -155,3 +155,40 @@ def test_wall_clock_meter_measures_the_steady_window_after_the_warm_up():
     assert reading.window == "steady" and reading.window_steps == 7 and reading.duration_s == 3.5
     assert reading.throughput == 2.0 and reading.steps == 10
     assert reading.startup_s == 21.0 and reading.wall_s == 26.0
+
+
+def test_a_run_whose_partners_changed_after_placement_has_no_prediction_error():
+    """A run placed alone that a partner joined measured a pairing its placement did not predict:
+    its error would be the predictor's fault in the table (it showed as +91% in review)."""
+    from types import SimpleNamespace
+
+    from gogh_flows.flows.measure import build_measurement
+    from gogh_flows.runtime.outcome import RunOutcome
+    from gogh_flows.runtime.telemetry import TelemetryReading
+    from gogh_flows.tracking.measurements import _metrics
+    from gogh_flows.workloads.job import JobSpec
+
+    job = JobSpec.from_zoo("ResNet-50", 64, required_throughput=10.0, work_steps=300)
+    reading = TelemetryReading(source="emulated", duration_s=10.0, steps=300, throughput=30.0, mean_power_w=60.0,
+                               energy_j=600.0, max_memory_bytes=None, mean_utilisation=None, wall_s=0.01,
+                               attributed_energy_j=600.0, energy_method="model", window="emulated",
+                               window_steps=300, run_energy_j=600.0, board_run_energy_j=600.0)
+
+    def measured(placed_with: tuple[str, ...], ran_with: tuple[str, ...]):
+        placement = SimpleNamespace(run_id="r1", policy="optimizer", predicted_energy_j=1.0, waited_s=0.0,
+                                    predictor_versions={}, partner_runs=(), partners=placed_with, gpu_id="v100-0",
+                                    gpu_type="v100", predicted_throughput=57.0)
+        outcome = RunOutcome(value=None, telemetry=reading, partners=ran_with, error=None, gpu_id="v100-0",
+                             gpu_type="v100", job_type=job.job_type, run_id="r1")
+        m = build_measurement(job, placement, outcome, None, started=1.0, wall_s=1.0, flow_run=None,
+                              flow_name="f", device="local")
+        return m, {x.key: x.value for x in _metrics(m)}
+
+    joined, metrics = measured((), ("LM (batch size 10)",))
+    assert joined.extra["partners_changed"] == "placed alone, ran next to LM (batch size 10)"
+    assert "prediction_rel_error" not in metrics and metrics["throughput"] == 30.0
+    left, metrics = measured(("LM (batch size 10)",), ())
+    assert left.extra["partners_changed"] == "placed next to LM (batch size 10), ran alone"
+    assert "prediction_rel_error" not in metrics
+    same, metrics = measured(("LM (batch size 10)",), ("LM (batch size 10)",))
+    assert "partners_changed" not in same.extra and metrics["prediction_rel_error"] == pytest.approx(0.9)

@@ -31,6 +31,10 @@ def _flow_run_url(flow_run: Any) -> str | None:
         return None
 
 
+def _company(partners: tuple[str, ...]) -> str:
+    return "next to " + ", ".join(sorted(set(partners))) if partners else "alone"
+
+
 def build_measurement(job: JobSpec, placement: RunPlacement, outcome: Any, error: BaseException | None,
                       *, started: float, wall_s: float, flow_run: Any, flow_name: str,
                       device: str, logged_by: str = "placer") -> Measurement:
@@ -69,6 +73,10 @@ def build_measurement(job: JobSpec, placement: RunPlacement, outcome: Any, error
     if logged_by != "placer":
         extra["logged_by"] = logged_by
     partners = tuple(outcome.partners) if outcome is not None else placement.partners
+    if set(partners) != set(placement.partners):
+        # a partner came (or the placed-with one never showed) after the decision: the placement's
+        # prediction was for other conditions, so its error says nothing about the predictor
+        extra["partners_changed"] = f"placed {_company(placement.partners)}, ran {_company(partners)}"
     return Measurement(
         run_id=run_id, flow_name=flow_name, job_type=job.job_type, family=job.family,
         batch_size=job.batch_size, gpu_id=placement.gpu_id, gpu_type=placement.gpu_type, device=device,

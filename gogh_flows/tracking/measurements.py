@@ -463,8 +463,9 @@ def _metrics(m: Measurement) -> list[Metric]:
         "startup_energy_j": m.startup_energy_j,
         "run_energy_j": m.run_energy_j,
     }
-    if m.predicted_throughput is not None and m.throughput > 0:
-        # Signed relative error of the placement's prediction: what P2 retraining reduces.
+    if m.predicted_throughput is not None and m.throughput > 0 and "partners_changed" not in m.extra:
+        # Signed relative error of the placement's prediction: what P2 retraining reduces. Not
+        # for a run whose partners changed after placement: it was predicted for other company.
         values["prediction_rel_error"] = (m.predicted_throughput - m.throughput) / m.throughput
     return [Metric(k, float(v), ts, 0) for k, v in values.items() if v is not None]
 
