@@ -393,6 +393,20 @@ def test_serve_needs_exactly_one_schedule():
         serve_refiner()
 
 
+def test_serve_checks_the_server_and_the_registry_before_serving():
+    """Both used to start a deployment that never retrained: on an ephemeral server nothing is
+    scheduled (Prefect only warns), and a missing block failed at the first scheduled run."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from gogh_flows.flows.retrain import serve_refiner
+
+    with pytest.raises(ValueError, match="no PredictorRegistry block named 'nope'"):
+        serve_refiner(interval_s=3600, parameters={"registry": "nope"})
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        with pytest.raises(ValueError, match="needs a running Prefect server.*PREFECT_API_URL is not set"):
+            serve_refiner(cron="0 * * * *")
+
+
 def test_three_runs_started_together_on_one_a100_never_share_unknowingly(gogh_home):
     """The issue's scenario: paired, ResNet-50 misses 5 steps/s, so the runs must take turns."""
     cluster = GpuCluster(fleet={"a100": 1})

@@ -195,9 +195,25 @@ def refine_predictors(
 
 def serve_refiner(name: str = "gogh-refine", *, cron: str | None = None, interval_s: float | None = None,
                   parameters: dict | None = None) -> None:
-    """Serve ``refine_predictors`` as a scheduled Prefect deployment (blocks until stopped)."""
+    """Serve ``refine_predictors`` as a scheduled Prefect deployment (blocks until stopped).
+
+    Checked before serving, since a served deployment that cannot run only shows at its first
+    scheduled time, or never: the schedule needs a Prefect server's scheduler (an ephemeral,
+    in-process server has none, and Prefect only logs a warning), and a named registry block
+    must exist on that server.
+    """
+    from prefect.settings import PREFECT_API_URL
+
     if (cron is None) == (interval_s is None):
         raise ValueError("give exactly one schedule: cron='0 * * * *' or interval_s=3600")
+    if not PREFECT_API_URL.value():
+        raise ValueError(
+            "serving on a schedule needs a running Prefect server, and PREFECT_API_URL is not set: this "
+            "process would use an ephemeral in-process server, which schedules nothing, so no retraining "
+            "would ever run. Start one (`prefect server start`) and set PREFECT_API_URL="
+            "http://127.0.0.1:4200/api, or call refine_predictors() directly")
+    if (parameters or {}).get("registry") is not None:
+        load_block(PredictorRegistry, parameters["registry"], PredictorRegistry())
     refine_predictors.serve(name=name, cron=cron, interval=interval_s, parameters=parameters or {})
 
 
