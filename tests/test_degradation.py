@@ -308,3 +308,18 @@ def test_waiting_on_a_busy_fleet_does_not_use_up_the_placement_bound():
 
     with pytest.raises(PlacementTimeout, match="was busy"):
         _place(Full(), predict=slow_predict, wait_timeout_s=2.0, poll_s=0.05, placement_timeout_s=0.5)
+
+
+def test_the_explanation_says_what_the_headroom_held_the_run_to():
+    """'Rejected slots: 1 too slow' on a T4 predicted above the requirement only makes sense
+    beside the headroom the decision applied."""
+    from gogh_flows.flows.placer import decide, explain_markdown
+
+    job = placed_job(model="ResNet-50", batch_size=64, min_throughput=2.0, work_steps=100)
+    table, devices, _ = _two_types(v100_rate=4.6, t4_rate=2.05)
+    placement, problem = decide(job, "r1", devices, [], table, "greedy-fastest", 0.1, headroom=0.1)
+    text = explain_markdown(job, "r1", placement, problem, "v100-0", 0.0, {})
+    assert "| required throughput | 2 steps/s |" in text
+    assert "| planned against | 2.2 steps/s (the policy's headroom of 10%" in text
+    placement, problem = decide(job, "r1", devices, [], table, "greedy-fastest", 0.1)
+    assert "planned against" not in explain_markdown(job, "r1", placement, problem, "v100-0", 0.0, {})

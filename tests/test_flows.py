@@ -222,7 +222,10 @@ def test_forty_concurrent_runs_never_overbook_and_lose_no_measurement(gogh_home)
     ({"min_throughput": -1}, "min_throughput"),
     ({"min_throughput": float("nan")}, "min_throughput"),
     ({"work_steps": "many"}, "work_steps"),
-    ({"model": "NoSuchNet"}, "unknown model family"),
+    ({"model": "NoSuchNet"}, r"model=\.\.\.\): unknown model family .*for a model of your own pass the torch"),
+    ({"model": "resnet"}, "did you mean 'ResNet-18' or 'ResNet-50'"),
+    ({"model": "LM (batch size 10) [inference]"}, "is a job type.*model='LM', batch_size=10, kind='inference'"),
+    ({"model": "CycleGAN"}, "Gavel measured CycleGAN at batch_size 1$"),  # 64 needs 159 GB
     ({"kind": "serving"}, "kind"),
     ({"wait_timeout_s": -5}, "wait_timeout_s"),
     ({"wait_timeout_s": float("nan")}, "wait_timeout_s"),

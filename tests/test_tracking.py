@@ -305,6 +305,9 @@ def test_emulated_runs_say_their_times_are_emulated(mlog: MeasurementLog, uri: s
     run = MlflowClient(uri).get_run(mlog.log(measurement(7, telemetry="emulated")))
     assert run.data.tags["gogh.emulated_time"] == "true"
     assert "emulated GPU's time" in run.data.tags["mlflow.note.content"]  # the run's Description in the UI
+    reported = MlflowClient(uri).get_run(mlog.log(measurement(9, telemetry="emulated", window="steady")))
+    assert "gogh.emulated_time" not in reported.data.tags  # the body reported its steps: wall time
+    assert "wall time on the machine that ran it" in reported.data.tags["mlflow.note.content"]
     board = MlflowClient(uri).get_run(mlog.log(measurement(8, telemetry="nvml")))
     assert "gogh.emulated_time" not in board.data.tags and "mlflow.note.content" not in board.data.tags
 

@@ -284,6 +284,11 @@ def _evidence_text(problem: PlacementProblem, job_type: str, gpu_type: str) -> s
     return ", ".join(f"{w:g} W: {r:.4g} steps/s" for w, r in sorted(points))
 
 
+def _planned(problem: PlacementProblem, run_id: str) -> float:
+    """The throughput the decision held the run to: its requirement plus any headroom."""
+    return next(j.required_throughput for j in problem.jobs if j.id == run_id)
+
+
 def explain_markdown(job: JobSpec, run_id: str, placement: Placement, problem: PlacementProblem,
                      gpu_id: str, waited_s: float, versions: dict, held_note: str | None = None) -> str:
     """The Prefect artifact: chosen slot, its predicted figures, runner-ups, and rejections;
@@ -298,6 +303,9 @@ def explain_markdown(job: JobSpec, run_id: str, placement: Placement, problem: P
         "",
         "| | value |", "| --- | ---: |",
         f"| required throughput | {job.required_throughput:.4g} steps/s |",
+        *([f"| planned against | {planned:.4g} steps/s (the policy's headroom of "
+           f"{planned / job.required_throughput - 1:.0%}: slots predicted below this count as too slow) |"]
+          if (planned := _planned(problem, run_id)) > job.required_throughput * (1 + 1e-9) else []),
         f"| predicted throughput | {a.throughput:.4g} steps/s |",
         f"| predicted energy to completion | {kwh(a.energy_j):.4g} kWh |",
         *([f"| power limit | {a.power_limit_w:g} W (saves {kwh(ex.chosen.limit_saving_j):.4g} kWh "

@@ -9,6 +9,7 @@ the CLI and the simulator use.
 
 from __future__ import annotations
 
+import difflib
 import math
 from typing import Any
 
@@ -18,7 +19,9 @@ from torch import nn
 from gogh_flows.runtime.telemetry import DEFAULT_WARMUP_STEPS
 from gogh_flows.workloads.features import WorkloadFeatures, check_kind, extract_features
 from gogh_flows.workloads.job import JobSpec
-from gogh_flows.workloads.zoo import _BUILDERS, FAMILIES, canonical_family, job_type_name, zoo_features
+from gogh_flows.workloads.zoo import (
+    _BUILDERS, FAMILIES, canonical_family, job_type_name, parse_job_kind, zoo_features,
+)
 
 _ZOO_BY_BUILDER = {builder: family for family, builder in _BUILDERS.items()}
 
@@ -31,6 +34,26 @@ def _positive_number(name: str, value: Any, *, integer: bool = False) -> float:
     return value
 
 
+def _family_named(model: str) -> str:
+    """The zoo family ``model=`` names, or an error that says what was probably meant."""
+    try:
+        return canonical_family(model)
+    except ValueError as exc:
+        error = f"@gogh_placed(model=...): {exc}"
+    try:  # a job-type string, as the tables and the UI show them: "ResNet-50 (batch size 64)"
+        family, bs, kind = parse_job_kind(model)
+    except ValueError:
+        close = difflib.get_close_matches(model.strip().lower(), [f.lower() for f in FAMILIES], n=3, cutoff=0.5)
+        close += [f.lower() for f in FAMILIES if model.strip() and f.lower().startswith(model.strip().lower())]
+        meant = [f for f in FAMILIES if f.lower() in close]
+        raise ValueError(error + (f"; did you mean {' or '.join(map(repr, meant))}?" if meant else
+                                  "; for a model of your own pass the torch.nn.Module (or a function "
+                                  "returning one) with example_inputs=...")) from None
+    extra = ", kind='inference'" if kind == "inference" else ""
+    raise ValueError(f"{error}; {model!r} is a job type, which @gogh_placed builds from its parts: "
+                     f"model={family!r}, batch_size={bs}{extra}") from None
+
+
 def _features_of(model: Any, batch_size: int, kind: str, example_inputs: Any,
                  job_name: str | None) -> tuple[WorkloadFeatures, str | None, str]:
     """(features, zoo family or None, job type) of whatever the user passed as ``model``."""
@@ -41,7 +64,7 @@ def _features_of(model: Any, batch_size: int, kind: str, example_inputs: Any,
         return model, None, job_name
     family = None
     if isinstance(model, str):
-        family = canonical_family(model)
+        family = _family_named(model)
     elif callable(model) and model in _ZOO_BY_BUILDER:
         family = _ZOO_BY_BUILDER[model]
     if family is not None:

@@ -498,11 +498,19 @@ def _tags(m: Measurement) -> list[RunTag]:
     }
     if m.flow_run_url:
         values["prefect.flow_run_url"] = m.flow_run_url
-    if m.telemetry == "emulated":
+    if m.telemetry == "emulated" and m.window in (None, "emulated"):
         # MLflow shows the run's start-to-end as its duration: on an emulated fleet that is the
         # emulated GPU's time (minutes for a body that ran a second), so say so where it shows
         values[EMULATED_TIME_TAG] = "true"
         values["mlflow.note.content"] = (
             "Emulated fleet: this run's start, end and duration (and `duration_s`, `throughput`) are in the "
             "emulated GPU's time, not the wall time the flow run took. Energy is the emulator's.")
+    elif m.telemetry == "emulated":
+        # the body reported its own steps instead of running them on the emulated GPU: its rate
+        # is this machine's, which no GPU type's figures describe
+        values["mlflow.note.content"] = (
+            "Emulated fleet, but the flow's body reported its own steps (current_placement().report()) "
+            "rather than running them on the emulated GPU (.advance()): `duration_s` and `throughput` are "
+            "wall time on the machine that ran it, not the emulated GPU's; energy is the emulator's power "
+            "over that time.")
     return [RunTag(k, v) for k, v in values.items()]

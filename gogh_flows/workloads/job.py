@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gogh_flows import catalog
 from gogh_flows.workloads.features import WorkloadFeatures, extract_features
-from gogh_flows.workloads.zoo import FAMILIES, job_type_name, zoo_features
+from gogh_flows.workloads.zoo import DEFAULT_BATCH_SIZES, FAMILIES, job_type_name, zoo_features
 
 #: Fraction of a GPU's memory a job may use (CUDA context, allocator slack).
 MEMORY_HEADROOM = 0.9
@@ -96,5 +96,6 @@ def _check_fits_somewhere(spec: JobSpec) -> None:
             f"job {spec.name!r} needs about {need / 1e9:.1f} GB of GPU memory at batch_size "
             f"{spec.batch_size}, more than any GPU type in the catalog holds (the largest, "
             f"{biggest}, have {most / 1e9:g} GB); lower batch_size (it is per GPU, so a gang "
-            "does not help)"
+            "does not help)" + (f"; Gavel measured {spec.family} at batch_size "
+                                f"{', '.join(map(str, DEFAULT_BATCH_SIZES[spec.family]))}" if spec.family else "")
         )
