@@ -317,8 +317,8 @@ def run_product_demo(seed: int = 0, out: Path | None = None, waves: int = 3, wav
           f"v{versions['p2']}) {summary['p2_mape_after_retrain']:.1%}  ({p2_err['n']} measurements; {verdict})")
     print("placement-time prediction error per wave: "
           + "  ".join(f"w{i + 1} {x:.1%}" for i, x in enumerate(per_wave))
-          + (f"  ({left_out} runs left out: a partner joined or left after their placement, so they ran "
-             "in other company than predicted)" if left_out else ""))
+          + (f"  ({left_out} run{'s' if left_out != 1 else ''} left out: a partner joined or left after "
+             "placement, so it ran in other company than predicted)" if left_out else ""))
     print(f"registry: P1 v{versions['p1']}, P2 champion v{versions['p2']} "
           f"(retrainings: {', '.join('promoted' if r.get('promoted') else 'kept' for r in retrains)})")
     print(f"saved {out / 'summary.json'} and {out / 'summary.png'} in {summary['seconds']:.0f} s")
