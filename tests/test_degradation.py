@@ -226,18 +226,31 @@ def _two_types(v100_rate: float, t4_rate: float):
 
 
 def test_headroom_is_kept_while_the_type_that_clears_it_is_busy():
-    """A run whose requirement only a busy type meets with headroom waits for it: the headroom
-    is dropped only when no type of the fleet could clear it (it was dropped whenever the fleet
-    was busy, and a T4 predicted 2.6% above the requirement measured below it)."""
+    """A run whose requirement only a busy type meets with headroom waits for it, and takes a
+    GPU that meets the requirement itself only when its wait is over; the headroom is dropped at
+    once only when no type of the fleet could clear it (it was dropped whenever the fleet was
+    busy, and a T4 predicted 2.6% above the requirement measured below it)."""
     job = placed_job(model="ResNet-50", batch_size=64, min_throughput=2.0, work_steps=100)
     table, devices, ledger = _two_types(v100_rate=4.6, t4_rate=2.05)
     from gogh_flows.flows.placer import place_with_retry
 
-    with pytest.raises(PlacementTimeout, match="was busy"):
-        place_with_retry(job, "r1", devices=lambda state: devices, ledger=ledger, predict=lambda feats: table,
-                         features=lambda t: job.features, policy="greedy-fastest", versions={}, headroom=0.1,
-                         time_limit_s=0.1, wait_timeout_s=0.3, poll_s=0.1)
-    assert ledger.claimed == []
+    said: list[str] = []
+    now = [0.0]
+    with pytest.MonkeyPatch.context() as mp:  # a clock the waits advance, so the test does not sleep
+        mp.setattr("gogh_flows.flows.placer.time.monotonic", lambda: now[0])
+
+        def sleep(s: float) -> None:
+            if s > 0:
+                assert ledger.claimed == [], "the T4 was taken before the wait for the V100 ended"
+            now[0] += s
+
+        placed = place_with_retry(job, "r1", devices=lambda state: devices, ledger=ledger,
+                                  predict=lambda feats: table, features=lambda t: job.features,
+                                  policy="greedy-fastest", versions={}, headroom=0.1, time_limit_s=0.1,
+                                  wait_timeout_s=30.0, poll_s=10.0, sleep=sleep, on_wait=said.append)
+    # waited the whole wait_timeout_s for the V100, then took the T4 that meets 2.0 itself
+    assert now[0] == 30.0 and placed.gpu_id == "t4-0" and ledger.claimed == ["t4-0"]
+    assert "no GPU met its requirement with the policy's headroom (10%) within 30 s" in said[-1]
     # with no type that could clear 2.0 x 1.1 (the V100 as slow as the T4), the T4 is taken at once
     table, devices, ledger = _two_types(v100_rate=2.0, t4_rate=2.05)
     placed = place_with_retry(job, "r2", devices=lambda state: devices, ledger=ledger, predict=lambda feats: table,

@@ -189,13 +189,19 @@ def place_with_retry(
             placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, headroom,
                                         power_limit_levels, limit_evidence)
             short = next((w for w in placement.waiting if w.job_id == run_id), None)
-            if (short is not None and headroom > 0
-                    and job.required_throughput <= short.best_throughput < job.required_throughput * (1 + headroom)):
-                # no GPU type clears the requirement with headroom, but some clear it exactly:
-                # plan without headroom rather than wait for a GPU that cannot exist; while a type
-                # that clears it with headroom is only busy, wait for it as the headroom asks
-                placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, 0.0,
-                                            power_limit_levels, limit_evidence)
+            if short is not None and headroom > 0 and job.required_throughput <= short.best_throughput:
+                # some GPU type clears the requirement itself. No type clears it with headroom: plan
+                # without headroom rather than wait for a GPU that cannot exist. A type that would is
+                # only busy: wait for it as the headroom asks, and at the end of the wait take a GPU
+                # that meets the requirement itself rather than fail the run
+                no_type = short.best_throughput < job.required_throughput * (1 + headroom)
+                if no_type or elapsed >= wait_timeout_s:
+                    placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, 0.0,
+                                                power_limit_levels, limit_evidence)
+                    if not no_type and run_id in placement.placed_ids and on_wait is not None:
+                        on_wait(f"run {run_id}: no GPU met its requirement with the policy's headroom "
+                                f"({headroom:.0%}) within {wait_timeout_s:g} s; it takes one predicted to meet "
+                                "the requirement itself")
             if patience is not None:
                 placement, held = hold_for_efficiency(placement, problem, {run_id: elapsed}, patience)
                 if run_id in held and held_note is None:
