@@ -146,7 +146,9 @@ _OWN_COMMANDS = frozenset({"demo", "blocks", "serve", "pool", "bench"})
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole parser, or (``command``) one whose only other-module command is that one."""
-    parser = argparse.ArgumentParser(prog="gogh", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="gogh", description="gogh-flows: energy-aware placement of Prefect flow runs on mixed GPU fleets, "
+        "and the tools that evaluate it (simulation, predictors, power limits)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="the whole loop: placed flow runs on an emulated fleet, "
@@ -185,6 +187,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     for name, module in _COMMAND_MODULES.items():
         if command is None or command == name:
             importlib.import_module(module).add_parser(sub)
+        else:  # named, unimported: the usage line lists every command whichever was given
+            sub.add_parser(name)
 
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
@@ -201,7 +205,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-# options naming a file a command writes, and those naming a folder it writes into
+# options naming a file a command writes, and those naming a file or a folder it writes into
+# (a command whose --out is a folder sets ``out_is_folder``)
 _FILE_OUTPUTS = ("json", "plot")
 _FOLDER_OUTPUTS = ("out",)
 
@@ -222,6 +227,17 @@ def check_outputs_writable(args: argparse.Namespace) -> None:
         if name in _FILE_OUTPUTS and path.is_dir():
             suffix = "png" if name == "plot" else "json"
             raise ValueError(f"{option} {value!r} is a folder; give a file name in it (e.g. {path / ('out.' + suffix)})")
+        if name in _FOLDER_OUTPUTS and getattr(args, "out_is_folder", False) and path.exists() and not path.is_dir():
+            raise ValueError(f"{option} {value!r} is a file; it names a folder to write into (one that does not "
+                             "exist yet is made)")
+        if name == "plot":
+            from matplotlib.backend_bases import FigureCanvasBase
+
+            formats = FigureCanvasBase.get_supported_filetypes()
+            if path.suffix.lstrip(".").lower() not in formats:
+                raise ValueError(f"{option} {value!r}: the plot's format comes from its file name's suffix, and "
+                                 f"{path.suffix or 'none'!r} is not one matplotlib writes; use .png (or "
+                                 f"{', '.join('.' + f for f in sorted(formats) if f != 'png')})")
         if path.is_file() and not os.access(path, os.W_OK):
             raise ValueError(f"{option} {value!r} exists and cannot be written; choose another path")
         existing = path if name in _FOLDER_OUTPUTS and path.is_dir() else path.parent

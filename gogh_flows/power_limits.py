@@ -287,13 +287,23 @@ def read_trace(path: Path, gpu_name: str) -> TraceSet:
     gpu = _catalog_gpu(gpu_name)
     if not path.is_file():
         raise FileNotFoundError(f"power trace {path} not found (expected summary_power_{gpu_name}.csv)")
-    df = pl.read_csv(path)
+    try:
+        df = pl.read_csv(path)
+    except pl.exceptions.NoDataError:
+        raise ValueError(f"{path} is empty; expected Zeus's columns {', '.join(COLUMNS)} and one row per run") from None
+    except pl.exceptions.ComputeError as exc:
+        raise ValueError(f"{path} could not be read as CSV ({str(exc).splitlines()[0]})") from None
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise ValueError(f"{path}: missing column(s) {', '.join(missing)} (need {', '.join(COLUMNS)})")
-    df = (df.select(COLUMNS)
-          .with_columns(pl.col("power_limit").cast(pl.Float64), time=pl.col("time_per_epoch").cast(pl.Float64),
-                        power=pl.col("average_power").cast(pl.Float64))
+    try:
+        df = df.select(COLUMNS).with_columns(
+            pl.col("power_limit").cast(pl.Float64), time=pl.col("time_per_epoch").cast(pl.Float64),
+            power=pl.col("average_power").cast(pl.Float64))
+    except pl.exceptions.InvalidOperationError as exc:
+        raise ValueError(f"{path}: power_limit, time_per_epoch and average_power must be numbers "
+                         f"({str(exc).splitlines()[0]})") from None
+    df = (df
           .drop("time_per_epoch", "average_power")
           .filter(pl.col("time").is_finite() & (pl.col("time") > 0) & pl.col("power").is_finite()
                   & (pl.col("power") > 0) & (pl.col("power_limit") > 0)))
@@ -316,6 +326,9 @@ def read_trace(path: Path, gpu_name: str) -> TraceSet:
 def read_traces(data: str | Path) -> dict[str, TraceSet]:
     """Every ``summary_power_<gpu>.csv`` in ``data``, by GPU name."""
     root = Path(data)
+    if root.is_file():
+        raise ValueError(f"--data {str(root)!r} is a file; give the folder that holds it and the other "
+                         f"summary_power_<gpu>.csv files ({root.parent})")
     if not root.is_dir():
         raise FileNotFoundError(f"power-trace folder {root} not found")
     found = {m["gpu"].lower(): root / p.name for p in sorted(root.iterdir()) if (m := TRACE_FILE.match(p.name))}
@@ -671,7 +684,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     fit = psub.add_parser(
         "fit", help="fit the power-limit model on every GPU's curves (the model placements plan limits with)",
         description="Reads every summary_power_<gpu>.csv in --data and fits the power-limit model on all of "
-        "them (form and under-weight chosen by leave-one-GPU-out). Prints the JSON; --out also writes it "
+        "them by unweighted least squares (the form of least leave-one-GPU-out log error). Prints the JSON; --out also writes it "
         "(gogh_flows/power_limit_model.json is the shipped model).")
     fit.add_argument("--data", required=True, help="folder with summary_power_<gpu>.csv files")
     fit.add_argument("--out", help="write the model's JSON to this file")

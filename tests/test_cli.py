@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -214,16 +215,17 @@ def test_simulate_generated_arrivals_on_synthetic_fleet(gavel_dir, tmp_path, mon
     assert data["jobs"] == 25 and set(data["policies"]) == {"oracle", "random"}
 
 
-def test_simulate_announces_jobs_the_fleet_cannot_gang(gavel_dir, tmp_path, monkeypatch):
+def test_simulate_announces_jobs_the_fleet_cannot_gang(gavel_dir, tmp_path, monkeypatch, capsys):
     """Too few GPUs of any type for the 4- and 8-GPU gangs: they are dropped, never silently."""
     import pytest
 
     monkeypatch.setenv("GOGH_GAVEL_DIR", str(gavel_dir))
     out = tmp_path / "small.json"
-    with pytest.warns(UserWarning, match=r"dropped \d+ of 25 jobs"):
-        rc = main(["simulate", "--trace", "generate:25", "--rate", "20", "--cluster", "h100=2,a100=2,t4=2",
-                   "--policy", "oracle", "--json", str(out)])
+    rc = main(["simulate", "--trace", "generate:25", "--rate", "20", "--cluster", "h100=2,a100=2,t4=2",
+               "--policy", "oracle", "--json", str(out)])
     assert rc == 0
+    err = capsys.readouterr().err  # a note for people, not a Python warning with a line of source
+    assert re.search(r"^note: dropped \d+ of 25 jobs", err, re.M) and "UserWarning" not in err
     assert json.loads(out.read_text())["jobs"] < 25
 
 
@@ -269,3 +271,71 @@ def test_a_folder_given_as_an_output_file_is_refused_with_a_file_name_to_use(tmp
     assert main(["bench", "placement", "--gpus", "8", "--running", "4", "--arrivals", "1", "--repeat", "1",
                  "--json", str(out)]) == 0
     assert json.loads(out.read_text())["p50_ms"] > 0
+
+
+@pytest.mark.parametrize(("extra", "match"), [
+    (["--trace", "{gavel}/traces"], r"--trace '.*traces' is a folder; give a .trace file in it \(e.g. .*\.trace\)"),
+    (["--trace", "{tmp}/nope.trace"], r"--trace '.*nope.trace' not found"),
+    (["--trace", "{gavel}/traces/physical_cluster/max_min_fairness.trace", "--rate", "5"],
+     "--rate sets the arrivals of --trace generate:N"),
+    (["--trace", "generate:5", "--rate", "-3"], "--rate must be arrivals per hour > 0"),
+    (["--trace", "generate:5", "--capacity", "0"], "--capacity must be 1"),
+    (["--trace", "generate:5", "--p1-epochs", "0"], "--p1-epochs must be a whole number of epochs >= 1"),
+    (["--trace", "generate:5", "--migration-s", "-60"], "--migration-s must be seconds >= 0"),
+    (["--trace", "generate:5", "--plot", "{tmp}/plot.txt"], "'.txt' is not one matplotlib writes"),
+    (["--trace", "generate:5", "--policy", "orcale"], "unknown simulation policy 'orcale'"),
+    (["--trace", "generate:5", "--policy", "gogh", "--predictors", "{repo}/models/gavel", "--holdout-family", "lm"],
+     r"trained with family 'LM' \(trained without: none\).*--exclude-family LM"),
+])
+def test_simulate_says_which_option_is_wrong_before_anything_runs(extra, match, gavel_dir, tmp_path, capsys):
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    extra = [a.format(gavel=gavel_dir, tmp=tmp_path, repo=repo) for a in extra]
+    assert main(["simulate", "--truth", str(gavel_dir / "simulation_throughputs.json"), "--cluster", "v100=2,k80=2",
+                 *extra]) == 2
+    err = capsys.readouterr().err
+    assert re.search(match, err) and "Traceback" not in err and "note:" not in err  # refused before any job was read
+
+
+def test_calibrate_uses_the_data_the_refiner_was_trained_on(gavel_dir, capsys):
+    """Intervals from other data would be stored as the refiner's own."""
+    from pathlib import Path
+
+    model = str(Path(__file__).resolve().parent.parent / "models" / "gavel")
+    assert main(["predictors", "calibrate", "--truth", "synthetic", "--model", model]) == 2
+    assert "but the refiner in" in capsys.readouterr().err
+    assert main(["predictors", "calibrate", "--model", model, "--exclude-family", "LM"]) == 2
+    assert "trained on every family; drop --exclude-family" in capsys.readouterr().err
+    assert main(["predictors", "train", "--out", __file__]) == 2  # before training, not after
+    assert "is a file; it names a folder to write into" in capsys.readouterr().err
+
+
+def test_power_traces_that_cannot_be_read_are_named(gavel_dir, tmp_path, capsys):
+    import shutil
+
+    zeus = gavel_dir.parent / "zeus"
+    for name in ("summary_power_v100.csv", "summary_power_p100.csv"):
+        shutil.copy(zeus / name, tmp_path / name)
+    lines = (tmp_path / "summary_power_v100.csv").read_text().splitlines()
+    column = lines[0].split(",").index("power_limit")
+    row = lines[2].split(",")
+    row[column] = "max"
+    (tmp_path / "summary_power_v100.csv").write_text("\n".join([*lines[:2], ",".join(row), *lines[3:]]) + "\n")
+    assert main(["power", "evaluate", "--data", str(tmp_path), "--test-gpu", "p100"]) == 2
+    assert "summary_power_v100.csv: power_limit, time_per_epoch and average_power must be numbers" in \
+        capsys.readouterr().err
+    (tmp_path / "summary_power_v100.csv").write_text("")
+    assert main(["power", "evaluate", "--data", str(tmp_path), "--test-gpu", "p100"]) == 2
+    assert "summary_power_v100.csv is empty" in capsys.readouterr().err
+    assert main(["power", "evaluate", "--data", str(zeus / "summary_power_a40.csv"), "--test-gpu", "a40"]) == 2
+    assert "is a file; give the folder that holds it" in capsys.readouterr().err
+
+
+def test_the_usage_line_lists_every_command_whichever_was_given(capsys):
+    from gogh_flows.cli import _COMMAND_MODULES, _OWN_COMMANDS
+
+    with pytest.raises(SystemExit):
+        main(["pool", "status", "tcp://127.0.0.1:1", "--bogus"])
+    usage = capsys.readouterr().err.split("error:")[0]
+    assert all(name in usage for name in (*_OWN_COMMANDS, *_COMMAND_MODULES))

@@ -19,28 +19,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("predictors", help="train and evaluate the throughput predictors (P1, P2)")
     ps = p.add_subparsers(dest="predictors", required=True)
 
+    from gogh_flows.predict.p1 import P1Config
+    from gogh_flows.predict.p2 import P2Config
+
+    P1_EPOCHS, P2_EPOCHS = P1Config.epochs, P2Config.epochs  # noqa: N806 - the help's defaults
+
     def common(x: argparse.ArgumentParser) -> None:
         x.add_argument("--truth", default="synthetic", help=TRUTH_HELP)
         x.add_argument("--encoder", default="transformer", choices=("gru", "ff", "transformer"), help="P1 job encoder")
         x.add_argument("--seed", type=int, default=0)
         x.add_argument("--gpu-types", help="comma-separated GPU types to keep (default: all in the truth)")
-        x.add_argument("--p1-epochs", type=int, help="P1 epochs (default: P1Config's)")
-        x.add_argument("--p2-epochs", type=int, help="P2 epochs (default: P2Config's)")
+        x.add_argument("--p1-epochs", type=int, help=f"P1 epochs (default {P1_EPOCHS})")
+        x.add_argument("--p2-epochs", type=int, help=f"P2 epochs (default {P2_EPOCHS})")
 
     t = ps.add_parser("train", help="train P1 and P2 on all data and write DIR/p1 and DIR/p2")
     common(t)
     t.add_argument("--out", required=True, help="directory to write p1/ and p2/ into")
     t.add_argument("--exclude-family", action="append", default=[],
                    help="leave this model family out of training entirely (repeatable)")
-    t.set_defaults(func=cmd_train)
+    t.set_defaults(func=cmd_train, out_is_folder=True)
 
     c = ps.add_parser("calibrate", help="add calibrated intervals to a trained refiner (DIR/p2), on the data it "
                                         "was trained on")
     common(c)
     c.add_argument("--model", required=True, help="directory holding p1/ and p2/ (as `train --out` wrote it)")
     c.add_argument("--exclude-family", action="append", default=[],
-                   help="the families the model was trained without (as given to train)")
-    c.set_defaults(func=cmd_calibrate)
+                   help="the families the model was trained without (default: as its config.json records)")
+    c.set_defaults(func=cmd_calibrate, truth=None)  # --truth: the model's own unless given
 
     e = ps.add_parser("evaluate", help="leave-one-family-out errors of P1, P2 and the baselines")
     common(e)
@@ -60,6 +65,9 @@ def _configs(args: argparse.Namespace):
     from gogh_flows.predict.p1 import P1Config
     from gogh_flows.predict.p2 import P2Config
 
+    for flag, value in (("--p1-epochs", args.p1_epochs), ("--p2-epochs", args.p2_epochs)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be a whole number of epochs >= 1, got {value}")
     p1 = P1Config(encoder=args.encoder, seed=args.seed)
     if args.p1_epochs is not None:
         p1 = replace(p1, epochs=args.p1_epochs)
@@ -90,7 +98,9 @@ def _data(args: argparse.Namespace, anomalies: list | None = None):
               f"from the rest (a measurement artifact, or a job limited by what the others are not: "
               f"{flagged[0].detail}{' ...' if len(flagged) > 1 else ''}); "
               + ("left out (--exclude-anomalies)" if getattr(args, "exclude_anomalies", False)
-                 else "kept (--exclude-anomalies leaves them out)"), file=sys.stderr)
+                 else "kept (--exclude-anomalies leaves them out)" if hasattr(args, "exclude_anomalies")
+                 else "kept: training uses every entry (`gogh predictors evaluate --exclude-anomalies` "
+                      "scores without them)"), file=sys.stderr)
         if getattr(args, "exclude_anomalies", False):
             table = without_anomalies(table, flagged)
     return table, MeasuredSet.from_table(table)
@@ -198,6 +208,34 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _same_table(given: str, recorded: str) -> bool:
+    """Two names of one truth ("gavel" and the path it reads, a path written from elsewhere)."""
+    from gogh_flows.truth import load_truth
+
+    try:
+        a, b = load_truth(given), load_truth(recorded)
+    except (OSError, ValueError):
+        return False  # the recorded one cannot be read from here: its name is all there is to compare
+    return a.job_types == b.job_types and a.gpu_types == b.gpu_types and a.isolated_frame().equals(b.isolated_frame())
+
+
+def _same_data_as_trained(args: argparse.Namespace, trained_on: dict) -> None:
+    """Intervals calibrated on other data than the refiner learned from would be stored as its
+    own: the truth and the families left out default to the model's, and must match if given."""
+    truth, excluded = trained_on.get("truth"), trained_on.get("excluded_families")
+    if args.truth is None:
+        args.truth = truth or "synthetic"
+    elif truth is not None and args.truth != truth and not _same_table(args.truth, truth):
+        raise ValueError(f"--truth {args.truth!r}, but the refiner in {args.model!r} was trained on {truth!r}; "
+                         f"calibrate on its own data: drop --truth (or give --truth {truth})")
+    if excluded is not None:
+        if args.exclude_family and {f.lower() for f in args.exclude_family} != {f.lower() for f in excluded}:
+            raise ValueError(f"--exclude-family {args.exclude_family}, but the refiner in {args.model!r} was "
+                             + (f"trained without {excluded}" if excluded else "trained on every family")
+                             + "; drop --exclude-family to use its own")
+        args.exclude_family = list(excluded)
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Intervals for a refiner trained before they existed: the same inner split as ``train``."""
     import torch
@@ -210,6 +248,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     p1_cfg, p2_cfg = _configs(args)
     model = Path(args.model) / "p2"
     p2 = load_p2(model)
+    _same_data_as_trained(args, p2.trained_on)
     p2_cfg = p2.config if args.p2_epochs is None else p2_cfg
     if not args.gpu_types:  # the GPU types the refiner was trained on, not all the truth has
         args.gpu_types = ",".join(p2.layout.gpus)

@@ -9,6 +9,7 @@ import argparse
 import json
 import math
 import sys
+import warnings
 from pathlib import Path
 
 from gogh_flows.sim.run import (
@@ -37,6 +38,10 @@ from gogh_flows.truth.gavel import gavel_dir
 from gogh_flows.truth.table import ThroughputTable
 
 
+#: arrivals per hour of ``--trace generate:N`` when ``--rate`` is not given
+DEFAULT_RATE = 6.0
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="compare placement policies on a trace")
     p.add_argument("--truth", default="synthetic", help=TRUTH_HELP)
@@ -53,12 +58,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "to one of its types, same duration on the reference GPU type)")
     p.add_argument("--p1-epochs", type=int, default=100, help="P1 epochs with --holdout-family")
     p.add_argument("--p2-epochs", type=int, default=300, help="P2 epochs with --holdout-family")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seeds the requirements, arrivals and noise (default 0)")
     p.add_argument("--seeds", help="comma-separated seeds (e.g. 0,1,2): one run per seed, then each "
                    "policy's spread over them; overrides --seed")
-    p.add_argument("--rate", type=float, default=6.0, help="arrivals per hour for generate:N")
-    p.add_argument("--noise", type=float, default=0.0, help="log-normal sigma on true throughputs")
-    p.add_argument("--capacity", type=int, default=2, help="jobs per GPU: 1 exclusive, 2 pairs may share")
+    p.add_argument("--rate", type=float, default=None,
+                   help=f"arrivals per hour for generate:N (default {DEFAULT_RATE:g}); a trace file has its own")
+    p.add_argument("--noise", type=float, default=0.0, help="log-normal sigma on true throughputs (default 0)")
+    p.add_argument("--capacity", type=int, default=2, help="jobs per GPU: 1 exclusive, 2 pairs may share (default 2)")
     p.add_argument("--rltune-model", default=None,
                    help="the rltune peer's trained agent (a directory written by `gogh rltune train --out`; "
                         "default: the shipped models/rltune)")
@@ -105,8 +111,9 @@ def _jobs(args: argparse.Namespace, truth: ThroughputTable, gpus: list):
         dist = load_philly_distribution(gavel_dir() / "traces" / "philly_job_distribution.csv")
         best = best_isolated(truth, gpus)
         runnable = [j for j in (family or truth.job_types) if best(j, 1) > 0]
-        jobs = generate_arrivals(n, rate_per_hour=args.rate, job_types=runnable, distribution=dist,
-                                 seed=args.seed, throughput_of=reference_throughput(truth, ref))
+        jobs = generate_arrivals(n, rate_per_hour=DEFAULT_RATE if args.rate is None else args.rate,
+                                 job_types=runnable, distribution=dist, seed=args.seed,
+                                 throughput_of=reference_throughput(truth, ref))
     else:
         jobs = read_trace(args.trace, max_gpus=8)
         if family is not None:
@@ -127,7 +134,12 @@ def _jobs(args: argparse.Namespace, truth: ThroughputTable, gpus: list):
         q_low, q_high = (float(x) for x in args.requirement_q.split(","))
     except ValueError:
         raise ValueError(f"--requirement-q must be LOW,HIGH, got {args.requirement_q!r}") from None
-    return prepare_jobs(jobs, truth, gpus, seed=args.seed, q_low=q_low, q_high=q_high)
+    with warnings.catch_warnings(record=True) as caught:  # a note for people, not a Python warning
+        warnings.simplefilter("always")
+        ready = prepare_jobs(jobs, truth, gpus, seed=args.seed, q_low=q_low, q_high=q_high)
+    for w in caught:
+        print(f"note: {w.message}", file=sys.stderr)
+    return ready
 
 
 def _predictors(args: argparse.Namespace, truth: ThroughputTable, names: list[str]):
@@ -256,6 +268,54 @@ def _patience(args: argparse.Namespace):
     return Patience(hours * 3600.0, saving)
 
 
+def _check_arguments(args: argparse.Namespace, truth: ThroughputTable, names: list[str]) -> None:
+    """What can be checked before any job is read or model trained, with the option it concerns."""
+    from gogh_flows.sim.run import make_policy
+
+    if not names:
+        raise ValueError("--policy names no policy; e.g. --policy oracle,greedy-fastest")
+    for name in names:  # an unknown name is refused here, with the list and the modifiers' order
+        if name not in ALL_POLICIES:
+            make_policy(name, truth, args.seed)
+    generated = args.trace.startswith("generate:")
+    if not generated:
+        trace = Path(args.trace).expanduser()
+        if trace.is_dir():
+            raise ValueError(f"--trace {args.trace!r} is a folder; give a .trace file in it (e.g. "
+                             f"{next(iter(sorted(trace.rglob('*.trace'))), trace / 'NAME.trace')}) or generate:N")
+        if not trace.is_file():
+            raise ValueError(f"--trace {args.trace!r} not found; give a .trace file (Gavel's are in "
+                             f"{(gavel_dir() / 'traces').resolve()}) or generate:N")
+        if args.rate is not None:
+            raise ValueError(f"--rate sets the arrivals of --trace generate:N; the trace {args.trace!r} has its "
+                             "own arrival times. Drop --rate, or use generate:N")
+    elif args.rate is not None and not (math.isfinite(args.rate) and args.rate > 0):
+        raise ValueError(f"--rate must be arrivals per hour > 0, got {args.rate:g}")
+    if args.migration_s < 0 or not math.isfinite(args.migration_s):
+        raise ValueError(f"--migration-s must be seconds >= 0, got {args.migration_s:g}")
+    for flag, value in (("--p1-epochs", args.p1_epochs), ("--p2-epochs", args.p2_epochs)):
+        if value < 1:
+            raise ValueError(f"{flag} must be a whole number of epochs >= 1, got {value}")
+    if args.predictors and args.holdout_family:
+        _check_holdout_predictors(args.predictors, args.holdout_family)
+
+
+def _check_holdout_predictors(directory: str, family: str) -> None:
+    """Loaded predictors that saw the held-out family would make its figures in-sample."""
+    from gogh_flows.predict.io import load_p1
+
+    p1_dir = Path(directory) / "p1"
+    if not p1_dir.is_dir():
+        return  # load_predictors says what is missing
+    excluded = load_p1(p1_dir).trained_on.get("excluded_families") or []
+    if family.lower() not in {f.lower() for f in excluded}:
+        raise ValueError(
+            f"--predictors {directory!r} were trained with family {family!r} (trained without: "
+            f"{', '.join(excluded) or 'none'}), so with --holdout-family {family!r} the learned policies would be "
+            f"scored on jobs their predictors saw. Drop --predictors to train here without it, or train them "
+            f"without it: gogh predictors train --exclude-family {family} --out DIR")
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     import polars as pl
 
@@ -264,6 +324,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from gogh_flows.predict.data import MeasuredSet
 
         args.holdout_family = MeasuredSet.from_table(truth).family_named(args.holdout_family)
+    if args.capacity not in (1, 2):
+        raise ValueError(f"--capacity must be 1 (one job per GPU) or 2 (pairs may share), got {args.capacity}: "
+                         "the predictors and the truth tables know pairs at most")
     gpus = parse_cluster(args.cluster, capacity=args.capacity)
     types = sorted({g.gpu_type for g in gpus})
     missing = [t for t in types if t not in truth.gpu_types]
@@ -271,6 +334,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         raise ValueError(f"cluster GPU types {missing} are not in the truth table "
                          f"({truth.source}); it covers {list(truth.gpu_types)}")
     names = [n.strip() for n in args.policy.split(",") if n.strip()]
+    _check_arguments(args, truth, names)
     seeds = _seeds(args)
     if args.risk_level is not None and not any(base_policy(n) in LEARNED_POLICIES for n in names):
         raise ValueError(f"--risk-level applies to the learned policies ({', '.join(LEARNED_POLICIES)}) and "
