@@ -598,6 +598,8 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
     start = time.perf_counter()
     families, jobs, by_type, weights = {}, {}, {}, {}
     counts: dict[str, dict[str, list[int]]] = {m: {} for m in METHODS}
+    if progress is not None:  # the clock starts now, not when the first family is done
+        progress("held-out families", 0, len(holdouts))
     for i, h in enumerate(holdouts):
         result = evaluate_holdout(full, h, config, log)
         families[h] = result.metrics
