@@ -483,3 +483,42 @@ def test_measurement_rows_round_trip_through_spool_json(tmp_path: Path):
     record = json.loads(json.dumps({**m.to_row(), "spooled_at": time.time()}))
     assert Measurement.from_row(record) == m
     assert dataclasses.replace(m, run_id="other").key == "other:gpu-0"
+
+
+def test_a_table_that_cannot_be_written_loses_no_measurement(mlog: MeasurementLog, uri: str, monkeypatch):
+    """A full or read-only disk under the table: the row waits in the spool, whose flush adds it
+    to the table and MLflow (it was logged as an error and dropped, the flow run Completed)."""
+    from gogh_flows.tracking.measurements import MeasurementLost
+
+    real_append = mlog.table.append
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(mlog.table, "append", refuse)
+    assert mlog.log(measurement(1), defer=True) is None
+    assert mlog.read().height == 0 and len(mlog.spooled()) == 1
+    assert mlog.flush_spool() == 0  # the table still refuses: it stays spooled, MLflow waits with it
+    assert len(mlog.spooled()) == 1 and not mlflow_runs(uri)
+    monkeypatch.setattr(mlog.table, "append", real_append)
+    assert mlog.flush_spool() == 1
+    assert mlog.read()["key"].to_list() == [measurement(1).key] and len(mlflow_runs(uri)) == 1
+    assert not mlog.spooled()
+
+    # the spool refuses too: MLflow takes it now
+    monkeypatch.setattr(mlog.table, "append", refuse)
+    real_spool = mlog._spool
+    monkeypatch.setattr(mlog, "_spool", lambda *a, **k: refuse())
+    assert mlog.log(measurement(2), defer=True)  # the MLflow run id
+    assert len(mlflow_runs(uri)) == 2
+    # and MLflow too: nothing could keep it, so the error holds the row
+    monkeypatch.setattr(mlog, "_write_mlflow", lambda *a, **k: (_ for _ in ()).throw(ConnectionError("down")))
+    with pytest.raises(MeasurementLost, match=r"table .*spool .*MLflow \(ConnectionError: down\).*\"run_id\": \"flow-run-3\""):
+        mlog.log(measurement(3), defer=True)
+
+    # a table that takes the row but a spool that does not: MLflow is written now, not skipped
+    monkeypatch.setattr(mlog.table, "append", real_append)
+    monkeypatch.setattr(mlog, "_write_mlflow", MeasurementLog._write_mlflow.__get__(mlog))
+    assert mlog.log(measurement(4), defer=True)
+    assert len(mlflow_runs(uri)) == 3 and measurement(4).key in mlog.read()["key"].to_list()
+    monkeypatch.setattr(mlog, "_spool", real_spool)

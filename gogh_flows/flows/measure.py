@@ -109,7 +109,7 @@ def record_run(session: Session, job: JobSpec, placement: RunPlacement, outcome:
                               device=session.pool.device(placement.gpu_id).where)
         session.measurements.log(m, defer=True)  # durable now; the session's mirror writes MLflow
         session.mirror.kick()
-    except Exception as exc:
+    except Exception as exc:  # MeasurementLost holds the row; anything else failed before it was built
         log.error("gogh: could not record the measurement of run %s on %s: %s", placement.run_id,
                   placement.gpu_id, exc)
 

@@ -59,6 +59,7 @@ TELEMETRY = ("nvml", "emulated", "wallclock", "none")
 #: what a measurement's throughput covers (see Measurement.window)
 WINDOWS = ("steady", "whole_run", "emulated")
 KEY_TAG = "gogh.measurement_key"
+TABLE_PENDING = "table_pending"  # a spooled record the table could not take yet
 COMPLETE_TAG = "gogh.logged"  # set in the same batch as the metrics: marks a whole run
 EMULATED_TIME_TAG = "gogh.emulated_time"  # "true": the run's times are the emulated GPU's, not wall time
 _LOCK_TIMEOUT_S = 120.0
@@ -349,8 +350,10 @@ class MeasurementLog:
         return run_id
 
     # -- spool --------------------------------------------------------------------------
-    def _spool(self, m: Measurement, error: BaseException) -> Path:
-        record = {**m.to_row(), "spooled_at": time.time(), "error": f"{type(error).__name__}: {error}"}
+    def _spool(self, m: Measurement, error: BaseException, *, table_pending: bool = False) -> Path:
+        """``table_pending``: the table could not take the row; the flush adds it there first."""
+        record = {**m.to_row(), "spooled_at": time.time(), "error": f"{type(error).__name__}: {error}",
+                  **({TABLE_PENDING: True} if table_pending else {})}
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in m.key)[:120]
         name = f"{int(m.started_at * 1000):015d}-{safe}-{uuid.uuid4().hex[:8]}.json"
         tmp = self.spool_dir / f".{name}.tmp"
@@ -385,12 +388,20 @@ class MeasurementLog:
         with self._spool_lock():
             for path in self.spooled():
                 try:
-                    m = Measurement.from_row(json.loads(path.read_text(encoding="utf-8")))
+                    record = json.loads(path.read_text(encoding="utf-8"))
+                    m = Measurement.from_row(record)
                 except (OSError, ValueError, TypeError) as exc:
                     bad = path.with_suffix(".json.bad")
                     os.replace(path, bad)
                     log.error("spooled measurement %s is unreadable (%s); kept as %s for inspection", path, exc, bad)
                     continue
+                if record.get(TABLE_PENDING):
+                    try:
+                        self._append(m)  # a retry that finds it there is a no-op
+                    except OSError as exc:
+                        log.warning("the table %s still cannot take measurement %s (%s); it stays spooled",
+                                    self.table_path, m.key, exc)
+                        continue
                 try:
                     self._write_mlflow(m, check_existing=True)
                 except Exception as exc:  # noqa: BLE001 - any failure: keep it spooled
@@ -403,27 +414,65 @@ class MeasurementLog:
                 written += 1
         return written
 
+    def _table_unwritable(self, m: Measurement, error: OSError) -> str | None:
+        """Where a measurement goes when the table cannot take it: the spool, whose flush adds it
+        to the table and MLflow; failing that, MLflow now; failing both, an error that holds it."""
+        try:
+            path = self._spool(m, error, table_pending=True)
+        except OSError as exc:
+            spool_error = exc  # the except clause's own name does not outlive it
+        else:
+            log.error("measurement %s could not be added to the table %s (%s); spooled to %s: the next flush "
+                      "adds it to the table and to MLflow", m.key, self.table_path, error, path)
+            return None
+        try:
+            run_id = self._write_mlflow(m, check_existing=True)
+        except Exception as mlflow_error:  # noqa: BLE001 - said, with the row, below
+            raise MeasurementLost(
+                f"measurement {m.key} could not be recorded: the table ({error}), the spool ({spool_error}) and "
+                f"MLflow ({type(mlflow_error).__name__}: {mlflow_error}) all refused it. Its row, to add by hand "
+                f"(MeasurementLog.log(Measurement.from_row(row))): {json.dumps(m.to_row(), default=str)}"
+            ) from error
+        log.error("measurement %s could not be added to the table %s (%s) nor spooled (%s); it is in MLflow run "
+                  "%s only", m.key, self.table_path, error, spool_error, run_id)
+        return run_id
+
     # -- the entry point ----------------------------------------------------------------
     def log(self, m: Measurement, *, defer: bool = False) -> str | None:
         """Record `m`: parquet table first, then MLflow; returns the MLflow run id, or None if spooled.
 
-        An error writing the parquet table is raised (nothing has been recorded then). Any
-        MLflow error is not: the measurement goes to the spool with a warning.
+        Nothing that can still be kept is dropped: a table that cannot take the row (a full or
+        read-only disk) sends it to the spool, whose flush adds it to the table and MLflow, or
+        failing that to MLflow now; only when all three refuse is :class:`MeasurementLost`
+        raised, holding the row. An MLflow error is never raised: the measurement is spooled.
         ``defer=True`` spools the MLflow write on purpose (durable, ~10 ms) for a background
         ``flush_spool()``: what a flow run does so MLflow is off its critical path.
         """
         if not isinstance(m, Measurement):
             raise TypeError(f"MeasurementLog.log expects a Measurement, got {type(m).__name__}")
-        appended = self._append(m)
+        try:
+            appended = self._append(m)
+        except OSError as exc:  # a full or read-only disk: keep it elsewhere, never drop it
+            return self._table_unwritable(m, exc)
         if defer:
-            self._spool(m, DeferredWrite("written to MLflow in the background"))
-            return None
+            try:
+                self._spool(m, DeferredWrite("written to MLflow in the background"))
+                return None
+            except OSError as exc:  # the spool cannot take it: write MLflow now, or the table runs ahead
+                log.warning("measurement %s is in the table but could not be spooled for MLflow (%s); writing "
+                            "MLflow now", m.key, exc)
         if not appended:
             log.info("measurement %s is already in %s; making sure MLflow has it too", m.key, self.table_path)
         try:
             run_id = self._write_mlflow(m, check_existing=not appended)
         except Exception as exc:  # noqa: BLE001 - MLflow must never lose a measurement
-            path = self._spool(m, exc)
+            try:
+                path = self._spool(m, exc)
+            except OSError as spool_error:
+                log.error("measurement %s is in the table %s but neither MLflow (%s: %s) nor the spool (%s) took "
+                          "it: MLflow will lack it; log it again with MeasurementLog.log(m) (the table keeps one "
+                          "row per key)", m.key, self.table_path, type(exc).__name__, exc, spool_error)
+                return None
             log.warning("MLflow logging of measurement %s failed (%s: %s); spooled to %s, retry with flush_spool()",
                         m.key, type(exc).__name__, exc, path)
             return None
@@ -433,6 +482,10 @@ class MeasurementLog:
             except Exception as exc:  # noqa: BLE001 - the measurement itself is safe already
                 log.warning("flushing the measurement spool failed: %s", exc)
         return run_id
+
+
+class MeasurementLost(RuntimeError):
+    """A measurement that neither the table, nor the spool, nor MLflow could take."""
 
 
 class DeferredWrite(Exception):
