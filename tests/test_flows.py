@@ -632,3 +632,14 @@ def test_a_placing_process_connects_again_after_dask_gave_up_on_its_scheduler(go
         assert second is not first and second.pool.client.status == "running"
         rows = second.measurements.read()
         assert rows.height == 2 and (rows["status"] == "completed").all()  # both runs measured, once each
+
+        # a process that places nothing more connects again by itself, from its mirror, so what lost
+        # placing processes left for its store is still delivered (it waited for the next run)
+        with pytest.raises(ConnectionError, match="stopped reconnecting to the pool's scheduler at tcp://"):
+            second.pool.client.close() or second.pool.ledger.state()  # was: AttributeError on NoneType
+        deadline = time.monotonic() + 60
+        while not open_sessions() or second in open_sessions().values():
+            assert time.monotonic() < deadline, "the idle process never connected again"
+            time.sleep(0.2)
+        third = _env()
+        assert third.pool.client.status == "running" and third.pool.ledger.state().workers

@@ -26,6 +26,7 @@ from gogh_flows.flows.observations import ObservationCache
 from gogh_flows.flows.predictors import forget_predictor_sources
 from gogh_flows.flows.startup import starting
 from gogh_flows.runtime.pool import GpuPool, open_pool
+from gogh_flows.runtime.probe import probe_scheduler
 from gogh_flows.tracking.measurements import MeasurementLog
 from gogh_flows.truth import load_truth
 
@@ -94,7 +95,7 @@ class Session:
             collect = None
             if cluster.mode == "remote":
                 pool.ledger.store = measurements.store
-                collect = functools.partial(deliver_lost_runs, pool.ledger, measurements)
+                collect = functools.partial(_collect_or_reconnect, cluster, tracking_uri, pool, measurements)
             mirror = SpoolFlusher(measurements, collect=collect)
             stack.callback(mirror.stop)
             session = cls(cluster=cluster, pool=pool, measurements=measurements,
@@ -141,6 +142,20 @@ def _scheduler_lost(session: Session) -> bool:
     """
     client = getattr(session.pool, "client", None)
     return session.cluster.mode == "remote" and client is not None and client.status in ("closing", "closed")
+
+
+def _collect_or_reconnect(cluster: GpuCluster, tracking_uri: str, pool: GpuPool,
+                          measurements: MeasurementLog) -> object:
+    """What the mirror does every few seconds on a remote pool: deliver what lost placing
+    processes left in the ledger for this store. Once Dask gave up on the scheduler, a process
+    that places nothing more would never notice (only a new run replaces its session) and
+    would leave those measurements waiting: reconnect it as soon as the scheduler answers."""
+    if pool.client.status not in ("closing", "closed"):
+        return deliver_lost_runs(pool.ledger, measurements)
+    probe_scheduler(cluster.address, 5.0)  # SchedulerUnreachable while it is still away: try again later
+    # not from this thread: replacing the session stops this mirror, which waits for its thread
+    threading.Thread(target=shared_session, args=(cluster, tracking_uri), name="gogh-reconnect", daemon=True).start()
+    return None
 
 
 def shared_session(cluster: GpuCluster, tracking_uri: str) -> Session:

@@ -112,6 +112,7 @@ class PoolLedger:
 
     def __init__(self, client: Client, *, lease_timeout_s: float | None = None, register: bool = True) -> None:
         self.client = client
+        self.address = client.scheduler.address  # kept: a closed client no longer says
         # the tracking store (``MeasurementLog.store``) this process logs to: if it is lost, the
         # processes that log there are handed its runs (``collect``)
         self.store: str | None = None
@@ -132,6 +133,11 @@ class PoolLedger:
         its client stopped reconnecting, which says neither what was lost nor what happens next.
         """
         bounded = timeout_s is not None and math.isfinite(timeout_s)
+        if self.client.status in ("closing", "closed"):  # Dask's own error: 'NoneType' has no attribute ...
+            raise SchedulerUnreachable(
+                f"this process's Dask client stopped reconnecting to the pool's scheduler at {self.address} (it "
+                "was away longer than the client's timeout); this process connects again at its next run, or once the scheduler "
+                "answers")
         try:
             return self.client.sync(getattr(self.client.scheduler, op),
                                     callback_timeout=timeout_s if bounded else None, **kwargs)
@@ -139,7 +145,7 @@ class PoolLedger:
             raise  # TimeoutError is an OSError too: the scheduler is there but slow, or hung
         except OSError as exc:  # CommClosedError, a refused or reset connection
             raise SchedulerUnreachable(
-                f"lost the connection to the pool's Dask scheduler at {self.client.scheduler.address} "
+                f"lost the connection to the pool's Dask scheduler at {self.address} "
                 f"({type(exc).__name__}: {exc}). Dask tries to reconnect for its client's timeout (10 s "
                 "by default), then gives up; this process's next run connects again, and says so if the "
                 "scheduler is still down") from exc
