@@ -609,6 +609,58 @@ def test_a_run_whose_scheduler_stops_answering_is_lost_with_the_reason():
         await_run(Ledger(TimeoutError()), never_done, placement, start_within_s=60, check_s=0.01)
 
 
+def test_a_dropped_connection_to_the_scheduler_logs_the_workers_record_of_the_run(gogh_home, monkeypatch):
+    """Dask cancels a disconnected client's runs even when it reconnects at once: the body is
+    stopped on its worker, whose record (the steps it did) must be the one logged, not this
+    process's (no step), and the flow run is ended Failed by this process, not Crashed."""
+    from prefect.client.orchestration import get_client
+
+    from gogh_flows.runtime import emulated_pool
+
+    monkeypatch.setenv("GOGH_EMULATED", "1")
+    with emulated_pool("a100=1", processes=True, capacity=2) as pool:
+        cluster = GpuCluster(mode="remote", address=pool.address)
+
+        @gogh_placed(model="ResNet-18", batch_size=32, min_throughput=0.5, work_steps=400, cluster=cluster,
+                     warmup_steps=0)
+        def long_run() -> None:
+            for _ in range(400):
+                current_placement().advance(1)
+                time.sleep(0.05)
+
+        raised: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                long_run()
+            except BaseException as exc:  # noqa: BLE001 - looked at below
+                raised.append(exc)
+
+        runner = threading.Thread(target=call)
+        runner.start()
+        deadline = time.monotonic() + 120
+        while not (open_sessions() and any(lease.started_at for lease in _env().pool.ledger.state().leases)):
+            assert time.monotonic() < deadline and runner.is_alive(), raised
+            time.sleep(0.2)
+        time.sleep(1.0)  # some steps done
+        client = _env().pool.client
+
+        async def drop() -> None:  # what a network blip does: Dask reconnects the same client
+            client.scheduler_comm.comm.abort()
+
+        client.sync(drop)
+        runner.join(timeout=120)
+        assert not runner.is_alive() and len(raised) == 1
+        assert "connection to the pool's scheduler dropped" in str(raised[0])
+        rows = _env().measurements.read()
+        assert rows.height == 1
+        row = rows.row(0, named=True)
+        assert row["status"] == "failed" and row["steps"] > 0 and "worker" in json.loads(row["extra"])["logged_by"]
+        with get_client(sync_client=True) as prefect:
+            state = prefect.read_flow_run(row["run_id"].split("#")[0]).state
+        assert state.is_failed() and not state.is_crashed()
+
+
 def test_a_placing_process_connects_again_after_dask_gave_up_on_its_scheduler(gogh_home, monkeypatch, caplog):
     """Dask reconnects a client only while its scheduler is back within the client's timeout, then
     closes it; the process's later runs must reach the scheduler again, not fail for good."""

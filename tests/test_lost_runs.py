@@ -90,3 +90,24 @@ def test_a_run_prefect_cannot_be_told_about_stays_with_the_ledger(tmp_path, monk
 def test_only_flow_runs_are_marked():
     assert not crash_flow_run("local-0123456789ab", "lost")  # called outside any flow run
     assert not crash_flow_run("00000000-0000-4000-8000-000000000000", "lost")  # not on this server
+
+
+def test_a_run_this_process_still_ends_is_logged_but_not_marked_crashed(tmp_path):
+    """After a dropped connection the placer collects its own run's worker record; it ends the
+    flow run itself (Failed, with the reason), so the delivery must not mark it Crashed."""
+    from prefect.states import Running
+
+    from gogh_flows.flows.lost_runs import handling
+
+    run = _flow_run(Running())
+    m = Measurement(run_id=str(run.id), flow_name="f", job_type="LM", family="LM", batch_size=20,
+                    gpu_id="a100-0", gpu_type="a100", device="a100-0@a100-0", partners=(), required_throughput=1.0,
+                    predicted_throughput=2.0, steps=47.0, duration_s=4.0, throughput=2.0, mean_power_w=None,
+                    energy_j=None, status="failed", telemetry="emulated", started_at=1.0, flow_run_url=None,
+                    extra={"logged_by": "worker"})
+    log = MeasurementLog(f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "measurements")
+    ledger = _Ledger([LostRun(str(run.id), m.to_row(), "a100-0", placer_gone=True)])
+    with handling(str(run.id)):
+        assert deliver_lost_runs(ledger, log) == 1
+    assert _state(run.id).is_running() and ledger.done == [str(run.id)]
+    assert log.read()["steps"].to_list() == [47.0]

@@ -324,6 +324,10 @@ def test_a_placer_that_comes_back_is_not_reported_lost():
     plugin.remove_client(Scheduler(), "placer-1")  # the connection dropped...
     plugin.deposit("r2", "s", {"run_id": "r2"}, client="placer-1", gpu_id="v100-0")
     assert plugin.collect("s", "other")["rows"] == []  # not before a lease timeout
+    # ...but its own placer, back, takes its worker's record at once (Dask cancelled the run)
+    mine = plugin.collect("s", "placer-1")["rows"]
+    assert [(r["run_id"], r["placer_gone"]) for r in mine] == [("r2", False)]
+    plugin.undelivered["r2"]["taker"] = None  # as if that collector had left
     time.sleep(0.45)
     rows = plugin.collect("s", "other")["rows"]  # ...and it came back: r1 forgotten, r2's measurement kept
     assert [(r["run_id"], r["placer_gone"]) for r in rows] == [("r2", False)]

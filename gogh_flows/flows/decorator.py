@@ -42,6 +42,7 @@ from gogh_flows.flows.current import _CURRENT, CurrentPlacement
 from gogh_flows.flows.predictors import predictor_source
 from gogh_flows.predict.intervals import NoIntervalsError
 from gogh_flows.flows.session import Session, shared_session
+from gogh_flows.flows.lost_runs import handling, take_workers_record
 from gogh_flows.flows.measure import record_if_placer_lost, record_run
 from gogh_flows.placement.patience import Patience
 from gogh_flows.flows.placer import PlacementTimeout, RunLost, RunPlacement, place_with_retry
@@ -334,6 +335,14 @@ def _done_event(future: Any) -> threading.Event:
     return done
 
 
+def _lease_held(ledger: PoolLedger, run_id: str) -> bool:
+    """Whether the ledger still holds ``run_id``'s slot (no: freed, unknown, or no answer)."""
+    try:
+        return ledger.get(run_id, timeout_s=_CLEANUP_TIMEOUT_S) is not None
+    except Exception:  # noqa: BLE001 - unknown counts as not held: the run is lost either way
+        return False
+
+
 def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start_within_s: float,
               check_s: float = 1.0, cancelled_in_prefect: Callable[[], bool] | None = None,
               prefect_check_s: float = 5.0) -> Any:
@@ -354,7 +363,14 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
 
     def outcome() -> Any:
         if future.status == "cancelled":
-            # a client cut off from its scheduler cancels every future it holds, workers alive or not
+            # a client cut off from its scheduler cancels every future it holds, workers alive or
+            # not; a lease still held says the worker lives: it stops the body and reports it
+            if _lease_held(ledger, run_id):
+                raise RunLost(f"run {run_id} on {placement.gpu_id} was cancelled by Dask before the body returned: "
+                              "this process's connection to the pool's scheduler dropped, and Dask cancels a "
+                              "disconnected client's runs. The body is stopped on its worker, whose record of "
+                              "what it did is logged as the run's measurement (failed); retry the flow run",
+                              worker_reports=True)
             why = ("its worker was lost" if future.client.status == "running"
                    else "the connection to the pool's scheduler was lost")
             raise RunLost(f"run {run_id} on {placement.gpu_id} was cancelled by Dask ({why}) "
@@ -436,49 +452,56 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
     in_process = session.pool.address.startswith("inproc://")  # thread workers of this process
     token = ""
     cancellation = PrefectCancellation.for_run(flow_run)
-    try:
-        where = {"gpu_id": placement.gpu_id, "job_type": job.job_type, "run_id": ledger_id, "hold_lease": True,
-                 "warmup_steps": settings.warmup_steps, "power_limit_w": placement.power_limit_w,
-                 "required_throughput": placement.required_throughput,
-                 # a user's own model: the emulated fleet computes its figures from these
-                 "features": job.features if job.family is None else None}
-        if in_process:
-            token = uuid.uuid4().hex
-            _LOCAL_BODIES[token] = (fn, args, kwargs, serialize_context())
-            future = session.pool.submit(_execute_local, token, placement, job.work_steps, **where)
-        else:
-            # a shared pool outlives this process: if it is lost, the worker hands in the measurement
-            lost = functools.partial(record_if_placer_lost, job, placement, started, flow_run, flow_name,
-                                     session.pool.device(placement.gpu_id).where, session.measurements.store)
-            future = session.pool.submit(_execute_body, fn, args, kwargs, serialize_context(), placement,
-                                     job.work_steps, record_if_placer_lost=lost, **where)
-        left = max(0.0, wait_s - placement.waited_s)
-        outcome = await_run(ledger, future, placement, start_within_s=left + _START_GRACE_S,
-                            cancelled_in_prefect=cancellation)
-    except BaseException as exc:  # the pool failed, the worker left, or this process is interrupted
-        error = exc
-        raise
-    finally:
-        if in_process:
-            _LOCAL_BODIES.pop(token, None)
-        if outcome is None:
-            # abandoned before the body returned (the flow run was cancelled, this process is
-            # interrupted, the worker left): ask the body to stop at its next progress report
-            # and keep what it measured up to there. The slot is freed now only if the body
-            # never started; a running body keeps it until it has really stopped, then its
-            # worker frees it.
-            _quietly(ledger.cancel, ledger_id, reason=f"its flow run was stopped ({type(error).__name__})",
-                     timeout_s=_CLEANUP_TIMEOUT_S)
-            if future is not None:
-                outcome = _stopped_outcome(ledger, ledger_id, future)
-                if outcome is None:
-                    future.cancel()
-        _quietly(ledger.release, ledger_id, if_unstarted=True, timeout_s=_CLEANUP_TIMEOUT_S)
-        session.notify_released()
-        record_run(session, job, placement, outcome, error, started=started, flow_run=flow_run,
-                   flow_name=flow_name)
-        if cancellation is not None and cancellation.seen:
-            cancellation.finish(f"gogh: cancelled; its body was stopped on {placement.gpu_id} and its GPU freed")
+    # this process ends the run itself: a delivery of its worker's record (after a dropped
+    # connection) logs it but does not mark the flow run Crashed
+    with handling(ledger_id):
+        try:
+            where = {"gpu_id": placement.gpu_id, "job_type": job.job_type, "run_id": ledger_id, "hold_lease": True,
+                     "warmup_steps": settings.warmup_steps, "power_limit_w": placement.power_limit_w,
+                     "required_throughput": placement.required_throughput,
+                     # a user's own model: the emulated fleet computes its figures from these
+                     "features": job.features if job.family is None else None}
+            if in_process:
+                token = uuid.uuid4().hex
+                _LOCAL_BODIES[token] = (fn, args, kwargs, serialize_context())
+                future = session.pool.submit(_execute_local, token, placement, job.work_steps, **where)
+            else:
+                # a shared pool outlives this process: if it is lost, the worker hands in the measurement
+                lost = functools.partial(record_if_placer_lost, job, placement, started, flow_run, flow_name,
+                                         session.pool.device(placement.gpu_id).where, session.measurements.store)
+                future = session.pool.submit(_execute_body, fn, args, kwargs, serialize_context(), placement,
+                                         job.work_steps, record_if_placer_lost=lost, **where)
+            left = max(0.0, wait_s - placement.waited_s)
+            outcome = await_run(ledger, future, placement, start_within_s=left + _START_GRACE_S,
+                                cancelled_in_prefect=cancellation)
+        except BaseException as exc:  # the pool failed, the worker left, or this process is interrupted
+            error = exc
+            raise
+        finally:
+            if in_process:
+                _LOCAL_BODIES.pop(token, None)
+            if outcome is None:
+                # abandoned before the body returned (the flow run was cancelled, this process is
+                # interrupted, the worker left): ask the body to stop at its next progress report
+                # and keep what it measured up to there. The slot is freed now only if the body
+                # never started; a running body keeps it until it has really stopped, then its
+                # worker frees it.
+                _quietly(ledger.cancel, ledger_id, reason=f"its flow run was stopped ({type(error).__name__})",
+                         timeout_s=_CLEANUP_TIMEOUT_S)
+                if future is not None:
+                    outcome = _stopped_outcome(ledger, ledger_id, future)
+                    if outcome is None:
+                        future.cancel()
+            _quietly(ledger.release, ledger_id, if_unstarted=True, timeout_s=_CLEANUP_TIMEOUT_S)
+            session.notify_released()
+            if isinstance(error, RunLost) and error.worker_reports and not in_process:
+                # the worker's record has the steps the body did; this process's would have none
+                take_workers_record(ledger, session.measurements, f"{ledger_id}:{placement.gpu_id}",
+                                    wait_s=ledger.lease_timeout_s / 4 + 5.0)
+            record_run(session, job, placement, outcome, error, started=started, flow_run=flow_run,
+                       flow_name=flow_name)
+            if cancellation is not None and cancellation.seen:
+                cancellation.finish(f"gogh: cancelled; its body was stopped on {placement.gpu_id} and its GPU freed")
     return outcome.unwrap()
 
 

@@ -10,13 +10,39 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from gogh_flows.tracking.errors import short_error
 from gogh_flows.tracking.measurements import Measurement, MeasurementLog
 
 log = logging.getLogger("gogh_flows")
+
+#: runs this process is still ending itself (a delivery of their worker's record must not
+#: mark their flow runs Crashed: the process ends them, with the reason)
+_HANDLED: set[str] = set()
+_HANDLED_LOCK = threading.Lock()
+
+
+@contextmanager
+def handling(run_id: str) -> Iterator[None]:
+    """While the block runs, this process ends ``run_id`` itself."""
+    with _HANDLED_LOCK:
+        _HANDLED.add(run_id)
+    try:
+        yield
+    finally:
+        with _HANDLED_LOCK:
+            _HANDLED.discard(run_id)
+
+
+def _handled(run_id: str) -> bool:
+    with _HANDLED_LOCK:
+        return run_id in _HANDLED
 
 
 def deliver_lost_runs(ledger: Any, measurements: MeasurementLog) -> int:
@@ -45,7 +71,7 @@ def deliver_lost_runs(ledger: Any, measurements: MeasurementLog) -> int:
                     f"by {socket.gethostname()}")
         else:
             what = f"it held a slot of {lost.gpu_id} but its body never started; the slot was freed"
-        if lost.placer_gone and crash_flow_run(
+        if lost.placer_gone and not _handled(lost.run_id) and crash_flow_run(
                 lost.run_id, f"gogh: the process that placed this run was lost (its Dask client left the "
                              f"pool); {what}") is None:
             continue  # Prefect did not answer: handed out again, and marked then
@@ -53,6 +79,29 @@ def deliver_lost_runs(ledger: Any, measurements: MeasurementLog) -> int:
     if done:
         ledger.delivered(done)
     return logged
+
+
+def take_workers_record(ledger: Any, measurements: MeasurementLog, key: str, wait_s: float,
+                        poll_s: float = 0.5) -> bool:
+    """Deliver what the ledger holds for this store until the measurement ``key`` is logged,
+    for at most ``wait_s``; True once it is.
+
+    For a run whose future Dask cancelled while its worker lived on (this process's connection
+    to the scheduler dropped, and Dask cancels a disconnected client's runs): the body is
+    stopped there, and its worker hands in a record of what it did. Logged first, it is the
+    one the table and MLflow keep (one record per key); this process's own knows of no step.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            deliver_lost_runs(ledger, measurements)
+        except Exception as exc:  # noqa: BLE001 - this process's own record is logged instead
+            log.debug("gogh: collecting the worker's record of %s failed: %s", key, short_error(exc))
+        if measurements.table.has(key):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
 
 
 def crash_flow_run(run_id: str, message: str) -> bool | None:

@@ -40,7 +40,15 @@ class InfeasibleRequirement(PlacementError):
 
 
 class RunLost(RuntimeError):
-    """A placed run lost its GPU while it ran or waited to start (its worker left the pool)."""
+    """A placed run lost its GPU while it ran or waited to start (its worker left the pool).
+
+    ``worker_reports``: the worker lived on (Dask cancelled the run because this process's
+    connection to the scheduler dropped) and hands in the measurement of what the body did.
+    """
+
+    def __init__(self, message: str, *, worker_reports: bool = False) -> None:
+        super().__init__(message)
+        self.worker_reports = worker_reports
 
 
 class Ledger(Protocol):

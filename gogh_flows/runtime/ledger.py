@@ -359,7 +359,8 @@ class LedgerPlugin(SchedulerPlugin):
     def collect(self, store: str, client: str, limit: int = 100) -> dict[str, Any]:
         """Lost placers' runs for ``store`` nobody is delivering now; ``client`` delivers them from here on.
 
-        Each is handed out a lease timeout after its placer's client left, with
+        Each is handed out a lease timeout after its placer's client left (to that client
+        itself, back after a dropped connection, at once), with
         ``placer_gone``: whether that client is still away (a placer that only lost its
         connection and came back within that time ends its flow run itself; one with no
         measurement is then forgotten). One collected but not said delivered within a lease timeout (or whose
@@ -371,7 +372,9 @@ class LedgerPlugin(SchedulerPlugin):
         clients = self.scheduler.clients if self.scheduler is not None else {}
         rows = []
         for run_id, entry in list(self.undelivered.items()):
-            if entry["store"] != store or entry["since"] > due:
+            # its own placer, back after a dropped connection, takes it at once: Dask cancelled
+            # its run, and the worker's record of what the body did is the one to log
+            if entry["store"] != store or (entry["since"] > due and entry["client"] != client):
                 continue
             gone = entry["client"] is None or entry["client"] not in clients
             if entry["row"] is None and not gone:
