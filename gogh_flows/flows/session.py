@@ -153,6 +153,9 @@ def _collect_or_reconnect(cluster: GpuCluster, tracking_uri: str, pool: GpuPool,
     if pool.client.status not in ("closing", "closed"):
         return deliver_lost_runs(pool.ledger, measurements)
     probe_scheduler(cluster.address, 5.0)  # SchedulerUnreachable while it is still away: try again later
+    with _LOCK:
+        if not any(s.pool is pool for s in _SESSIONS.values()):
+            return None  # not a shared session (or already replaced): its owner reconnects it
     # not from this thread: replacing the session stops this mirror, which waits for its thread
     threading.Thread(target=shared_session, args=(cluster, tracking_uri), name="gogh-reconnect", daemon=True).start()
     return None
