@@ -280,6 +280,7 @@ def run_product_demo(seed: int = 0, out: Path | None = None, waves: int = 3, wav
         "p2_mape_after_retrain": round(p2_err["mape"], 4),
         "placement_mape_per_wave": [round(x, 4) if x == x else None for x in per_wave],  # None: none comparable
         "placement_mape_left_out": left_out,
+        "placement_error_trend": _trend_verdict(per_wave),
         "unseen_family": UNSEEN_FAMILY,
         "unseen_family_runs": unseen.height,
         "unseen_family_placement_mape": round(_mape(unseen_seen["predicted_throughput"], unseen_seen["throughput"]), 4)
@@ -315,14 +316,30 @@ def run_product_demo(seed: int = 0, out: Path | None = None, waves: int = 3, wav
     print(f"prediction error on the last wave (each run predicted from the earlier waves, without its own "
           f"entry's earlier measurements):  P1 alone {summary['p1_mape']:.1%}   P1+P2 (champion "
           f"v{versions['p2']}) {summary['p2_mape_after_retrain']:.1%}  ({p2_err['n']} measurements; {verdict})")
-    print("placement-time prediction error per wave: "
+    print("placement-time prediction error per wave, each run predicted before it ran: "
           + "  ".join(f"w{i + 1} {x:.1%}" for i, x in enumerate(per_wave))
+          + f"  ({summary['placement_error_trend']} from the first wave to the last)"
           + (f"  ({left_out} run{'s' if left_out != 1 else ''} left out: a partner joined or left after "
-             "placement, so it ran in other company than predicted)" if left_out else ""))
+             f"placement, so {'they' if left_out != 1 else 'it'} ran in other company than predicted)"
+             if left_out else ""))
     print(f"registry: P1 v{versions['p1']}, P2 champion v{versions['p2']} "
           f"(retrainings: {', '.join('promoted' if r.get('promoted') else 'kept' for r in retrains)})")
     print(f"saved {out / 'summary.json'} and {out / 'summary.png'} in {summary['seconds']:.0f} s")
     return summary
+
+
+def _trend_verdict(per_wave: list[float]) -> str:
+    """Whether the placement-time error fell from the first wave to the last, with the same 10%
+    tolerance as the refiner's verdict: a few runs per wave do not make a trend of less."""
+    known = [x for x in per_wave if x == x]
+    if len(known) < 2:
+        return "too few waves to say"
+    first, last = known[0], known[-1]
+    if last < 0.9 * first:
+        return "fell"
+    if last > 1.1 * first:
+        return "rose"
+    return "no clear change"
 
 
 def _refiner_verdict(p1: float, p2: float) -> str:

@@ -61,3 +61,16 @@ def test_the_demo_calls_a_refiner_win_only_when_it_is_one(p1, p2, says):
     from gogh_flows.demo import _refiner_verdict
 
     assert says in _refiner_verdict(p1, p2)
+
+
+@pytest.mark.parametrize("per_wave, says", [
+    ([0.050, 0.050, 0.013], "fell"),
+    ([0.040, 0.020, 0.042], "no clear change"),  # down and back up: the last wave is what it says
+    ([0.020, 0.030, 0.045], "rose"),
+    ([0.050, float("nan"), float("nan")], "too few waves"),
+])
+def test_the_demo_says_which_way_the_placement_error_went(per_wave, says):
+    """Issue 13: if a run of the demo does not show the error falling, its summary says so."""
+    from gogh_flows.demo import _trend_verdict
+
+    assert _trend_verdict(per_wave).startswith(says)
