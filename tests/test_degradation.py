@@ -226,10 +226,10 @@ def _two_types(v100_rate: float, t4_rate: float):
 
 
 def test_headroom_is_kept_while_the_type_that_clears_it_is_busy():
-    """A run whose requirement only a busy type meets with headroom waits for it, and takes a
-    GPU that meets the requirement itself only when its wait is over; the headroom is dropped at
-    once only when no type of the fleet could clear it (it was dropped whenever the fleet was
-    busy, and a T4 predicted 2.6% above the requirement measured below it)."""
+    """A run whose requirement only a busy type meets with headroom waits for it up to
+    headroom_wait_s, then takes a GPU that meets the requirement itself; the headroom is dropped
+    at once when no type of the fleet could clear it (it was dropped whenever the fleet was busy,
+    and a T4 predicted 2.6% above the requirement measured below it)."""
     job = placed_job(model="ResNet-50", batch_size=64, min_throughput=2.0, work_steps=100)
     table, devices, ledger = _two_types(v100_rate=4.6, t4_rate=2.05)
     from gogh_flows.flows.placer import place_with_retry
@@ -246,11 +246,14 @@ def test_headroom_is_kept_while_the_type_that_clears_it_is_busy():
 
         placed = place_with_retry(job, "r1", devices=lambda state: devices, ledger=ledger,
                                   predict=lambda feats: table, features=lambda t: job.features,
-                                  policy="greedy-fastest", versions={}, headroom=0.1, time_limit_s=0.1,
-                                  wait_timeout_s=30.0, poll_s=10.0, sleep=sleep, on_wait=said.append)
-    # waited the whole wait_timeout_s for the V100, then took the T4 that meets 2.0 itself
-    assert now[0] == 30.0 and placed.gpu_id == "t4-0" and ledger.claimed == ["t4-0"]
-    assert "no GPU met its requirement with the policy's headroom (10%) within 30 s" in said[-1]
+                                  policy="greedy-fastest", versions={}, headroom=0.1, headroom_wait_s=10.0,
+                                  time_limit_s=0.1, wait_timeout_s=600.0, poll_s=5.0, sleep=sleep,
+                                  on_wait=said.append)
+    # waited headroom_wait_s for the V100, then took the T4 that meets 2.0 itself (not at the
+    # end of wait_timeout_s: a GPU meeting the requirement is not left idle for ten minutes)
+    assert now[0] == 10.0 and placed.gpu_id == "t4-0" and ledger.claimed == ["t4-0"]
+    assert "planned against 2.2 with the policy's headroom for up to 10 s" in said[0]
+    assert "no GPU cleared its requirement with the policy's headroom (10%) within 10 s" in said[-1]
     # with no type that could clear 2.0 x 1.1 (the V100 as slow as the T4), the T4 is taken at once
     table, devices, ledger = _two_types(v100_rate=2.0, t4_rate=2.05)
     placed = place_with_retry(job, "r2", devices=lambda state: devices, ledger=ledger, predict=lambda feats: table,

@@ -239,6 +239,11 @@ class PlacementPolicy(Block):
                             "were this fraction higher: predictions of unmeasured placements err, and "
                             "the cheapest slot that barely meets a requirement on paper misses it "
                             "whenever the prediction was optimistic")
+    headroom_wait_s: float = Field(default=30.0, ge=0.0, description="how long a run may wait for a GPU "
+                                   "that clears its requirement with the headroom while one that meets the "
+                                   "requirement itself is free (0: never; it takes that one at once; at most half of wait_timeout_s). After "
+                                   "it, and at once when no GPU type of the fleet could clear it, the run is "
+                                   "planned against its requirement itself")
     wait_for_efficiency_s: float = Field(default=0.0, ge=0.0, description="how long a new run may wait for "
                                          "a GPU type that would run it for at least efficiency_min_saving less "
                                          "energy than the GPU free now (0: never; it then takes the best GPU "

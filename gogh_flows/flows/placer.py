@@ -111,6 +111,7 @@ def decide(
     power_limit_levels: Sequence[float] = (),
     limit_evidence: Mapping[tuple[str, str], tuple[tuple[float, float], ...]] | None = None,
 ) -> tuple[Placement, PlacementProblem]:
+    """``headroom``: what the new run's requirement is raised by (the running jobs' come raised)."""
     gpus = [Gpu(d.id, d.gpu_type, d.capacity) for d in devices]
     new = Job(run_id, job.job_type, job.required_throughput * (1 + headroom), float(job.work_steps))
     problem = PlacementProblem.build(gpus, [*running, new], table, power_limit_levels=tuple(power_limit_levels),
@@ -134,7 +135,7 @@ def place_with_retry(
     predict: Callable[[dict[str, WorkloadFeatures]], ThroughputTable],
     features: Callable[[str], WorkloadFeatures], policy: str, time_limit_s: float,
     wait_timeout_s: float, poll_s: float, versions: dict, on_wait: Callable[[str], None] | None = None,
-    sleep: Callable[[float], object] = time.sleep, headroom: float = 0.0,
+    sleep: Callable[[float], object] = time.sleep, headroom: float = 0.0, headroom_wait_s: float = math.inf,
     placement_timeout_s: float = math.inf, power_limit_levels: Sequence[float] = (),
     patience: Patience | None = None,
     limit_evidence: Mapping[tuple[str, str], tuple[tuple[float, float], ...]] | None = None,
@@ -151,7 +152,10 @@ def place_with_retry(
     pool's scheduler included. With ``patience``, a run whose best option now is clearly less
     efficient than a busy GPU type waits for it, up to ``patience.max_wait_s`` from its start
     (:func:`gogh_flows.placement.patience.hold_for_efficiency`). ``limit_evidence``: what runs
-    at lowered limits measured (``PlacementProblem.limit_evidence``).
+    at lowered limits measured (``PlacementProblem.limit_evidence``). ``headroom`` raises every
+    requirement the decision checks; a run waits for a GPU that clears its own so raised for up to
+    ``headroom_wait_s`` (at most half of ``wait_timeout_s``), then is planned against its requirement itself,
+    as it is at once when no GPU type of the fleet could clear it.
     """
     start = time.monotonic()
     said_waiting = False
@@ -180,7 +184,9 @@ def place_with_retry(
                 "check that the scheduler is alive and not overloaded") from exc
 
     held_note: str | None = None  # why the run was first held for an efficient GPU, if it was
-    said_unheld = False
+    said_unheld = said_headroom = False
+    # at most half the wait holds out for the headroom: the rest may take any GPU meeting the requirement
+    headroom_for_s = min(headroom_wait_s, wait_timeout_s / 2)
     while True:
         state = ask(ledger.state)
         attempts += 1
@@ -194,22 +200,23 @@ def place_with_retry(
             types = {j.job_type for j in running} | {job.job_type}
             feats = {t: (job.features if t == job.job_type else features(t)) for t in types}
             table = predict(feats)
-            placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, headroom,
+            # the headroom holds out for a GPU that clears the raised requirement only so long: a GPU
+            # that meets the requirement itself is not left idle for the whole wait_timeout_s
+            own = headroom if elapsed < headroom_for_s else 0.0
+            placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, own,
                                         power_limit_levels, limit_evidence)
             short = next((w for w in placement.waiting if w.job_id == run_id), None)
-            if short is not None and headroom > 0 and job.required_throughput <= short.best_throughput:
-                # some GPU type clears the requirement itself. No type clears it with headroom: plan
-                # without headroom rather than wait for a GPU that cannot exist. A type that would is
-                # only busy: wait for it as the headroom asks, and at the end of the wait take a GPU
-                # that meets the requirement itself rather than fail the run
-                no_type = short.best_throughput < job.required_throughput * (1 + headroom)
-                if no_type or elapsed >= wait_timeout_s:
-                    placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, 0.0,
-                                                power_limit_levels, limit_evidence)
-                    if not no_type and run_id in placement.placed_ids and on_wait is not None:
-                        on_wait(f"run {run_id}: no GPU met its requirement with the policy's headroom "
-                                f"({headroom:.0%}) within {wait_timeout_s:g} s; it takes one predicted to meet "
-                                "the requirement itself")
+            if (short is not None and own > 0
+                    and job.required_throughput <= short.best_throughput < job.required_throughput * (1 + own)):
+                # no type of the fleet clears it with headroom, but some clear it exactly: plan
+                # without rather than wait for a GPU that cannot exist
+                placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, 0.0,
+                                            power_limit_levels, limit_evidence)
+            elif own == 0 < headroom and said_waiting and not said_headroom and on_wait is not None:
+                on_wait(f"run {run_id}: no GPU cleared its requirement with the policy's headroom ({headroom:.0%}) "
+                        f"within {headroom_for_s:g} s; from now on it takes one predicted to "
+                        "meet the requirement itself")
+                said_headroom = True
             if patience is not None:
                 placement, held = hold_for_efficiency(placement, problem, {run_id: elapsed}, patience)
                 if run_id in held and held_note is None:
@@ -258,8 +265,11 @@ def place_with_retry(
                 f"within {wait_timeout_s:g} s ({reason}); the fleet can run it (best predicted "
                 f"{best:.4g} steps/s) but was busy. Raise wait_timeout_s, or add GPUs")
         if on_wait is not None and not said_waiting:
+            planned = _planned(problem, run_id) if live else job.required_throughput
+            raised = (f", planned against {planned:.4g} with the policy's headroom for up to "
+                      f"{headroom_for_s:g} s" if planned > job.required_throughput else "")
             on_wait(f"run {run_id} waits for a GPU: {reason} (best predicted {best:.4g} steps/s, "
-                    f"required {job.required_throughput:g}); retrying every {poll_s:g} s for up to "
+                    f"required {job.required_throughput:g}{raised}); retrying every {poll_s:g} s for up to "
                     f"{wait_timeout_s:g} s")
             said_waiting = True
         if held_note is not None and run_id not in held and on_wait is not None and not said_unheld:
