@@ -234,9 +234,9 @@ def check_outputs_writable(args: argparse.Namespace) -> None:
             from matplotlib.backend_bases import FigureCanvasBase
 
             formats = FigureCanvasBase.get_supported_filetypes()
-            if path.suffix.lstrip(".").lower() not in formats:
+            if path.suffix and path.suffix.lstrip(".").lower() not in formats:  # none: a PNG
                 raise ValueError(f"{option} {value!r}: the plot's format comes from its file name's suffix, and "
-                                 f"{path.suffix or 'none'!r} is not one matplotlib writes; use .png (or "
+                                 f"{path.suffix!r} is not one matplotlib writes; use .png (or "
                                  f"{', '.join('.' + f for f in sorted(formats) if f != 'png')})")
         if path.is_file() and not os.access(path, os.W_OK):
             raise ValueError(f"{option} {value!r} exists and cannot be written; choose another path")

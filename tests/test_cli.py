@@ -307,6 +307,21 @@ def test_calibrate_uses_the_data_the_refiner_was_trained_on(gavel_dir, capsys):
     assert "but the refiner in" in capsys.readouterr().err
     assert main(["predictors", "calibrate", "--model", model, "--exclude-family", "LM"]) == 2
     assert "trained on every family; drop --exclude-family" in capsys.readouterr().err
+    from gogh_flows.predict.cli import _same_table
+
+    # the shipped model records its data relative to the repository: from elsewhere the same file
+    # given by another name is accepted, and a missing one is asked for, not a dead end
+    assert _same_table(str(gavel_dir / "simulation_throughputs.json"), "../elsewhere/simulation_throughputs.json")
+    assert not _same_table("synthetic", "../elsewhere/simulation_throughputs.json")
+    import os
+
+    here = os.getcwd()
+    try:
+        os.chdir(Path(model).anchor)  # '../shared' does not resolve from /: refused before anything is written
+        assert main(["predictors", "calibrate", "--model", model]) == 2
+        assert "which cannot be read from here" in capsys.readouterr().err
+    finally:
+        os.chdir(here)
     assert main(["predictors", "train", "--out", __file__]) == 2  # before training, not after
     assert "is a file; it names a folder to write into" in capsys.readouterr().err
 
@@ -339,3 +354,21 @@ def test_the_usage_line_lists_every_command_whichever_was_given(capsys):
         main(["pool", "status", "tcp://127.0.0.1:1", "--bogus"])
     usage = capsys.readouterr().err.split("error:")[0]
     assert all(name in usage for name in (*_OWN_COMMANDS, *_COMMAND_MODULES))
+
+
+def test_checks_do_not_refuse_what_works(gavel_dir, tmp_path, capsys, monkeypatch):
+    """Predictors no learned policy uses, a plot without a suffix (a PNG), a trace under ~."""
+    import argparse
+    from pathlib import Path
+
+    from gogh_flows.cli import check_outputs_writable
+
+    repo = Path(__file__).resolve().parent.parent
+    trace = gavel_dir / "traces" / "physical_cluster" / "max_min_fairness.trace"
+    assert main(["simulate", "--truth", str(gavel_dir / "simulation_throughputs.json"), "--cluster", "v100=2,k80=2",
+                 "--trace", str(trace), "--policy", "greedy-fastest", "--predictors", str(repo / "models" / "gavel"),
+                 "--holdout-family", "LM", "--json", str(tmp_path / "out.json")]) == 0
+    check_outputs_writable(argparse.Namespace(plot=str(tmp_path / "figure")))
+    monkeypatch.setenv("HOME", str(gavel_dir))  # a quoted ~ passed the check and then failed to load
+    assert main(["simulate", "--truth", str(gavel_dir / "simulation_throughputs.json"), "--cluster", "v100=2,k80=2",
+                 "--trace", "~/traces/physical_cluster/max_min_fairness.trace", "--policy", "greedy-fastest"]) == 0

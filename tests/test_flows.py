@@ -661,6 +661,34 @@ def test_a_dropped_connection_to_the_scheduler_logs_the_workers_record_of_the_ru
         assert state.is_failed() and not state.is_crashed()
 
 
+def test_a_failed_reconnect_keeps_the_lost_session_until_a_new_one_opens(gogh_home, monkeypatch):
+    """Opening the new session can fail (the scheduler is back, its workers not yet): the lost
+    one must stay registered, so its mirror tries again and exit closes it (it was dropped and
+    left running, and the process stayed disconnected)."""
+    from types import SimpleNamespace
+
+    import gogh_flows.flows.session as sessions
+
+    cluster = GpuCluster(mode="remote", address="tcp://127.0.0.1:1")
+    closed: list[str] = []
+    lost = SimpleNamespace(cluster=cluster, pool=SimpleNamespace(client=SimpleNamespace(status="closed")),
+                           close=lambda: closed.append("lost"))
+    key = f"{cluster.key()}|sqlite:///x|{sessions.state_dir()}"
+    monkeypatch.setitem(sessions._SESSIONS, key, lost)
+
+    def refuse(*args):
+        raise RuntimeError("the scheduler has fewer than 1 worker(s) after 10s")
+
+    monkeypatch.setattr(sessions.Session, "open", staticmethod(refuse))
+    with pytest.raises(RuntimeError, match="fewer than 1 worker"):
+        sessions.shared_session(cluster, "sqlite:///x")
+    assert sessions._SESSIONS[key] is lost and closed == []
+    fresh = SimpleNamespace(cluster=cluster, pool=SimpleNamespace(client=SimpleNamespace(status="running")))
+    monkeypatch.setattr(sessions.Session, "open", staticmethod(lambda *args: fresh))
+    assert sessions.shared_session(cluster, "sqlite:///x") is fresh
+    assert sessions._SESSIONS[key] is fresh and closed == ["lost"]
+
+
 def test_a_placing_process_connects_again_after_dask_gave_up_on_its_scheduler(gogh_home, monkeypatch, caplog):
     """Dask reconnects a client only while its scheduler is back within the client's timeout, then
     closes it; the process's later runs must reach the scheduler again, not fail for good."""

@@ -485,7 +485,7 @@ def test_measurement_rows_round_trip_through_spool_json(tmp_path: Path):
     assert dataclasses.replace(m, run_id="other").key == "other:gpu-0"
 
 
-def test_a_table_that_cannot_be_written_loses_no_measurement(mlog: MeasurementLog, uri: str, monkeypatch):
+def test_a_table_that_cannot_be_written_loses_no_measurement(mlog: MeasurementLog, uri: str, monkeypatch, caplog):
     """A full or read-only disk under the table: the row waits in the spool, whose flush adds it
     to the table and MLflow (it was logged as an error and dropped, the flow run Completed)."""
     from gogh_flows.tracking.measurements import MeasurementLost
@@ -497,20 +497,26 @@ def test_a_table_that_cannot_be_written_loses_no_measurement(mlog: MeasurementLo
 
     monkeypatch.setattr(mlog.table, "append", refuse)
     assert mlog.log(measurement(1), defer=True) is None
-    assert mlog.read().height == 0 and len(mlog.spooled()) == 1
-    assert mlog.flush_spool() == 0  # the table still refuses: it stays spooled, MLflow waits with it
-    assert len(mlog.spooled()) == 1 and not mlflow_runs(uri)
+    assert mlog.log(measurement(5), defer=True) is None
+    assert mlog.read().height == 0 and len(mlog.spooled()) == 2
+    with caplog.at_level(logging.DEBUG, logger="gogh_flows"):
+        for _ in range(3):  # the table still refuses: they stay spooled, MLflow waits with them
+            assert mlog.flush_spool() == 0
+    said = [r for r in caplog.records if "still cannot take" in r.getMessage()]
+    assert [r.levelno for r in said] == [logging.WARNING, logging.DEBUG, logging.DEBUG]  # not a line per row
+    assert "2 spooled measurement(s)" in said[0].getMessage()
+    assert len(mlog.spooled()) == 2 and not mlflow_runs(uri)
     monkeypatch.setattr(mlog.table, "append", real_append)
-    assert mlog.flush_spool() == 1
-    assert mlog.read()["key"].to_list() == [measurement(1).key] and len(mlflow_runs(uri)) == 1
-    assert not mlog.spooled()
+    assert mlog.flush_spool() == 2
+    assert sorted(mlog.read()["key"].to_list()) == sorted([measurement(1).key, measurement(5).key])
+    assert len(mlflow_runs(uri)) == 2 and not mlog.spooled()
 
     # the spool refuses too: MLflow takes it now
     monkeypatch.setattr(mlog.table, "append", refuse)
     real_spool = mlog._spool
     monkeypatch.setattr(mlog, "_spool", lambda *a, **k: refuse())
     assert mlog.log(measurement(2), defer=True)  # the MLflow run id
-    assert len(mlflow_runs(uri)) == 2
+    assert len(mlflow_runs(uri)) == 3
     # and MLflow too: nothing could keep it, so the error holds the row
     monkeypatch.setattr(mlog, "_write_mlflow", lambda *a, **k: (_ for _ in ()).throw(ConnectionError("down")))
     with pytest.raises(MeasurementLost, match=r"table .*spool .*MLflow \(ConnectionError: down\).*\"run_id\": \"flow-run-3\""):
@@ -520,5 +526,5 @@ def test_a_table_that_cannot_be_written_loses_no_measurement(mlog: MeasurementLo
     monkeypatch.setattr(mlog.table, "append", real_append)
     monkeypatch.setattr(mlog, "_write_mlflow", MeasurementLog._write_mlflow.__get__(mlog))
     assert mlog.log(measurement(4), defer=True)
-    assert len(mlflow_runs(uri)) == 3 and measurement(4).key in mlog.read()["key"].to_list()
+    assert len(mlflow_runs(uri)) == 4 and measurement(4).key in mlog.read()["key"].to_list()
     monkeypatch.setattr(mlog, "_spool", real_spool)

@@ -157,8 +157,16 @@ def _collect_or_reconnect(cluster: GpuCluster, tracking_uri: str, pool: GpuPool,
         if not any(s.pool is pool for s in _SESSIONS.values()):
             return None  # not a shared session (or already replaced): its owner reconnects it
     # not from this thread: replacing the session stops this mirror, which waits for its thread
-    threading.Thread(target=shared_session, args=(cluster, tracking_uri), name="gogh-reconnect", daemon=True).start()
+    threading.Thread(target=_reconnect, args=(cluster, tracking_uri), name="gogh-reconnect", daemon=True).start()
     return None
+
+
+def _reconnect(cluster: GpuCluster, tracking_uri: str) -> None:
+    try:
+        shared_session(cluster, tracking_uri)
+    except Exception as exc:  # noqa: BLE001 - the lost session's mirror tries again in a few seconds
+        log.warning("gogh: connecting again to the Dask scheduler at %s failed (%s); trying again in a few "
+                    "seconds", cluster.address, exc)
 
 
 def shared_session(cluster: GpuCluster, tracking_uri: str) -> Session:
@@ -171,8 +179,10 @@ def shared_session(cluster: GpuCluster, tracking_uri: str) -> Session:
         if session is not None and _scheduler_lost(session):
             log.warning("gogh: the connection to the Dask scheduler at %s was lost and Dask stopped reconnecting; "
                         "connecting again", cluster.address)
-            stale, session = _SESSIONS.pop(key), None
+            stale, session = session, None
         if session is None:
+            # the lost session stays registered until a new one is open: if opening fails, its
+            # mirror (still running, and closed at exit) tries again, and so does the next run
             session = _SESSIONS[key] = Session.open(cluster, tracking_uri)
     if stale is not None:  # its runs have failed with the connection; what they measured is on disk
         try:

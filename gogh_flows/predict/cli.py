@@ -213,21 +213,35 @@ def _same_table(given: str, recorded: str) -> bool:
     from gogh_flows.truth import load_truth
 
     try:
-        a, b = load_truth(given), load_truth(recorded)
+        a = load_truth(given)
     except (OSError, ValueError):
-        return False  # the recorded one cannot be read from here: its name is all there is to compare
+        return False
+    try:
+        b = load_truth(recorded)
+    except (OSError, ValueError):
+        # a path recorded relative to where training ran: the file's name is the evidence left
+        return Path(a.source).name == Path(recorded).name
     return a.job_types == b.job_types and a.gpu_types == b.gpu_types and a.isolated_frame().equals(b.isolated_frame())
 
 
 def _same_data_as_trained(args: argparse.Namespace, trained_on: dict) -> None:
     """Intervals calibrated on other data than the refiner learned from would be stored as its
     own: the truth and the families left out default to the model's, and must match if given."""
+    from gogh_flows.truth import load_truth
+
     truth, excluded = trained_on.get("truth"), trained_on.get("excluded_families")
     if args.truth is None:
         args.truth = truth or "synthetic"
+        try:
+            load_truth(args.truth)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"the refiner in {args.model!r} was trained on {truth!r}, which cannot be read from "
+                             f"here ({exc}); give that data with --truth (--truth gavel for Gavel's "
+                             "simulation_throughputs.json, found through GOGH_GAVEL_DIR)") from None
     elif truth is not None and args.truth != truth and not _same_table(args.truth, truth):
         raise ValueError(f"--truth {args.truth!r}, but the refiner in {args.model!r} was trained on {truth!r}; "
-                         f"calibrate on its own data: drop --truth (or give --truth {truth})")
+                         "calibrate on its own data: give that data with --truth, or drop --truth where that "
+                         "path can be read")
     if excluded is not None:
         if args.exclude_family and {f.lower() for f in args.exclude_family} != {f.lower() for f in excluded}:
             raise ValueError(f"--exclude-family {args.exclude_family}, but the refiner in {args.model!r} was "

@@ -286,6 +286,7 @@ def _check_arguments(args: argparse.Namespace, truth: ThroughputTable, names: li
         if not trace.is_file():
             raise ValueError(f"--trace {args.trace!r} not found; give a .trace file (Gavel's are in "
                              f"{(gavel_dir() / 'traces').resolve()}) or generate:N")
+        args.trace = str(trace)  # as checked, ~ expanded
         if args.rate is not None:
             raise ValueError(f"--rate sets the arrivals of --trace generate:N; the trace {args.trace!r} has its "
                              "own arrival times. Drop --rate, or use generate:N")
@@ -296,7 +297,7 @@ def _check_arguments(args: argparse.Namespace, truth: ThroughputTable, names: li
     for flag, value in (("--p1-epochs", args.p1_epochs), ("--p2-epochs", args.p2_epochs)):
         if value < 1:
             raise ValueError(f"{flag} must be a whole number of epochs >= 1, got {value}")
-    if args.predictors and args.holdout_family:
+    if args.predictors and args.holdout_family and any(base_policy(n) in LEARNED_POLICIES for n in names):
         _check_holdout_predictors(args.predictors, args.holdout_family)
 
 

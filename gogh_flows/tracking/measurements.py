@@ -253,6 +253,7 @@ class MeasurementLog:
                                       lock_timeout_s=_LOCK_TIMEOUT_S)
         self._client = mlflow_client(self.tracking_uri)
         self._experiment_id: str | None = None
+        self._table_refusal_said_at = -math.inf
 
     @property
     def table_path(self) -> Path:
@@ -385,6 +386,8 @@ class MeasurementLog:
                         len(self.spooled()), self.spool_dir, exc)
             return 0
         written = 0
+        table_refused: OSError | None = None
+        left = 0  # spooled measurements the table refused again
         with self._spool_lock():
             for path in self.spooled():
                 try:
@@ -396,11 +399,13 @@ class MeasurementLog:
                     log.error("spooled measurement %s is unreadable (%s); kept as %s for inspection", path, exc, bad)
                     continue
                 if record.get(TABLE_PENDING):
+                    if table_refused is not None:
+                        left += 1
+                        continue  # the rest would be refused the same way: said once below
                     try:
                         self._append(m)  # a retry that finds it there is a no-op
                     except OSError as exc:
-                        log.warning("the table %s still cannot take measurement %s (%s); it stays spooled",
-                                    self.table_path, m.key, exc)
+                        table_refused, left = exc, left + 1
                         continue
                 try:
                     self._write_mlflow(m, check_existing=True)
@@ -412,6 +417,14 @@ class MeasurementLog:
                     continue  # this record alone was refused: do not let it block the others
                 path.unlink()
                 written += 1
+        if table_refused is not None:
+            # a full disk would fill faster with a line per row per flush: once a minute at most
+            said = time.monotonic() - self._table_refusal_said_at >= 60.0
+            log.log(logging.WARNING if said else logging.DEBUG,
+                    "the table %s still cannot take %d spooled measurement(s) (%s); they stay spooled",
+                    self.table_path, left, table_refused)
+            if said:
+                self._table_refusal_said_at = time.monotonic()
         return written
 
     def _table_unwritable(self, m: Measurement, error: OSError) -> str | None:
