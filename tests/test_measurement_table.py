@@ -64,6 +64,23 @@ def test_crash_between_part_and_claim_neither_drops_nor_doubles(tmp_path):
     assert not table.append(row(5))
 
 
+def test_keys_that_cannot_be_written_leave_no_part_behind(tmp_path, monkeypatch):
+    """The row's file is removed when its key cannot be claimed (a full or read-only disk): a
+    caller retrying until the disk recovers must not leave a part file per try."""
+    table = small(tmp_path, parts=1000)
+
+    def refuse(key):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(table, "_claim", refuse)
+    for _ in range(3):
+        with pytest.raises(OSError, match="No space left"):
+            table.append(row(1))
+    assert not list(table.parts_dir.glob("*")) and table.read().height == 0
+    monkeypatch.undo()
+    assert table.append(row(1)) and table.read().height == 1
+
+
 def test_crash_between_merge_and_delete_neither_drops_nor_doubles(tmp_path):
     table = small(tmp_path, parts=1000)
     for i in range(6):

@@ -102,7 +102,12 @@ class MeasurementTable:
             return False
         part = self._write(pl.DataFrame([dict(row)], schema=self.schema), self.parts_dir,
                            f"{time.time_ns():020d}-{uuid.uuid4().hex[:12]}")
-        if not self._claim(key):
+        try:
+            claimed = self._claim(key)
+        except OSError:  # the keys cannot be written: the row is not in the table, nor its file
+            part.unlink(missing_ok=True)
+            raise
+        if not claimed:
             part.unlink(missing_ok=True)  # another writer logged it first: its row stands
             return False
         if self._count(self.parts_dir) >= self.parts_per_segment:
