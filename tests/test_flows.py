@@ -689,6 +689,39 @@ def test_a_failed_reconnect_keeps_the_lost_session_until_a_new_one_opens(gogh_ho
     assert sessions._SESSIONS[key] is fresh and closed == ["lost"]
 
 
+def test_a_mirror_reconnects_one_try_at_a_time(gogh_home, monkeypatch):
+    """An open that fails takes the client's timeout (10 s) and the mirror asks every 5 s: tries
+    must not pile up as threads while the scheduler is back but its workers are not."""
+    from types import SimpleNamespace
+
+    import gogh_flows.flows.session as sessions
+
+    cluster = GpuCluster(mode="remote", address="tcp://127.0.0.1:1")
+    pool = SimpleNamespace(client=SimpleNamespace(status="closed"))
+    monkeypatch.setitem(sessions._SESSIONS, "k", SimpleNamespace(cluster=cluster, pool=pool))
+    monkeypatch.setattr(sessions, "probe_scheduler", lambda address, timeout: None)
+    release, calls = threading.Event(), []
+
+    def slow_open(*args):
+        calls.append(args)
+        release.wait(30)
+        raise RuntimeError("fewer than 1 worker(s)")
+
+    monkeypatch.setattr(sessions, "shared_session", slow_open)
+    for _ in range(3):
+        sessions._collect_or_reconnect(cluster, "sqlite:///x", pool, None)
+    time.sleep(0.2)
+    assert len(calls) == 1
+    release.set()
+    deadline = time.monotonic() + 10
+    while sessions._RECONNECTING:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    sessions._collect_or_reconnect(cluster, "sqlite:///x", pool, None)  # the next try after it ended
+    time.sleep(0.2)
+    assert len(calls) == 2
+
+
 def test_a_placing_process_connects_again_after_dask_gave_up_on_its_scheduler(gogh_home, monkeypatch, caplog):
     """Dask reconnects a client only while its scheduler is back within the client's timeout, then
     closes it; the process's later runs must reach the scheduler again, not fail for good."""

@@ -131,6 +131,7 @@ def _truth_for(cluster: GpuCluster):
 
 _SESSIONS: dict[str, Session] = {}
 _LOCK = threading.Lock()
+_RECONNECTING: set[int] = set()  # pools (by id) a mirror is reconnecting now
 
 
 def _scheduler_lost(session: Session) -> bool:
@@ -156,17 +157,24 @@ def _collect_or_reconnect(cluster: GpuCluster, tracking_uri: str, pool: GpuPool,
     with _LOCK:
         if not any(s.pool is pool for s in _SESSIONS.values()):
             return None  # not a shared session (or already replaced): its owner reconnects it
+        if id(pool) in _RECONNECTING:
+            return None  # one try at a time: an open that fails takes its client's timeout
+        _RECONNECTING.add(id(pool))
     # not from this thread: replacing the session stops this mirror, which waits for its thread
-    threading.Thread(target=_reconnect, args=(cluster, tracking_uri), name="gogh-reconnect", daemon=True).start()
+    threading.Thread(target=_reconnect, args=(cluster, tracking_uri, id(pool)), name="gogh-reconnect",
+                     daemon=True).start()
     return None
 
 
-def _reconnect(cluster: GpuCluster, tracking_uri: str) -> None:
+def _reconnect(cluster: GpuCluster, tracking_uri: str, pool_id: int) -> None:
     try:
         shared_session(cluster, tracking_uri)
     except Exception as exc:  # noqa: BLE001 - the lost session's mirror tries again in a few seconds
         log.warning("gogh: connecting again to the Dask scheduler at %s failed (%s); trying again in a few "
                     "seconds", cluster.address, exc)
+    finally:
+        with _LOCK:
+            _RECONNECTING.discard(pool_id)
 
 
 def shared_session(cluster: GpuCluster, tracking_uri: str) -> Session:
