@@ -244,7 +244,10 @@ def run_product_demo(seed: int = 0, out: Path | None = None, waves: int = 3, wav
     p2_err = final.refine_error(feats, earlier, is_last)
     # placement-time error only where the run ran in the company it was predicted for: a partner
     # that came after the decision changes what the run measures, not what the predictor knew
-    same_company = [("partners_changed" not in json.loads(x or "{}")) for x in gogh_rows["extra"].to_list()]
+    from gogh_flows.tracking.measurements import PARTNERS_CHANGED
+
+    extras = [json.loads(x or "{}") for x in gogh_rows["extra"].to_list()]
+    same_company = [PARTNERS_CHANGED not in e for e in extras]
     gogh_rows = gogh_rows.with_columns(pl.Series("_as_predicted", same_company, dtype=pl.Boolean))
     per_wave, left_out = [], 0
     for w in range(waves):
@@ -264,8 +267,7 @@ def run_product_demo(seed: int = 0, out: Path | None = None, waves: int = 3, wav
     g_waves, f_waves = wave_rows(gogh_rows, plan), wave_rows(greedy_rows, plan)
     windows = [max([*busy_s(a).values(), *busy_s(b).values(), 0.0]) for a, b in zip(g_waves, f_waves)]
     # a run whose board the guard lifted ended at full power but started at its placement's limit
-    limits = [float(e.get("power_limit_w") or e.get("limit_lifted_from_w") or 0)
-              for e in (json.loads(x or "{}") for x in gogh_rows["extra"].to_list())]
+    limits = [float(e.get("power_limit_w") or e.get("limit_lifted_from_w") or 0) for e in extras]
     summary = {
         "runs": gogh_rows.height,
         "energy_kwh_gogh": round(energy_kwh(gogh_rows), 4),
@@ -328,28 +330,28 @@ def run_product_demo(seed: int = 0, out: Path | None = None, waves: int = 3, wav
     return summary
 
 
+def _compared(before: float, after: float) -> int:
+    """-1 lower, 1 higher, 0 the same: within 10% of each other two errors on a handful of runs
+    are the same (a difference of a few hundredths of a point is not a win)."""
+    if after < 0.9 * before:
+        return -1
+    if after > 1.1 * before:
+        return 1
+    return 0
+
+
 def _trend_verdict(per_wave: list[float]) -> str:
-    """Whether the placement-time error fell from the first wave to the last, with the same 10%
-    tolerance as the refiner's verdict: a few runs per wave do not make a trend of less."""
+    """Whether the placement-time error fell from the first wave to the last."""
     known = [x for x in per_wave if x == x]
     if len(known) < 2:
         return "too few waves to say"
-    first, last = known[0], known[-1]
-    if last < 0.9 * first:
-        return "fell"
-    if last > 1.1 * first:
-        return "rose"
-    return "no clear change"
+    return {-1: "fell", 1: "rose", 0: "no clear change"}[_compared(known[0], known[-1])]
 
 
 def _refiner_verdict(p1: float, p2: float) -> str:
-    """What the two errors say, without calling a difference of a few hundredths of a point on a
-    handful of runs a win: within 10% of each other they are the same."""
-    if p2 < 0.9 * p1:
-        return "the refiner helped"
-    if p2 > 1.1 * p1:
-        return "the refiner made it worse here"
-    return "no clear difference: P1 alone was already close"
+    """What the two errors say (P1 alone against P1 with the refiner)."""
+    return {-1: "the refiner helped", 1: "the refiner made it worse here",
+            0: "no clear difference: P1 alone was already close"}[_compared(p1, p2)]
 
 
 def _plot(summary: dict, gogh_rows: Any, greedy_rows: Any, path: Path) -> None:

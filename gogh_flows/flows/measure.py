@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from gogh_flows.flows.placer import RunPlacement
 from gogh_flows.workloads.job import JobSpec
-from gogh_flows.tracking.measurements import Measurement
+from gogh_flows.tracking.measurements import PARTNERS_CHANGED, Measurement
 
 if TYPE_CHECKING:  # the session opens the mirror that delivers what the ledger holds
     from gogh_flows.flows.session import Session
@@ -76,7 +76,7 @@ def build_measurement(job: JobSpec, placement: RunPlacement, outcome: Any, error
     if set(partners) != set(placement.partners):
         # a partner came (or the placed-with one never showed) after the decision: the placement's
         # prediction was for other conditions, so its error says nothing about the predictor
-        extra["partners_changed"] = f"placed {_company(placement.partners)}, ran {_company(partners)}"
+        extra[PARTNERS_CHANGED] = f"placed {_company(placement.partners)}, ran {_company(partners)}"
     return Measurement(
         run_id=run_id, flow_name=flow_name, job_type=job.job_type, family=job.family,
         batch_size=job.batch_size, gpu_id=placement.gpu_id, gpu_type=placement.gpu_type, device=device,

@@ -141,8 +141,12 @@ def _scheduler_lost(session: Session) -> bool:
     that it closes the client, and every later placement of this process would fail. A
     scheduler restarted after longer (a machine rebooted) is then reached with a new session.
     """
-    client = getattr(session.pool, "client", None)
-    return session.cluster.mode == "remote" and client is not None and client.status in ("closing", "closed")
+    return session.cluster.mode == "remote" and _client_closed(session.pool)
+
+
+def _client_closed(pool: GpuPool) -> bool:
+    client = getattr(pool, "client", None)
+    return client is not None and client.status in ("closing", "closed")
 
 
 def _collect_or_reconnect(cluster: GpuCluster, tracking_uri: str, pool: GpuPool,
@@ -151,7 +155,7 @@ def _collect_or_reconnect(cluster: GpuCluster, tracking_uri: str, pool: GpuPool,
     processes left in the ledger for this store. Once Dask gave up on the scheduler, a process
     that places nothing more would never notice (only a new run replaces its session) and
     would leave those measurements waiting: reconnect it as soon as the scheduler answers."""
-    if pool.client.status not in ("closing", "closed"):
+    if not _client_closed(pool):
         return deliver_lost_runs(pool.ledger, measurements)
     probe_scheduler(cluster.address, 5.0)  # SchedulerUnreachable while it is still away: try again later
     with _LOCK:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from gogh_flows.truth import TRUTH_HELP
 
-__all__ = ["add_parser", "cmd_calibrate", "cmd_evaluate", "cmd_train", "format_report"]
+__all__ = ["add_parser", "check_epochs", "cmd_calibrate", "cmd_evaluate", "cmd_train", "format_report"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -59,15 +59,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.set_defaults(func=cmd_evaluate)
 
 
+def check_epochs(p1_epochs: int | None, p2_epochs: int | None) -> None:
+    """``--p1-epochs`` and ``--p2-epochs`` (None: the default), named as given: P1Config's own
+    check says 'P1 hidden must be >= 4, epochs >= 1 and lr > 0'."""
+    for flag, value in (("--p1-epochs", p1_epochs), ("--p2-epochs", p2_epochs)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be a whole number of epochs >= 1, got {value}")
+
+
 def _configs(args: argparse.Namespace):
     from dataclasses import replace
 
     from gogh_flows.predict.p1 import P1Config
     from gogh_flows.predict.p2 import P2Config
 
-    for flag, value in (("--p1-epochs", args.p1_epochs), ("--p2-epochs", args.p2_epochs)):
-        if value is not None and value < 1:
-            raise ValueError(f"{flag} must be a whole number of epochs >= 1, got {value}")
+    check_epochs(args.p1_epochs, args.p2_epochs)
     p1 = P1Config(encoder=args.encoder, seed=args.seed)
     if args.p1_epochs is not None:
         p1 = replace(p1, epochs=args.p1_epochs)

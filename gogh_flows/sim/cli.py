@@ -270,6 +270,7 @@ def _patience(args: argparse.Namespace):
 
 def _check_arguments(args: argparse.Namespace, truth: ThroughputTable, names: list[str]) -> None:
     """What can be checked before any job is read or model trained, with the option it concerns."""
+    from gogh_flows.predict.cli import check_epochs
     from gogh_flows.sim.run import make_policy
 
     if not names:
@@ -294,9 +295,7 @@ def _check_arguments(args: argparse.Namespace, truth: ThroughputTable, names: li
         raise ValueError(f"--rate must be arrivals per hour > 0, got {args.rate:g}")
     if args.migration_s < 0 or not math.isfinite(args.migration_s):
         raise ValueError(f"--migration-s must be seconds >= 0, got {args.migration_s:g}")
-    for flag, value in (("--p1-epochs", args.p1_epochs), ("--p2-epochs", args.p2_epochs)):
-        if value < 1:
-            raise ValueError(f"{flag} must be a whole number of epochs >= 1, got {value}")
+    check_epochs(args.p1_epochs, args.p2_epochs)
     if args.predictors and args.holdout_family and any(base_policy(n) in LEARNED_POLICIES for n in names):
         _check_holdout_predictors(args.predictors, args.holdout_family)
 

@@ -60,6 +60,8 @@ TELEMETRY = ("nvml", "emulated", "wallclock", "none")
 WINDOWS = ("steady", "whole_run", "emulated")
 KEY_TAG = "gogh.measurement_key"
 TABLE_PENDING = "table_pending"  # a spooled record the table could not take yet
+#: extra key of a run whose partners changed after its placement (its prediction was for other company)
+PARTNERS_CHANGED = "partners_changed"
 COMPLETE_TAG = "gogh.logged"  # set in the same batch as the metrics: marks a whole run
 EMULATED_TIME_TAG = "gogh.emulated_time"  # "true": the run's times are the emulated GPU's, not wall time
 _LOCK_TIMEOUT_S = 120.0
@@ -529,7 +531,7 @@ def _metrics(m: Measurement) -> list[Metric]:
         "startup_energy_j": m.startup_energy_j,
         "run_energy_j": m.run_energy_j,
     }
-    if m.predicted_throughput is not None and m.throughput > 0 and "partners_changed" not in m.extra:
+    if m.predicted_throughput is not None and m.throughput > 0 and PARTNERS_CHANGED not in m.extra:
         # Signed relative error of the placement's prediction: what P2 retraining reduces. Not
         # for a run whose partners changed after placement: it was predicted for other company.
         values["prediction_rel_error"] = (m.predicted_throughput - m.throughput) / m.throughput
