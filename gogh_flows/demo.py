@@ -19,6 +19,7 @@ the seconds of orchestration between runs).
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import time

@@ -74,3 +74,14 @@ def test_the_demo_says_which_way_the_placement_error_went(per_wave, says):
     from gogh_flows.demo import _trend_verdict
 
     assert _trend_verdict(per_wave).startswith(says)
+
+
+def test_the_plot_takes_a_wave_with_no_comparable_run(tmp_path):
+    """A wave whose every run changed company has no placement-time error (None in the summary)."""
+    from gogh_flows.demo import _plot
+
+    summary = {"energy_kwh_gogh": 4.9, "energy_kwh_greedy_fastest": 5.8, "energy_kwh_always_on_gogh": 5.4,
+               "energy_kwh_always_on_greedy_fastest": 6.4, "sla_attainment": 1.0, "sla_attainment_greedy_fastest": 1.0,
+               "placement_mape_per_wave": [0.05, None, 0.013], "p1_mape": 0.04, "p2_mape_after_retrain": 0.039}
+    _plot(summary, None, None, tmp_path / "summary.png")
+    assert (tmp_path / "summary.png").stat().st_size > 0
