@@ -172,15 +172,21 @@ class EnergyModel:
 
     # -- energy to completion ---------------------------------------------------------
     def energy_alone(self, gpu_type: str | GpuType, occ: Occupant, num_gpus: int = 1,
-                     limit_w: float | None = None) -> float:
-        """Joules for ``occ`` to finish alone (on each of ``num_gpus`` GPUs of a gang)."""
+                     limit_w: float | None = None, *, rate: float | None = None,
+                     board_w: float | None = None) -> float:
+        """Joules for ``occ`` to finish alone (on each of ``num_gpus`` GPUs of a gang).
+
+        ``rate`` and ``board_w``: what runs of the job measured at ``limit_w`` (steps/s, board W),
+        in place of the model's slowdown and draw there.
+        """
         idle, dyn = self._levels(gpu_type)
         p0 = idle + occ.activity * dyn
-        if limit_w is None:
+        if limit_w is None and rate is None and board_w is None:
             return num_gpus * p0 * occ.work / occ.isolated
         g = self.gpu(gpu_type)
         slow, board = self.at_limit(g, g.idle_w + occ.activity * dyn, limit_w)
-        return num_gpus * (board - (g.idle_w - idle)) * occ.work * slow / occ.isolated
+        seconds = occ.work / rate if rate else occ.work * slow / occ.isolated
+        return num_gpus * ((board if board_w is None else board_w) - (g.idle_w - idle)) * seconds
 
     def energy_pair(self, gpu_type: str | GpuType, a: Occupant, b: Occupant,
                     limit_w: float | None = None) -> float:

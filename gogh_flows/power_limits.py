@@ -65,15 +65,18 @@ from gogh_flows.catalog import GpuType
 __all__ = [
     "DEFAULT_MODEL_FILE", "FORMS", "REQUIREMENTS", "UNDER_WEIGHTS", "LimitMeasurement", "PowerLimitModel", "TraceSet", "add_parser",
     "choose_limit", "cmd_power_evaluate", "cmd_power_fit", "default_limit_model", "evaluate_held_out",
-    "evidence_bound",
+    "evidence_bound", "informed_rate", "measured_watts", "probe_limit",
     "fit_all", "fit_power_limit_model",
     "read_traces",
 ]
 
 REQUIREMENTS = (0.8, 0.9, 0.95)
 #: runs of each configuration ``gogh power evaluate`` scores: the first from one full-power
-#: measurement (the issue's protocol), the later ones also from the runs before (evidence_bound)
-EVIDENCE_RUNS = 3
+#: measurement (the issue's protocol), the later ones also from the runs before (evidence_bound,
+#: probe_limit), as a flow on a schedule runs again and again
+EVIDENCE_RUNS = 6
+#: two limits closer than this are the same level (the measurement table keeps 0.1 W)
+SAME_LIMIT_W = 0.06
 KEYS = ("dataset", "network", "batch_size", "optimizer")
 COLUMNS = (*KEYS, "power_limit", "time_per_epoch", "average_power")
 TRACE_FILE = re.compile(r"^summary_power_(?P<gpu>[A-Za-z0-9_-]+)\.csv$")
@@ -256,7 +259,69 @@ def evidence_bound(points: Sequence[tuple[float, float]], limit_w: float) -> flo
     measured at this limit or above (inf: none measured there). What the placement learns from
     runs at limits (``PlacementProblem.rate_bound``), and what ``gogh power evaluate`` scores
     over repeated runs."""
-    return min((rate for watts, rate in points if watts >= limit_w - 1e-6), default=math.inf)
+    return min((p[1] for p in points if p[0] >= limit_w - 1e-6), default=math.inf)
+
+
+def _measured_at(points: Sequence[tuple[float, ...]], limit_w: float) -> bool:
+    return any(abs(p[0] - limit_w) <= SAME_LIMIT_W for p in points)
+
+
+def measured_watts(points: Sequence[tuple[float, ...]], limit_w: float) -> float | None:
+    """The board power runs measured at ``limit_w`` (a point's optional third figure), if any."""
+    watts = [p[2] for p in points if len(p) > 2 and abs(p[0] - limit_w) <= SAME_LIMIT_W]
+    return float(np.median(watts)) if watts else None
+
+
+def probe_limit(levels: Sequence[float], points: Sequence[tuple[float, ...]], required: float,
+                board_w: Callable[[float], float], full_limit_w: float, full_rate: float) -> float | None:
+    """The one lowered limit worth trying next for a job type whose runs measured ``points``.
+
+    One full-power measurement cannot tell jobs that draw alike but slow down differently under
+    a limit apart (docs/energy.md: even tuned with hindsight it leaves 3-12% regret), so the
+    model's first choice is often a level or two above the job's best. What its runs measured
+    can: of the limits measured to meet ``required`` (and the full limit, at ``full_rate``), the
+    one of least energy per step (board power / rate; the power the run measured, a point's
+    optional third figure, else the model's ``board_w(L)``) is the best known; the level just below
+    it (among ``levels``, W), not yet measured, is worth one run. If that run falls short, its
+    measurement rules the level out (the worker's guard lifts the limit mid-run); if it costs
+    more energy per step, the level above stays the best and nothing lower is tried. None:
+    nothing measured, or nothing below the best left to try.
+    """
+    if not points:
+        return None
+    known = [(board_w(full_limit_w) / full_rate, full_limit_w)] if full_rate >= required > 0 else []
+    for w in sorted({p[0] for p in points}):
+        rate = evidence_bound(points, w)
+        if rate >= required and rate > 0 and w < full_limit_w - SAME_LIMIT_W:
+            watts = measured_watts(points, w)
+            known.append(((board_w(w) if watts is None else watts) / rate, w))
+    if not known:
+        return None
+    best_w = min(known)[1]
+    if best_w >= full_limit_w - SAME_LIMIT_W:
+        return None  # no lowered limit measured better than none: the model chooses among them
+    below = [w for w in levels if w < best_w - SAME_LIMIT_W]
+    if not below:
+        return None
+    probe = max(below)
+    if _measured_at(points, probe) or evidence_bound(points, probe) < required:
+        return None
+    return probe
+
+
+def informed_rate(points: Sequence[tuple[float, ...]], limit_w: float, model_rate: float,
+                  probe_w: float | None = None) -> float:
+    """A job's rate at ``limit_w`` from the model and from what its runs measured at ``points``.
+
+    Where a run measured this limit, the measurement (bounded by those at higher limits), not
+    the model; at the probe (:func:`probe_limit`), the least rate measured above it: the hope that
+    the job slows no further, which one run then checks; elsewhere the model's rate bounded by
+    :func:`evidence_bound`.
+    """
+    bound = evidence_bound(points, limit_w)
+    if _measured_at(points, limit_w) or (probe_w is not None and abs(limit_w - probe_w) <= SAME_LIMIT_W):
+        return bound
+    return min(model_rate, bound)
 
 
 # -- measured curves ------------------------------------------------------------------------
@@ -477,9 +542,9 @@ def _measured_best(lim: np.ndarray, t: np.ndarray, p: np.ndarray, t0: float, r: 
 def _score_runs(model: PowerLimitModel, trace: TraceSet, requirements: Sequence[float] = REQUIREMENTS,
                 runs: int = 1) -> dict[float, list[dict[str, float]]]:
     """Per requirement, the summary of each of ``runs`` runs of every configuration: the first
-    chosen from its full-power measurement alone, each later one also bounded by what the runs
-    before it measured at their limits (:func:`evidence_bound`, as placements learn in the
-    product). Energy is the model's throughout: evidence only rules limits out."""
+    chosen from its full-power measurement alone, each later one also from what the runs before
+    it measured at their limits, by the rule placements use (:func:`informed_rate` at the
+    :func:`probe_limit`; energy per step the model's board power over that rate)."""
     out = {}
     for r in requirements:
         per_run: list[tuple[list, list, list, list]] = [([], [], [], []) for _ in range(runs)]
@@ -487,16 +552,23 @@ def _score_runs(model: PowerLimitModel, trace: TraceSet, requirements: Sequence[
             tp, pp = model.predict(LimitMeasurement(t0, p0, trace.full_limit), trace.gpu, lim)
             b = _measured_best(lim, t, p, t0, r)
             top = int(np.argmax(lim))
-            seen = [(float(lim[top]), 1.0 / t0)]
+            power = dict(zip(lim.tolist(), pp.tolist()))
+            seen: list[tuple[float, ...]] = []  # (limit W, rate, board W) of the runs at lowered limits
             for chosen_e, best_e, max_e, violated in per_run:
-                rate = np.minimum(1.0 / tp, [evidence_bound(seen, float(w)) for w in lim])
+                probe = probe_limit([float(w) for w in lim if w < lim[top]], seen, r / t0,
+                                    power.__getitem__, float(lim[top]), 1.0 / t0)
+                rate = np.array([1.0 / t0 if i == top else informed_rate(seen, float(w), 1.0 / tp[i], probe)
+                                 for i, w in enumerate(lim)])
                 ok = t0 * rate >= r - 1e-12
                 # none predicted to meet r (a model whose tracking loss slows even the maximum):
                 # the fastest predicted, as from one measurement
-                i = _choose(np.where(ok, tp, np.inf), tp * pp, t0, r) if ok.any() else int(np.argmin(tp))
+                watts = np.array([w if (w := measured_watts(seen, float(x))) is not None else q
+                                  for x, q in zip(lim, pp)])
+                i = _choose(np.where(ok, 1.0 / rate, np.inf), watts / rate, t0, r) if ok.any() else int(np.argmin(tp))
                 chosen_e.append(t[i] * p[i]); best_e.append(t[b] * p[b]); max_e.append(t[top] * p[top])
                 violated.append(bool(t0 / t[i] < r - 1e-12))
-                seen.append((float(lim[i]), 1.0 / t[i]))
+                if i != top:
+                    seen.append((float(lim[i]), 1.0 / t[i], float(p[i])))
         out[r] = [_summary(*x) for x in per_run]
     return out
 
@@ -638,9 +710,10 @@ def print_evaluation(result: Mapping[str, Any], console: Any = None) -> None:
     console.print(f"model: {m['form']} ({params}), fitted with under-weight {m['under_weight']:g}; chosen by "
                   f"leave-one-GPU-out on the training GPUs (mean regret + violation rate: {sel}). Full power: the trace's {result['full_power_limit_w']:g} W "
                   f"(catalog TDP {result['catalog_tdp_w']:g} W); range {result['limit_range_w'][0]:g}-"
-                  f"{result['limit_range_w'][1]:g} W. 'model, run n': the n-th run of each configuration, its "
-                  "limit also ruled out where an earlier run at it or above measured below r (as placements "
-                  "learn from runs at limits).", soft_wrap=True, highlight=False)
+                  f"{result['limit_range_w'][1]:g} W. 'model, run n': the n-th run of each configuration, chosen "
+                  "as placements learn from runs at limits: a limit an earlier run measured counts as measured "
+                  "(one measured below r rules out every limit at or below it), and the level just below the "
+                  "best measured is tried once.", soft_wrap=True, highlight=False)
 
 
 def cmd_power_evaluate(args: argparse.Namespace) -> int:

@@ -107,3 +107,32 @@ def test_a_level_a_run_was_lifted_from_is_not_chosen_again_for_its_job_type(gogh
     import asyncio
 
     assert f"| measured at lowered limits | {first:g} W: 0.3 steps/s" in asyncio.run(explained())
+
+
+def test_a_type_whose_run_met_its_requirement_at_a_limit_tries_one_level_lower_next(gogh_home):
+    """Runs of a flow on a schedule learn their limit: the second run tries the level below the
+    first's (offered at the rate the first measured, and said so in its explanation); on the
+    emulated fleet that level is too slow, so the worker lifts it and the third run goes back."""
+    from gogh_flows import GpuCluster
+
+    cluster = GpuCluster(fleet={"a100": 1})
+    policy = PlacementPolicy(power_limit_levels=[0.0, 0.25, 0.5, 0.75], headroom=0.0)
+
+    # 5 steps/s: the A100 runs ResNet-50 (64) at about 6.2 at full power, 5.5 at 325 W, 4.7 at 250 W
+    @gogh_placed(model="ResNet-50", batch_size=64, min_throughput=5.0, work_steps=60, cluster=cluster,
+                 policy=policy)
+    def train() -> tuple[float | None, str]:
+        p = current_placement()
+        return p.power_limit_w, p.explanation_md
+
+    first, explained = train()
+    assert first is not None and "trying a lower limit" not in explained
+    second, explained = train()
+    assert second is not None and second < first, (first, second)
+    assert f"| trying a lower limit | {second:g} W is one level below" in explained
+    assert f"{first:g} W: " in explained and "W drawn" in explained  # what the first run measured there
+    frame = list(open_sessions().values())[0].measurements.read()
+    extras = [json.loads(e) if isinstance(e, str) else e for e in frame.sort("logged_at")["extra"]]
+    assert float(extras[1]["limit_lifted_from_w"]) == second  # too slow there: the worker lifted it
+    third, explained = train()
+    assert third == first and "trying a lower limit" not in explained

@@ -11,7 +11,8 @@ import pytest
 from gogh_flows.flows.observations import limit_evidence_from_measurements
 from gogh_flows.placement import BASELINES, GoghOptimizer, Gpu, Job, PlacementProblem, get_policy
 from gogh_flows.placement.result import Assignment, Placement
-from gogh_flows.placement.verify import violations
+from gogh_flows.placement.verify import placement_energy, violations
+from gogh_flows.power_limits import informed_rate, probe_limit
 from test_placement_limits import LEVELS, _table
 
 
@@ -72,7 +73,7 @@ def test_verify_flags_a_placement_at_a_level_the_evidence_rules_out():
     ({"heavy": ((300.0, 4.0),)}, "keyed by \\(job type, GPU type\\)"),
     ({("heavy", "h100"): ((0.0, 4.0),)}, "limit > 0"),
     ({("heavy", "h100"): ((300.0, float("nan")),)}, "rate >= 0"),
-    ({("heavy", "h100"): (300.0, 4.0)}, "pairs with a limit > 0"),
+    ({("heavy", "h100"): (300.0, 4.0)}, "pairs, or .* triples, with a limit > 0"),
 ])
 def test_malformed_evidence_says_what_it_should_be(evidence, match):
     with pytest.raises(ValueError, match=match):
@@ -80,9 +81,9 @@ def test_malformed_evidence_says_what_it_should_be(evidence, match):
 
 
 def _row(run: str, *, gpu_type="h100", job_type="heavy", throughput=5.0, partners=(), window="emulated",
-         **extra) -> dict:
+         mean_power_w=None, **extra) -> dict:
     return {"run_id": run, "job_type": job_type, "gpu_type": gpu_type, "throughput": throughput, "steps": 100.0,
-            "partners": list(partners), "telemetry": "emulated", "window": window,
+            "partners": list(partners), "telemetry": "emulated", "window": window, "mean_power_w": mean_power_w,
             "extra": json.dumps({k: str(v) for k, v in extra.items()})}
 
 
@@ -92,6 +93,8 @@ def test_measurements_give_the_rate_at_the_limit_a_lifted_run_left_and_a_kept_on
         _row("kept-a", throughput=7.0, power_limit_w=400.0),
         _row("kept-b", throughput=9.0, power_limit_w=400.0),
         _row("kept-c", throughput=7.5, power_limit_w=400.0),
+        _row("kept-w", job_type="light", throughput=7.5, power_limit_w=400.0, mean_power_w=350.0),
+        _row("kept-x", job_type="light", throughput=7.0, power_limit_w=400.0, mean_power_w=360.0),
         _row("full", throughput=10.0, power_limit_w=""),  # at the maximum: nothing to learn here
         _row("paired", throughput=2.0, power_limit_w=300.0, partners=("other",)),  # slowed by its partner
         _row("cpu-timed", throughput=0.1, power_limit_w=300.0, window="whole_run"),  # not its GPU's rate
@@ -99,5 +102,55 @@ def test_measurements_give_the_rate_at_the_limit_a_lifted_run_left_and_a_kept_on
     ], schema_overrides={"partners": pl.List(pl.String)})
     evidence = limit_evidence_from_measurements(frame)
     assert evidence == {("heavy", "h100"): ((300.0, 4.1), (400.0, 7.5)),  # runs at one limit: their median
+                        ("light", "h100"): ((400.0, 7.25, 355.0),),  # and the board power they measured
                         ("heavy", "t4"): ((50.0, 1.0),)}
     assert limit_evidence_from_measurements(pl.DataFrame()) == {}
+
+
+def _levels_below(problem: PlacementProblem, limit_w: float) -> list[float]:
+    return sorted((w for w in problem.limit_levels("h100") if w is not None and w < limit_w - 1e-6), reverse=True)
+
+
+def test_a_limit_runs_met_comfortably_leads_to_one_level_lower_and_no_further_than_the_runs_allow():
+    """The placement probes one level below the best measured limit, once per run, and stops at
+    a level measured too slow or costlier per step (docs/energy.md, "Learning from runs at limits")."""
+    first = GoghOptimizer().place(_problem()).assignment("j").power_limit_w
+    assert first is not None
+    probe = _levels_below(_problem(), first)[0]
+    # runs at the model's choice met 5 steps/s with room: the next run tries the level below
+    met = _problem({("heavy", "h100"): ((first, 9.0, 0.9 * first),)})
+    placed = GoghOptimizer().place(met)
+    assert placed.assignment("j").power_limit_w == probe
+    assert violations(met, placed) == []
+    assert placement_energy(met, placed) == pytest.approx(placed.assignment("j").energy_j)
+    for name in BASELINES:  # every policy costs the levels alike
+        assert violations(met, get_policy(name).place(met)) == [], name
+    # that run fell short (the worker's guard lifted its limit): back to the level above
+    short = _problem({("heavy", "h100"): ((first, 9.0, 0.9 * first), (probe, 4.0))})
+    assert GoghOptimizer().place(short).assignment("j").power_limit_w == first
+    # it met the requirement but cost more per step: the level above stays, nothing lower is tried
+    costly = _problem({("heavy", "h100"): ((first, 9.0, 0.9 * first), (probe, 5.2, 0.99 * probe))})
+    assert GoghOptimizer().place(costly).assignment("j").power_limit_w == first
+    # cheaper per step: the next run goes one level lower again, if there is one
+    cheaper = _problem({("heavy", "h100"): ((first, 9.0, 0.9 * first), (probe, 8.8, 0.8 * probe))})
+    lower = _levels_below(cheaper, probe)
+    assert GoghOptimizer().place(cheaper).assignment("j").power_limit_w == (lower[0] if lower else probe)
+
+
+def test_probe_and_informed_rate_follow_the_measurements():
+    levels = [200.0, 325.0, 450.0, 575.0]
+    board = lambda w: 0.9 * w  # noqa: E731 - the model's draw at a limit
+    assert probe_limit(levels, [], 5.0, board, 700.0, 10.0) is None  # nothing measured: the model alone
+    assert probe_limit(levels, [(450.0, 9.0, 400.0)], 5.0, board, 700.0, 10.0) == 325.0
+    assert probe_limit(levels, [(450.0, 9.0), (325.0, 4.0)], 5.0, board, 700.0, 10.0) is None  # short there
+    assert probe_limit(levels, [(450.0, 9.0, 400.0), (325.0, 8.0, 300.0)], 5.0, board, 700.0, 10.0) == 200.0
+    assert probe_limit(levels, [(450.0, 9.0, 400.0), (325.0, 5.1, 320.0)], 5.0, board, 700.0, 10.0) is None
+    assert probe_limit(levels, [(200.0, 9.0)], 5.0, board, 700.0, 10.0) is None  # the lowest level: nothing below
+    seen = [(450.0, 9.0, 400.0)]
+    assert informed_rate(seen, 450.0, 6.0) == 9.0  # measured: the measurement, not the model
+    assert informed_rate(seen, 325.0, 6.0, probe_w=325.0) == 9.0  # the probe: hoping for no further slowdown
+    assert informed_rate(seen, 325.0, 6.0) == 6.0  # elsewhere the model, bounded by what was measured above
+    assert informed_rate(seen, 325.0, 12.0) == 9.0
+    assert informed_rate(seen, 575.0, 9.5) == 9.5
+    # a lowered limit measured short, nothing measured better than the full limit: no probe
+    assert probe_limit(levels, [(450.0, 4.0)], 5.0, board, 700.0, 10.0) is None

@@ -124,14 +124,16 @@ def test_evaluate_held_out_gpu_on_zeus(zeus_dir, tmp_path, gpu, capsys):
         # numbers): less energy than always running at the maximum limit
         assert by["model"]["regret_mean"] < by["max"]["regret_mean"], (gpu, r)
         assert by["model"]["saving_vs_max"] > 0, (gpu, r)
-        # later runs learn from the earlier ones' limits: the first is the one-measurement
-        # protocol, and a run that met r keeps its limit, so violations never grow; by the third
-        # run every held-out GPU and requirement is at <= 1 violating configuration in 45
+        # later runs learn from the earlier ones' limits (the first is the one-measurement
+        # protocol): a run that met r with room tries one level lower, a run that fell short rules
+        # its level out. By the sixth run (docs/energy.md has the numbers) every held-out GPU and
+        # requirement is at <= 2 violating configurations and <= 5% mean regret, against up to
+        # 17.7% for the first run
         runs = by["model_runs"]
-        assert len(runs) == 3 and runs[0] == by["model"]
-        rates = [x["violation_rate"] for x in runs]
-        assert rates == sorted(rates, reverse=True), (gpu, r, rates)
-        assert rates[-1] * result["configurations"] <= 1, (gpu, r, rates)
+        assert len(runs) == 6 and runs[0] == by["model"]
+        assert runs[-1]["violation_rate"] * result["configurations"] <= 2, (gpu, r, runs[-1])
+        assert runs[-1]["regret_mean"] <= 0.05, (gpu, r, runs[-1])
+        assert runs[-1]["saving_vs_max"] > 0, (gpu, r)
     if gpu in ("v100", "p100"):  # Zeus's 250 W PCIe boards: the trace's maximum is full power
         assert result["full_power_limit_w"] == 250 and result["catalog_tdp_w"] == 300
     assert "held out" in capsys.readouterr().out

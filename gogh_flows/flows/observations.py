@@ -20,7 +20,7 @@ class ObservationCache:
         self.log = log
         self._stamp: object = None
         self._frame = observations_from_measurements(pl.DataFrame())
-        self._evidence: dict[tuple[str, str], tuple[tuple[float, float], ...]] = {}
+        self._evidence: dict[tuple[str, str], tuple[tuple[float, ...], ...]] = {}
 
     def _refresh(self) -> None:
         stamp = self.log.table.version()
@@ -34,7 +34,7 @@ class ObservationCache:
         self._refresh()
         return self._frame
 
-    def limit_evidence(self) -> dict[tuple[str, str], tuple[tuple[float, float], ...]]:
+    def limit_evidence(self) -> dict[tuple[str, str], tuple[tuple[float, ...], ...]]:
         self._refresh()
         return self._evidence
 
@@ -68,32 +68,44 @@ def _observations(steady: list[dict]) -> pl.DataFrame:
     return observations_frame(rows)
 
 
-def limit_evidence_from_measurements(frame: pl.DataFrame) -> dict[tuple[str, str], tuple[tuple[float, float], ...]]:
-    """Measurements -> what runs alone at a lowered limit showed: (job type, GPU type) -> ((limit W, steps/s), ...).
+def limit_evidence_from_measurements(frame: pl.DataFrame) -> dict[tuple[str, str], tuple[tuple[float, ...], ...]]:
+    """Measurements -> what runs alone at a lowered limit showed: (job type, GPU type) -> ((limit W, steps/s[,
+    board W]), ...).
 
     The placement's ``limit_evidence`` (``PlacementProblem.rate_bound``): a run short of its
     requirement under a limit gave the rate the worker's guard measured there before lifting
     it; a run that kept its limit, its measured rate at it. Only runs alone (a partner slows a
     run for its own reasons) and measured as the refiner's observations are (the steady window).
     Runs at one limit count by their median: the least of many noisy runs would drift ever lower.
+    The board power they drew there (their median ``mean_power_w``, where measured) lets the
+    placement weigh the limit by what it cost and try the level below it
+    (``PlacementProblem.probe_limit``); a lifted run's draw at the limit it left is not known.
     """
     return _limit_evidence(_steady_rows(frame))
 
 
-def _limit_evidence(steady: list[dict]) -> dict[tuple[str, str], tuple[tuple[float, float], ...]]:
-    out: dict[tuple[str, str], dict[float, list[float]]] = {}
+def _limit_evidence(steady: list[dict]) -> dict[tuple[str, str], tuple[tuple[float, ...], ...]]:
+    out: dict[tuple[str, str], dict[float, tuple[list[float], list[float]]]] = {}
     for r in steady:
         if any(p for p in (r.get("partners") or [])):
             continue
         extra = r.get("extra")
         lifted = _extra_float(extra, "limit_lifted_from_w")
-        if lifted is not None:
+        watts = None
+        if lifted is not None:  # the board's draw at the limit it left was not measured apart
             point = (lifted, _extra_float(extra, "limit_lifted_rate"))
         else:
             point = (_extra_float(extra, "power_limit_w"), float(r["throughput"]))
+            power = r.get("mean_power_w")
+            watts = float(power) if isinstance(power, int | float) and math.isfinite(power) and power > 0 else None
         if point[0] is not None and point[1] is not None:
-            out.setdefault((r["job_type"], r["gpu_type"]), {}).setdefault(round(point[0], 1), []).append(point[1])
-    return {k: tuple((w, statistics.median(rates)) for w, rates in sorted(v.items())) for k, v in out.items()}
+            rates, powers = out.setdefault((r["job_type"], r["gpu_type"]), {}).setdefault(round(point[0], 1), ([], []))
+            rates.append(point[1])
+            if watts is not None:
+                powers.append(watts)
+    # runs at one limit count by their median; the board power too, where runs measured it
+    return {k: tuple((w, statistics.median(rates), *((statistics.median(powers),) if powers else ()))
+                     for w, (rates, powers) in sorted(v.items())) for k, v in out.items()}
 
 
 def _steady_rows(frame: pl.DataFrame) -> list[dict]:

@@ -109,7 +109,7 @@ def decide(
     job: JobSpec, run_id: str, devices: Sequence[GpuDevice], running: list[Job],
     table: ThroughputTable, policy: str, time_limit_s: float, headroom: float = 0.0,
     power_limit_levels: Sequence[float] = (),
-    limit_evidence: Mapping[tuple[str, str], tuple[tuple[float, float], ...]] | None = None,
+    limit_evidence: Mapping[tuple[str, str], tuple[tuple[float, ...], ...]] | None = None,
 ) -> tuple[Placement, PlacementProblem]:
     """``headroom``: what the new run's requirement is raised by (the running jobs' come raised)."""
     gpus = [Gpu(d.id, d.gpu_type, d.capacity) for d in devices]
@@ -138,7 +138,7 @@ def place_with_retry(
     sleep: Callable[[float], object] = time.sleep, headroom: float = 0.0, headroom_wait_s: float = math.inf,
     placement_timeout_s: float = math.inf, power_limit_levels: Sequence[float] = (),
     patience: Patience | None = None,
-    limit_evidence: Mapping[tuple[str, str], tuple[tuple[float, float], ...]] | None = None,
+    limit_evidence: Mapping[tuple[str, str], tuple[tuple[float, ...], ...]] | None = None,
 ) -> RunPlacement:
     """Read the ledger, solve, claim by compare-and-set; decide again when the claim is refused.
 
@@ -305,7 +305,8 @@ def explain_rows(job: JobSpec, run_id: str, placement: Placement, gpu_id: str) -
 def _evidence_text(problem: PlacementProblem, job_type: str, gpu_type: str) -> str:
     """What runs of ``job_type`` measured at lowered limits on ``gpu_type``, for the explanation."""
     points = problem.limit_evidence.get((job_type, gpu_type), ())
-    return ", ".join(f"{w:g} W: {r:.4g} steps/s" for w, r in sorted(points))
+    return ", ".join(f"{p[0]:g} W: {p[1]:.4g} steps/s" + (f" at {p[2]:.0f} W drawn" if len(p) > 2 else "")
+                     for p in sorted(points))
 
 
 def _planned(problem: PlacementProblem, run_id: str) -> float:
@@ -337,6 +338,11 @@ def explain_markdown(job: JobSpec, run_id: str, placement: Placement, problem: P
           if a.power_limit_w is not None and ex is not None and ex.chosen is not None else []),
         *([f"| measured at lowered limits | {measured} (levels where this type was slower than "
            "required are not offered) |"] if (measured := _evidence_text(problem, job.job_type, a.gpu_type)) else []),
+        *([f"| trying a lower limit | {a.power_limit_w:g} W is one level below the best limit runs of this type "
+           "measured here, offered at the rate measured there; if this run falls short, the worker lifts the "
+           "limit and the level is not offered again |"]
+          if a.power_limit_w is not None and a.power_limit_w == problem.probe_limit(problem.job(run_id), a.gpu_type)
+          and problem.job(run_id).num_gpus == 1 else []),
         f"| work | {job.work_steps:,} steps |",
         f"| policy | {placement.policy} ({placement.status}, {placement.solve_ms:.1f} ms) |",
         f"| waited for a GPU | {waited_s:.1f} s |",

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gogh_flows.energy import EnergyModel, Occupant
-from gogh_flows.placement.problem import Gpu, Job, PlacementProblem
+from gogh_flows.placement.problem import Gpu, Informed, Job, PlacementProblem
 from gogh_flows.placement.result import (
     FULL,
     HURTS_PARTNER,
@@ -99,24 +99,37 @@ def alone_energy(problem: PlacementProblem, job: Job, gpu_type: str, iso: float,
 
 def best_alone_limit(energy: EnergyModel, gpu_type: str, occ: Occupant, num_gpus: int, required: float,
                      levels: tuple[float | None, ...],
-                     bound: Callable[[float | None], float] | None = None) -> tuple[float, float, float | None, float]:
+                     bound: Callable[[float | None], float] | None = None,
+                     informed: Informed | None = None) -> tuple[float, float, float | None, float]:
     """(energy, throughput, limit, energy at ``levels[0]``) of ``occ`` alone on ``gpu_type`` at
     the least-energy level of ``levels`` (highest first) at which it still meets ``required``.
 
     ``levels[0]`` must be feasible (the caller checked the job meets its requirement there);
     slowdowns grow as limits fall, so the scan stops at the first level too slow, by the
-    model or by ``bound`` (the most the job's own runs measured at a limit: ``rate_bound``)."""
+    model or by ``bound`` (the most the job's own runs measured at a limit: ``rate_bound``).
+    ``informed`` (``PlacementProblem.informed``), where runs of the job's type measured limits,
+    replaces both: measured levels count as measured (rate and energy), the probe below them is
+    offered, and the scan goes on past a level too slow (a lower one may be measured fine)."""
     e_first = energy.energy_alone(gpu_type, occ, num_gpus=num_gpus, limit_w=levels[0])
     pick = (e_first, occ.isolated, levels[0])
     if len(levels) > 1:
         p0 = energy.power_alone(gpu_type, occ.activity)
         for limit in levels[1:]:
             rate = occ.isolated / energy.at_limit(gpu_type, p0, limit)[0]
-            if bound is not None:
-                rate = min(rate, bound(limit))
-            if rate < required:
-                break
-            e = energy.energy_alone(gpu_type, occ, num_gpus=num_gpus, limit_w=limit)
+            watts = None
+            if informed is not None and limit is not None:
+                model_rate = rate
+                rate, watts = informed(limit, rate)
+                if rate < required:
+                    continue
+                e = energy.energy_alone(gpu_type, occ, num_gpus=num_gpus, limit_w=limit,
+                                        rate=None if rate == model_rate else rate, board_w=watts)
+            else:
+                if bound is not None:
+                    rate = min(rate, bound(limit))
+                if rate < required:
+                    break
+                e = energy.energy_alone(gpu_type, occ, num_gpus=num_gpus, limit_w=limit)
             if e < pick[0] * (1 - 1e-12):
                 pick = (e, rate, limit)
     return (*pick, e_first)
@@ -133,7 +146,8 @@ def least_alone_energy(problem: PlacementProblem, energy: EnergyModel, job: Job,
         return math.inf, None
     occ = Occupant(work, iso, thr.activity(job, gpu_type))
     e, _, limit, _ = best_alone_limit(energy, gpu_type, occ, job.num_gpus, job.required_throughput, levels,
-                                      lambda w: problem.rate_bound(job, gpu_type, w))
+                                      lambda w: problem.rate_bound(job, gpu_type, w),
+                                      problem.informed(job, gpu_type))
     return e, limit
 
 
@@ -223,7 +237,8 @@ def options_for(problem: PlacementProblem, state: FleetState, job: Job,
             occ = _occupant(problem, job, gtype, iso)
             e, t_lim, limit, e_max = best_alone_limit(energy, gtype, occ, job.num_gpus, rho,
                                                       problem.limit_levels(gtype) if limited else (None,),
-                                                      lambda w, t=gtype: problem.rate_bound(job, t, w))
+                                                      lambda w, t=gtype: problem.rate_bound(job, t, w),
+                                                      problem.informed(job, gtype))
             choices.append(Choice(
                 gpu_type=gtype, gpus=tuple(ids[: job.num_gpus]), throughput=t_lim, energy_j=e,
                 power_w=job.num_gpus * energy.power_alone(gtype, occ.activity, limit),

@@ -9,32 +9,40 @@ individually; :class:`TableThroughputs` serves a ground-truth table (the
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from gogh_flows.catalog import GpuType
 from gogh_flows.energy import DEFAULT_ACTIVITY, EnergyModel
-from gogh_flows.power_limits import evidence_bound
+from gogh_flows.power_limits import evidence_bound, informed_rate, measured_watts, probe_limit
 from gogh_flows.truth.table import ThroughputTable
 
 GANG_SIZES = (1, 2, 4, 8)
 MAX_CAPACITY = 2  # co-location data is pairwise: Gavel measured pairs, not triples
 
 
-def _checked_evidence(evidence: Mapping) -> dict[tuple[str, str], tuple[tuple[float, float], ...]]:
-    out: dict[tuple[str, str], tuple[tuple[float, float], ...]] = {}
+#: what a job type's runs at lowered limits measured: (limit W, steps/s) or (limit W, steps/s, board W)
+EvidencePoint = tuple[float, ...]
+#: a job's (rate, measured board W or None) at a limit, given the model's rate there
+Informed = Callable[[float, float], tuple[float, float | None]]
+
+
+def _checked_evidence(evidence: Mapping) -> dict[tuple[str, str], tuple[EvidencePoint, ...]]:
+    out: dict[tuple[str, str], tuple[EvidencePoint, ...]] = {}
     for key, points in (evidence or {}).items():
         if not (isinstance(key, tuple) and len(key) == 2 and all(isinstance(k, str) and k for k in key)):
             raise ValueError(f"limit_evidence is keyed by (job type, GPU type), got the key {key!r}")
         try:
-            pts = tuple((float(w), float(r)) for w, r in points)
+            pts = tuple(tuple(float(v) for v in pt) for pt in points)
         except (TypeError, ValueError):
-            pts = ((math.nan, math.nan),)  # not pairs of numbers: said below
-        bad = [pt for pt in pts if not (math.isfinite(pt[0]) and pt[0] > 0 and math.isfinite(pt[1]) and pt[1] >= 0)]
+            pts = ((math.nan, math.nan),)  # not tuples of numbers: said below
+        bad = [pt for pt in pts if not (len(pt) in (2, 3) and math.isfinite(pt[0]) and pt[0] > 0
+                                        and math.isfinite(pt[1]) and pt[1] >= 0
+                                        and (len(pt) == 2 or (math.isfinite(pt[2]) and pt[2] > 0)))]
         if bad:
-            raise ValueError(f"limit_evidence for {key!r} holds (limit W, steps/s) pairs with a limit > 0 and a "
-                             f"rate >= 0; got {list(points)!r}")
+            raise ValueError(f"limit_evidence for {key!r} holds (limit W, steps/s) pairs, or (limit W, steps/s, "
+                             f"board W) triples, with a limit > 0, a rate >= 0 and a power > 0; got {list(points)!r}")
         out[key] = pts
     return out
 
@@ -173,12 +181,16 @@ class PlacementProblem:
     #: single-GPU runs alone: a board's throughput does not rise as its limit falls, so at a
     #: limit at or below one measured a job of that type runs at most as fast as it did there.
     #: The power-limit model predicts every job's slowdown from its draw alone; this is what a
-    #: job's own runs showed (docs/energy.md, "Learning from runs at limits")
-    limit_evidence: Mapping[tuple[str, str], tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    #: job's own runs showed (docs/energy.md, "Learning from runs at limits"). A third figure, the
+    #: board power the runs measured there, lets the placement also try one level lower
+    #: (:meth:`informed`)
+    limit_evidence: Mapping[tuple[str, str], tuple[EvidencePoint, ...]] = field(default_factory=dict)
     _by_id: Mapping[str, Gpu] = field(init=False, repr=False, compare=False)
     _occupants: Mapping[str, tuple[Job, ...]] = field(init=False, repr=False, compare=False)
     _levels: dict[str, tuple[float | None, ...]] = field(default_factory=dict, init=False, repr=False,
                                                           compare=False)
+    _probes: dict[tuple[str, str, float], float | None] = field(default_factory=dict, init=False, repr=False,
+                                                                compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpus", tuple(self.gpus))
@@ -245,7 +257,7 @@ class PlacementProblem:
         throughputs: Throughputs | ThroughputTable,
         energy: EnergyModel | None = None,
         power_limit_levels: tuple[float, ...] = (),
-        limit_evidence: Mapping[tuple[str, str], Iterable[tuple[float, float]]] | None = None,
+        limit_evidence: Mapping[tuple[str, str], Iterable[EvidencePoint]] | None = None,
     ) -> PlacementProblem:
         tp = TableThroughputs(throughputs) if isinstance(throughputs, ThroughputTable) else throughputs
         return cls(tuple(gpus), tuple(jobs), tp, energy or EnergyModel(), tuple(power_limit_levels),
@@ -261,6 +273,46 @@ class PlacementProblem:
         if not seen:
             return math.inf
         return evidence_bound(seen, limit_w)
+
+    def probe_limit(self, job: Job, gpu_type: str) -> float | None:
+        """The lowered limit worth one run of ``job`` alone on ``gpu_type``: the level just below
+        the best its type's runs measured there (``power_limits.probe_limit``); None when nothing
+        was measured, nothing lower is left to try, or for a gang."""
+        if job.num_gpus > 1 or not self.limit_evidence:
+            return None
+        key = (job.job_type, gpu_type, job.required_throughput)
+        if key not in self._probes:
+            seen = self.limit_evidence.get((job.job_type, gpu_type))
+            full = self.throughputs.isolated(job, gpu_type) if seen else 0.0
+            probe = None
+            if seen and full > 0:
+                activity = self.throughputs.activity(job, gpu_type)
+                probe = probe_limit([w for w in self.limit_levels(gpu_type) if w is not None], seen,
+                                    job.required_throughput, lambda w: self.energy.power_alone(gpu_type, activity, w),
+                                    self.energy.max_limit(gpu_type), full)
+            self._probes[key] = probe
+        return self._probes[key]
+
+    def informed(self, job: Job, gpu_type: str) -> Informed | None:
+        """``(limit W, the model's rate there) -> (rate, measured board W or None)`` for ``job``
+        alone on ``gpu_type``, from what runs of its type measured at lowered limits; None where
+        nothing was (a gang, another type: the model stands, bounded by :meth:`rate_bound`).
+
+        A measured limit is taken as measured, not as the model predicts it; the one level below
+        the best measured (:meth:`probe_limit`) is offered at the rate measured above it, so a job
+        type whose runs met their requirement comfortably tries a lower limit, one level per run,
+        until a run falls short or costs more per step.
+        """
+        if job.num_gpus > 1 or not self.limit_evidence:
+            return None
+        seen = self.limit_evidence.get((job.job_type, gpu_type))
+        if not seen:
+            return None
+        probe = self.probe_limit(job, gpu_type)
+
+        def rate_at(limit_w: float, model_rate: float) -> tuple[float, float | None]:
+            return informed_rate(seen, limit_w, model_rate, probe), measured_watts(seen, limit_w)
+        return rate_at
 
     def limit_levels(self, gpu_type: str) -> tuple[float | None, ...]:
         """The limits a placement may set on a free GPU of ``gpu_type``, highest first; None is

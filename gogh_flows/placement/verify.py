@@ -104,8 +104,7 @@ def violations(problem: PlacementProblem, placement: Placement, rtol: float = 1e
                     )
         elif len(occ) == 1 and occ[0].id in seen:
             job = occ[0]
-            t = min(thr.isolated(job, gpu.gpu_type) / _slowdown(problem, gpu.gpu_type, occ, limits[gid]),
-                    problem.rate_bound(job, gpu.gpu_type, limits[gid]))
+            t = _alone(problem, job, gpu.gpu_type, limits[gid])[0]
             if t < job.required_throughput * (1 - rtol):
                 out.append(
                     f"{gid}: {job.id} gets {t:.4g} < required {job.required_throughput:.4g} steps/s"
@@ -114,12 +113,25 @@ def violations(problem: PlacementProblem, placement: Placement, rtol: float = 1e
     return out
 
 
+def _alone(problem: PlacementProblem, job: Job, gpu_type: str, limit: float | None) -> tuple[float, float | None, bool]:
+    """(rate, measured board W or None, whether runs at limits informed it) of ``job`` alone at
+    ``limit``: the model's, bounded, or as its type's runs measured (``PlacementProblem.informed``)."""
+    model_rate = problem.throughputs.isolated(job, gpu_type) / _slowdown(problem, gpu_type, [job], limit)
+    informed = problem.informed(job, gpu_type) if limit is not None else None
+    if informed is None:
+        return min(model_rate, problem.rate_bound(job, gpu_type, limit)), None, False
+    rate, watts = informed(limit, model_rate)  # type: ignore[arg-type]
+    return rate, watts, rate != model_rate
+
+
 def _gpu_energy(problem: PlacementProblem, gpu_type: str, occ: list[Job], limit: float | None) -> float:
     thr, energy = problem.throughputs, problem.energy
     if len(occ) == 1:
         j = occ[0]
         iso = thr.isolated(j, gpu_type)
-        return energy.energy_alone(gpu_type, Occupant(j.work, iso, thr.activity(j, gpu_type)), limit_w=limit)
+        rate, watts, moved = _alone(problem, j, gpu_type, limit)
+        return energy.energy_alone(gpu_type, Occupant(j.work, iso, thr.activity(j, gpu_type)), limit_w=limit,
+                                   rate=rate if moved else None, board_w=watts)
     a, b = occ
     ta, tb = thr.pair(a, b, gpu_type)
     ia, ib = max(thr.isolated(a, gpu_type), ta), max(thr.isolated(b, gpu_type), tb)
