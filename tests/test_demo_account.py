@@ -85,3 +85,11 @@ def test_the_plot_takes_a_wave_with_no_comparable_run(tmp_path):
                "placement_mape_per_wave": [0.05, None, 0.013], "p1_mape": 0.04, "p2_mape_after_retrain": 0.039}
     _plot(summary, None, None, tmp_path / "summary.png")
     assert (tmp_path / "summary.png").stat().st_size > 0
+
+
+def test_the_placement_error_leaves_out_runs_in_other_company_and_runs_at_a_trial_limit():
+    from gogh_flows.demo import _as_predicted
+
+    extras = [{}, {"partners_changed": "placed alone, ran next to LM"}, {"limit_trial_w": "250"},
+              {"power_limit_w": "325"}]
+    assert _as_predicted(extras) == ([True, False, False, True], 1)

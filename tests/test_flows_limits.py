@@ -134,5 +134,6 @@ def test_a_type_whose_run_met_its_requirement_at_a_limit_tries_one_level_lower_n
     frame = list(open_sessions().values())[0].measurements.read()
     extras = [json.loads(e) if isinstance(e, str) else e for e in frame.sort("logged_at")["extra"]]
     assert float(extras[1]["limit_lifted_from_w"]) == second  # too slow there: the worker lifted it
+    assert float(extras[1]["limit_trial_w"]) == second and "limit_trial_w" not in extras[0]
     third, explained = train()
     assert third == first and "trying a lower limit" not in explained

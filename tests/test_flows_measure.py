@@ -73,7 +73,7 @@ def test_whole_run_and_shared_figures_reach_the_table_as_measured():
     job = JobSpec.from_zoo("ResNet-50", 64, required_throughput=10.0, work_steps=300)
     placement = SimpleNamespace(run_id="r1", policy="optimizer", predicted_energy_j=1.0, waited_s=0.0,
                                 predictor_versions={}, partner_runs=(), partners=("b",), gpu_id="h100-0",
-                                gpu_type="h100", predicted_throughput=20.0)
+                                gpu_type="h100", predicted_throughput=20.0, limit_trial=False)
 
     def row(reading: TelemetryReading, run_id: str) -> dict:
         outcome = RunOutcome(value=None, telemetry=reading, partners=("LM (batch size 10)",), error=None,
@@ -174,10 +174,11 @@ def test_a_run_whose_partners_changed_after_placement_has_no_prediction_error():
                                attributed_energy_j=600.0, energy_method="model", window="emulated",
                                window_steps=300, run_energy_j=600.0, board_run_energy_j=600.0)
 
-    def measured(placed_with: tuple[str, ...], ran_with: tuple[str, ...]):
+    def measured(placed_with: tuple[str, ...], ran_with: tuple[str, ...], trial: bool = False):
         placement = SimpleNamespace(run_id="r1", policy="optimizer", predicted_energy_j=1.0, waited_s=0.0,
                                     predictor_versions={}, partner_runs=(), partners=placed_with, gpu_id="v100-0",
-                                    gpu_type="v100", predicted_throughput=57.0)
+                                    gpu_type="v100", predicted_throughput=57.0, limit_trial=trial,
+                                    power_limit_w=200.0 if trial else None)
         outcome = RunOutcome(value=None, telemetry=reading, partners=ran_with, error=None, gpu_id="v100-0",
                              gpu_type="v100", job_type=job.job_type, run_id="r1")
         m = build_measurement(job, placement, outcome, None, started=1.0, wall_s=1.0, flow_run=None,
@@ -192,3 +193,6 @@ def test_a_run_whose_partners_changed_after_placement_has_no_prediction_error():
     assert "prediction_rel_error" not in metrics
     same, metrics = measured(("LM (batch size 10)",), ("LM (batch size 10)",))
     assert "partners_changed" not in same.extra and metrics["prediction_rel_error"] == pytest.approx(0.9)
+    # a run at a trial limit was offered at the rate measured a level above: a hope, not a prediction
+    trial, metrics = measured((), (), trial=True)
+    assert trial.extra["limit_trial_w"] == "200" and "prediction_rel_error" not in metrics

@@ -16,9 +16,9 @@ from gogh_flows.power_limits import informed_rate, probe_limit
 from test_placement_limits import LEVELS, _table
 
 
-def _problem(evidence=None, jobs=None, gpus=None) -> PlacementProblem:
+def _problem(evidence=None, jobs=None, gpus=None, trials=True) -> PlacementProblem:
     return PlacementProblem.build(gpus or [Gpu("h-0", "h100")], jobs or [Job("j", "heavy", 5.0, 1e5)], _table(),
-                                  power_limit_levels=LEVELS, limit_evidence=evidence)
+                                  power_limit_levels=LEVELS, limit_evidence=evidence, limit_trials=trials)
 
 
 def test_a_level_measured_too_slow_is_not_chosen_again_by_any_policy():
@@ -125,6 +125,8 @@ def test_a_limit_runs_met_comfortably_leads_to_one_level_lower_and_no_further_th
     assert placement_energy(met, placed) == pytest.approx(placed.assignment("j").energy_j)
     for name in BASELINES:  # every policy costs the levels alike
         assert violations(met, get_policy(name).place(met)) == [], name
+    # PlacementPolicy(limit_trials=False): the measured level as measured, nothing lower tried
+    assert GoghOptimizer().place(_problem(met.limit_evidence, trials=False)).assignment("j").power_limit_w == first
     # that run fell short (the worker's guard lifted its limit): back to the level above
     short = _problem({("heavy", "h100"): ((first, 9.0, 0.9 * first), (probe, 4.0))})
     assert GoghOptimizer().place(short).assignment("j").power_limit_w == first

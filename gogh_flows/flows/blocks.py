@@ -229,6 +229,12 @@ class PlacementPolicy(Block):
                                             "every GPU stays at its maximum. The emulated fleet enacts them; real "
                                             "GPUs with GpuCluster(mode='local-cuda', run_power_limits=True), else a "
                                             "chosen limit is logged and not applied")
+    limit_trials: bool = Field(default=True, description="with power_limit_levels and refine: a run of a job "
+                               "type whose runs met their requirement at a lowered limit may be placed one level "
+                               "below the best they measured, to find the limit that suits it; if it falls "
+                               "short the worker lifts its limit (on a real GPU only for a flow body that "
+                               "reports its steps) and the level is not offered again. False: only the model's "
+                               "choice and levels already measured")
     risk_level: float | None = Field(default=None, ge=0.5, le=0.95, description="plan with the lower end "
                                      "of the refiner's calibrated interval at this level instead of the point "
                                      "prediction (0.9: on model families the predictors never saw, 90% of "

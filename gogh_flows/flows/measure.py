@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from gogh_flows.flows.placer import RunPlacement
 from gogh_flows.workloads.job import JobSpec
-from gogh_flows.tracking.measurements import PARTNERS_CHANGED, Measurement
+from gogh_flows.tracking.measurements import LIMIT_TRIAL, PARTNERS_CHANGED, Measurement
 
 if TYPE_CHECKING:  # the session opens the mirror that delivers what the ledger holds
     from gogh_flows.flows.session import Session
@@ -60,6 +60,8 @@ def build_measurement(job: JobSpec, placement: RunPlacement, outcome: Any, error
         if tel.limit_lifted_from_w is not None:  # the run measured short under its limit: the guard lifted it
             extra["limit_lifted_from_w"] = _fmt(tel.limit_lifted_from_w)
             extra["limit_lifted_rate"] = _fmt(tel.limit_lifted_rate)
+    if placement.limit_trial:
+        extra[LIMIT_TRIAL] = _fmt(placement.power_limit_w)
     if placement.partner_runs:
         # what the decision saw on this GPU, and what it predicted for each partner next to this run
         extra["placed_next_to"] = ",".join(placement.partner_runs)

@@ -20,7 +20,7 @@ from gogh_flows.energy import kwh
 from gogh_flows.workloads.job import JobSpec
 from gogh_flows.placement import Gpu, Job, PlacementProblem, get_policy
 from gogh_flows.placement.patience import Patience, hold_for_efficiency
-from gogh_flows.placement.result import Placement
+from gogh_flows.placement.result import Assignment, Placement
 from gogh_flows.runtime.devices import GpuDevice
 from gogh_flows.runtime.leases import Claim, LedgerState
 from gogh_flows.truth.table import ThroughputTable
@@ -87,6 +87,9 @@ class RunPlacement:
     partner_predicted: tuple[float, ...] = ()
     partner_required: tuple[float, ...] = ()
     power_limit_w: float | None = None  # the board limit chosen with it (None: the maximum, nothing set)
+    #: that limit is a trial: one level below the best its job type's runs measured (its predicted
+    #: throughput is the rate measured above it, a hope rather than a prediction)
+    limit_trial: bool = False
     limit_saving_j: float = 0.0  # predicted energy saved by that limit against the board's previous one
     #: the chosen option and the runner-ups as rows (the Prefect table artifact)
     options: tuple[dict, ...] = ()
@@ -110,12 +113,13 @@ def decide(
     table: ThroughputTable, policy: str, time_limit_s: float, headroom: float = 0.0,
     power_limit_levels: Sequence[float] = (),
     limit_evidence: Mapping[tuple[str, str], tuple[tuple[float, ...], ...]] | None = None,
+    limit_trials: bool = True,
 ) -> tuple[Placement, PlacementProblem]:
     """``headroom``: what the new run's requirement is raised by (the running jobs' come raised)."""
     gpus = [Gpu(d.id, d.gpu_type, d.capacity) for d in devices]
     new = Job(run_id, job.job_type, job.required_throughput * (1 + headroom), float(job.work_steps))
     problem = PlacementProblem.build(gpus, [*running, new], table, power_limit_levels=tuple(power_limit_levels),
-                                     limit_evidence=limit_evidence)
+                                     limit_evidence=limit_evidence, limit_trials=limit_trials)
     options = {"time_limit_s": time_limit_s} if policy == "optimizer" else {}
     return get_policy(policy, **options).place(problem), problem
 
@@ -139,6 +143,7 @@ def place_with_retry(
     placement_timeout_s: float = math.inf, power_limit_levels: Sequence[float] = (),
     patience: Patience | None = None,
     limit_evidence: Mapping[tuple[str, str], tuple[tuple[float, ...], ...]] | None = None,
+    limit_trials: bool = True,
 ) -> RunPlacement:
     """Read the ledger, solve, claim by compare-and-set; decide again when the claim is refused.
 
@@ -152,7 +157,8 @@ def place_with_retry(
     pool's scheduler included. With ``patience``, a run whose best option now is clearly less
     efficient than a busy GPU type waits for it, up to ``patience.max_wait_s`` from its start
     (:func:`gogh_flows.placement.patience.hold_for_efficiency`). ``limit_evidence``: what runs
-    at lowered limits measured (``PlacementProblem.limit_evidence``). ``headroom`` raises every
+    at lowered limits measured (``PlacementProblem.limit_evidence``; ``limit_trials``: whether a run
+    may try the level below the best of them). ``headroom`` raises every
     requirement the decision checks; a run waits for a GPU that clears its own so raised for up to
     ``headroom_wait_s`` (at most half of ``wait_timeout_s``), then is planned against its requirement itself,
     as it is at once when no GPU type of the fleet could clear it.
@@ -204,14 +210,14 @@ def place_with_retry(
             # that meets the requirement itself is not left idle for the whole wait_timeout_s
             own = headroom if elapsed < headroom_for_s else 0.0
             placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, own,
-                                        power_limit_levels, limit_evidence)
+                                        power_limit_levels, limit_evidence, limit_trials)
             short = next((w for w in placement.waiting if w.job_id == run_id), None)
             if (short is not None and own > 0
                     and job.required_throughput <= short.best_throughput < job.required_throughput * (1 + own)):
                 # no type of the fleet clears it with headroom, but some clear it exactly: plan
                 # without rather than wait for a GPU that cannot exist
                 placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, 0.0,
-                                            power_limit_levels, limit_evidence)
+                                            power_limit_levels, limit_evidence, limit_trials)
             elif own == 0 < headroom and said_waiting and not said_headroom and on_wait is not None:
                 on_wait(f"run {run_id}: no GPU cleared its requirement with the policy's headroom ({headroom:.0%}) "
                         f"within {headroom_for_s:g} s; from now on it takes one predicted to "
@@ -250,7 +256,7 @@ def place_with_retry(
                                                                                       a.gpu_type)[0]
                                             for j in others),
                     partner_required=tuple(j.required_throughput / (1 + headroom) for j in others),
-                    power_limit_w=a.power_limit_w,
+                    power_limit_w=a.power_limit_w, limit_trial=limit_trial(problem, run_id, a),
                     limit_saving_j=ex.chosen.limit_saving_j if (ex := placement.explanations.get(run_id))
                     and ex.chosen else 0.0,
                 )
@@ -302,6 +308,13 @@ def explain_rows(job: JobSpec, run_id: str, placement: Placement, gpu_id: str) -
     return tuple(rows)
 
 
+def limit_trial(problem: PlacementProblem, run_id: str, a: Assignment) -> bool:
+    """Whether the run was placed alone at its type's trial limit (``PlacementProblem.probe_limit``)."""
+    return (a.power_limit_w is not None and a.partner is None
+            and not [j for j in problem.occupants(a.gpus[0]) if j.id != run_id]
+            and a.power_limit_w == problem.probe_limit(problem.job(run_id), a.gpu_type))
+
+
 def _evidence_text(problem: PlacementProblem, job_type: str, gpu_type: str) -> str:
     """What runs of ``job_type`` measured at lowered limits on ``gpu_type``, for the explanation."""
     points = problem.limit_evidence.get((job_type, gpu_type), ())
@@ -340,9 +353,7 @@ def explain_markdown(job: JobSpec, run_id: str, placement: Placement, problem: P
            "required are not offered) |"] if (measured := _evidence_text(problem, job.job_type, a.gpu_type)) else []),
         *([f"| trying a lower limit | {a.power_limit_w:g} W is one level below the best limit runs of this type "
            "measured here, offered at the rate measured there; if this run falls short, the worker lifts the "
-           "limit and the level is not offered again |"]
-          if a.power_limit_w is not None and a.power_limit_w == problem.probe_limit(problem.job(run_id), a.gpu_type)
-          and problem.job(run_id).num_gpus == 1 else []),
+           "limit and the level is not offered again |"] if limit_trial(problem, run_id, a) else []),
         f"| work | {job.work_steps:,} steps |",
         f"| policy | {placement.policy} ({placement.status}, {placement.solve_ms:.1f} ms) |",
         f"| waited for a GPU | {waited_s:.1f} s |",

@@ -185,6 +185,8 @@ class PlacementProblem:
     #: board power the runs measured there, lets the placement also try one level lower
     #: (:meth:`informed`)
     limit_evidence: Mapping[tuple[str, str], tuple[EvidencePoint, ...]] = field(default_factory=dict)
+    #: whether a job alone may be offered the level below the best its type measured (:meth:`probe_limit`)
+    limit_trials: bool = True
     _by_id: Mapping[str, Gpu] = field(init=False, repr=False, compare=False)
     _occupants: Mapping[str, tuple[Job, ...]] = field(init=False, repr=False, compare=False)
     _levels: dict[str, tuple[float | None, ...]] = field(default_factory=dict, init=False, repr=False,
@@ -258,10 +260,11 @@ class PlacementProblem:
         energy: EnergyModel | None = None,
         power_limit_levels: tuple[float, ...] = (),
         limit_evidence: Mapping[tuple[str, str], Iterable[EvidencePoint]] | None = None,
+        limit_trials: bool = True,
     ) -> PlacementProblem:
         tp = TableThroughputs(throughputs) if isinstance(throughputs, ThroughputTable) else throughputs
         return cls(tuple(gpus), tuple(jobs), tp, energy or EnergyModel(), tuple(power_limit_levels),
-                   dict(limit_evidence or {}))  # type: ignore[arg-type]
+                   dict(limit_evidence or {}), limit_trials)  # type: ignore[arg-type]
 
     def rate_bound(self, job: Job, gpu_type: str, limit_w: float | None) -> float:
         """The most ``job`` can run at on ``gpu_type`` at ``limit_w`` by what its type's runs
@@ -277,8 +280,8 @@ class PlacementProblem:
     def probe_limit(self, job: Job, gpu_type: str) -> float | None:
         """The lowered limit worth one run of ``job`` alone on ``gpu_type``: the level just below
         the best its type's runs measured there (``power_limits.probe_limit``); None when nothing
-        was measured, nothing lower is left to try, or for a gang."""
-        if job.num_gpus > 1 or not self.limit_evidence:
+        was measured, nothing lower is left to try, for a gang, or without ``limit_trials``."""
+        if job.num_gpus > 1 or not self.limit_evidence or not self.limit_trials:
             return None
         key = (job.job_type, gpu_type, job.required_throughput)
         if key not in self._probes:

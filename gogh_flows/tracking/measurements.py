@@ -62,6 +62,9 @@ KEY_TAG = "gogh.measurement_key"
 TABLE_PENDING = "table_pending"  # a spooled record the table could not take yet
 #: extra key of a run whose partners changed after its placement (its prediction was for other company)
 PARTNERS_CHANGED = "partners_changed"
+#: extra key of a run placed at a trial limit (one level below the best its type measured): its
+#: predicted throughput was the rate measured above that level, a hope to be checked, not a prediction
+LIMIT_TRIAL = "limit_trial_w"
 COMPLETE_TAG = "gogh.logged"  # set in the same batch as the metrics: marks a whole run
 EMULATED_TIME_TAG = "gogh.emulated_time"  # "true": the run's times are the emulated GPU's, not wall time
 _LOCK_TIMEOUT_S = 120.0
@@ -531,9 +534,11 @@ def _metrics(m: Measurement) -> list[Metric]:
         "startup_energy_j": m.startup_energy_j,
         "run_energy_j": m.run_energy_j,
     }
-    if m.predicted_throughput is not None and m.throughput > 0 and PARTNERS_CHANGED not in m.extra:
+    if (m.predicted_throughput is not None and m.throughput > 0 and PARTNERS_CHANGED not in m.extra
+            and LIMIT_TRIAL not in m.extra):
         # Signed relative error of the placement's prediction: what P2 retraining reduces. Not
-        # for a run whose partners changed after placement: it was predicted for other company.
+        # for a run whose partners changed after placement (it was predicted for other company),
+        # nor for a run at a trial limit (its figure was the rate measured at the level above).
         values["prediction_rel_error"] = (m.predicted_throughput - m.throughput) / m.throughput
     return [Metric(k, float(v), ts, 0) for k, v in values.items() if v is not None]
 
