@@ -51,6 +51,7 @@ import functools
 import json
 import math
 import re
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -368,12 +369,17 @@ def read_trace(path: Path, gpu_name: str) -> TraceSet:
     except pl.exceptions.InvalidOperationError as exc:
         raise ValueError(f"{path}: power_limit, time_per_epoch and average_power must be numbers "
                          f"({str(exc).splitlines()[0]})") from None
+    rows = df.height
     df = (df
           .drop("time_per_epoch", "average_power")
           .filter(pl.col("time").is_finite() & (pl.col("time") > 0) & pl.col("power").is_finite()
                   & (pl.col("power") > 0) & (pl.col("power_limit") > 0)))
     if df.height == 0:
         raise ValueError(f"{path}: no rows with positive time, power and limit")
+    if df.height < rows:  # a row cut short (a truncated copy) reads as empty fields: say so, not silently
+        warnings.warn(f"{path}: left out {rows - df.height} of {rows} rows without a positive power_limit, "
+                      "time_per_epoch and average_power (empty or non-positive fields; a truncated or "
+                      "hand-edited file?)", stacklevel=2)
     lo, hi = float(df["power_limit"].min()), float(df["power_limit"].max())  # type: ignore[arg-type]
     if not lo < hi:
         raise ValueError(f"{path}: every row is at one power limit ({hi:g} W); need a curve")

@@ -160,3 +160,14 @@ def test_evaluate_names_missing_files_and_columns(tmp_path, capsys):
     assert main(["power", "evaluate", "--data", str(tmp_path), "--test-gpu", "v100"]) == 2
     assert "other than v100" in capsys.readouterr().err
     assert set(read_traces(tmp_path)) == {"v100"}
+
+
+def test_a_row_cut_short_is_left_out_and_said(tmp_path):
+    """A copy of a trace truncated mid-row reads as an empty field: the row is left out with a
+    warning that counts it, not dropped silently."""
+    path = _synthetic_csv(tmp_path / "summary_power_v100.csv")
+    with path.open("a") as f:
+        f.write("synth,net0,32,sgd,175,10.5,")  # the last field lost
+    with pytest.warns(UserWarning, match=r"left out 1 of 36 rows .* truncated"):
+        trace = read_trace(path, "v100")
+    assert trace.frame.height == 35
