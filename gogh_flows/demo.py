@@ -216,8 +216,8 @@ def run_product_demo(seed: int = 0, out: Path | None = None, waves: int = 3, wav
                 nan = float("nan")
                 trust = "in full" if r.get("trust_scale") is None else f"up to P1 error {r['trust_scale']:g}"
                 say(f"  ({r.get('seconds', 0):.0f} s) challenger v{r.get('challenger_version')} MAPE "
-                    f"{r.get('challenger_mape', nan):.3f} (corrections {trust}) vs champion "
-                    f"{r.get('champion_mape', nan):.3f}, P1 alone {r.get('p1_mape', nan):.3f}: "
+                    f"{r.get('challenger_mape', nan):.1%} (corrections {trust}) vs champion "
+                    f"{r.get('champion_mape', nan):.1%}, P1 alone {r.get('p1_mape', nan):.1%}: "
                     + ("promoted" if r.get("promoted") else "kept the champion"))
         gogh_rows = _measurements(run_home / "gogh", registry.resolved_tracking_uri())
         source = predictor_source(registry)

@@ -179,16 +179,16 @@ def refine_predictors(
     create_markdown_artifact(key="gogh-refiner-comparison", markdown="\n".join([
         f"### Refiner retraining: challenger v{version} {verdict}", "",
         "| model | holdout MAPE | measurements |", "| --- | ---: | ---: |",
-        f"| challenger v{version} | {chall_score['mape']:.4f} | {chall_score['n']} |",
-        f"| champion v{versions['p2']} | {champ_score['mape']:.4f} | {champ_score['n']} |",
-        f"| P1 alone (no refiner, for reference) | {p1_score['mape']:.4f} | {p1_score['n']} |", "",
+        f"| challenger v{version} | {chall_score['mape']:.2%} | {chall_score['n']} |",
+        f"| champion v{versions['p2']} | {champ_score['mape']:.2%} | {champ_score['n']} |",
+        f"| P1 alone (no refiner, for reference) | {p1_score['mape']:.2%} | {p1_score['n']} |", "",
         f"Trained on {train.height} measurements, scored on the {test.height} most recent, each predicted "
         "without the earlier measurements of its own entry (job, GPU type, partner), as a placement would. "
         f"The challenger applies its corrections {trust_text}, chosen on the newest {n_val} of its "
         "training measurements.",
     ]))
-    logger.info("refiner challenger v%s: MAPE %.4f vs champion v%s %.4f -> %s", version,
-                chall_score["mape"], versions["p2"], champ_score["mape"], verdict)
+    logger.info("refiner challenger v%s: MAPE %.2f%% vs champion v%s %.2f%% -> %s", version,
+                100 * chall_score["mape"], versions["p2"], 100 * champ_score["mape"], verdict)
     print(json.dumps(result))
     return result
 
