@@ -177,3 +177,12 @@ def test_synthetic_any_batch_size_and_user_model():
 def test_synthetic_rejects_unknown_gpu_type():
     with pytest.raises(UnknownGpuTypeError, match="x100"):
         SyntheticFleet(gpu_types=("x100",))
+
+
+def test_a_relative_gavel_path_that_is_missing_says_where_it_was_looked_for(tmp_path, monkeypatch):
+    """The default ../shared/data/gavel is relative to the working directory: from elsewhere the
+    error shows where that led."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="from the working directory") as info:
+        read_gavel_json("data/nope.json")
+    assert str(tmp_path / "data" / "nope.json") in str(info.value)

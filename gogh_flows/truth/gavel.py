@@ -138,8 +138,10 @@ def read_gavel_json(
         p = p / GAVEL_FILES[which]
     if not p.exists():
         raise FileNotFoundError(
-            f"Gavel throughput file not found: {p}. Give a truth of 'synthetic', 'gavel' (the file in "
-            f"GOGH_GAVEL_DIR, default ../shared/data/gavel) or the path of a Gavel throughput JSON "
+            f"Gavel throughput file not found: {p}"
+            + (f" ({p.resolve()}, from the working directory {Path.cwd()})" if not p.is_absolute() else "")
+            + f". Give a truth of 'synthetic', 'gavel' (the file in "
+            f"GOGH_GAVEL_DIR, default ../shared/data/gavel, relative to the working directory) or the path of a Gavel throughput JSON "
             f"(a GpuCluster block's truth, or --truth on the command line); GOGH_GAVEL_DIR must be the "
             f"folder holding {GAVEL_FILES[which]}."
         )
