@@ -244,7 +244,7 @@ def run_product_demo(seed: int = 0, out: Path | None = None, waves: int = 3, wav
     p1_err = ThroughputPredictor(final.p1, None).refine_error(feats, earlier.head(0), is_last)
     p2_err = final.refine_error(feats, earlier, is_last)
     extras = [json.loads(x or "{}") for x in gogh_rows["extra"].to_list()]
-    as_predicted, trials = _as_predicted(extras)
+    as_predicted, moved, trials = _as_predicted(extras)
     gogh_rows = gogh_rows.with_columns(pl.Series("_as_predicted", as_predicted, dtype=pl.Boolean))
     per_wave, left_out = [], 0
     for w in range(waves):
@@ -321,8 +321,8 @@ def run_product_demo(seed: int = 0, out: Path | None = None, waves: int = 3, wav
           + "  ".join(f"w{i + 1} {x:.1%}" for i, x in enumerate(per_wave))
           + f"  ({summary['placement_error_trend']} from the first wave to the last)"
           + (f"  ({left_out} run{'s' if left_out != 1 else ''} left out: " + "; ".join(
-              ([f"{left_out - trials} ran in other company than predicted (a partner joined or left after "
-                "placement)"] if left_out > trials else [])
+              ([f"{moved} ran in other company than predicted (a partner joined or left after placement)"]
+               if moved else [])
               + ([f"{trials} at a trial limit, one level below the best its type measured, predicted at the "
                   "rate measured above it"] if trials else [])) + ")"
              if left_out else ""))
@@ -342,8 +342,9 @@ def _compared(before: float, after: float) -> int:
     return 0
 
 
-def _as_predicted(extras: list[dict]) -> tuple[list[bool], int]:
-    """Which runs' placement-time prediction can be scored, and how many ran at a trial limit.
+def _as_predicted(extras: list[dict]) -> tuple[list[bool], int, int]:
+    """Which runs' placement-time prediction can be scored; how many ran in other company, and how
+    many at a trial limit (a run can be both).
 
     Only runs that ran in the company they were predicted for (a partner that came after the
     decision changes what the run measures, not what the predictor knew), and not at a trial limit
@@ -352,7 +353,7 @@ def _as_predicted(extras: list[dict]) -> tuple[list[bool], int]:
     from gogh_flows.tracking.measurements import LIMIT_TRIAL, PARTNERS_CHANGED
 
     return ([PARTNERS_CHANGED not in e and LIMIT_TRIAL not in e for e in extras],
-            sum(LIMIT_TRIAL in e for e in extras))
+            sum(PARTNERS_CHANGED in e for e in extras), sum(LIMIT_TRIAL in e for e in extras))
 
 
 def _trend_verdict(per_wave: list[float]) -> str:

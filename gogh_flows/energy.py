@@ -31,7 +31,7 @@ treated as paid anyway (an always-on fleet) and only the draw above idle counts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -187,6 +187,22 @@ class EnergyModel:
         slow, board = self.at_limit(g, g.idle_w + occ.activity * dyn, limit_w)
         seconds = occ.work / rate if rate else occ.work * slow / occ.isolated
         return num_gpus * ((board if board_w is None else board_w) - (g.idle_w - idle)) * seconds
+
+    def alone_at(self, gpu_type: str | GpuType, occ: Occupant, limit_w: float | None, *, num_gpus: int = 1,
+                 informed: Callable[[float, float], tuple[float, float | None]] | None = None
+                 ) -> tuple[float, float]:
+        """(steps/s, joules to finish) of ``occ`` alone at ``limit_w``: the model's slowdown and draw,
+        or, where ``informed`` ((limit W, the model's rate) -> (rate, measured board W or None):
+        ``PlacementProblem.informed``) says what runs of the job measured there, theirs. The one
+        costing of a job alone that the optimiser's options and the verifier share."""
+        if limit_w is None:
+            return occ.isolated, self.energy_alone(gpu_type, occ, num_gpus=num_gpus)
+        model_rate = occ.isolated / self.at_limit(gpu_type, self.power_alone(gpu_type, occ.activity), limit_w)[0]
+        if informed is None:
+            return model_rate, self.energy_alone(gpu_type, occ, num_gpus=num_gpus, limit_w=limit_w)
+        rate, watts = informed(limit_w, model_rate)
+        return rate, self.energy_alone(gpu_type, occ, num_gpus=num_gpus, limit_w=limit_w,
+                                       rate=None if rate == model_rate else rate, board_w=watts)
 
     def energy_pair(self, gpu_type: str | GpuType, a: Occupant, b: Occupant,
                     limit_w: float | None = None) -> float:

@@ -66,7 +66,7 @@ from gogh_flows.catalog import GpuType
 __all__ = [
     "DEFAULT_MODEL_FILE", "FORMS", "REQUIREMENTS", "UNDER_WEIGHTS", "LimitMeasurement", "PowerLimitModel", "TraceSet", "add_parser",
     "choose_limit", "cmd_power_evaluate", "cmd_power_fit", "default_limit_model", "evaluate_held_out",
-    "evidence_bound", "informed_rate", "measured_watts", "probe_limit",
+    "SAME_LIMIT_W", "evidence_bound", "informed_rate", "measured_watts", "probe_limit",
     "fit_all", "fit_power_limit_model",
     "read_traces",
 ]
@@ -260,7 +260,7 @@ def evidence_bound(points: Sequence[tuple[float, float]], limit_w: float) -> flo
     measured at this limit or above (inf: none measured there). What the placement learns from
     runs at limits (``PlacementProblem.rate_bound``), and what ``gogh power evaluate`` scores
     over repeated runs."""
-    return min((p[1] for p in points if p[0] >= limit_w - 1e-6), default=math.inf)
+    return min((p[1] for p in points if p[0] >= limit_w - SAME_LIMIT_W), default=math.inf)
 
 
 def _measured_at(points: Sequence[tuple[float, ...]], limit_w: float) -> bool:
@@ -274,7 +274,8 @@ def measured_watts(points: Sequence[tuple[float, ...]], limit_w: float) -> float
 
 
 def probe_limit(levels: Sequence[float], points: Sequence[tuple[float, ...]], required: float,
-                board_w: Callable[[float], float], full_limit_w: float, full_rate: float) -> float | None:
+                board_w: Callable[[float], float], full_limit_w: float, full_rate: float,
+                unpaid_w: float = 0.0) -> float | None:
     """The one lowered limit worth trying next for a job type whose runs measured ``points``.
 
     One full-power measurement cannot tell jobs that draw alike but slow down differently under
@@ -282,7 +283,8 @@ def probe_limit(levels: Sequence[float], points: Sequence[tuple[float, ...]], re
     model's first choice is often a level or two above the job's best. What its runs measured
     can: of the limits measured to meet ``required`` (and the full limit, at ``full_rate``), the
     one of least energy per step (board power / rate; the power the run measured, a point's
-    optional third figure, else the model's ``board_w(L)``) is the best known; the level just below
+    optional third figure, else the model's ``board_w(L)``, less ``unpaid_w``: idle power an
+    always-on account treats as paid anyway) is the best known; the level just below
     it (among ``levels``, W), not yet measured, is worth one run. If that run falls short, its
     measurement rules the level out (the worker's guard lifts the limit mid-run); if it costs
     more energy per step, the level above stays the best and nothing lower is tried. None:
@@ -290,12 +292,12 @@ def probe_limit(levels: Sequence[float], points: Sequence[tuple[float, ...]], re
     """
     if not points:
         return None
-    known = [(board_w(full_limit_w) / full_rate, full_limit_w)] if full_rate >= required > 0 else []
+    known = [((board_w(full_limit_w) - unpaid_w) / full_rate, full_limit_w)] if full_rate >= required > 0 else []
     for w in sorted({p[0] for p in points}):
         rate = evidence_bound(points, w)
         if rate >= required and rate > 0 and w < full_limit_w - SAME_LIMIT_W:
             watts = measured_watts(points, w)
-            known.append(((board_w(w) if watts is None else watts) / rate, w))
+            known.append((((board_w(w) if watts is None else watts) - unpaid_w) / rate, w))
     if not known:
         return None
     best_w = min(known)[1]
@@ -554,13 +556,14 @@ def _score_runs(model: PowerLimitModel, trace: TraceSet, requirements: Sequence[
     out = {}
     for r in requirements:
         per_run: list[tuple[list, list, list, list]] = [([], [], [], []) for _ in range(runs)]
+        trials: list[list[bool]] = [[] for _ in range(runs)]  # per run: whether each configuration tried
         for lim, t, p, t0, p0 in _configs(trace):
             tp, pp = model.predict(LimitMeasurement(t0, p0, trace.full_limit), trace.gpu, lim)
             b = _measured_best(lim, t, p, t0, r)
             top = int(np.argmax(lim))
             power = dict(zip(lim.tolist(), pp.tolist()))
             seen: list[tuple[float, ...]] = []  # (limit W, rate, board W) of the runs at lowered limits
-            for chosen_e, best_e, max_e, violated in per_run:
+            for (chosen_e, best_e, max_e, violated), tried in zip(per_run, trials):
                 probe = probe_limit([float(w) for w in lim if w < lim[top]], seen, r / t0,
                                     power.__getitem__, float(lim[top]), 1.0 / t0)
                 rate = np.array([1.0 / t0 if i == top else informed_rate(seen, float(w), 1.0 / tp[i], probe)
@@ -573,9 +576,13 @@ def _score_runs(model: PowerLimitModel, trace: TraceSet, requirements: Sequence[
                 i = _choose(np.where(ok, 1.0 / rate, np.inf), watts / rate, t0, r) if ok.any() else int(np.argmin(tp))
                 chosen_e.append(t[i] * p[i]); best_e.append(t[b] * p[b]); max_e.append(t[top] * p[top])
                 violated.append(bool(t0 / t[i] < r - 1e-12))
+                tried.append(probe is not None and abs(float(lim[i]) - probe) <= SAME_LIMIT_W)
                 if i != top:
                     seen.append((float(lim[i]), 1.0 / t[i], float(p[i])))
-        out[r] = [_summary(*x) for x in per_run]
+        # the share of configurations whose run was a trial (probe_limit), and of those that fell short
+        out[r] = [{**_summary(*x), "trial_rate": float(np.mean(tried)),
+                   "trial_violation_rate": float(np.mean(np.array(tried) & np.array(x[3])))}
+                  for x, tried in zip(per_run, trials)]
     return out
 
 
@@ -699,7 +706,7 @@ def print_evaluation(result: Mapping[str, Any], console: Any = None) -> None:
     table = Table(title=f"Power limits on {result['test_gpu']} held out (fit on {', '.join(result['train_gpus'])}; "
                   f"{result['configurations']} configurations)")
     for col, just in (("r", "right"), ("policy", "left"), ("violations", "right"), ("regret mean", "right"),
-                      ("regret max", "right"), ("saving vs max", "right")):
+                      ("regret max", "right"), ("saving vs max", "right"), ("trials (short)", "right")):
         table.add_column(col, justify=just)  # type: ignore[arg-type]
     for r, by in result["requirements"].items():
         rows = [("model", by["model"])]
@@ -708,7 +715,9 @@ def print_evaluation(result: Mapping[str, Any], console: Any = None) -> None:
                  (f"median-fraction ({by['median_fraction']['fraction']:.2f})", by["median_fraction"])]
         for name, s in rows:
             table.add_row(r, name, f"{100 * s['violation_rate']:.1f}%", f"{100 * s['regret_mean']:.1f}%",
-                          f"{100 * s['regret_max']:.1f}%", f"{100 * s['saving_vs_max']:.1f}%")
+                          f"{100 * s['regret_max']:.1f}%", f"{100 * s['saving_vs_max']:.1f}%",
+                          f"{100 * s['trial_rate']:.1f}% ({100 * s['trial_violation_rate']:.1f}%)"
+                          if s.get("trial_rate") else "")
     console = console or Console()
     console.print(table)
     params = ", ".join(f"{k} = {v:g}" for k, v in m["params"].items())
@@ -719,7 +728,8 @@ def print_evaluation(result: Mapping[str, Any], console: Any = None) -> None:
                   f"{result['limit_range_w'][1]:g} W. 'model, run n': the n-th run of each configuration, chosen "
                   "as placements learn from runs at limits: a limit an earlier run measured counts as measured "
                   "(one measured below r rules out every limit at or below it), and the level just below the "
-                  "best measured is tried once.", soft_wrap=True, highlight=False)
+                  "best measured is tried; 'trials (short)': the configurations whose run was such a trial "
+                  "(and fell short).", soft_wrap=True, highlight=False)
 
 
 def cmd_power_evaluate(args: argparse.Namespace) -> int:
@@ -753,9 +763,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Reads every summary_power_<gpu>.csv in --data (Zeus's traces), fits the power-limit "
         "model on all GPUs but --test-gpu, and for each configuration of --test-gpu, given only its "
         "measurement at the maximum limit and the catalog's figures, chooses the limit of least predicted "
-        "energy keeping r of full-speed throughput (r = 0.8, 0.9, 0.95). Reports violation rate, energy "
-        "regret against the best measured feasible limit and saving against the maximum limit, for the model "
-        "and the 'max' and 'median-fraction' baselines.")
+        "energy keeping r of full-speed throughput (r = 0.8, 0.9, 0.95); then scores five more runs of each "
+        "configuration, each also using what the runs before it measured at their limits, as placements do. "
+        "Reports violation rate, energy regret against the best measured feasible limit and saving against the "
+        "maximum limit, for the model (first run and runs 2-6) and the 'max' and 'median-fraction' baselines.")
     ev.add_argument("--data", required=True, help="folder with summary_power_<gpu>.csv files")
     ev.add_argument("--test-gpu", required=True, help="the GPU held out, e.g. v100 (a catalog type)")
     ev.add_argument("--json", help="also write the figures to this file")

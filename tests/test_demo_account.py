@@ -91,5 +91,5 @@ def test_the_placement_error_leaves_out_runs_in_other_company_and_runs_at_a_tria
     from gogh_flows.demo import _as_predicted
 
     extras = [{}, {"partners_changed": "placed alone, ran next to LM"}, {"limit_trial_w": "250"},
-              {"power_limit_w": "325"}]
-    assert _as_predicted(extras) == ([True, False, False, True], 1)
+              {"power_limit_w": "325"}, {"limit_trial_w": "250", "partners_changed": "placed alone, ran next to LM"}]
+    assert _as_predicted(extras) == ([True, False, False, True, False], 2, 2)  # the last counted for both

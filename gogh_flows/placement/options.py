@@ -115,16 +115,12 @@ def best_alone_limit(energy: EnergyModel, gpu_type: str, occ: Occupant, num_gpus
     if len(levels) > 1:
         p0 = energy.power_alone(gpu_type, occ.activity)
         for limit in levels[1:]:
-            rate = occ.isolated / energy.at_limit(gpu_type, p0, limit)[0]
-            watts = None
             if informed is not None and limit is not None:
-                model_rate = rate
-                rate, watts = informed(limit, rate)
+                rate, e = energy.alone_at(gpu_type, occ, limit, num_gpus=num_gpus, informed=informed)
                 if rate < required:
                     continue
-                e = energy.energy_alone(gpu_type, occ, num_gpus=num_gpus, limit_w=limit,
-                                        rate=None if rate == model_rate else rate, board_w=watts)
             else:
+                rate = occ.isolated / energy.at_limit(gpu_type, p0, limit)[0]
                 if bound is not None:
                     rate = min(rate, bound(limit))
                 if rate < required:
@@ -264,7 +260,9 @@ def options_for(problem: PlacementProblem, state: FleetState, job: Job,
                 continue
             k_iso = max(thr.isolated(partner, t), thr.pair(job, partner, t)[1])
             k_occ = _occupant(problem, partner, t, k_iso)
-            before = energy.energy_alone(t, k_occ, limit_w=now)
+            # the partner alone at the board's limit now, costed as its own options are (what its
+            # type's runs measured there, where they did), so the join's increment is the verifier's
+            before = energy.alone_at(t, k_occ, now, informed=problem.informed(partner, t))[1]
             choices.append(Choice(
                 gpu_type=t, gpus=(gpu.id,), throughput=tj,
                 energy_j=e_pair - before,

@@ -113,25 +113,20 @@ def violations(problem: PlacementProblem, placement: Placement, rtol: float = 1e
     return out
 
 
-def _alone(problem: PlacementProblem, job: Job, gpu_type: str, limit: float | None) -> tuple[float, float | None, bool]:
-    """(rate, measured board W or None, whether runs at limits informed it) of ``job`` alone at
-    ``limit``: the model's, bounded, or as its type's runs measured (``PlacementProblem.informed``)."""
-    model_rate = problem.throughputs.isolated(job, gpu_type) / _slowdown(problem, gpu_type, [job], limit)
-    informed = problem.informed(job, gpu_type) if limit is not None else None
-    if informed is None:
-        return min(model_rate, problem.rate_bound(job, gpu_type, limit)), None, False
-    rate, watts = informed(limit, model_rate)  # type: ignore[arg-type]
-    return rate, watts, rate != model_rate
+def _alone(problem: PlacementProblem, job: Job, gpu_type: str, limit: float | None) -> tuple[float, float]:
+    """(rate, joules to finish) of ``job`` alone at ``limit``: the model's (its rate bounded by what
+    runs at limits measured), or as its type's runs measured there (``PlacementProblem.informed``)."""
+    thr = problem.throughputs
+    occ = Occupant(job.work, thr.isolated(job, gpu_type), thr.activity(job, gpu_type))
+    informed = problem.informed(job, gpu_type)
+    rate, joules = problem.energy.alone_at(gpu_type, occ, limit, informed=informed)
+    return (rate if informed is not None else min(rate, problem.rate_bound(job, gpu_type, limit))), joules
 
 
 def _gpu_energy(problem: PlacementProblem, gpu_type: str, occ: list[Job], limit: float | None) -> float:
     thr, energy = problem.throughputs, problem.energy
     if len(occ) == 1:
-        j = occ[0]
-        iso = thr.isolated(j, gpu_type)
-        rate, watts, moved = _alone(problem, j, gpu_type, limit)
-        return energy.energy_alone(gpu_type, Occupant(j.work, iso, thr.activity(j, gpu_type)), limit_w=limit,
-                                   rate=rate if moved else None, board_w=watts)
+        return _alone(problem, occ[0], gpu_type, limit)[1]
     a, b = occ
     ta, tb = thr.pair(a, b, gpu_type)
     ia, ib = max(thr.isolated(a, gpu_type), ta), max(thr.isolated(b, gpu_type), tb)
