@@ -174,12 +174,14 @@ def test_a_run_whose_partners_changed_after_placement_has_no_prediction_error():
                                attributed_energy_j=600.0, energy_method="model", window="emulated",
                                window_steps=300, run_energy_j=600.0, board_run_energy_j=600.0)
 
-    def measured(placed_with: tuple[str, ...], ran_with: tuple[str, ...], trial: bool = False):
+    def measured(placed_with: tuple[str, ...], ran_with: tuple[str, ...], trial: bool = False,
+                 board_limit_w: float | None = None):
         placement = SimpleNamespace(run_id="r1", policy="optimizer", predicted_energy_j=1.0, waited_s=0.0,
                                     predictor_versions={}, partner_runs=(), partners=placed_with, gpu_id="v100-0",
                                     gpu_type="v100", predicted_throughput=57.0, limit_trial=trial,
                                     power_limit_w=200.0 if trial else None)
-        outcome = RunOutcome(value=None, telemetry=reading, partners=ran_with, error=None, gpu_id="v100-0",
+        outcome = RunOutcome(value=None, telemetry=dataclasses.replace(reading, power_limit_w=board_limit_w),
+                             partners=ran_with, error=None, gpu_id="v100-0",
                              gpu_type="v100", job_type=job.job_type, run_id="r1")
         m = build_measurement(job, placement, outcome, None, started=1.0, wall_s=1.0, flow_run=None,
                               flow_name="f", device="local")
@@ -194,5 +196,9 @@ def test_a_run_whose_partners_changed_after_placement_has_no_prediction_error():
     same, metrics = measured(("LM (batch size 10)",), ("LM (batch size 10)",))
     assert "partners_changed" not in same.extra and metrics["prediction_rel_error"] == pytest.approx(0.9)
     # a run at a trial limit was offered at the rate measured a level above: a hope, not a prediction
-    trial, metrics = measured((), (), trial=True)
+    trial, metrics = measured((), (), trial=True, board_limit_w=200.0)
     assert trial.extra["limit_trial_w"] == "200" and "prediction_rel_error" not in metrics
+    # chosen but not applied (a pool that does not set limits on real boards: the board stayed at
+    # its own 250 W): nothing was tried, and the prediction is scored
+    kept, metrics = measured((), (), trial=True, board_limit_w=250.0)
+    assert "limit_trial_w" not in kept.extra and "prediction_rel_error" in metrics

@@ -12,8 +12,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from gogh_flows.flows.placer import RunPlacement
-from gogh_flows.workloads.job import JobSpec
+from gogh_flows.power_limits import SAME_LIMIT_W
 from gogh_flows.tracking.measurements import LIMIT_TRIAL, PARTNERS_CHANGED, Measurement
+from gogh_flows.workloads.job import JobSpec
 
 if TYPE_CHECKING:  # the session opens the mirror that delivers what the ledger holds
     from gogh_flows.flows.session import Session
@@ -60,7 +61,7 @@ def build_measurement(job: JobSpec, placement: RunPlacement, outcome: Any, error
         if tel.limit_lifted_from_w is not None:  # the run measured short under its limit: the guard lifted it
             extra["limit_lifted_from_w"] = _fmt(tel.limit_lifted_from_w)
             extra["limit_lifted_rate"] = _fmt(tel.limit_lifted_rate)
-    if placement.limit_trial:
+    if placement.limit_trial and tel is not None and _in_force(placement.power_limit_w, tel):
         extra[LIMIT_TRIAL] = _fmt(placement.power_limit_w)
     if placement.partner_runs:
         # what the decision saw on this GPU, and what it predicted for each partner next to this run
@@ -96,6 +97,13 @@ def build_measurement(job: JobSpec, placement: RunPlacement, outcome: Any, error
         startup_energy_j=tel.startup_energy_j if tel is not None else None,
         run_energy_j=tel.run_energy_j if tel is not None else None,
     )
+
+
+def _in_force(limit_w: float | None, tel) -> bool:
+    """Whether the board ran under ``limit_w``: recorded as its limit, or lifted from it by the guard.
+    A limit a pool does not set on real boards (logged, not applied) was never tried."""
+    return limit_w is not None and any(w is not None and abs(w - limit_w) <= SAME_LIMIT_W
+                                       for w in (tel.power_limit_w, tel.limit_lifted_from_w))
 
 
 def _fmt(value: float | None) -> str:
