@@ -137,3 +137,46 @@ def test_a_type_whose_run_met_its_requirement_at_a_limit_tries_one_level_lower_n
     assert float(extras[1]["limit_trial_w"]) == second and "limit_trial_w" not in extras[0]
     third, explained = train()
     assert third == first and "trying a lower limit" not in explained
+
+
+def test_a_run_that_waited_is_placed_on_what_the_trial_before_it_measured(gogh_home):
+    """Review: a run waiting while another tried a lower limit was placed, after that run's
+    measurement was in, on the evidence read before it waited, and tried the same level again."""
+    import threading
+
+    from gogh_flows import GpuCluster
+
+    policy = PlacementPolicy(power_limit_levels=[0.0, 0.25, 0.5, 0.75])  # headroom 10%: planned 2.97
+    started = threading.Event()
+
+    # a V100 runs ResNet-50 (64) at 4.63 steps/s at full power, 3.58 at 187.5 W, 2.95 at 150 W
+    @gogh_placed(model="ResNet-50", batch_size=64, min_throughput=2.7, work_steps=2000,
+                 cluster=GpuCluster(fleet={"v100": 1}, time_scale=0.005), policy=policy)
+    def train() -> tuple[float | None, str]:
+        p = current_placement()
+        started.set()
+        p.advance(2000)
+        return p.power_limit_w, p.explanation_md
+
+    first, _ = train()
+    out: dict[str, tuple] = {}
+
+    def trying() -> None:
+        out["trial"] = train()
+
+    def waiting() -> None:
+        started.wait(60)
+        out["next"] = train()  # the V100 is taken: it waits for the trial to end
+
+    started.clear()
+    threads = [threading.Thread(target=trying), threading.Thread(target=waiting)]
+    threads[0].start()
+    assert started.wait(60)
+    threads[1].start()
+    for t in threads:
+        t.join(120)
+    trial, explained = out["trial"]
+    assert trial < first and f"| trying a lower limit | {trial:g} W" in explained
+    after, explained = out["next"]
+    assert after == first and "trying a lower limit" not in explained
+    assert f"{trial:g} W: 2.95" in explained  # what the trial measured, read after it waited

@@ -186,11 +186,17 @@ def test_one_trial_at_a_time_per_job_type_and_gpu_type():
     alone = _problem(evidence, gpus=gpus)
     probe = alone.probe_limit(alone.job("j"), "h100")
     assert probe == 325.0 and GoghOptimizer().place(alone).assignment("j").power_limit_w == probe
-    # a run of the type is trying that level now: the next waits for its measurement
-    trying = Job("t", "heavy", 5.0, 1e5, gpus=("h-0",), power_limit_w=probe)
-    busy = _problem(evidence, jobs=[trying, Job("j", "heavy", 5.0, 1e5)], gpus=gpus)
-    assert busy.probe_limit(busy.job("j"), "h100") is None
-    assert GoghOptimizer().place(busy).assignment("j").power_limit_w != probe
+    # a run of the type is trying that level now, or ran short there and was lifted (its lease then
+    # shows the board's full limit), or runs at any limit: the next waits for its measurement
+    for limit in (probe, None, 450.0):
+        trying = Job("t", "heavy", 5.0, 1e5, gpus=("h-0",), power_limit_w=limit)
+        busy = _problem(evidence, jobs=[trying, Job("j", "heavy", 5.0, 1e5)], gpus=gpus)
+        assert busy.probe_limit(busy.job("j"), "h100") is None, limit
+        assert GoghOptimizer().place(busy).assignment("j").power_limit_w != probe
+    # a run of another job type does not hold the trial back
+    other = _problem(evidence, jobs=[Job("t", "light", 1.0, 1e5, gpus=("h-0",)), Job("j", "heavy", 5.0, 1e5)],
+                     gpus=gpus)
+    assert other.probe_limit(other.job("j"), "h100") == probe
     # two arrivals of the type in one decision: only the first is offered the trial
     two = _problem(evidence, jobs=[Job("x", "heavy", 5.0, 1e5), Job("y", "heavy", 5.0, 1e5)], gpus=gpus)
     assert two.probe_limit(two.job("x"), "h100") == probe and two.probe_limit(two.job("y"), "h100") is None

@@ -186,9 +186,11 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
     if source.degraded:
         logger.warning(source.degraded)
     gpu_types = sorted({d.gpu_type for d in session.pool.devices})
-    observations = session.observations.get() if policy.refine else None
-    # what this pool's runs at lowered limits measured: no level a job type was too slow at is offered again
-    evidence = session.observations.limit_evidence() if policy.refine and policy.power_limit_levels else None
+    # what this pool's runs measured (for the refiner) and measured at lowered limits (no level a job
+    # type was too slow at is offered again): read for every decision, so that a run that waited is
+    # placed on what the runs before it measured meanwhile (the cache re-reads only a changed table)
+    observations = session.observations.get if policy.refine else (lambda: None)
+    evidence = session.observations.limit_evidence if policy.refine and policy.power_limit_levels else None
     if policy.risk_level is not None and predictor.intervals is None:
         raise NoIntervalsError(
             f"PlacementPolicy(risk_level={policy.risk_level:g}) plans with the refiner's calibrated intervals, and "
@@ -197,7 +199,7 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
             "risk_level=None")
     placement = place_with_retry(
         job, run_id, devices=lambda state: session.pool.live_devices(state.workers), ledger=session.pool.ledger,
-        predict=lambda feats: predictor.predict_table(feats, gpu_types, observations, risk=policy.risk_level),
+        predict=lambda feats: predictor.predict_table(feats, gpu_types, observations(), risk=policy.risk_level),
         features=session.features.get, policy=policy.policy, time_limit_s=policy.solver_time_limit_s,
         wait_timeout_s=wait_timeout_s, poll_s=policy.poll_s, versions=source.versions(),
         on_wait=logger.info, sleep=session.wait_for_release, headroom=policy.headroom,

@@ -26,6 +26,9 @@ from gogh_flows.runtime.leases import Claim, LedgerState
 from gogh_flows.truth.table import ThroughputTable
 from gogh_flows.workloads.features import WorkloadFeatures
 
+#: what runs at lowered limits measured, (job type, GPU type) -> ((limit W, steps/s[, board W]), ...)
+Evidence = Mapping[tuple[str, str], tuple[tuple[float, ...], ...]]
+
 
 class PlacementError(RuntimeError):
     """A run could not be placed."""
@@ -112,7 +115,7 @@ def decide(
     job: JobSpec, run_id: str, devices: Sequence[GpuDevice], running: list[Job],
     table: ThroughputTable, policy: str, time_limit_s: float, headroom: float = 0.0,
     power_limit_levels: Sequence[float] = (),
-    limit_evidence: Mapping[tuple[str, str], tuple[tuple[float, ...], ...]] | None = None,
+    limit_evidence: Evidence | None = None,
     limit_trials: bool = True,
 ) -> tuple[Placement, PlacementProblem]:
     """``headroom``: what the new run's requirement is raised by (the running jobs' come raised)."""
@@ -142,7 +145,7 @@ def place_with_retry(
     sleep: Callable[[float], object] = time.sleep, headroom: float = 0.0, headroom_wait_s: float = math.inf,
     placement_timeout_s: float = math.inf, power_limit_levels: Sequence[float] = (),
     patience: Patience | None = None,
-    limit_evidence: Mapping[tuple[str, str], tuple[tuple[float, ...], ...]] | None = None,
+    limit_evidence: Evidence | Callable[[], Evidence] | None = None,
     limit_trials: bool = True,
 ) -> RunPlacement:
     """Read the ledger, solve, claim by compare-and-set; decide again when the claim is refused.
@@ -157,8 +160,9 @@ def place_with_retry(
     pool's scheduler included. With ``patience``, a run whose best option now is clearly less
     efficient than a busy GPU type waits for it, up to ``patience.max_wait_s`` from its start
     (:func:`gogh_flows.placement.patience.hold_for_efficiency`). ``limit_evidence``: what runs
-    at lowered limits measured (``PlacementProblem.limit_evidence``; ``limit_trials``: whether a run
-    may try the level below the best of them). ``headroom`` raises every
+    at lowered limits measured (``PlacementProblem.limit_evidence``), or a function reading it, called
+    for every decision so that a run that waited is placed on what the runs before it measured
+    meanwhile; ``limit_trials``: whether a run may try the level below the best of them. ``headroom`` raises every
     requirement the decision checks; a run waits for a GPU that clears its own so raised for up to
     ``headroom_wait_s`` (at most half of ``wait_timeout_s``), then is planned against its requirement itself,
     as it is at once when no GPU type of the fleet could clear it.
@@ -209,15 +213,16 @@ def place_with_retry(
             # the headroom holds out for a GPU that clears the raised requirement only so long: a GPU
             # that meets the requirement itself is not left idle for the whole wait_timeout_s
             own = headroom if elapsed < headroom_for_s else 0.0
+            evidence = limit_evidence() if callable(limit_evidence) else limit_evidence
             placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, own,
-                                        power_limit_levels, limit_evidence, limit_trials)
+                                        power_limit_levels, evidence, limit_trials)
             short = next((w for w in placement.waiting if w.job_id == run_id), None)
             if (short is not None and own > 0
                     and job.required_throughput <= short.best_throughput < job.required_throughput * (1 + own)):
                 # no type of the fleet clears it with headroom, but some clear it exactly: plan
                 # without rather than wait for a GPU that cannot exist
                 placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, 0.0,
-                                            power_limit_levels, limit_evidence, limit_trials)
+                                            power_limit_levels, evidence, limit_trials)
             elif own == 0 < headroom and said_waiting and not said_headroom and on_wait is not None:
                 on_wait(f"run {run_id}: no GPU cleared its requirement with the policy's headroom ({headroom:.0%}) "
                         f"within {headroom_for_s:g} s; from now on it takes one predicted to "
@@ -349,11 +354,13 @@ def explain_markdown(job: JobSpec, run_id: str, placement: Placement, problem: P
         *([f"| power limit | {a.power_limit_w:g} W (saves {kwh(ex.chosen.limit_saving_j):.4g} kWh "
            "predicted, against the board's previous limit) |"]
           if a.power_limit_w is not None and ex is not None and ex.chosen is not None else []),
-        *([f"| measured at lowered limits | {measured} (levels where this type was slower than "
-           "required are not offered) |"] if (measured := _evidence_text(problem, job.job_type, a.gpu_type)) else []),
+        *([f"| measured at lowered limits | {measured} (a level measured below "
+           f"{_planned(problem, run_id):.4g} steps/s, what this run is planned against, is not offered; nor "
+           "is any below it) |"] if (measured := _evidence_text(problem, job.job_type, a.gpu_type)) else []),
         *([f"| trying a lower limit | {a.power_limit_w:g} W is one level below the best limit runs of this type "
-           "measured here, offered at the rate measured there; if this run falls short, the worker lifts the "
-           "limit and the level is not offered again |"] if limit_trial(problem, run_id, a) else []),
+           "measured here, offered at the rate measured there; if this run falls below its requirement, the "
+           "worker lifts the limit, and later runs take the level only if this run measured at least the "
+           "throughput planned against |"] if limit_trial(problem, run_id, a) else []),
         f"| work | {job.work_steps:,} steps |",
         f"| policy | {placement.policy} ({placement.status}, {placement.solve_ms:.1f} ms) |",
         f"| waited for a GPU | {waited_s:.1f} s |",

@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 from gogh_flows.catalog import GpuType
 from gogh_flows.energy import DEFAULT_ACTIVITY, EnergyModel
-from gogh_flows.power_limits import SAME_LIMIT_W, evidence_bound, informed_rate, measured_watts, probe_limit
+from gogh_flows.power_limits import evidence_bound, informed_rate, measured_watts, probe_limit
 from gogh_flows.truth.table import ThroughputTable
 
 GANG_SIZES = (1, 2, 4, 8)
@@ -280,9 +280,9 @@ class PlacementProblem:
     def probe_limit(self, job: Job, gpu_type: str) -> float | None:
         """The lowered limit worth one run of ``job`` alone on ``gpu_type``: the level just below
         the best its type's runs measured there (``power_limits.probe_limit``); None when nothing
-        was measured, nothing lower is left to try, a run of its type is trying that level on a GPU
-        of the type now or is an earlier arrival of this decision (one trial at a time: the others
-        wait for its measurement), for a gang, or without ``limit_trials``."""
+        was measured, nothing lower is left to try, another run of its type is running on a GPU of
+        the type or is an earlier arrival of this decision (one trial at a time, each decided on
+        every measurement before it), for a gang, or without ``limit_trials``."""
         if job.num_gpus > 1 or not self.limit_evidence or not self.limit_trials:
             return None
         key = (job.id, gpu_type)
@@ -298,11 +298,13 @@ class PlacementProblem:
                                     self.energy.max_limit(gpu_type), full,
                                     unpaid_w=0.0 if self.energy.count_idle else g.idle_w)
             if probe is not None and (any(
-                    j.running and j.job_type == job.job_type and j.power_limit_w is not None
-                    and abs(j.power_limit_w - probe) <= SAME_LIMIT_W and self._by_id[j.gpus[0]].gpu_type == gpu_type
+                    j.running and j.job_type == job.job_type and self._by_id[j.gpus[0]].gpu_type == gpu_type
                     for j in self.jobs if j.id != job.id)
                     or next((j for j in self.arriving if j.job_type == job.job_type), None) is not job):
-                probe = None  # one trial at a time: a running one, or an earlier arrival of the decision
+                # one trial at a time: not while a run of the type is on a GPU of the type (its
+                # measurement is still to come, and a trial the guard lifted no longer shows its
+                # limit), nor for a later arrival of the same decision
+                probe = None
             self._probes[key] = probe
         return self._probes[key]
 
