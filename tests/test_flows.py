@@ -756,3 +756,29 @@ def test_a_placing_process_connects_again_after_dask_gave_up_on_its_scheduler(go
             time.sleep(0.2)
         third = _env()
         assert third.pool.client.status == "running" and third.pool.ledger.state().workers
+
+
+def test_a_saved_block_that_no_longer_validates_says_which_and_how_to_save_it_again(gogh_home):
+    """Review: a policy block changed on the server to limit_trials="maybe" failed every run with
+    Prefect's hint to load it with validate=False, which a user of the decorator cannot do."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+
+    PlacementPolicy(refine=False).save("drifted", overwrite=True)
+
+    async def corrupt() -> None:
+        async with get_client() as client:
+            doc = await client.read_block_document_by_name("drifted", PlacementPolicy.get_block_type_slug())
+            await client.update_block_document(doc.id, doc.model_copy(update={"data": {
+                **doc.data, "limit_trials": "maybe"}}))
+
+    asyncio.run(corrupt())
+
+    @gogh_placed(model="LM", batch_size=20, min_throughput=1, work_steps=10, policy="drifted")
+    def run() -> None:
+        raise AssertionError("must not run")
+
+    with pytest.raises(ValueError, match=r"saved PlacementPolicy block 'drifted' does not validate.*limit_trials"
+                                         r".*gogh blocks apply"):
+        run()

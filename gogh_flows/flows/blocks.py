@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from prefect.blocks.core import Block
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from gogh_flows.catalog import get_gpu_type
 from gogh_flows.placement import POLICIES
@@ -348,6 +348,17 @@ def load_block(kind: type[Block], value: Any, default: Block) -> Block:
             raise ValueError(
                 f"no {kind.__name__} block named {value!r} on the Prefect server ({exc}). Save one "
                 f"with `gogh blocks apply blocks/` or {kind.__name__}(...).save({value!r})"
+            ) from exc
+        except RuntimeError as exc:  # Prefect's "failed validation": the saved values no longer pass
+            if "validation" not in str(exc):
+                raise
+            cause = exc.__cause__
+            why = ("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']} (saved: {e.get('input')!r})"
+                             for e in cause.errors()) if isinstance(cause, ValidationError) else str(cause or exc))
+            raise ValueError(
+                f"the saved {kind.__name__} block {value!r} does not validate: {why}. Save it again with "
+                f"valid values: `gogh blocks apply blocks/` (from its document) or {kind.__name__}(...)"
+                f".save({value!r}, overwrite=True)"
             ) from exc
     raise TypeError(f"expected a {kind.__name__}, the name of a saved one, or None; got {value!r}")
 
