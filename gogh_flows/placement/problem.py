@@ -181,9 +181,9 @@ class PlacementProblem:
     #: single-GPU runs alone: a board's throughput does not rise as its limit falls, so at a
     #: limit at or below one measured a job of that type runs at most as fast as it did there.
     #: The power-limit model predicts every job's slowdown from its draw alone; this is what a
-    #: job's own runs showed (docs/energy.md, "Learning from runs at limits"). A third figure, the
-    #: board power the runs measured there, lets the placement also try one level lower
-    #: (:meth:`informed`)
+    #: job's own runs showed (docs/energy.md, "Learning from runs at limits"). A measured level
+    #: counts at its measured rate (and at the board power measured there, a third figure when
+    #: known), and the level below the best measured is tried (:meth:`informed`, :meth:`probe_limit`)
     limit_evidence: Mapping[tuple[str, str], tuple[EvidencePoint, ...]] = field(default_factory=dict)
     #: whether a job alone may be offered the level below the best its type measured (:meth:`probe_limit`)
     limit_trials: bool = True
@@ -192,7 +192,7 @@ class PlacementProblem:
     _levels: dict[str, tuple[float | None, ...]] = field(default_factory=dict, init=False, repr=False,
                                                           compare=False)
     _probes: dict[tuple[str, str], float | None] = field(default_factory=dict, init=False, repr=False,
-                                                                compare=False)
+                                                         compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpus", tuple(self.gpus))
