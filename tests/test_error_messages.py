@@ -69,3 +69,35 @@ def test_flow_above_gogh_placed_says_to_put_gogh_placed_outermost():
     # anyone else asking for its signature gets the body's, and the flow still pickles
     assert list(inspect.signature(placed).parameters) == ["epochs"]
     assert cloudpickle.loads(cloudpickle.dumps(placed)).name == "train"
+
+
+def test_a_saved_block_that_does_not_validate_says_what_is_wrong_without_its_saved_values():
+    """Review: the first version of this message quoted the saved values, a tracking URI with its
+    password among them, into the flow run's log."""
+    from pydantic import ValidationError
+
+    from gogh_flows.flows.blocks import PredictorRegistry, load_block
+
+    try:
+        PredictorRegistry.model_validate({"tracking_uri": "postgresql://mlflow:hunter2@db/mlflow",
+                                          "refresh_interval_s": 30})
+    except ValidationError as exc:
+        invalid = exc
+
+    class Saved(PredictorRegistry):
+        @classmethod
+        def load(cls, name, **kwargs):  # what Prefect raises for a saved document that fails validation
+            raise RuntimeError(f"Unable to load {name!r} due to failed validation") from invalid
+
+    with pytest.raises(ValueError, match=r"block 'prod' does not validate: the block: .*refresh_interval_s.*"
+                                         r"gogh blocks apply") as info:
+        load_block(Saved, "prod", PredictorRegistry())
+    assert "hunter2" not in str(info.value)
+    # any other RuntimeError is not taken for a bad block
+    class Broken(PredictorRegistry):
+        @classmethod
+        def load(cls, name, **kwargs):
+            raise RuntimeError("validation server unreachable")
+
+    with pytest.raises(RuntimeError, match="unreachable"):
+        load_block(Broken, "prod", PredictorRegistry())

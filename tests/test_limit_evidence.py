@@ -193,6 +193,10 @@ def test_one_trial_at_a_time_per_job_type_and_gpu_type():
         busy = _problem(evidence, jobs=[trying, Job("j", "heavy", 5.0, 1e5)], gpus=gpus)
         assert busy.probe_limit(busy.job("j"), "h100") is None, limit
         assert GoghOptimizer().place(busy).assignment("j").power_limit_w != probe
+    # a run that ended there with its measurement still to come (its record not yet written)
+    pending = PlacementProblem.build(gpus, [Job("j", "heavy", 5.0, 1e5)], _table(), power_limit_levels=LEVELS,
+                                     limit_evidence=evidence, measuring={("heavy", "h100")})
+    assert pending.probe_limit(pending.job("j"), "h100") is None
     # a run of another job type does not hold the trial back
     other = _problem(evidence, jobs=[Job("t", "light", 1.0, 1e5, gpus=("h-0",)), Job("j", "heavy", 5.0, 1e5)],
                      gpus=gpus)

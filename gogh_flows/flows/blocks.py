@@ -350,11 +350,11 @@ def load_block(kind: type[Block], value: Any, default: Block) -> Block:
                 f"with `gogh blocks apply blocks/` or {kind.__name__}(...).save({value!r})"
             ) from exc
         except RuntimeError as exc:  # Prefect's "failed validation": the saved values no longer pass
-            if "validation" not in str(exc):
-                raise
             cause = exc.__cause__
-            why = ("; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']} (saved: {e.get('input')!r})"
-                             for e in cause.errors()) if isinstance(cause, ValidationError) else str(cause or exc))
+            if not isinstance(cause, ValidationError):
+                raise
+            # what is wrong, not the saved values (a tracking URI may hold credentials)
+            why = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'the block'}: {e['msg']}" for e in cause.errors())
             raise ValueError(
                 f"the saved {kind.__name__} block {value!r} does not validate: {why}. Save it again with "
                 f"valid values: `gogh blocks apply blocks/` (from its document) or {kind.__name__}(...)"

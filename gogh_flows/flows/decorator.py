@@ -205,7 +205,7 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
         on_wait=logger.info, sleep=session.wait_for_release, headroom=policy.headroom,
         headroom_wait_s=policy.headroom_wait_s,
         placement_timeout_s=policy.placement_timeout_s, power_limit_levels=tuple(policy.power_limit_levels),
-        limit_evidence=evidence, limit_trials=policy.limit_trials,
+        limit_evidence=evidence, limit_trials=policy.limit_trials, measuring=session.measuring,
         patience=Patience(min(policy.wait_for_efficiency_s, wait_timeout_s), policy.efficiency_min_saving)
         if policy.wait_for_efficiency_s > 0 else None,
     )
@@ -457,6 +457,7 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
     cancellation = PrefectCancellation.for_run(flow_run)
     # this process ends the run itself: a delivery of its worker's record (after a dropped
     # connection) logs it but does not mark the flow run Crashed
+    session.begin_measuring(job.job_type, placement.gpu_type)
     with handling(ledger_id):
         try:
             where = {"gpu_id": placement.gpu_id, "job_type": job.job_type, "run_id": ledger_id, "hold_lease": True,
@@ -496,13 +497,18 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
                     if outcome is None:
                         future.cancel()
             _quietly(ledger.release, ledger_id, if_unstarted=True, timeout_s=_CLEANUP_TIMEOUT_S)
-            session.notify_released()
-            if isinstance(error, RunLost) and error.worker_reports and not in_process:
-                # the worker's record has the steps the body did; this process's would have none
-                take_workers_record(ledger, session.measurements, f"{ledger_id}:{placement.gpu_id}",
-                                    wait_s=ledger.lease_timeout_s / 4 + 5.0)
-            record_run(session, job, placement, outcome, error, started=started, flow_run=flow_run,
-                       flow_name=flow_name)
+            try:
+                if isinstance(error, RunLost) and error.worker_reports and not in_process:
+                    # the worker's record has the steps the body did; this process's would have none
+                    take_workers_record(ledger, session.measurements, f"{ledger_id}:{placement.gpu_id}",
+                                        wait_s=ledger.lease_timeout_s / 4 + 5.0)
+                record_run(session, job, placement, outcome, error, started=started, flow_run=flow_run,
+                           flow_name=flow_name)
+            finally:
+                # this process's waiting runs are woken once the measurement is in the table, so the
+                # next one decides on it (a trial at a lower limit above all: not the same trial again)
+                session.end_measuring(job.job_type, placement.gpu_type)
+                session.notify_released()
             if cancellation is not None and cancellation.seen:
                 cancellation.finish(f"gogh: cancelled; its body was stopped on {placement.gpu_id} and its GPU freed")
     return outcome.unwrap()

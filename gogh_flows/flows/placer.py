@@ -117,12 +117,14 @@ def decide(
     power_limit_levels: Sequence[float] = (),
     limit_evidence: Evidence | None = None,
     limit_trials: bool = True,
+    measuring: frozenset[tuple[str, str]] = frozenset(),
 ) -> tuple[Placement, PlacementProblem]:
     """``headroom``: what the new run's requirement is raised by (the running jobs' come raised)."""
     gpus = [Gpu(d.id, d.gpu_type, d.capacity) for d in devices]
     new = Job(run_id, job.job_type, job.required_throughput * (1 + headroom), float(job.work_steps))
     problem = PlacementProblem.build(gpus, [*running, new], table, power_limit_levels=tuple(power_limit_levels),
-                                     limit_evidence=limit_evidence, limit_trials=limit_trials)
+                                     limit_evidence=limit_evidence, limit_trials=limit_trials,
+                                     measuring=measuring)
     options = {"time_limit_s": time_limit_s} if policy == "optimizer" else {}
     return get_policy(policy, **options).place(problem), problem
 
@@ -147,6 +149,7 @@ def place_with_retry(
     patience: Patience | None = None,
     limit_evidence: Evidence | Callable[[], Evidence] | None = None,
     limit_trials: bool = True,
+    measuring: Callable[[], frozenset[tuple[str, str]]] = frozenset,
 ) -> RunPlacement:
     """Read the ledger, solve, claim by compare-and-set; decide again when the claim is refused.
 
@@ -162,7 +165,9 @@ def place_with_retry(
     (:func:`gogh_flows.placement.patience.hold_for_efficiency`). ``limit_evidence``: what runs
     at lowered limits measured (``PlacementProblem.limit_evidence``), or a function reading it, called
     for every decision so that a run that waited is placed on what the runs before it measured
-    meanwhile; ``limit_trials``: whether a run may try the level below the best of them. ``headroom`` raises every
+    meanwhile; ``limit_trials``: whether a run may try the level below the best of them;
+    ``measuring``: the (job type, GPU type) of this process's runs whose measurement is still to
+    come (``PlacementProblem.measuring``). ``headroom`` raises every
     requirement the decision checks; a run waits for a GPU that clears its own so raised for up to
     ``headroom_wait_s`` (at most half of ``wait_timeout_s``), then is planned against its requirement itself,
     as it is at once when no GPU type of the fleet could clear it.
@@ -214,15 +219,16 @@ def place_with_retry(
             # that meets the requirement itself is not left idle for the whole wait_timeout_s
             own = headroom if elapsed < headroom_for_s else 0.0
             evidence = limit_evidence() if callable(limit_evidence) else limit_evidence
+            pending = measuring()
             placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, own,
-                                        power_limit_levels, evidence, limit_trials)
+                                        power_limit_levels, evidence, limit_trials, pending)
             short = next((w for w in placement.waiting if w.job_id == run_id), None)
             if (short is not None and own > 0
                     and job.required_throughput <= short.best_throughput < job.required_throughput * (1 + own)):
                 # no type of the fleet clears it with headroom, but some clear it exactly: plan
                 # without rather than wait for a GPU that cannot exist
                 placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, 0.0,
-                                            power_limit_levels, evidence, limit_trials)
+                                            power_limit_levels, evidence, limit_trials, pending)
             elif own == 0 < headroom and said_waiting and not said_headroom and on_wait is not None:
                 on_wait(f"run {run_id}: no GPU cleared its requirement with the policy's headroom ({headroom:.0%}) "
                         f"within {headroom_for_s:g} s; from now on it takes one predicted to "

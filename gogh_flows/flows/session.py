@@ -13,6 +13,7 @@ import functools
 import logging
 import re
 import threading
+from collections import Counter
 from collections.abc import Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -62,6 +63,8 @@ class Session:
     truth: object = None  # the emulated fleet's ground truth (None on real GPUs)
     released: threading.Condition = field(default_factory=threading.Condition)
     _resources: ExitStack = field(default_factory=ExitStack)
+    #: (job type, GPU type) of this process's placed runs whose measurement is not in the table yet
+    _measuring: Counter = field(default_factory=Counter)
 
     @classmethod
     def open(cls, cluster: GpuCluster, tracking_uri: str) -> Session:
@@ -108,6 +111,23 @@ class Session:
         # run re-solve at once; the others still retry every poll_s)
         with self.released:
             self.released.notify(1)
+
+    def begin_measuring(self, job_type: str, gpu_type: str) -> None:
+        """A run of this process was placed: until its measurement is in the table, no run of its
+        type is offered a trial limit on that GPU type (the trial would not see its result)."""
+        with self.released:
+            self._measuring[(job_type, gpu_type)] += 1
+
+    def end_measuring(self, job_type: str, gpu_type: str) -> None:
+        with self.released:
+            self._measuring[(job_type, gpu_type)] -= 1
+            if self._measuring[(job_type, gpu_type)] <= 0:
+                del self._measuring[(job_type, gpu_type)]
+
+    def measuring(self) -> frozenset[tuple[str, str]]:
+        """(job type, GPU type) of the runs this process placed whose measurement is still to come."""
+        with self.released:
+            return frozenset(self._measuring)
 
     def wait_for_release(self, timeout: float) -> None:
         """Sleep until a run of this process frees a slot, or ``timeout`` (other processes: polled)."""

@@ -187,6 +187,9 @@ class PlacementProblem:
     limit_evidence: Mapping[tuple[str, str], tuple[EvidencePoint, ...]] = field(default_factory=dict)
     #: whether a job alone may be offered the level below the best its type measured (:meth:`probe_limit`)
     limit_trials: bool = True
+    #: (job type, GPU type) with a run whose measurement is still to come though it no longer
+    #: runs (its body ended, its record not yet written): no trial for them meanwhile
+    measuring: frozenset[tuple[str, str]] = frozenset()
     _by_id: Mapping[str, Gpu] = field(init=False, repr=False, compare=False)
     _occupants: Mapping[str, tuple[Job, ...]] = field(init=False, repr=False, compare=False)
     _levels: dict[str, tuple[float | None, ...]] = field(default_factory=dict, init=False, repr=False,
@@ -261,10 +264,11 @@ class PlacementProblem:
         power_limit_levels: tuple[float, ...] = (),
         limit_evidence: Mapping[tuple[str, str], Iterable[EvidencePoint]] | None = None,
         limit_trials: bool = True,
+        measuring: Iterable[tuple[str, str]] = (),
     ) -> PlacementProblem:
         tp = TableThroughputs(throughputs) if isinstance(throughputs, ThroughputTable) else throughputs
         return cls(tuple(gpus), tuple(jobs), tp, energy or EnergyModel(), tuple(power_limit_levels),
-                   dict(limit_evidence or {}), limit_trials)  # type: ignore[arg-type]
+                   dict(limit_evidence or {}), limit_trials, frozenset(measuring))  # type: ignore[arg-type]
 
     def rate_bound(self, job: Job, gpu_type: str, limit_w: float | None) -> float:
         """The most ``job`` can run at on ``gpu_type`` at ``limit_w`` by what its type's runs
@@ -281,8 +285,9 @@ class PlacementProblem:
         """The lowered limit worth one run of ``job`` alone on ``gpu_type``: the level just below
         the best its type's runs measured there (``power_limits.probe_limit``); None when nothing
         was measured, nothing lower is left to try, another run of its type is running on a GPU of
-        the type or is an earlier arrival of this decision (one trial at a time, each decided on
-        every measurement before it), for a gang, or without ``limit_trials``."""
+        the type, or ended there with its measurement still to come (:attr:`measuring`), or is an
+        earlier arrival of this decision (one trial at a time, each decided on every measurement
+        before it), for a gang, or without ``limit_trials``."""
         if job.num_gpus > 1 or not self.limit_evidence or not self.limit_trials:
             return None
         key = (job.id, gpu_type)
@@ -297,7 +302,7 @@ class PlacementProblem:
                                     job.required_throughput, lambda w: self.energy.power_alone(gpu_type, activity, w),
                                     self.energy.max_limit(gpu_type), full,
                                     unpaid_w=0.0 if self.energy.count_idle else g.idle_w)
-            if probe is not None and (any(
+            if probe is not None and ((job.job_type, gpu_type) in self.measuring or any(
                     j.running and j.job_type == job.job_type and self._by_id[j.gpus[0]].gpu_type == gpu_type
                     for j in self.jobs if j.id != job.id)
                     or next((j for j in self.arriving if j.job_type == job.job_type), None) is not job):
