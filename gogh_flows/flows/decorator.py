@@ -457,9 +457,9 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
     cancellation = PrefectCancellation.for_run(flow_run)
     # this process ends the run itself: a delivery of its worker's record (after a dropped
     # connection) logs it but does not mark the flow run Crashed
-    session.begin_measuring(job.job_type, placement.gpu_type)
     with handling(ledger_id):
         try:
+            session.begin_measuring(job.job_type, placement.gpu_type)  # ended below, with the record
             where = {"gpu_id": placement.gpu_id, "job_type": job.job_type, "run_id": ledger_id, "hold_lease": True,
                      "warmup_steps": settings.warmup_steps, "power_limit_w": placement.power_limit_w,
                      "required_throughput": placement.required_throughput,
