@@ -153,6 +153,7 @@ def test_failing_flow_still_logs_its_measurement_marked_failed(gogh_home):
     assert row["status"] == "failed" and row["steps"] == 40
     assert "diverged" in row["extra"]
     assert not _env().pool.ledger.state().leases  # the slot was released
+    assert _env().measuring() == frozenset()  # and its measurement is in: trials of its type are open again
 
 
 def test_forty_concurrent_runs_never_overbook_and_lose_no_measurement(gogh_home):

@@ -137,6 +137,7 @@ def test_a_type_whose_run_met_its_requirement_at_a_limit_tries_one_level_lower_n
     assert float(extras[1]["limit_trial_w"]) == second and "limit_trial_w" not in extras[0]
     third, explained = train()
     assert third == first and "trying a lower limit" not in explained
+    assert list(open_sessions().values())[0].measuring() == frozenset()  # every record is in
 
 
 @pytest.mark.parametrize("slow_record", [False, True])
