@@ -9,6 +9,7 @@ from collections.abc import Mapping
 
 import polars as pl
 
+from gogh_flows.placement.problem import LimitEvidence
 from gogh_flows.predict.service import observations_frame
 from gogh_flows.tracking.measurements import MeasurementLog
 
@@ -20,7 +21,7 @@ class ObservationCache:
         self.log = log
         self._stamp: object = None
         self._frame = observations_from_measurements(pl.DataFrame())
-        self._evidence: dict[tuple[str, str], tuple[tuple[float, ...], ...]] = {}
+        self._evidence: LimitEvidence = {}
 
     def _refresh(self) -> None:
         stamp = self.log.table.version()
@@ -34,7 +35,7 @@ class ObservationCache:
         self._refresh()
         return self._frame
 
-    def limit_evidence(self) -> dict[tuple[str, str], tuple[tuple[float, ...], ...]]:
+    def limit_evidence(self) -> LimitEvidence:
         self._refresh()
         return self._evidence
 
@@ -68,7 +69,7 @@ def _observations(steady: list[dict]) -> pl.DataFrame:
     return observations_frame(rows)
 
 
-def limit_evidence_from_measurements(frame: pl.DataFrame) -> dict[tuple[str, str], tuple[tuple[float, ...], ...]]:
+def limit_evidence_from_measurements(frame: pl.DataFrame) -> LimitEvidence:
     """Measurements -> what runs alone at a lowered limit showed: (job type, GPU type) -> ((limit W, steps/s[,
     board W]), ...).
 
@@ -84,7 +85,7 @@ def limit_evidence_from_measurements(frame: pl.DataFrame) -> dict[tuple[str, str
     return _limit_evidence(_steady_rows(frame))
 
 
-def _limit_evidence(steady: list[dict]) -> dict[tuple[str, str], tuple[tuple[float, ...], ...]]:
+def _limit_evidence(steady: list[dict]) -> LimitEvidence:
     out: dict[tuple[str, str], dict[float, tuple[list[float], list[float]]]] = {}
     for r in steady:
         if any(p for p in (r.get("partners") or [])):

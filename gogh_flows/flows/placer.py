@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -20,14 +20,12 @@ from gogh_flows.energy import kwh
 from gogh_flows.workloads.job import JobSpec
 from gogh_flows.placement import Gpu, Job, PlacementProblem, get_policy
 from gogh_flows.placement.patience import Patience, hold_for_efficiency
+from gogh_flows.placement.problem import LimitEvidence
 from gogh_flows.placement.result import Assignment, Placement
 from gogh_flows.runtime.devices import GpuDevice
 from gogh_flows.runtime.leases import Claim, LedgerState
 from gogh_flows.truth.table import ThroughputTable
 from gogh_flows.workloads.features import WorkloadFeatures
-
-#: what runs at lowered limits measured, (job type, GPU type) -> ((limit W, steps/s[, board W]), ...)
-Evidence = Mapping[tuple[str, str], tuple[tuple[float, ...], ...]]
 
 
 class PlacementError(RuntimeError):
@@ -115,7 +113,7 @@ def decide(
     job: JobSpec, run_id: str, devices: Sequence[GpuDevice], running: list[Job],
     table: ThroughputTable, policy: str, time_limit_s: float, headroom: float = 0.0,
     power_limit_levels: Sequence[float] = (),
-    limit_evidence: Evidence | None = None,
+    limit_evidence: LimitEvidence | None = None,
     limit_trials: bool = True,
     measuring: frozenset[tuple[str, str]] = frozenset(),
 ) -> tuple[Placement, PlacementProblem]:
@@ -147,7 +145,7 @@ def place_with_retry(
     sleep: Callable[[float], object] = time.sleep, headroom: float = 0.0, headroom_wait_s: float = math.inf,
     placement_timeout_s: float = math.inf, power_limit_levels: Sequence[float] = (),
     patience: Patience | None = None,
-    limit_evidence: Evidence | Callable[[], Evidence] | None = None,
+    limit_evidence: LimitEvidence | Callable[[], LimitEvidence] | None = None,
     limit_trials: bool = True,
     measuring: Callable[[], frozenset[tuple[str, str]]] = frozenset,
 ) -> RunPlacement:

@@ -24,6 +24,8 @@ MAX_CAPACITY = 2  # co-location data is pairwise: Gavel measured pairs, not trip
 
 #: what a job type's runs at lowered limits measured: (limit W, steps/s) or (limit W, steps/s, board W)
 EvidencePoint = tuple[float, ...]
+#: (job type, GPU type) -> what that type's runs measured at lowered limits there
+LimitEvidence = Mapping[tuple[str, str], tuple[EvidencePoint, ...]]
 #: a job's (rate, measured board W or None) at a limit, given the model's rate there
 Informed = Callable[[float, float], tuple[float, float | None]]
 
@@ -184,7 +186,7 @@ class PlacementProblem:
     #: job's own runs showed (docs/energy.md, "Learning from runs at limits"). A measured level
     #: counts at its measured rate (and at the board power measured there, a third figure when
     #: known), and the level below the best measured is tried (:meth:`informed`, :meth:`probe_limit`)
-    limit_evidence: Mapping[tuple[str, str], tuple[EvidencePoint, ...]] = field(default_factory=dict)
+    limit_evidence: LimitEvidence = field(default_factory=dict)
     #: whether a job alone may be offered the level below the best its type measured (:meth:`probe_limit`)
     limit_trials: bool = True
     #: (job type, GPU type) with a run whose measurement is still to come though it no longer
