@@ -552,7 +552,8 @@ def _score_runs(model: PowerLimitModel, trace: TraceSet, requirements: Sequence[
     """Per requirement, the summary of each of ``runs`` runs of every configuration: the first
     chosen from its full-power measurement alone, each later one also from what the runs before
     it measured at their limits, by the rule placements use (:func:`informed_rate` at the
-    :func:`probe_limit`; energy per step the model's board power over that rate)."""
+    :func:`probe_limit`; energy per step the board power measured at a limit, else the model's,
+    over that rate)."""
     out = {}
     for r in requirements:
         per_run: list[tuple[list, list, list, list]] = [([], [], [], []) for _ in range(runs)]
