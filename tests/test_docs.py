@@ -30,3 +30,21 @@ def test_doc_example_runs(name, index, code, request):
 
 def test_examples_were_found():
     assert any(name == "README.md" for name, _, _ in CASES)
+
+
+def test_the_predictor_tables_in_the_docs_are_the_committed_reports_own():
+    """docs/predictors.md's result tables are generated from benchmarks/results/predictors_gavel.json
+    (`benchmarks/predictors_eval.py docs`); a report run again without regenerating them fails here."""
+    import importlib.util
+    import json
+
+    spec = importlib.util.spec_from_file_location("predictors_eval", REPO / "benchmarks" / "predictors_eval.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    text = (REPO / "docs" / "predictors.md").read_text()
+    assert bench.BEGIN in text and bench.END in text
+    inside = text.split(bench.BEGIN, 1)[1].split(bench.END, 1)[0].strip()
+    report = json.loads((bench.RESULTS / "predictors_gavel.json").read_text())
+    assert inside == bench.render(report).strip(), "run `.venv/bin/python benchmarks/predictors_eval.py docs`"
+    # the report was made with the selection the docs describe: P1's encoder chosen on the inner split
+    assert len(report["config"]["encoders"]) > 1 and set(report["p1_encoder"]) == set(report["families"])

@@ -62,8 +62,20 @@ def test_evaluate_writes_every_method_and_metric(tmp_path, capsys):
     assert {"p1_shifted", "type_mean", "partner_mean", "roofline"} <= set(report["methods"])
     assert set(report["isolated_male_1obs_by_revealed_type"]["p2"]) == {"k80", "v100", "a100"}
     assert report["anomalies"]["excluded"] is False and isinstance(report["anomalies"]["entries"], list)
+    # P1's encoder, chosen per held-out family on the training families (the default 'inner')
+    chosen = report["p1_encoder"]["A3C"]
+    assert chosen["chosen"] in {"gru", "ff", "transformer"} and set(chosen["inner_male"]) == {"gru", "ff", "transformer"}
+    assert chosen["inner_male"][chosen["chosen"]] == min(chosen["inner_male"].values())
+    assert report["config"]["encoders"] == ["gru", "ff", "transformer"]
+    assert report["config"]["p2_epochs"] == [3] and report["p2_epochs"]["A3C"]["inner_male"] == {}  # fixed by --p2-epochs
     printed = capsys.readouterr().out
     assert "MEAN" in printed and "matrix_completion" in printed and "isolated_male_1obs" in printed
+
+
+def test_evaluate_refuses_an_unknown_encoder_before_any_training(capsys):
+    assert main(["predictors", "evaluate", *TINY, "--encoder", "gru,lstm"]) == 2
+    err = capsys.readouterr().err
+    assert "lstm" in err and "inner" in err
 
 
 def test_evaluate_names_the_families_when_one_is_unknown(capsys):

@@ -148,3 +148,135 @@ def test_ensemble_blends_in_log_space_keeps_p2s_misses_and_is_chosen_per_family_
     w_iso, w_pair = ev.choose_ensemble(errs)
     assert w_iso == 1.0  # per family: 0.2 + 0 at w=1 beats 0.1 + 1.0 at w=0 (pooled would pick 0)
     assert w_pair == 1.0  # a tie goes to more P2
+
+
+def test_p1s_encoder_is_chosen_on_the_inner_split_and_p2_learns_from_the_chosen_one(monkeypatch):
+    """A fixed default encoder was chosen by the reported figures; with candidates, each held-out
+    family gets the encoder whose out-of-family P1 is best on the *training* families, and P2 is
+    trained on that encoder's vectors (the errors of the P1 it will correct)."""
+    from gogh_flows.predict.data import MeasuredSet
+    from gogh_flows.predict.p1 import ENCODERS, P1Config
+    from gogh_flows.predict.p2 import P2Config
+    from gogh_flows.truth.synthetic import synthetic_table
+
+    jobs = ("A3C", "LM (batch size 20)", "ResNet-18 (batch size 64)", "ResNet-50 (batch size 32)")
+    data = MeasuredSet.from_table(synthetic_table(("k80", "v100"))).subset(jobs)
+    offset = {"gru": 0.1, "ff": 0.3, "transformer": 0.5}
+    trained: list[tuple[str, tuple[str, ...]]] = []
+    real_train = ev.train_p1
+
+    def fake_oof(train, layout, features, config, log=None, done=None):
+        assert "ResNet-18 (batch size 64)" not in train.names  # only training families are predicted
+        return layout.truth(train, train.names) + offset[config.encoder]
+
+    def spy_train(train, config=P1Config(), **kw):
+        trained.append((config.encoder, train.names))
+        return real_train(train, config, **kw)
+
+    got_oof: list[np.ndarray] = []
+    real_p2 = ev.train_p2
+
+    def spy_p2(layout, oof, truth, config):
+        got_oof.append(oof)
+        return real_p2(layout, oof, truth, config)
+
+    monkeypatch.setattr(ev, "out_of_family_p1", fake_oof)
+    monkeypatch.setattr(ev, "train_p1", spy_train)
+    monkeypatch.setattr(ev, "train_p2", spy_p2)
+    cfg = ev.EvalConfig(p1=P1Config(hidden=8, epochs=3, pair_rows_per_epoch=64), p2=P2Config(hidden=8, epochs=3),
+                        encoders=ENCODERS)
+    result = ev.evaluate_holdout(data, "ResNet-18", cfg, intervals=False)
+    assert result.encoder == "gru"
+    assert result.encoder_errors == pytest.approx(offset)
+    # the held-out family's P1 uses the chosen encoder and never sees the family
+    assert trained == [("gru", tuple(n for n in data.names if not n.startswith("ResNet-18")))]
+    train = data.without(["ResNet-18"])
+    layout = Layout(data.gpus, data.names)
+    assert np.allclose(got_oof[0], layout.truth(train, train.names) + 0.1, equal_nan=True)
+    # a single encoder is no choice: nothing to compare, the configured one is used
+    single = ev.choose_encoder(train, layout, dict(data.jobs), ev.EvalConfig(p1=P1Config(encoder="ff")))
+    assert single[0] == "ff" and math.isnan(single[2]["ff"])
+    with pytest.raises(ValueError, match="among"):
+        ev.EvalConfig(encoders=("lstm",))
+
+
+def test_the_inner_p1_error_weighs_families_equally_and_counts_misses():
+    from gogh_flows.predict.data import MeasuredSet
+    from gogh_flows.truth.synthetic import synthetic_table
+
+    data = MeasuredSet.from_table(synthetic_table(("k80", "v100"))).subset(
+        ("A3C", "ResNet-18 (batch size 64)", "ResNet-18 (batch size 128)"))
+    layout = Layout(data.gpus, data.names)
+    truth = layout.truth(data, data.names)
+    pred = truth.copy()
+    row = {n: i for i, n in enumerate(data.names)}
+    pred[row["A3C"]] += 0.6  # one family off by 0.6 everywhere, the other (two jobs) exact
+    assert ev.p1_inner_error(pred, truth, layout, data) == pytest.approx(0.3)
+    miss = truth.copy()
+    miss[row["A3C"], 0] = -np.inf  # "does not fit" on a measured entry: a factor 10
+    got = ev.p1_inner_error(miss, truth, layout, data)
+    iso = np.isfinite(truth[row["A3C"], :2]).sum()
+    assert got == pytest.approx(math.log(10) / iso / 2 / 2)
+
+
+def test_the_siblings_decay_is_chosen_on_inner_families_that_have_siblings():
+    errs = {f"siblings@{d:g}": {"siblings": [np.array([0.3 + 0.01 * d]), np.array([0.5 - 0.05 * d])]}
+            for d in ev.SIBLING_DECAYS}
+    decay, table = ev.choose_decay(errs)
+    # per family means, families equal: d=4 gives (0.34 + 0.30) / 2, the least
+    assert decay == 4.0 and table["4"] == pytest.approx(0.32)
+    flat = {f"siblings@{d:g}": {"siblings": [np.array([0.2])]} for d in ev.SIBLING_DECAYS}
+    assert ev.choose_decay(flat)[0] == ev.DECAY  # a tie keeps the product's decay
+    assert ev.choose_decay({})[0] == ev.DECAY and all(math.isnan(v) for v in ev.choose_decay({})[1].values())
+
+
+def test_a_held_out_family_with_siblings_gets_a_decay_from_the_training_families():
+    from gogh_flows.predict.data import MeasuredSet
+    from gogh_flows.predict.p1 import P1Config
+    from gogh_flows.predict.p2 import P2Config
+    from gogh_flows.truth.synthetic import synthetic_table
+
+    jobs = ("A3C", "LM (batch size 20)", "ResNet-18 (batch size 64)", "ResNet-18 (batch size 128)",
+            "ResNet-50 (batch size 32)", "ResNet-50 (batch size 64)")
+    data = MeasuredSet.from_table(synthetic_table(("k80", "v100", "a100"))).subset(jobs)
+    cfg = ev.EvalConfig(p1=P1Config(hidden=8, epochs=3, pair_rows_per_epoch=64), p2=P2Config(hidden=8, epochs=3),
+                        repeats=1)
+    result = ev.evaluate_holdout(data, "ResNet-18", cfg, intervals=False)
+    assert result.siblings_decay in ev.SIBLING_DECAYS
+    # only ResNet-50 has siblings among the training families: every decay was scored there
+    assert set(result.siblings_errors) == {f"{d:g}" for d in ev.SIBLING_DECAYS}
+    assert all(math.isfinite(v) for v in result.siblings_errors.values())
+    assert result.siblings_errors[f"{result.siblings_decay:g}"] == min(result.siblings_errors.values())
+    assert math.isfinite(result.metrics["p2"]["isolated_mape_1obs_siblings"])
+
+
+def test_p2s_epochs_are_chosen_on_the_inner_split(monkeypatch):
+    from gogh_flows.predict.data import MeasuredSet
+    from gogh_flows.predict.p1 import P1Config
+    from gogh_flows.predict.p2 import P2Config
+    from gogh_flows.truth.synthetic import synthetic_table
+
+    jobs = ("A3C", "LM (batch size 20)", "ResNet-18 (batch size 64)", "ResNet-50 (batch size 32)")
+    data = MeasuredSet.from_table(synthetic_table(("k80", "v100"))).subset(jobs)
+    epochs_seen: list[tuple[int, tuple[int, ...]]] = []
+    real = ev.train_p2
+
+    def spy(layout, oof, truth, config):
+        epochs_seen.append((config.epochs, len(oof)))
+        return real(layout, oof, truth, config)
+
+    monkeypatch.setattr(ev, "train_p2", spy)
+    cfg = ev.EvalConfig(p1=P1Config(hidden=8, epochs=3, pair_rows_per_epoch=64), p2=P2Config(hidden=8, epochs=2),
+                        p2_epochs=(1, 2, 4))
+    result = ev.evaluate_holdout(data, "ResNet-18", cfg, intervals=False)
+    assert result.p2_epochs in (1, 2, 4) and set(result.p2_epoch_errors) == {"1", "2", "4"}
+    assert result.p2_epoch_errors[str(result.p2_epochs)] == min(result.p2_epoch_errors.values())
+    # every candidate trained once per inner family (3 training families, each on the other two),
+    # then the reported P2 (on all three) and the inner pass for the ensemble, both at the chosen epochs
+    inner = [e for e, n in epochs_seen[:9]]
+    assert sorted(inner) == [1, 1, 1, 2, 2, 2, 4, 4, 4] and all(n == 2 for _, n in epochs_seen[:9])
+    assert epochs_seen[9] == (result.p2_epochs, 3)
+    assert all(e == result.p2_epochs for e, _ in epochs_seen[9:])
+    assert ev.choose_p2_epochs(data, data, None, None, ev.EvalConfig(p2=P2Config(epochs=7))) == (7, {})
+    with pytest.raises(ValueError, match=">= 1"):
+        ev.EvalConfig(p2_epochs=(0,))

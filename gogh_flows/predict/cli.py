@@ -24,13 +24,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     P1_EPOCHS, P2_EPOCHS = P1Config.epochs, P2Config.epochs  # noqa: N806 - the help's defaults
 
-    def common(x: argparse.ArgumentParser) -> None:
+    def common(x: argparse.ArgumentParser, choose_encoder: bool = False) -> None:
         x.add_argument("--truth", default="synthetic", help=TRUTH_HELP)
-        x.add_argument("--encoder", default="transformer", choices=("gru", "ff", "transformer"), help="P1 job encoder")
+        if choose_encoder:
+            x.add_argument("--encoder", default="inner",
+                           help="P1 job encoder: 'inner' (default) chooses among gru, ff and transformer per held-out "
+                                "family on the inner split (the training families only); one name fixes it; a "
+                                "comma-separated list chooses among those")
+        else:
+            x.add_argument("--encoder", default="transformer", choices=("gru", "ff", "transformer"),
+                           help="P1 job encoder")
         x.add_argument("--seed", type=int, default=0)
         x.add_argument("--gpu-types", help="comma-separated GPU types to keep (default: all in the truth)")
         x.add_argument("--p1-epochs", type=int, help=f"P1 epochs (default {P1_EPOCHS})")
-        x.add_argument("--p2-epochs", type=int, help=f"P2 epochs (default {P2_EPOCHS})")
+        x.add_argument("--p2-epochs", type=int,
+                       help=f"P2 epochs (default {P2_EPOCHS}" + ("; evaluate chooses among 300, 600 and 1200 per "
+                                                                 "held-out family on the inner split)"
+                                                                 if choose_encoder else ")"))
 
     t = ps.add_parser("train", help="train P1 and P2 on all data and write DIR/p1 and DIR/p2")
     common(t)
@@ -48,7 +58,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(func=cmd_calibrate, truth=None)  # --truth: the model's own unless given
 
     e = ps.add_parser("evaluate", help="leave-one-family-out errors of P1, P2 and the baselines")
-    common(e)
+    common(e, choose_encoder=True)
     e.add_argument("--holdout-family", default="all", help="a family name, or 'all' (every family in turn)")
     e.add_argument("--repeats", type=int, default=5,
                    help="random draws for the siblings metric (the other protocols reveal every entry in turn)")
@@ -67,6 +77,25 @@ def check_epochs(p1_epochs: int | None, p2_epochs: int | None) -> None:
             raise ValueError(f"{flag} must be a whole number of epochs >= 1, got {value}")
 
 
+#: P2 epochs ``evaluate`` chooses from on the inner split unless ``--p2-epochs`` fixes them
+P2_EPOCH_CHOICES = (300, 600, 1200)
+
+
+def encoder_candidates(value: str) -> tuple[str, ...]:
+    """``--encoder`` of ``evaluate``: 'inner' (every encoder, chosen on the inner split), one
+    name, or a comma-separated list, checked here so a typo stops before any training."""
+    from gogh_flows.predict.p1 import ENCODERS
+
+    if value.strip().casefold() == "inner":
+        return ENCODERS
+    names = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
+    unknown = [n for n in names if n not in ENCODERS]
+    if not names or unknown:
+        raise ValueError(f"--encoder {value!r}: expected 'inner', one of {', '.join(ENCODERS)}, or a comma-separated "
+                         f"list of them" + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
+    return names
+
+
 def _configs(args: argparse.Namespace):
     from dataclasses import replace
 
@@ -74,7 +103,9 @@ def _configs(args: argparse.Namespace):
     from gogh_flows.predict.p2 import P2Config
 
     check_epochs(args.p1_epochs, args.p2_epochs)
-    p1 = P1Config(encoder=args.encoder, seed=args.seed)
+    candidates = encoder_candidates(args.encoder)
+    # with a choice, the transformer (the product's default) wins ties
+    p1 = P1Config(encoder="transformer" if "transformer" in candidates else candidates[0], seed=args.seed)
     if args.p1_epochs is not None:
         p1 = replace(p1, epochs=args.p1_epochs)
     p2 = P2Config(seed=args.seed)
@@ -296,8 +327,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from gogh_flows.progress import Progress
 
     with Progress() as bars:
+        candidates = encoder_candidates(args.encoder)
         report = leave_one_family_out(
-            full, holdouts, EvalConfig(p1=p1_cfg, p2=p2_cfg, repeats=args.repeats, seed=args.seed),
+            full, holdouts, EvalConfig(p1=p1_cfg, p2=p2_cfg, repeats=args.repeats, seed=args.seed,
+                                       encoders=candidates if len(candidates) > 1 else (),
+                                       p2_epochs=() if args.p2_epochs is not None else P2_EPOCH_CHOICES),
             log=lambda s: print(s, file=sys.stderr, flush=True), progress=bars.update,
         )
     report["truth"] = args.truth

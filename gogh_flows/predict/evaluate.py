@@ -22,7 +22,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -33,9 +33,9 @@ from gogh_flows.predict.encoding import job_summary, roofline
 from gogh_flows.predict.intervals import CASES as INTERVAL_CASES
 from gogh_flows.predict.intervals import Intervals, from_errors
 from gogh_flows.predict.layout import Layout
-from gogh_flows.predict.p1 import P1Config, P1Model, train_p1
+from gogh_flows.predict.p1 import ENCODERS, P1Config, P1Model, train_p1
 from gogh_flows.predict.p2 import P2Config, P2Model, train_p2
-from gogh_flows.predict.siblings import family_and_batch, sibling_transfer
+from gogh_flows.predict.siblings import DECAY, family_and_batch, sibling_transfer
 from gogh_flows.workloads.features import WorkloadFeatures
 
 METHODS = ("p1", "p2", "matrix_completion", "nearest", "p1_shifted", "type_mean", "partner_mean", "roofline",
@@ -60,6 +60,8 @@ METHOD_NOTES = {
                 "chosen on the inner split (training families only) from 0, 0.25, 0.5, 0.75, 1; P2's "
                 "'does not fit' kept",
 }
+#: the siblings step's weight decays (0: every sibling weighs the same) chosen from on the inner split
+SIBLING_DECAYS = (0.0, 1.0, 2.0, 4.0)
 #: a prediction of "does not fit" (or none) on an entry that was measured counts as this
 #: factor off (MAPE 100%, absolute log error log 10): a wrong out-of-memory verdict costs
 MISS_FACTOR = 10.0
@@ -94,6 +96,19 @@ class EvalConfig:
     p2: P2Config = field(default_factory=P2Config)
     repeats: int = 5
     seed: int = 0
+    #: P1 encoders to choose from per held-out family on the inner split (:func:`choose_encoder`);
+    #: empty: ``p1.encoder``, fixed
+    encoders: tuple[str, ...] = ()
+    #: P2 epochs to choose from per held-out family on the inner split (:func:`choose_p2_epochs`);
+    #: empty: ``p2.epochs``, fixed
+    p2_epochs: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = [e for e in self.encoders if e not in ENCODERS]
+        if unknown:
+            raise ValueError(f"P1 encoders to choose from must be among {ENCODERS}, got {unknown}")
+        if any(int(e) < 1 for e in self.p2_epochs):
+            raise ValueError(f"P2 epochs to choose from must be >= 1, got {list(self.p2_epochs)}")
 
 
 def p1_vectors(model: P1Model, layout: Layout, names: Sequence[str],
@@ -124,6 +139,51 @@ def out_of_family_p1(data: MeasuredSet, layout: Layout, features: Mapping[str, W
         if done:
             done()
     return out
+
+
+def p1_inner_error(oof: np.ndarray, truth: np.ndarray, layout: Layout, data: MeasuredSet) -> float:
+    """How far out-of-family P1 vectors (``oof``, one row per job of ``data``) are from ``truth``
+    with nothing observed: per family the mean absolute log error of its isolated entries and
+    of its co-located ones, averaged; then the mean over families, each weighing the same (as
+    the report averages them). A "does not fit" on a measured entry counts as a miss."""
+    is_pair = layout.is_pair()
+    row = {n: i for i, n in enumerate(data.names)}
+    per_family: list[float] = []
+    for fam in data.families:
+        rows = [row[n] for n in data.of_family(fam)]
+        parts = []
+        for mask in (~is_pair, is_pair):
+            ale = np.concatenate([_entry_errors(oof[i], truth[i], mask)[0] for i in rows])
+            if ale.size:
+                parts.append(float(np.mean(ale)))
+        if parts:
+            per_family.append(float(np.mean(parts)))
+    return float(np.mean(per_family)) if per_family else math.inf
+
+
+def choose_encoder(train: MeasuredSet, layout: Layout, features: Mapping[str, WorkloadFeatures],
+                   config: EvalConfig, log: Callable[[str], None] | None = None,
+                   ) -> tuple[str, np.ndarray, dict[str, float]]:
+    """The P1 encoder for one held-out family, chosen on the training families only.
+
+    Why: the default encoder was picked by the leave-one-family-out figures this report
+    publishes, so a fixed default carries that selection into them. Here each candidate
+    predicts every training family from a P1 trained without it (the out-of-family vectors P2
+    is trained on anyway), and the least error (:func:`p1_inner_error`) wins; a tie goes to
+    ``config.p1.encoder``. Returns (encoder, its out-of-family vectors, every candidate's error).
+    """
+    candidates = config.encoders or (config.p1.encoder,)
+    truth = layout.truth(train, train.names)
+    oofs: dict[str, np.ndarray] = {}
+    errors: dict[str, float] = {}
+    for enc in candidates:
+        oofs[enc] = out_of_family_p1(train, layout, features, replace(config.p1, encoder=enc), log)
+        errors[enc] = p1_inner_error(oofs[enc], truth, layout, train) if len(candidates) > 1 else math.nan
+    chosen = min(candidates, key=lambda e: (errors[e] if len(candidates) > 1 else 0.0, e != config.p1.encoder))
+    if log and len(candidates) > 1:
+        log("  P1 encoder on the inner split: " + ", ".join(f"{e} {v:.3f}" for e, v in errors.items())
+            + f" -> {chosen}")
+    return chosen, oofs[chosen], errors
 
 
 def _mape_entries(pred_log: np.ndarray, true_log: np.ndarray, where: np.ndarray) -> list[float]:
@@ -315,7 +375,7 @@ def score_siblings(complete: Callable[[int, np.ndarray, np.ndarray], np.ndarray]
 
 
 def with_siblings(refined_log: np.ndarray, p1_log: np.ndarray, observed_log: np.ndarray, layout: Layout,
-                  names: Sequence[str], family: Mapping[str, str | None]) -> np.ndarray:
+                  names: Sequence[str], family: Mapping[str, str | None], decay: float = DECAY) -> np.ndarray:
     """Log rows whose unmeasured isolated entries are moved by the measured siblings."""
     g = len(layout.gpus)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -326,7 +386,7 @@ def with_siblings(refined_log: np.ndarray, p1_log: np.ndarray, observed_log: np.
     sizes = {n: b for n in names if (b := family_and_batch(n)[1])}
     moved = sibling_transfer({n: np.nan_to_num(r) for n, r in rows.items()},
                              {n: np.nan_to_num(p) for n, p in priors.items()},
-                             {n: m for n, m in measured.items() if m}, family, batch_size=sizes)
+                             {n: m for n, m in measured.items() if m}, family, batch_size=sizes, decay=decay)
     out = refined_log.copy()
     for i, n in enumerate(names):
         with np.errstate(divide="ignore"):
@@ -347,6 +407,15 @@ class HoldoutResult:
     covered: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)  # method -> cover metric -> (in, n)
     #: P2's (isolated, co-located) weight in the ensemble, chosen on the inner split
     ensemble_weights: tuple[float, float] | None = None
+    #: P1's encoder, and every candidate's inner-split error (NaN when there was no choice)
+    encoder: str | None = None
+    encoder_errors: dict[str, float] = field(default_factory=dict)
+    #: the siblings step's decay, and every candidate's inner-split siblings MAPE
+    siblings_decay: float = DECAY
+    siblings_errors: dict[str, float] = field(default_factory=dict)
+    #: P2's epochs, and every candidate's inner-split error (empty when there was no choice)
+    p2_epochs: int | None = None
+    p2_epoch_errors: dict[str, float] = field(default_factory=dict)
 
 
 def blend(p2_log: np.ndarray, roof_log: np.ndarray, w_iso: float, w_pair: float, n_gpus: int) -> np.ndarray:
@@ -417,24 +486,76 @@ def choose_ensemble(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]])
 
 def inner_family_errors(full: MeasuredSet, train: MeasuredSet, layout: Layout, oof: np.ndarray,
                         config: EvalConfig, methods: Sequence[str] = METHODS,
-                        protocols: Sequence[str] = INTERVAL_PROTOCOLS) -> dict[str, dict[str, list[np.ndarray]]]:
+                        protocols: Sequence[str] = INTERVAL_PROTOCOLS,
+                        decays: Sequence[float] = ()) -> dict[str, dict[str, list[np.ndarray]]]:
     """Every method's errors on the inner split, one array per training family: each training
     family in turn, predicted by methods fitted on the other training families (P1: its
-    out-of-family vectors; P2: trained on the others' out-of-family vectors)."""
+    out-of-family vectors; P2: trained on the others' out-of-family vectors).
+
+    With ``decays``, also the siblings metric of P2 plus the siblings step at each decay, as
+    ``siblings@<decay>`` -> ``siblings`` -> one 1-element array per family that has siblings."""
     out: dict[str, dict[str, list[np.ndarray]]] = {m: {p: [] for p in protocols} for m in methods}
+    out.update({f"siblings@{d:g}": {"siblings": []} for d in decays})
     row = {n: i for i, n in enumerate(train.names)}
     for fam in train.families:
         rest = train.without([fam])
         names = train.of_family(fam)
         rest_rows = [row[n] for n in rest.names]
         p2 = train_p2(layout, oof[rest_rows], layout.truth(rest, rest.names), config.p2)
-        built = build_methods(full, rest, names, layout, oof[[row[n] for n in names]], p2, config.seed)
+        p1_fam = oof[[row[n] for n in names]]
+        built = build_methods(full, rest, names, layout, p1_fam, p2, config.seed)
         truth = layout.truth(train, names)
         for name in methods:
             errs = score_all(built[name], truth, layout).abs_errors
             for p in protocols:
                 out[name][p].append(errs[p])
+        for d in decays if len(names) > 1 else ():
+            fam_of = dict.fromkeys(names, fam)
+
+            def complete(i: int, obs: np.ndarray, sibs: np.ndarray, d: float = d) -> np.ndarray:
+                seen = sibs.copy()
+                seen[i] = obs
+                return with_siblings(p2.refine(p1_fam, seen), p1_fam, seen, layout, names, fam_of, d)[i]
+            out[f"siblings@{d:g}"]["siblings"].append(
+                np.array([score_siblings(complete, truth, layout, config.repeats, config.seed)]))
     return out
+
+
+def choose_p2_epochs(full: MeasuredSet, train: MeasuredSet, layout: Layout, oof: np.ndarray,
+                     config: EvalConfig, log: Callable[[str], None] | None = None) -> tuple[int, dict[str, float]]:
+    """P2's epochs for one held-out family, chosen on the training families only: each candidate
+    trains P2 per inner family (on the others' out-of-family vectors) and is scored with one
+    observation, isolated and co-located averaged per family, families equal; a tie goes to
+    ``config.p2.epochs``. Returns (epochs, every candidate's error); no choice without candidates."""
+    if not config.p2_epochs:
+        return config.p2.epochs, {}
+    errors: dict[str, float] = {}
+    for epochs in config.p2_epochs:
+        cfg = replace(config, p2=replace(config.p2, epochs=int(epochs)))
+        inner = inner_family_errors(full, train, layout, oof, cfg, methods=("p2",),
+                                    protocols=("isolated_1obs", "colocated_1obs"))["p2"]
+        per_family = [float(np.mean([np.mean(np.minimum(e, math.log(MISS_FACTOR))) for e in parts if e.size]))
+                      for parts in zip(inner["isolated_1obs"], inner["colocated_1obs"])
+                      if any(e.size for e in parts)]
+        errors[str(int(epochs))] = float(np.mean(per_family)) if per_family else math.inf
+    chosen = min(config.p2_epochs, key=lambda e: (errors[str(int(e))], int(e) != config.p2.epochs))
+    if log:
+        log("  P2 epochs on the inner split: " + ", ".join(f"{k} {v:.3f}" for k, v in errors.items())
+            + f" -> {int(chosen)}")
+    return int(chosen), errors
+
+
+def choose_decay(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]]) -> tuple[float, dict[str, float]]:
+    """The siblings decay with the least siblings MAPE on the inner split (families equal; a tie,
+    or no inner family with siblings, goes to the product's :data:`DECAY`)."""
+    errors = {}
+    for d in SIBLING_DECAYS:
+        vals = [float(e[0]) for e in by_family.get(f"siblings@{d:g}", {}).get("siblings", []) if np.isfinite(e[0])]
+        errors[f"{d:g}"] = float(np.mean(vals)) if vals else math.nan
+    finite = {d: errors[f"{d:g}"] for d in SIBLING_DECAYS if math.isfinite(errors[f"{d:g}"])}
+    if not finite:
+        return DECAY, errors
+    return min(finite, key=lambda d: (finite[d], d != DECAY)), errors
 
 
 def inner_abs_errors(full: MeasuredSet, train: MeasuredSet, layout: Layout, oof: np.ndarray,
@@ -474,11 +595,17 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
     layout = Layout(full.gpus, full.names)
     features = dict(full.jobs)
     guard_no_leak(train, holdout)
-    p1 = train_p1(train, config.p1)
+    # P1's encoder, chosen on the inner split (never on this family); P2 learns from the
+    # chosen encoder's out-of-family vectors, the errors of the P1 it will correct
+    encoder, oof, encoder_errors = choose_encoder(train, layout, features, config, log)
+    p1 = train_p1(train, replace(config.p1, encoder=encoder))
     p1_test = p1_vectors(p1, layout, test, features)
     truth_train = layout.truth(train, train.names)
     truth_test = layout.truth(full, test)
-    oof = out_of_family_p1(train, layout, features, config.p1, log)
+    # P2's epochs likewise; what follows (the ensemble, the intervals, the siblings decay) is
+    # chosen with the P2 that is reported
+    p2_epochs, p2_epoch_errors = choose_p2_epochs(full, train, layout, oof, config, log)
+    config = replace(config, p2=replace(config.p2, epochs=p2_epochs))
     p2 = train_p2(layout, oof, truth_train, config.p2)
     # The ensemble's weights, chosen on the inner split (never on this family); the same pass
     # gives every method's inner errors for the intervals.
@@ -486,7 +613,10 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
     inner = inner_family_errors(full, train, layout, oof, config,
                                 methods=(*(m for m in METHODS if m != "ensemble"), *candidates) if intervals
                                 else candidates,
-                                protocols=INTERVAL_PROTOCOLS if intervals else ("isolated_1obs", "colocated_1obs"))
+                                protocols=INTERVAL_PROTOCOLS if intervals else ("isolated_1obs", "colocated_1obs"),
+                                decays=SIBLING_DECAYS if len(test) > 1 else ())
+    decay, decay_errors = choose_decay(inner)
+    inner = {k: v for k, v in inner.items() if not k.startswith("siblings@")}
     calib = pooled(inner)
     weights = choose_ensemble(inner)
     if intervals:
@@ -513,7 +643,7 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
         seen = sibs.copy()
         seen[i] = obs
         refined = p2.refine(p1_test, seen)
-        return with_siblings(refined, p1_test, seen, layout, test, fam)[i]
+        return with_siblings(refined, p1_test, seen, layout, test, fam, decay)[i]
 
     def nearest_siblings(i: int, obs: np.ndarray, sibs: np.ndarray) -> np.ndarray:
         others = [k for k in range(len(test)) if k != i]
@@ -543,7 +673,9 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
             for m, v in metrics.items()) + f" (mean absolute log error; {secs:.0f} s)")
     return HoldoutResult(holdout, metrics, secs, p1, p2, jobs=jobs,
                          by_revealed_type={name: sc.by_revealed_type for name, sc in scores.items()},
-                         covered=covered, ensemble_weights=weights)
+                         covered=covered, ensemble_weights=weights, encoder=encoder,
+                         encoder_errors=encoder_errors, siblings_decay=decay, siblings_errors=decay_errors,
+                         p2_epochs=p2_epochs, p2_epoch_errors=p2_epoch_errors)
 
 
 def roofline_log(data: MeasuredSet, names: Sequence[str]) -> np.ndarray:
@@ -596,7 +728,7 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
     """
     holdouts = tuple(full.family_named(h, what="holdout family") for h in holdouts) if holdouts else full.families
     start = time.perf_counter()
-    families, jobs, by_type, weights = {}, {}, {}, {}
+    families, jobs, by_type, weights, encoders, decays, p2_epochs = {}, {}, {}, {}, {}, {}, {}
     counts: dict[str, dict[str, list[int]]] = {m: {} for m in METHODS}
     if progress is not None:  # the clock starts now, not when the first family is done
         progress("held-out families", 0, len(holdouts))
@@ -604,6 +736,10 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
         result = evaluate_holdout(full, h, config, log)
         families[h] = result.metrics
         weights[h] = {"isolated": result.ensemble_weights[0], "colocated": result.ensemble_weights[1]}
+        encoders[h] = {"chosen": result.encoder, "inner_male": result.encoder_errors}
+        p2_epochs[h] = {"chosen": result.p2_epochs, "inner_male": result.p2_epoch_errors}
+        if len(full.of_family(h)) > 1:
+            decays[h] = {"chosen": result.siblings_decay, "inner_mape": result.siblings_errors}
         jobs.update(result.jobs)
         by_type[h] = result.by_revealed_type
         for m, by in result.covered.items():
@@ -625,7 +761,8 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
     revealed = {m: {g: _mean_finite([by_type[h][m][g] for h in holdouts]) for g in full.gpus} for m in METHODS}
     return {
         "families": families, "mean": mean, "mean_over_jobs": mean_over_jobs, "jobs": jobs,
-        "coverage_pooled": pooled_coverage, "ensemble_p2_weight": weights,
+        "coverage_pooled": pooled_coverage, "ensemble_p2_weight": weights, "p1_encoder": encoders,
+        "siblings_decay": decays, "p2_epochs": p2_epochs,
         "isolated_male_1obs_by_revealed_type": revealed,
         "methods": dict(METHOD_NOTES),
         "protocol": {
@@ -640,8 +777,17 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
                          "absolute log errors on the inner split (each training family predicted by the method "
                          "fitted on the other training families); coverNN = share of the held-out family's scored "
                          "entries within pred x/÷ exp(halfwidthNN); coverage_pooled pools every held-out entry",
+            "selection": "chosen on the inner split (the training families, each predicted by models fitted without "
+                         "it), never on the held-out family: the ensemble's weights, the intervals and, when "
+                         "config.encoders names several, P1's encoder (least mean absolute log error with nothing "
+                         "observed, isolated and co-located averaged per family, families equal; p1_encoder); when "
+                         "config.p2_epochs names several, P2's epochs (least error with one observation, isolated "
+                         "and co-located averaged per family; p2_epochs); for a "
+                         "family with siblings, the siblings step's decay (least isolated_mape_1obs_siblings of P2 "
+                         "plus the siblings step on the inner families that have siblings; siblings_decay)",
         },
         "config": {"p1": asdict(config.p1), "p2": asdict(config.p2), "repeats": config.repeats,
-                   "seed": config.seed},
+                   "seed": config.seed, "encoders": list(config.encoders or (config.p1.encoder,)),
+                   "p2_epochs": list(config.p2_epochs or (config.p2.epochs,))},
         "seconds": round(time.perf_counter() - start, 1),
     }
