@@ -217,3 +217,31 @@ def test_a_run_measured_a_hair_below_a_level_counts_at_that_level():
     placed = GoghOptimizer().place(problem)
     a = placed.assignment("j")
     assert math.isfinite(a.throughput) and a.energy_j > 0 and violations(problem, placed) == []
+
+
+def test_a_choice_at_a_measured_limit_shows_the_board_power_its_runs_measured():
+    """The draw a choice shows (and the lowest-power policy ranks by) is the measured one where
+    runs of the type measured the board at that limit, as its energy is costed."""
+    from gogh_flows.placement.options import FleetState, options_for
+
+    def choice(problem):
+        (c,) = options_for(problem, FleetState(problem), problem.jobs[0]).choices
+        return c
+
+    levels = [w for w in _problem().limit_levels("h100") if w is not None]
+    measured = _problem({("heavy", "h100"): tuple((w, 6.0, 0.5 * w) for w in levels)}, trials=False)
+    c = choice(measured)
+    assert c.power_limit_w in levels and c.power_w == pytest.approx(0.5 * c.power_limit_w)
+    # points without board power keep the model's draw
+    rate_only = _problem({("heavy", "h100"): tuple((w, 6.0) for w in levels)}, trials=False)
+    r = choice(rate_only)
+    assert r.power_limit_w == c.power_limit_w
+    assert r.power_w == pytest.approx(measured.energy.power_alone("h100", _occupant_activity(rate_only), r.power_limit_w))
+    assert r.power_w != pytest.approx(c.power_w)
+
+
+def _occupant_activity(problem) -> float:
+    from gogh_flows.placement.options import _occupant
+
+    job = problem.jobs[0]
+    return _occupant(problem, job, "h100", problem.throughputs.isolated(job, "h100")).activity
