@@ -3,9 +3,11 @@ the baselines that need no training, and the data check that flags measurement a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
+import polars as pl
 import pytest
 
 from gogh_flows.predict import evaluate as ev
@@ -222,9 +224,10 @@ def test_the_inner_p1_error_weighs_families_equally_and_counts_misses():
 def test_the_siblings_decay_is_chosen_on_inner_families_that_have_siblings():
     errs = {f"siblings@{d:g}": {"siblings": [np.array([0.3 + 0.01 * d]), np.array([0.5 - 0.05 * d])]}
             for d in ev.SIBLING_DECAYS}
+    errs["siblings@2"]["siblings"][1] = np.array([0.05])  # d=2: (0.32 + 0.05) / 2, the least
     decay, table = ev.choose_decay(errs)
-    # per family means, families equal: d=4 gives (0.34 + 0.30) / 2, the least
-    assert decay == 4.0 and table["4"] == pytest.approx(0.32)
+    # the mean over families of each family's figure
+    assert decay == 2.0 and table["2"] == pytest.approx(0.185) and table["4"] == pytest.approx(0.32)
     flat = {f"siblings@{d:g}": {"siblings": [np.array([0.2])]} for d in ev.SIBLING_DECAYS}
     assert ev.choose_decay(flat)[0] == ev.DECAY  # a tie keeps the product's decay
     assert ev.choose_decay({})[0] == ev.DECAY and all(math.isnan(v) for v in ev.choose_decay({})[1].values())
@@ -280,3 +283,47 @@ def test_p2s_epochs_are_chosen_on_the_inner_split(monkeypatch):
     assert ev.choose_p2_epochs(data, data, None, None, ev.EvalConfig(p2=P2Config(epochs=7))) == (7, {})
     with pytest.raises(ValueError, match=">= 1"):
         ev.EvalConfig(p2_epochs=(0,))
+
+
+def test_a_miss_counts_log_ten_when_the_ensemble_weight_is_chosen():
+    """One "does not fit" of P2 on an inner family is kept at every weight; left infinite it made
+    every candidate infinite and the tie chose P2 alone whatever the other entries said."""
+    miss = math.inf
+    errs = {f"ensemble@{w:g}": {"isolated_1obs": [np.array([0.2 + abs(w - 0.5), miss]), np.array([0.3 + abs(w - 0.5)])],
+                                "colocated_1obs": [np.array([0.4, miss])]} for w in ev.ENSEMBLE_WEIGHTS}
+    w_iso, w_pair = ev.choose_ensemble(errs)
+    assert w_iso == 0.5  # the finite entries decide; the miss weighs the same at every weight
+    assert w_pair == 1.0  # equal everywhere: the tie goes to P2
+
+
+def test_the_held_out_familys_measurements_never_move_a_choice():
+    """Every choice (encoder, P2 epochs, ensemble weights, decay, intervals) stays the same when the
+    held-out family's measurements are replaced by others: they are made on the training families."""
+    from gogh_flows.predict.data import MeasuredSet
+    from gogh_flows.predict.p1 import P1Config
+    from gogh_flows.predict.p2 import P2Config
+    from gogh_flows.truth.synthetic import synthetic_table
+
+    jobs = ("A3C", "LM (batch size 20)", "ResNet-18 (batch size 64)", "ResNet-18 (batch size 128)",
+            "ResNet-50 (batch size 32)", "ResNet-50 (batch size 64)")
+    table = synthetic_table(("k80", "v100"))
+    data = MeasuredSet.from_table(table).subset(jobs)
+    cfg = ev.EvalConfig(p1=P1Config(hidden=8, epochs=3, pair_rows_per_epoch=64), p2=P2Config(hidden=8, epochs=2),
+                        repeats=1, encoders=("ff", "transformer"), p2_epochs=(1, 2))
+    rng = np.random.default_rng(0)
+    held = [n for n in data.names if n.startswith("ResNet-18")]
+    iso = data.iso.with_columns(
+        pl.when(pl.col("job").is_in(held)).then(pl.col("throughput") * float(rng.uniform(0.1, 10)))
+        .otherwise(pl.col("throughput")).alias("throughput"))
+    pairs = data.pairs.with_columns(
+        pl.when(pl.col("job").is_in(held) | pl.col("partner").is_in(held)).then(pl.col("throughput") * 0.3)
+        .otherwise(pl.col("throughput")).alias("throughput"))
+    moved = dataclasses.replace(data, iso=iso, pairs=pairs)
+    a = ev.evaluate_holdout(data, "ResNet-18", cfg)
+    b = ev.evaluate_holdout(moved, "ResNet-18", cfg)
+    assert (a.encoder, a.p2_epochs, a.ensemble_weights, a.siblings_decay) == \
+        (b.encoder, b.p2_epochs, b.ensemble_weights, b.siblings_decay)
+    assert a.encoder_errors == b.encoder_errors and a.p2_epoch_errors == b.p2_epoch_errors
+    half = [k for k in a.metrics["p2"] if "halfwidth" in k]
+    assert half and all(a.metrics["p2"][k] == b.metrics["p2"][k] for k in half)
+    assert a.metrics["p2"]["isolated_male"] != b.metrics["p2"]["isolated_male"]  # the scores did move

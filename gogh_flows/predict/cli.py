@@ -38,9 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         x.add_argument("--gpu-types", help="comma-separated GPU types to keep (default: all in the truth)")
         x.add_argument("--p1-epochs", type=int, help=f"P1 epochs (default {P1_EPOCHS})")
         x.add_argument("--p2-epochs", type=int,
-                       help=f"P2 epochs (default {P2_EPOCHS}" + ("; evaluate chooses among 300, 600 and 1200 per "
-                                                                 "held-out family on the inner split)"
-                                                                 if choose_encoder else ")"))
+                       help="P2 epochs, fixed (default: chosen among 150, 300, 600 and 1200 per held-out family on the "
+                            "inner split)" if choose_encoder else f"P2 epochs (default {P2_EPOCHS})")
 
     t = ps.add_parser("train", help="train P1 and P2 on all data and write DIR/p1 and DIR/p2")
     common(t)
@@ -78,7 +77,7 @@ def check_epochs(p1_epochs: int | None, p2_epochs: int | None) -> None:
 
 
 #: P2 epochs ``evaluate`` chooses from on the inner split unless ``--p2-epochs`` fixes them
-P2_EPOCH_CHOICES = (300, 600, 1200)
+P2_EPOCH_CHOICES = (150, 300, 600, 1200)
 
 
 def encoder_candidates(value: str) -> tuple[str, ...]:
@@ -88,7 +87,7 @@ def encoder_candidates(value: str) -> tuple[str, ...]:
 
     if value.strip().casefold() == "inner":
         return ENCODERS
-    names = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
+    names = tuple(dict.fromkeys(v.strip().casefold() for v in value.split(",") if v.strip()))
     unknown = [n for n in names if n not in ENCODERS]
     if not names or unknown:
         raise ValueError(f"--encoder {value!r}: expected 'inner', one of {', '.join(ENCODERS)}, or a comma-separated "
@@ -321,6 +320,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)
     p1_cfg, p2_cfg = _configs(args)
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be a whole number of draws >= 1, got {args.repeats}")
     anomalies: list = []
     _, full = _data(args, anomalies)
     holdouts = None if args.holdout_family.strip().casefold() == "all" else [args.holdout_family]

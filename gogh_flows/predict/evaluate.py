@@ -61,7 +61,7 @@ METHOD_NOTES = {
                 "'does not fit' kept",
 }
 #: the siblings step's weight decays (0: every sibling weighs the same) chosen from on the inner split
-SIBLING_DECAYS = (0.0, 1.0, 2.0, 4.0)
+SIBLING_DECAYS = (0.0, 1.0, 2.0, 4.0, 8.0)
 #: a prediction of "does not fit" (or none) on an entry that was measured counts as this
 #: factor off (MAPE 100%, absolute log error log 10): a wrong out-of-memory verdict costs
 MISS_FACTOR = 10.0
@@ -107,6 +107,8 @@ class EvalConfig:
         unknown = [e for e in self.encoders if e not in ENCODERS]
         if unknown:
             raise ValueError(f"P1 encoders to choose from must be among {ENCODERS}, got {unknown}")
+        if self.repeats < 1:
+            raise ValueError(f"repeats (random draws for the siblings metric) must be >= 1, got {self.repeats}")
         if any(int(e) < 1 for e in self.p2_epochs):
             raise ValueError(f"P2 epochs to choose from must be >= 1, got {list(self.p2_epochs)}")
 
@@ -471,12 +473,19 @@ def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], la
     }
 
 
+def _capped_mean(abs_errors: np.ndarray) -> float:
+    """Mean absolute log error with a miss (inf) counted :data:`MISS_FACTOR` off, as scored."""
+    return float(np.mean(np.minimum(abs_errors, math.log(MISS_FACTOR))))
+
+
 def choose_ensemble(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]]) -> tuple[float, float]:
     """P2's (isolated, co-located) weight with the least one-observation error on the inner
     split, each inner family weighing the same (its mean absolute log error, averaged over the
-    families, as the report averages them; ties to more P2)."""
+    families, as the report averages them; ties to more P2). A miss counts log 10, as the
+    report scores it: left infinite, one "does not fit" of P2 (kept at every weight) made every
+    candidate infinite and the tie always chose P2 alone."""
     def err(name: str, protocol: str) -> float:
-        means = [float(np.mean(e)) for e in by_family[name][protocol] if e.size]
+        means = [_capped_mean(e) for e in by_family[name][protocol] if e.size]
         return float(np.mean(means)) if means else math.inf
 
     def best(protocol: str) -> float:
@@ -534,7 +543,7 @@ def choose_p2_epochs(full: MeasuredSet, train: MeasuredSet, layout: Layout, oof:
         cfg = replace(config, p2=replace(config.p2, epochs=int(epochs)))
         inner = inner_family_errors(full, train, layout, oof, cfg, methods=("p2",),
                                     protocols=("isolated_1obs", "colocated_1obs"))["p2"]
-        per_family = [float(np.mean([np.mean(np.minimum(e, math.log(MISS_FACTOR))) for e in parts if e.size]))
+        per_family = [float(np.mean([_capped_mean(e) for e in parts if e.size]))
                       for parts in zip(inner["isolated_1obs"], inner["colocated_1obs"])
                       if any(e.size for e in parts)]
         errors[str(int(epochs))] = float(np.mean(per_family)) if per_family else math.inf
@@ -784,7 +793,8 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
                          "config.p2_epochs names several, P2's epochs (least error with one observation, isolated "
                          "and co-located averaged per family; p2_epochs); for a "
                          "family with siblings, the siblings step's decay (least isolated_mape_1obs_siblings of P2 "
-                         "plus the siblings step on the inner families that have siblings; siblings_decay)",
+                         "plus the siblings step on the inner families that have siblings; siblings_decay). "
+                         "config.p1.encoder and config.p2.epochs are the values that win ties",
         },
         "config": {"p1": asdict(config.p1), "p2": asdict(config.p2), "repeats": config.repeats,
                    "seed": config.seed, "encoders": list(config.encoders or (config.p1.encoder,)),
