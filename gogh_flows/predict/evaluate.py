@@ -4,8 +4,12 @@ For each held-out family: P1 and P2 are trained *here* on the other families onl
 held-out family's jobs and every pair involving them are removed by
 :meth:`MeasuredSet.without` before anything is fitted), then every method predicts the
 held-out jobs. ``_Nobs`` metrics reveal N measured entries of a held-out job (isolated
-entries for the isolated metrics, co-located entries for the co-located one), drawn at
-random ``repeats`` times, and score only the entries that stayed hidden.
+entries for the isolated metrics, co-located entries for the co-located one), every choice
+in turn (:func:`_reveals`), and score only the entries that stayed hidden.
+
+Everything the evaluation chooses (P1's encoder, P2's epochs, the ensemble's weights, the
+siblings decay, the intervals) is chosen per held-out family on its training families alone,
+each predicted by models fitted without it (the inner split): see :func:`evaluate_holdout`.
 
 ``isolated_mape_1obs_siblings`` is the situation once a new family has run for a while and
 another batch size of it arrives: one isolated entry of the held-out job is revealed, and
