@@ -210,9 +210,9 @@ def docs(path: Path = RESULTS / "predictors_gavel.json", target: Path = DOCS) ->
 
 
 def choice_table(report: dict) -> list[str]:
-    """Per held-out family: P1's encoder (each candidate's inner error), the ensemble's P2
-    weights, the siblings decay (each candidate's inner siblings MAPE); empty for reports written
-    before these were chosen there."""
+    """Per held-out family: P1's encoder and P2's epochs (each candidate's inner error), the
+    ensemble's P2 weights, the siblings decay (each candidate's inner siblings MAPE); empty for
+    reports written before these were chosen there."""
     enc = report.get("p1_encoder", {})
     if not enc:
         return []

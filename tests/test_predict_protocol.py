@@ -275,12 +275,14 @@ def test_p2s_epochs_are_chosen_on_the_inner_split(monkeypatch):
     assert result.p2_epochs in (1, 2, 4) and set(result.p2_epoch_errors) == {"1", "2", "4"}
     assert result.p2_epoch_errors[str(result.p2_epochs)] == min(result.p2_epoch_errors.values())
     # every candidate trained once per inner family (3 training families, each on the other two),
-    # then the reported P2 (on all three) and the inner pass for the ensemble, both at the chosen epochs
+    # then the reported P2 (on all three) at the chosen epochs; the inner pass for the ensemble
+    # reuses the chosen epochs' inner P2s instead of training them again
     inner = [e for e, n in epochs_seen[:9]]
     assert sorted(inner) == [1, 1, 1, 2, 2, 2, 4, 4, 4] and all(n == 2 for _, n in epochs_seen[:9])
     assert epochs_seen[9] == (result.p2_epochs, 3)
     assert all(e == result.p2_epochs for e, _ in epochs_seen[9:])
-    assert ev.choose_p2_epochs(data, data, None, None, ev.EvalConfig(p2=P2Config(epochs=7))) == (7, {})
+    assert len(epochs_seen) == 10
+    assert ev.choose_p2_epochs(data, data, None, None, ev.EvalConfig(p2=P2Config(epochs=7))) == (7, {}, {})
     with pytest.raises(ValueError, match=">= 1"):
         ev.EvalConfig(p2_epochs=(0,))
 

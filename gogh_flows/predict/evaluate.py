@@ -500,13 +500,16 @@ def choose_ensemble(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]])
 def inner_family_errors(full: MeasuredSet, train: MeasuredSet, layout: Layout, oof: np.ndarray,
                         config: EvalConfig, methods: Sequence[str] = METHODS,
                         protocols: Sequence[str] = INTERVAL_PROTOCOLS,
-                        decays: Sequence[float] = ()) -> dict[str, dict[str, list[np.ndarray]]]:
+                        decays: Sequence[float] = (),
+                        trained: dict[str, P2Model] | None = None) -> dict[str, dict[str, list[np.ndarray]]]:
     """Every method's errors on the inner split, one array per training family: each training
     family in turn, predicted by methods fitted on the other training families (P1: its
     out-of-family vectors; P2: trained on the others' out-of-family vectors).
 
     With ``decays``, also the siblings metric of P2 plus the siblings step at each decay, as
-    ``siblings@<decay>`` -> ``siblings`` -> one 1-element array per family that has siblings."""
+    ``siblings@<decay>`` -> ``siblings`` -> one 1-element array per family that has siblings.
+    ``trained`` (inner family -> P2 at ``config.p2``) is used where it has the family and filled
+    where not, so a later pass at the same settings does not train the same P2s again."""
     out: dict[str, dict[str, list[np.ndarray]]] = {m: {p: [] for p in protocols} for m in methods}
     out.update({f"siblings@{d:g}": {"siblings": []} for d in decays})
     row = {n: i for i, n in enumerate(train.names)}
@@ -514,7 +517,11 @@ def inner_family_errors(full: MeasuredSet, train: MeasuredSet, layout: Layout, o
         rest = train.without([fam])
         names = train.of_family(fam)
         rest_rows = [row[n] for n in rest.names]
-        p2 = train_p2(layout, oof[rest_rows], layout.truth(rest, rest.names), config.p2)
+        p2 = trained.get(fam) if trained is not None else None
+        if p2 is None:
+            p2 = train_p2(layout, oof[rest_rows], layout.truth(rest, rest.names), config.p2)
+            if trained is not None:
+                trained[fam] = p2
         p1_fam = oof[[row[n] for n in names]]
         built = build_methods(full, rest, names, layout, p1_fam, p2, config.seed)
         truth = layout.truth(train, names)
@@ -535,18 +542,23 @@ def inner_family_errors(full: MeasuredSet, train: MeasuredSet, layout: Layout, o
 
 
 def choose_p2_epochs(full: MeasuredSet, train: MeasuredSet, layout: Layout, oof: np.ndarray,
-                     config: EvalConfig, log: Callable[[str], None] | None = None) -> tuple[int, dict[str, float]]:
+                     config: EvalConfig, log: Callable[[str], None] | None = None,
+                     ) -> tuple[int, dict[str, float], dict[str, P2Model]]:
     """P2's epochs for one held-out family, chosen on the training families only: each candidate
     trains P2 per inner family (on the others' out-of-family vectors) and is scored with one
     observation, isolated and co-located averaged per family, families equal; a tie goes to
-    ``config.p2.epochs``. Returns (epochs, every candidate's error); no choice without candidates."""
+    ``config.p2.epochs``. Returns (epochs, every candidate's error, the chosen epochs' P2 per inner
+    family for the passes that follow); no choice, nothing trained, without candidates."""
     if not config.p2_epochs:
-        return config.p2.epochs, {}
+        return config.p2.epochs, {}, {}
     errors: dict[str, float] = {}
+    models: dict[int, dict[str, P2Model]] = {}
     for epochs in config.p2_epochs:
         cfg = replace(config, p2=replace(config.p2, epochs=int(epochs)))
+        models[int(epochs)] = {}
         inner = inner_family_errors(full, train, layout, oof, cfg, methods=("p2",),
-                                    protocols=("isolated_1obs", "colocated_1obs"))["p2"]
+                                    protocols=("isolated_1obs", "colocated_1obs"),
+                                    trained=models[int(epochs)])["p2"]
         per_family = [float(np.mean([_capped_mean(e) for e in parts if e.size]))
                       for parts in zip(inner["isolated_1obs"], inner["colocated_1obs"])
                       if any(e.size for e in parts)]
@@ -555,7 +567,7 @@ def choose_p2_epochs(full: MeasuredSet, train: MeasuredSet, layout: Layout, oof:
     if log:
         log("  P2 epochs on the inner split: " + ", ".join(f"{k} {v:.3f}" for k, v in errors.items())
             + f" -> {int(chosen)}")
-    return int(chosen), errors
+    return int(chosen), errors, models[int(chosen)]
 
 
 def choose_decay(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]]) -> tuple[float, dict[str, float]]:
@@ -617,7 +629,7 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
     truth_test = layout.truth(full, test)
     # P2's epochs likewise; what follows (the ensemble, the intervals, the siblings decay) is
     # chosen with the P2 that is reported
-    p2_epochs, p2_epoch_errors = choose_p2_epochs(full, train, layout, oof, config, log)
+    p2_epochs, p2_epoch_errors, inner_p2 = choose_p2_epochs(full, train, layout, oof, config, log)
     config = replace(config, p2=replace(config.p2, epochs=p2_epochs))
     p2 = train_p2(layout, oof, truth_train, config.p2)
     # The ensemble's weights, chosen on the inner split (never on this family); the same pass
@@ -627,7 +639,7 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
                                 methods=(*(m for m in METHODS if m != "ensemble"), *candidates) if intervals
                                 else candidates,
                                 protocols=INTERVAL_PROTOCOLS if intervals else ("isolated_1obs", "colocated_1obs"),
-                                decays=SIBLING_DECAYS if len(test) > 1 else ())
+                                decays=SIBLING_DECAYS if len(test) > 1 else (), trained=inner_p2)
     decay, decay_errors = choose_decay(inner)
     inner = {k: v for k, v in inner.items() if not k.startswith("siblings@")}
     calib = pooled(inner)
