@@ -211,7 +211,7 @@ def docs(path: Path = RESULTS / "predictors_gavel.json", target: Path = DOCS) ->
 
 def choice_table(report: dict) -> list[str]:
     """Per held-out family: P1's encoder and P2's epochs (each candidate's inner error), the
-    ensemble's P2 weights, the siblings decay (each candidate's inner siblings MAPE); empty for
+    ensemble's P2 weights per case, the siblings decay (each candidate's inner siblings MAPE); empty for
     reports written before these were chosen there."""
     enc = report.get("p1_encoder", {})
     if not enc:
@@ -221,8 +221,9 @@ def choice_table(report: dict) -> list[str]:
     epochs = report.get("p2_epochs", {})
     names = list(next(iter(enc.values()))["inner_male"])
     out = ["| held-out family | P1 encoder | " + " | ".join(f"{n} (inner male)" for n in names)
-           + " | P2 epochs (inner male by epochs) | ensemble P2 weight (iso / co) | siblings decay (inner MAPE by decay) |",
-           "|---|---|" + "---:|" * len(names) + "---|---|---|"]
+           + " | P2 epochs (inner male by epochs) | ensemble P2 weight, nothing observed (iso / co) "
+           "| ensemble P2 weight, 1 observation (iso / co) | siblings decay (inner MAPE by decay) |",
+           "|---|---|" + "---:|" * len(names) + "---|---|---|---|"]
     for fam, e in enc.items():
         errs = " | ".join("n/a" if e["inner_male"].get(n) is None else f"{e['inner_male'][n]:.3f}" for n in names)
         w = weights.get(fam, {})
@@ -232,8 +233,12 @@ def choice_table(report: dict) -> list[str]:
         ep = epochs.get(fam, {})
         ep_cell = "n/a" if not ep else f"{ep['chosen']}" + (" (" + ", ".join(
             f"{k}: {v:.3f}" for k, v in ep["inner_male"].items()) + ")" if ep.get("inner_male") else " (fixed)")
-        out.append(f"| {fam} | {e['chosen']} | {errs} | {ep_cell} | {w.get('isolated', 'n/a')} / "
-                   f"{w.get('colocated', 'n/a')} | {dec} |")
+        if "isolated_1obs" in w:
+            nothing = f"{w['isolated']:g} / {w['colocated']:g}"
+            one = f"{w['isolated_1obs']:g} / {w['colocated_1obs']:g}"
+        else:  # reports of 2026-11-26 and before: one pair of weights, for one observation, P2 alone otherwise
+            nothing, one = "1 / 1", f"{w.get('isolated', 'n/a')} / {w.get('colocated', 'n/a')}"
+        out.append(f"| {fam} | {e['chosen']} | {errs} | {ep_cell} | {nothing} | {one} | {dec} |")
     return out
 
 

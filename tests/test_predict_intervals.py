@@ -7,7 +7,7 @@ import math
 import pytest
 
 from gogh_flows.predict.data import MeasuredSet
-from gogh_flows.predict.evaluate import EvalConfig, calibrate_p2, out_of_family_p1
+from gogh_flows.predict.evaluate import EvalConfig, calibrate_refiner, out_of_family_p1
 from gogh_flows.predict.intervals import CASES, LEVELS, Intervals, NoIntervalsError
 from gogh_flows.predict.layout import Layout
 from gogh_flows.predict.p1 import P1Config, train_p1
@@ -28,7 +28,7 @@ def trained():
     oof = out_of_family_p1(data, layout, dict(data.jobs), CFG.p1)
     p1 = train_p1(data, CFG.p1)
     p2 = train_p2(layout, oof, layout.truth(data, data.names), CFG.p2)
-    intervals = calibrate_p2(data, oof, CFG)
+    intervals, ensemble = calibrate_refiner(data, oof, CFG)
     p2.trained_on["intervals"] = intervals.to_dict()
     return data, p1, p2, intervals
 

@@ -127,7 +127,8 @@ def test_intervals_are_calibrated_on_the_inner_split_only(monkeypatch):
     # each inner family first (the ensemble's weights and the intervals come from them), then the outer test
     assert seen[-1] == ("ResNet-18 (batch size 64)",)
     assert all("ResNet-18 (batch size 64)" not in names for names in seen[:-1]) and len(seen) == 4 + 1
-    assert set(result.ensemble_weights) <= set(ev.ENSEMBLE_WEIGHTS)
+    assert set(result.ensemble_weights) == set(ev.ENSEMBLE_CASES)
+    assert set(result.ensemble_weights.values()) <= set(ev.ENSEMBLE_WEIGHTS)
     for level in ev.LEVELS:
         cover = result.metrics["type_mean"][ev.interval_name("isolated_1obs", "cover", level)]
         assert 0.0 <= cover <= 1.0
@@ -147,9 +148,14 @@ def test_ensemble_blends_in_log_space_keeps_p2s_misses_and_is_chosen_per_family_
     # one family with many entries must not outvote another: per-family means, then their mean
     errs = {f"ensemble@{w:g}": {"isolated_1obs": [np.full(100, 0.1 + 0.1 * w), np.full(2, 1.0 - w)],
                                 "colocated_1obs": [np.full(3, 0.5)]} for w in ev.ENSEMBLE_WEIGHTS}
-    w_iso, w_pair = ev.choose_ensemble(errs)
-    assert w_iso == 1.0  # per family: 0.2 + 0 at w=1 beats 0.1 + 1.0 at w=0 (pooled would pick 0)
-    assert w_pair == 1.0  # a tie goes to more P2
+    # with nothing observed the candidates are P2 against the partner-mean row
+    errs.update({f"prior@{w:g}": {"isolated": [np.full(4, 0.2 + abs(w - 0.25))], "colocated": [np.full(4, 0.3 + w)]}
+                 for w in ev.ENSEMBLE_WEIGHTS})
+    chosen, errors = ev.choose_ensemble(errs)
+    assert chosen["isolated_1obs"] == 1.0  # per family: 0.2 + 0 at w=1 beats 0.1 + 1.0 at w=0 (pooled would pick 0)
+    assert chosen["colocated_1obs"] == 1.0  # a tie goes to more P2
+    assert chosen["isolated"] == 0.25 and chosen["colocated"] == 0.0  # chosen on the prior@ candidates
+    assert errors["colocated"]["0.5"] == pytest.approx(0.8)
 
 
 def test_p1s_encoder_is_chosen_on_the_inner_split_and_p2_learns_from_the_chosen_one(monkeypatch):
@@ -293,9 +299,12 @@ def test_a_miss_counts_log_ten_when_the_ensemble_weight_is_chosen():
     miss = math.inf
     errs = {f"ensemble@{w:g}": {"isolated_1obs": [np.array([0.2 + abs(w - 0.5), miss]), np.array([0.3 + abs(w - 0.5)])],
                                 "colocated_1obs": [np.array([0.4, miss])]} for w in ev.ENSEMBLE_WEIGHTS}
-    w_iso, w_pair = ev.choose_ensemble(errs)
-    assert w_iso == 0.5  # the finite entries decide; the miss weighs the same at every weight
-    assert w_pair == 1.0  # equal everywhere: the tie goes to P2
+    errs.update({f"prior@{w:g}": {"isolated": [np.array([miss])], "colocated": [np.array([])]}
+                 for w in ev.ENSEMBLE_WEIGHTS})
+    chosen, _ = ev.choose_ensemble(errs)
+    assert chosen["isolated_1obs"] == 0.5  # the finite entries decide; the miss weighs the same at every weight
+    assert chosen["colocated_1obs"] == 1.0  # equal everywhere: the tie goes to P2
+    assert chosen["isolated"] == chosen["colocated"] == 1.0  # nothing to tell them apart: P2
 
 
 def test_the_held_out_familys_measurements_never_move_a_choice():

@@ -67,19 +67,33 @@ def base_measurements(base_data: str, prior: str | None, gpu_types: list[str]) -
     raise ValueError(f"unknown base data {source!r}; expected one of {BASE_DATA}")
 
 
+#: what a challenger keeps of the champion's record: the ensemble's weights and baseline rows
+#: and the intervals (:func:`gogh_flows.predict.evaluate.calibrate_refiner`)
+INHERITED = ("ensemble", "intervals")
+
+
 def fit_challenger(p1: P1Model, features: dict, train: pl.DataFrame, *, base: MeasuredSet | None, config: P2Config,
-                   gpu_types: list[str], validation_fraction: float) -> tuple[P2Model, int]:
+                   gpu_types: list[str], validation_fraction: float,
+                   inherit: dict | None = None) -> tuple[P2Model, int]:
     """A refiner fitted on ``train``, and how many measurements chose its trust scale.
 
     How far it trusts its corrections over P1 (:attr:`P2Model.trust_scale`) is chosen on the
     newest ``validation_fraction`` of ``train`` by a trial refiner fitted on the older rest
     (:func:`gogh_flows.predict.service.choose_trust_scale`), so nothing outside ``train`` takes
     part: the caller keeps its held-out runs for judging the result.
+
+    ``inherit``: the champion's ``trained_on``; its :data:`INHERITED` records go to the trial
+    and the challenger. Choosing them again takes a P2 per family of the base data (``gogh
+    predictors calibrate``), too slow for this flow; without them a promoted challenger would
+    predict with P2 alone and refuse every placement at a risk level.
     """
+    kept = {k: v for k, v in (inherit or {}).items() if k in INHERITED}
     fit, val = split_recent(train, validation_fraction) if train.height >= 2 else (train, train.head(0))
     trial = fit_refiner(p1, features, fit, base=base, config=config, gpu_types=gpu_types)
+    trial.trained_on.update(kept)
     trust, errors = choose_trust_scale(p1, trial, features, fit, val)
     p2 = fit_refiner(p1, features, train, base=base, config=config, gpu_types=gpu_types)
+    p2.trained_on.update(kept)
     p2.trust_scale = trust
     p2.trained_on["trust_scale_validation_mape"] = errors
     return p2, val.height
@@ -136,7 +150,8 @@ def refine_predictors(
     base = base_measurements(base_data, block.prior, gpu_types)
     # never scored on `test` while it is fitted: `test` decides the promotion
     p2, n_val = fit_challenger(champion.p1, features, train, base=base, config=P2Config(epochs=epochs, seed=seed),
-                               gpu_types=gpu_types, validation_fraction=holdout_fraction)
+                               gpu_types=gpu_types, validation_fraction=holdout_fraction,
+                               inherit=champion.p2.trained_on if champion.p2 is not None else None)
     trust = p2.trust_scale
     challenger = ThroughputPredictor(champion.p1, p2)
     champ_score = score(champion, features, train, test)

@@ -150,8 +150,10 @@ class PriorRow:
         return np.where(n > 0, total / np.maximum(n, 1), np.nan)
 
     @staticmethod
-    def _slowdowns(known: np.ndarray, n_gpus: int) -> np.ndarray:
-        """``[P*G]`` mean log(pair / isolated) of the training jobs per (partner, type) column."""
+    def slowdown_table(known: np.ndarray, n_gpus: int) -> tuple[np.ndarray, np.ndarray]:
+        """``[P, G]`` mean log(pair / isolated) of the training jobs per (partner, type), a partner
+        never measured on a type taking that type's mean over partners; and those means ``[G]``
+        (log 0.5 for a type with no pair measured at all)."""
         iso = known[:, :n_gpus]
         pair = known[:, n_gpus:].reshape(known.shape[0], -1, n_gpus)
         with np.errstate(invalid="ignore"):
@@ -160,7 +162,12 @@ class PriorRow:
         mean = np.where(n > 0, np.where(np.isfinite(ratio), ratio, 0.0).sum(axis=0) / np.maximum(n, 1), np.nan)
         per_type = np.array([np.nanmean(mean[:, g]) if np.isfinite(mean[:, g]).any() else np.log(0.5)
                              for g in range(n_gpus)])
-        return np.where(np.isfinite(mean), mean, per_type[None, :]).reshape(-1)
+        return np.where(np.isfinite(mean), mean, per_type[None, :]), per_type
+
+    @classmethod
+    def _slowdowns(cls, known: np.ndarray, n_gpus: int) -> np.ndarray:
+        """``[P*G]``: :meth:`slowdown_table` flattened as the layout's pair entries."""
+        return cls.slowdown_table(known, n_gpus)[0].reshape(-1)
 
     @classmethod
     def type_mean(cls, known_log: np.ndarray, n_jobs: int, n_gpus: int) -> PriorRow:

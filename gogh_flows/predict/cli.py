@@ -48,8 +48,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="leave this model family out of training entirely (repeatable)")
     t.set_defaults(func=cmd_train, out_is_folder=True)
 
-    c = ps.add_parser("calibrate", help="add calibrated intervals to a trained refiner (DIR/p2), on the data it "
-                                        "was trained on")
+    c = ps.add_parser("calibrate", help="choose the ensemble's weights for a trained refiner (DIR/p2) and "
+                                        "calibrate its intervals, on the data it was trained on")
     common(c)
     c.add_argument("--model", required=True, help="directory holding p1/ and p2/ (as `train --out` wrote it)")
     c.add_argument("--exclude-family", action="append", default=[],
@@ -158,7 +158,7 @@ def _command(args: argparse.Namespace) -> str:
 def cmd_train(args: argparse.Namespace) -> int:
     import torch
 
-    from gogh_flows.predict.evaluate import EvalConfig, calibrate_p2, in_sample_metrics, out_of_family_p1
+    from gogh_flows.predict.evaluate import EvalConfig, calibrate_refiner, in_sample_metrics, out_of_family_p1
     from gogh_flows.predict.io import save_model
     from gogh_flows.predict.layout import Layout
     from gogh_flows.predict.p1 import train_p1
@@ -189,9 +189,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         truth = layout.truth(data, data.names)
         p2 = train_p2(layout, oof, truth, p2_cfg, log=log)
         step()
-        intervals = calibrate_p2(data, oof, EvalConfig(p1=p1_cfg, p2=p2_cfg, seed=args.seed))
+        intervals, ensemble = calibrate_refiner(data, oof, EvalConfig(p1=p1_cfg, p2=p2_cfg, seed=args.seed))
         step()
-    p2.trained_on["intervals"] = intervals.to_dict()
+    p2.trained_on.update(intervals=intervals.to_dict(), ensemble=ensemble.to_dict())
     metrics = in_sample_metrics(p1, p2, data, layout, oof)
     secs = time.perf_counter() - start
     source = table.source
@@ -287,10 +287,11 @@ def _same_data_as_trained(args: argparse.Namespace, trained_on: dict) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    """Intervals for a refiner trained before they existed: the same inner split as ``train``."""
+    """The ensemble's weights and intervals for a refiner trained before they existed: the same
+    inner split as ``train``."""
     import torch
 
-    from gogh_flows.predict.evaluate import EvalConfig, calibrate_p2, out_of_family_p1
+    from gogh_flows.predict.evaluate import EvalConfig, calibrate_refiner, out_of_family_p1
     from gogh_flows.predict.io import load_p2, record_trained_on
     from gogh_flows.predict.layout import Layout
 
@@ -307,9 +308,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     layout = Layout(data.gpus, data.names)
     oof = out_of_family_p1(data, layout, dict(data.jobs), p1_cfg,
                            lambda s: print(s, file=sys.stderr, flush=True))
-    intervals = calibrate_p2(data, oof, EvalConfig(p1=p1_cfg, p2=p2_cfg, seed=args.seed))
+    intervals, ensemble = calibrate_refiner(data, oof, EvalConfig(p1=p1_cfg, p2=p2_cfg, seed=args.seed))
+    record_trained_on(model, "ensemble", ensemble.to_dict())
     record_trained_on(model, "intervals", intervals.to_dict())
-    print(json.dumps({"model": str(model), **intervals.to_dict()}, indent=2))
+    print(json.dumps({"model": str(model), "ensemble_weights": ensemble.to_dict()["weights"], **intervals.to_dict()},
+                     indent=2))
     return 0
 
 

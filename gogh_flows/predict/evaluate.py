@@ -34,6 +34,9 @@ from gogh_flows import catalog
 from gogh_flows.predict.baselines import MatrixCompletion, NearestJob, PriorRow, shifted
 from gogh_flows.predict.data import MeasuredSet
 from gogh_flows.predict.encoding import job_summary, roofline
+from gogh_flows.predict.ensemble import CASES as ENSEMBLE_CASES
+from gogh_flows.predict.ensemble import WEIGHTS as ENSEMBLE_WEIGHT_CHOICES
+from gogh_flows.predict.ensemble import BaselineRows, Ensemble
 from gogh_flows.predict.intervals import CASES as INTERVAL_CASES
 from gogh_flows.predict.intervals import Intervals, from_errors
 from gogh_flows.predict.layout import Layout
@@ -44,9 +47,9 @@ from gogh_flows.workloads.features import WorkloadFeatures
 
 METHODS = ("p1", "p2", "matrix_completion", "nearest", "p1_shifted", "type_mean", "partner_mean", "roofline",
            "ensemble")
-#: the P2 weights (against the roofline ratio, in log space) the ensemble chooses from on the
-#: inner split: one for isolated entries, one for co-located ones
-ENSEMBLE_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+#: the P2 weights (against the baseline, in log space) the ensemble chooses from on the inner
+#: split, one per case of :data:`gogh_flows.predict.ensemble.CASES`
+ENSEMBLE_WEIGHTS = ENSEMBLE_WEIGHT_CHOICES
 #: what each method is, in the report's words
 METHOD_NOTES = {
     "p1": "P1, trained without the family; an observation replaces only its own entry",
@@ -60,9 +63,10 @@ METHOD_NOTES = {
                     "next to that partner on that type",
     "roofline": "the job's roofline kernel time per type x one efficiency fitted on the training jobs, pairs "
                 "by the partner-mean slowdown; with an observation, a parameter-free ratio",
-    "ensemble": "P2 and roofline averaged in log space, P2's weight for isolated and for co-located entries "
-                "chosen on the inner split (training families only) from 0, 0.25, 0.5, 0.75, 1; P2's "
-                "'does not fit' kept",
+    "ensemble": "what the product predicts with: P2 averaged in log space with the partner-mean row when nothing "
+                "is observed, with the roofline ratio otherwise; P2's weight for each case (isolated or "
+                "co-located, nothing or something observed) chosen on the inner split (training families "
+                "only) from 0, 0.25, 0.5, 0.75, 1; P2's 'does not fit' kept",
 }
 #: the siblings step's weight decays (0: every sibling weighs the same) chosen from on the inner split
 SIBLING_DECAYS = (0.0, 1.0, 2.0, 4.0, 8.0)
@@ -411,8 +415,8 @@ class HoldoutResult:
     jobs: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # job -> method -> metric
     by_revealed_type: dict[str, dict[str, float]] = field(default_factory=dict)  # method -> gpu -> male
     covered: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)  # method -> cover metric -> (in, n)
-    #: P2's (isolated, co-located) weight in the ensemble, chosen on the inner split
-    ensemble_weights: tuple[float, float] | None = None
+    #: P2's weight in the ensemble per case (:data:`ENSEMBLE_CASES`), chosen on the inner split
+    ensemble_weights: dict[str, float] | None = None
     #: P1's encoder, and every candidate's inner-split error (NaN when there was no choice)
     encoder: str | None = None
     encoder_errors: dict[str, float] = field(default_factory=dict)
@@ -436,11 +440,14 @@ def blend(p2_log: np.ndarray, roof_log: np.ndarray, w_iso: float, w_pair: float,
 
 def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], layout: Layout,
                   p1_test: np.ndarray, p2: P2Model, seed: int,
-                  ensemble: tuple[float, float] = (0.5, 0.5)) -> dict[str, Callable[[int, np.ndarray], np.ndarray]]:
+                  ensemble: Mapping[str, float] | None = None) -> dict[str, Callable[[int, np.ndarray], np.ndarray]]:
     """Every method's ``complete(i, observed_row)`` for the jobs ``test``, fitted on ``train`` only.
 
-    ``ensemble`` is the (isolated, co-located) P2 weight of the ``ensemble`` method; the
-    candidates ``ensemble@w`` (one weight for both) are what the inner split chooses it from."""
+    ``ensemble`` is P2's weight per case (:data:`ENSEMBLE_CASES`; default 0.5 each) in the
+    ``ensemble`` method, what the product predicts with (:mod:`gogh_flows.predict.ensemble`):
+    P2 averaged with the partner-mean row when nothing is observed, with the roofline ratio
+    otherwise. The inner split chooses the weights among the candidates ``prior@w`` (P2 and
+    the partner-mean row) and ``ensemble@w`` (P2 and the roofline ratio)."""
     features = dict(full.jobs)
     truth_train = layout.truth(train, train.names)
     mc = MatrixCompletion(seed=seed).fit(truth_train)
@@ -454,14 +461,22 @@ def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], la
     type_mean = PriorRow.type_mean(truth_train, len(test), g)
     partner_mean = PriorRow.partner_mean(truth_train, len(test), g)
     roof = PriorRow.roofline(truth_train, roofline_log(full, train.names), roofline_log(full, test), g)
-    seen: dict[tuple[int, bytes], tuple[np.ndarray, np.ndarray]] = {}
+    weights = dict.fromkeys(ENSEMBLE_CASES, 0.5) if ensemble is None else dict(ensemble)
+    seen: dict[tuple[int, bytes], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
-    def both(i: int, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """P2's and the roofline's rows for one reveal, computed once for every ensemble weight."""
+    def rows(i: int, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """P2's, the roofline's and the partner-mean rows for one reveal, computed once for every
+        candidate weight."""
         key = (i, np.asarray(obs).tobytes())
         if key not in seen:
-            seen[key] = (p2.refine(p1_test[i], obs)[0], roof.complete(i, obs))
+            seen[key] = (p2.refine(p1_test[i], obs)[0], roof.complete(i, obs), partner_mean.complete(i, obs))
         return seen[key]
+
+    def ensembled(i: int, obs: np.ndarray) -> np.ndarray:
+        p2_row, roof_row, prior_row = rows(i, obs)
+        if np.isfinite(obs).any():
+            return blend(p2_row, roof_row, weights["isolated_1obs"], weights["colocated_1obs"], g)
+        return blend(p2_row, prior_row, weights["isolated"], weights["colocated"], g)
 
     return {
         "p1": lambda i, obs: np.where(np.isfinite(obs), obs, p1_test[i]),
@@ -472,8 +487,10 @@ def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], la
         "type_mean": type_mean.complete,
         "partner_mean": partner_mean.complete,
         "roofline": roof.complete,
-        "ensemble": lambda i, obs: blend(*both(i, obs), *ensemble, g),
-        **{f"ensemble@{w:g}": (lambda i, obs, w=w: blend(*both(i, obs), w, w, g)) for w in ENSEMBLE_WEIGHTS},
+        "ensemble": ensembled,
+        **{f"ensemble@{w:g}": (lambda i, obs, w=w: blend(*rows(i, obs)[:2], w, w, g)) for w in ENSEMBLE_WEIGHTS},
+        **{f"prior@{w:g}": (lambda i, obs, w=w: blend(rows(i, obs)[0], rows(i, obs)[2], w, w, g))
+           for w in ENSEMBLE_WEIGHTS},
     }
 
 
@@ -482,19 +499,33 @@ def _capped_mean(abs_errors: np.ndarray) -> float:
     return float(np.mean(np.minimum(abs_errors, math.log(MISS_FACTOR))))
 
 
-def choose_ensemble(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]]) -> tuple[float, float]:
-    """P2's (isolated, co-located) weight with the least one-observation error on the inner
-    split, each inner family weighing the same (its mean absolute log error, averaged over the
-    families, as the report averages them; ties to more P2). A miss counts log 10, as the
-    report scores it: left infinite, one "does not fit" of P2 (kept at every weight) made every
-    candidate infinite and the tie always chose P2 alone."""
+#: the inner-split candidates each ensemble case is chosen among (their name before ``@w``)
+ENSEMBLE_CANDIDATE = {"isolated": "prior", "colocated": "prior", "isolated_1obs": "ensemble",
+                      "colocated_1obs": "ensemble"}
+#: every candidate method the inner split scores for the ensemble's choice
+ENSEMBLE_CANDIDATES = tuple(f"{kind}@{w:g}" for kind in ("prior", "ensemble") for w in ENSEMBLE_WEIGHTS)
+
+
+def ensemble_candidate(case: str, weight: float) -> str:
+    """The inner-split method whose errors are the ensemble's for ``case`` at ``weight``."""
+    return f"{ENSEMBLE_CANDIDATE[case]}@{weight:g}"
+
+
+def choose_ensemble(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]]
+                    ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """P2's weight per case (:data:`ENSEMBLE_CASES`) with the least error on the inner split,
+    each inner family weighing the same (its mean absolute log error, averaged over the
+    families, as the report averages them; ties to more P2); and every candidate's error. A
+    miss counts log 10, as the report scores it: left infinite, one "does not fit" of P2 (kept
+    at every weight) made every candidate infinite and the tie always chose P2 alone."""
     def err(name: str, protocol: str) -> float:
         means = [_capped_mean(e) for e in by_family[name][protocol] if e.size]
         return float(np.mean(means)) if means else math.inf
 
-    def best(protocol: str) -> float:
-        return min(ENSEMBLE_WEIGHTS, key=lambda w: (err(f"ensemble@{w:g}", protocol), -w))
-    return best("isolated_1obs"), best("colocated_1obs")
+    errors = {case: {f"{w:g}": err(ensemble_candidate(case, w), case) for w in ENSEMBLE_WEIGHTS}
+              for case in ENSEMBLE_CASES}
+    chosen = {case: min(ENSEMBLE_WEIGHTS, key=lambda w, c=case: (errors[c][f"{w:g}"], -w)) for case in ENSEMBLE_CASES}
+    return chosen, errors
 
 
 def inner_family_errors(full: MeasuredSet, train: MeasuredSet, layout: Layout, oof: np.ndarray,
@@ -596,16 +627,23 @@ def pooled(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]]) -> dict[
     return {m: {p: np.concatenate(v) if v else np.empty(0) for p, v in ps.items()} for m, ps in by_family.items()}
 
 
-def calibrate_p2(data: MeasuredSet, oof: np.ndarray, config: EvalConfig) -> Intervals:
-    """The refiner's intervals (:mod:`gogh_flows.predict.intervals`) for a P2 trained on ``data``:
-    every family of ``data`` predicted by a P2 trained on the others' out-of-family P1 vectors
-    (``oof``), the absolute log errors of each case, their conformal quantiles per level."""
+def calibrate_refiner(data: MeasuredSet, oof: np.ndarray, config: EvalConfig) -> tuple[Intervals, Ensemble]:
+    """What the product predicts with besides a P2 trained on ``data``, from one inner split (every
+    family of ``data`` predicted by a P2 trained on the others' out-of-family P1 vectors,
+    ``oof``): the ensemble's weights (:mod:`gogh_flows.predict.ensemble`) and the intervals
+    (:mod:`gogh_flows.predict.intervals`), the conformal quantiles of the absolute log errors of
+    the ensemble so chosen, per case, so the intervals are those of what is predicted."""
     layout = Layout(data.gpus, data.names)
-    errs = inner_abs_errors(data, data, layout, oof, config, methods=("p2",), protocols=tuple(INTERVAL_CASES))["p2"]
-    return from_errors({case: errs[case] for case in INTERVAL_CASES},
-                       f"split conformal on {len(data.families)} families left out in turn "
-                       f"({', '.join(data.families)}), {len(data.names)} job types, GPU types "
-                       f"{', '.join(data.gpus)}", conformal_halfwidth)
+    inner = inner_family_errors(data, data, layout, oof, config, methods=ENSEMBLE_CANDIDATES,
+                                protocols=tuple(INTERVAL_CASES))
+    weights, errors = choose_ensemble(inner)
+    errs = pooled(inner)
+    where = (f"{len(data.families)} families left out in turn ({', '.join(data.families)}), {len(data.names)} job "
+             f"types, GPU types {', '.join(data.gpus)}")
+    intervals = from_errors({case: errs[ensemble_candidate(case, weights[case])][case] for case in INTERVAL_CASES},
+                            f"split conformal on {where}, of the ensemble", conformal_halfwidth)
+    rows = BaselineRows.fit(layout, layout.truth(data, data.names))
+    return intervals, Ensemble(weights, rows, f"weights chosen on {where}", errors)
 
 
 def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalConfig(),
@@ -634,19 +672,17 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
     p2 = train_p2(layout, oof, truth_train, config.p2)
     # The ensemble's weights, chosen on the inner split (never on this family); the same pass
     # gives every method's inner errors for the intervals.
-    candidates = tuple(f"ensemble@{w:g}" for w in ENSEMBLE_WEIGHTS)
     inner = inner_family_errors(full, train, layout, oof, config,
-                                methods=(*(m for m in METHODS if m != "ensemble"), *candidates) if intervals
-                                else candidates,
-                                protocols=INTERVAL_PROTOCOLS if intervals else ("isolated_1obs", "colocated_1obs"),
+                                methods=(*(m for m in METHODS if m != "ensemble"), *ENSEMBLE_CANDIDATES) if intervals
+                                else ENSEMBLE_CANDIDATES,
+                                protocols=tuple(dict.fromkeys((*INTERVAL_PROTOCOLS, *ENSEMBLE_CASES))),
                                 decays=SIBLING_DECAYS if len(test) > 1 else (), trained=inner_p2)
     decay, decay_errors = choose_decay(inner)
     inner = {k: v for k, v in inner.items() if not k.startswith("siblings@")}
     calib = pooled(inner)
-    weights = choose_ensemble(inner)
+    weights, _ = choose_ensemble(inner)
     if intervals:
-        calib["ensemble"] = {p: calib[f"ensemble@{weights[0] if PROTOCOLS[p][0] == 'isolated' else weights[1]:g}"][p]
-                             for p in INTERVAL_PROTOCOLS}
+        calib["ensemble"] = {p: calib[ensemble_candidate(p, weights[p])][p] for p in INTERVAL_PROTOCOLS}
     methods = build_methods(full, train, test, layout, p1_test, p2, config.seed, ensemble=weights)
     scores = {name: score_all(methods[name], truth_test, layout) for name in METHODS}
     metrics = {name: {**dict(sc.pooled), **dict.fromkeys(INTERVAL_METRICS, math.nan)} for name, sc in scores.items()}
@@ -760,7 +796,7 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
     for i, h in enumerate(holdouts):
         result = evaluate_holdout(full, h, config, log)
         families[h] = result.metrics
-        weights[h] = {"isolated": result.ensemble_weights[0], "colocated": result.ensemble_weights[1]}
+        weights[h] = dict(result.ensemble_weights or {})
         encoders[h] = {"chosen": result.encoder, "inner_male": result.encoder_errors}
         p2_epochs[h] = {"chosen": result.p2_epochs, "inner_male": result.p2_epoch_errors}
         if len(full.of_family(h)) > 1:

@@ -18,6 +18,12 @@ How an entry is filled, in order of trust:
    slowdown ratio, applied to the job's (refined) isolated value, so one observation of
    a job moves all of its entries consistently.
 
+A refiner trained with an ensemble (``gogh predictors train`` stores one) then averages
+steps 3-4 with a baseline that needs no training, in log space, by weights chosen on unseen
+families (:mod:`gogh_flows.predict.ensemble`): the per-type mean for a job with nothing
+measured, the roofline ratio shifted to the job's measurements otherwise. On Gavel's data
+that average beats P2 alone (docs/predictors.md).
+
 A predicted entry is 0.0 where the memory estimate says the job (or the pair) does not
 fit, as in measured tables.
 """
@@ -34,6 +40,7 @@ import polars as pl
 from gogh_flows.catalog import get_gpu_type
 from gogh_flows.predict.intervals import Intervals, NoIntervalsError
 from gogh_flows.predict.data import MeasuredSet, UnknownJobFeaturesError, zoo_jobs
+from gogh_flows.predict.ensemble import Ensemble
 from gogh_flows.predict.evaluate import out_of_family_p1, p1_vectors
 from gogh_flows.predict.layout import Layout
 from gogh_flows.predict.p1 import P1Model, Prediction
@@ -118,6 +125,12 @@ class ThroughputPredictor:
         self.p2 = p2
         self._zoo: dict[str, WorkloadFeatures | None] = {}
         self._priors: dict[tuple[str, tuple[str, ...]], np.ndarray | None] = {}
+        d = (p2.trained_on or {}).get("ensemble") if p2 is not None else None
+        try:
+            self.ensemble: Ensemble | None = Ensemble.from_dict(d) if d else None
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"the refiner's stored ensemble (trained_on['ensemble']) cannot be read: {exc}; "
+                             "re-run `gogh predictors calibrate --model DIR` to write it again") from None
 
     # -- public ------------------------------------------------------------------------------
     @property
@@ -259,6 +272,8 @@ class ThroughputPredictor:
         pair = pred.pair[:, :J, :G].astype(np.float64)  # partners start with the jobs themselves, in order
         if self.p2 is not None:
             self._refine(names, gpus, all_gpus, pred, obs, iso, pair)
+            if self.ensemble is not None:
+                self.ensemble.blend(names, jobs, gpus, obs, iso, pair)
             self._siblings(names, gpus, pred.isolated[:, :G].astype(np.float64), obs, iso, pair)
         # observed entries win, whatever the models say
         row = {n: i for i, n in enumerate(names)}

@@ -33,9 +33,10 @@ def train_holdout(truth: ThroughputTable, family: str | None, *, p1_epochs: int 
 
     The same recipe as ``gogh predictors train``: P1 on every isolated and pair
     measurement left, P2 on out-of-family P1 vectors (one P1 per remaining family), so it
-    learns how P1 errs on models it has not seen. ``intervals``: also calibrate P2's
-    intervals on the remaining families (what a risk level plans with; P2 is then trained
-    once more per remaining family).
+    learns how P1 errs on models it has not seen. ``intervals``: also choose the ensemble's weights and
+    calibrate its intervals on the remaining families (:func:`calibrate_refiner`; what a risk
+    level plans with; P2 is then trained once more per remaining family). Without, the
+    predictions are P2's alone.
     """
     import torch
 
@@ -58,9 +59,10 @@ def train_holdout(truth: ThroughputTable, family: str | None, *, p1_epochs: int 
     oof = out_of_family_p1(data, layout, dict(data.jobs), p1_cfg, log)
     p2 = train_p2(layout, oof, layout.truth(data, data.names), p2_cfg)
     if intervals:  # as `gogh predictors train`: conformal widths from the training families only
-        from gogh_flows.predict.evaluate import EvalConfig, calibrate_p2
+        from gogh_flows.predict.evaluate import EvalConfig, calibrate_refiner
 
-        p2.trained_on["intervals"] = calibrate_p2(data, oof, EvalConfig(p1=p1_cfg, p2=p2_cfg, seed=seed)).to_dict()
+        bounds, ensemble = calibrate_refiner(data, oof, EvalConfig(p1=p1_cfg, p2=p2_cfg, seed=seed))
+        p2.trained_on.update(intervals=bounds.to_dict(), ensemble=ensemble.to_dict())
     gang = gang_scaling(truth, data.names)
     left = f"without family {family!r}" if family is not None else "on every family"
     return Predictors(p1, p2, gang, f"trained in-run on {truth.source} {left} "

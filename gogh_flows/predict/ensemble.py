@@ -1,0 +1,179 @@
+"""P2 averaged with a baseline that needs no training, in log space, by weights chosen on unseen families.
+
+Why the product does not predict with P2 alone: on Gavel's seven families
+(docs/predictors.md) P2 with one observation beats the ratio baseline on only 4 of 7
+families and the partner-mean slowdown on 2 of 7, and with nothing observed P1 is worse
+than the per-type geometric mean on 4 of 7. Their average is better than either where
+P2's errors and the baseline's are not the same errors. The issue's rule is that the
+product then uses the better method; this module is that method, the same as the
+evaluation's ``ensemble`` (:func:`gogh_flows.predict.evaluate.build_methods`).
+
+The baseline depends on what is known of the job:
+
+* **nothing measured**: the training jobs' geometric mean on each GPU type (a pair entry:
+  times their mean slowdown next to that partner on that type), the prior P1 must beat;
+* **at least one entry measured**: the roofline ratio, the job's roofline throughput on
+  each type (``max(FLOPs / peak, bytes / bandwidth)`` per layer) shifted to its
+  measurements: a cross-type ratio with no parameter fitted to other jobs.
+
+P2's weight for each of the four cases (isolated or co-located, nothing or something
+measured) is chosen on the inner split when the refiner is trained (every training family
+predicted by models fitted without it), never on data it is then scored on, and stored with
+P2 (``trained_on["ensemble"]``, JSON). A weight of 1 is P2 alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gogh_flows import catalog
+from gogh_flows.predict.baselines import PriorRow
+from gogh_flows.predict.encoding import roofline
+from gogh_flows.predict.layout import Layout
+from gogh_flows.workloads.features import WorkloadFeatures
+
+#: P2's weight is chosen per case: isolated or co-located entries, of a job with nothing
+#: measured or with at least one entry measured (the interval cases)
+CASES = ("isolated", "colocated", "isolated_1obs", "colocated_1obs")
+#: the P2 weights each case chooses from
+WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def roofline_log(features: WorkloadFeatures, gpu: str) -> float:
+    """Log roofline throughput (1 / kernel time, steps/s) of a job on a catalog GPU type."""
+    return -float(roofline(features, catalog.get_gpu_type(gpu))[0])
+
+
+@dataclass(frozen=True)
+class BaselineRows:
+    """What the no-training baselines know of the training jobs, enough to build their rows
+    for any job: the per-type geometric means and the mean slowdowns next to each partner."""
+
+    gpus: tuple[str, ...]
+    type_mean: tuple[float, ...]  # log steps/s per GPU type
+    slowdown: Mapping[str, tuple[float, ...]]  # partner -> log(pair / alone) per GPU type
+    slowdown_per_type: tuple[float, ...]  # the mean over partners, for a partner never measured
+
+    @classmethod
+    def fit(cls, layout: Layout, known_log: np.ndarray) -> BaselineRows:
+        """From the training jobs' log layout vectors ``[J, size]`` (NaN: not measured), by the
+        formulas of the evaluation's baselines (:class:`~gogh_flows.predict.baselines.PriorRow`)."""
+        known = np.asarray(known_log, dtype=float)
+        g = len(layout.gpus)
+        iso = PriorRow.partner_mean(known, 1, g).rows[0][:g]
+        if not np.isfinite(iso).all():
+            missing = [gp for gp, v in zip(layout.gpus, iso) if not math.isfinite(v)]
+            raise ValueError(f"no training job was measured alone on {missing}: the per-type mean needs one")
+        slow, per_type = PriorRow.slowdown_table(known, g)
+        return cls(tuple(layout.gpus), tuple(float(v) for v in iso),
+                   {p: tuple(float(v) for v in slow[k]) for k, p in enumerate(layout.partners)},
+                   tuple(float(v) for v in per_type))
+
+    def slow(self, partner: str, gpu: str) -> float:
+        """Log slowdown next to ``partner`` on ``gpu`` (the per-type mean for a partner never
+        measured, the mean over types for a type no training job ran on)."""
+        if gpu not in self.gpus:
+            return float(np.mean(self.slowdown_per_type))
+        c = self.gpus.index(gpu)
+        row = self.slowdown.get(partner)
+        return row[c] if row is not None else self.slowdown_per_type[c]
+
+    def prior(self, gpu: str) -> float:
+        """Log per-type mean of the training jobs alone on ``gpu`` (NaN: none ran there)."""
+        return self.type_mean[self.gpus.index(gpu)] if gpu in self.gpus else math.nan
+
+    def to_dict(self) -> dict:
+        return {"gpus": list(self.gpus), "type_mean": list(self.type_mean),
+                "slowdown": {p: list(v) for p, v in self.slowdown.items()},
+                "slowdown_per_type": list(self.slowdown_per_type)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> BaselineRows:
+        gpus = tuple(str(g) for g in d["gpus"])
+        rows = cls(gpus, tuple(float(v) for v in d["type_mean"]),
+                   {str(p): tuple(float(x) for x in v) for p, v in d["slowdown"].items()},
+                   tuple(float(v) for v in d["slowdown_per_type"]))
+        bad = [k for k, v in (("type_mean", rows.type_mean), ("slowdown_per_type", rows.slowdown_per_type),
+                              *rows.slowdown.items()) if len(v) != len(gpus)]
+        if bad:
+            raise ValueError(f"ensemble baseline rows: {bad} do not have one value per GPU type {list(gpus)}")
+        return rows
+
+
+@dataclass(frozen=True)
+class Ensemble:
+    """P2's weight per case and the baseline rows it is averaged with."""
+
+    weights: Mapping[str, float]
+    rows: BaselineRows
+    calibration: str = ""
+    #: case -> candidate weight -> inner-split error that chose it (for the record)
+    errors: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        missing = [c for c in CASES if c not in self.weights]
+        bad = {c: w for c, w in self.weights.items() if not 0.0 <= float(w) <= 1.0}
+        if missing or bad:
+            raise ValueError(f"ensemble weights need P2's weight in [0, 1] for each of {CASES}; "
+                             f"missing {missing}, out of range {bad}")
+
+    def weight(self, colocated: bool, measured: bool) -> float:
+        return float(self.weights[("colocated" if colocated else "isolated") + ("_1obs" if measured else "")])
+
+    def blend(self, names: Sequence[str], features: Mapping[str, WorkloadFeatures], gpus: Sequence[str],
+              observed: Mapping[tuple[str, str | None, str], float], iso: np.ndarray, pair: np.ndarray) -> None:
+        """Average ``iso [J, G]`` and ``pair [J, J, G]`` (steps/s, P2's) with the baseline rows,
+        in place. ``observed``: (job, partner or None, GPU type) -> mean log throughput; a job
+        with any finite entry there is "measured". Zeros (does not fit) stay zeros; measured
+        entries are the caller's to restore."""
+        shifts = self._shifts(names, features, observed)
+        measured = np.array([j in shifts for j in names], dtype=bool)
+        target = np.empty((len(names), len(gpus)))
+        for i, j in enumerate(names):
+            target[i] = ([roofline_log(features[j], g) + shifts[j] for g in gpus] if measured[i]
+                         else [self.rows.prior(g) for g in gpus])
+        slow = np.array([[self.rows.slow(p, g) for g in gpus] for p in names]).reshape(len(names), len(gpus))
+        w_iso = np.where(measured, self.weight(False, True), self.weight(False, False))[:, None]
+        w_pair = np.where(measured, self.weight(True, True), self.weight(True, False))[:, None, None]
+        iso[...] = _mix(iso, target, w_iso)
+        pair[...] = _mix(pair, target[:, None, :] + slow[None, :, :], w_pair)
+
+    def _shifts(self, names: Sequence[str], features: Mapping[str, WorkloadFeatures],
+                observed: Mapping[tuple[str, str | None, str], float]) -> dict[str, float]:
+        """Per measured job: the mean log offset of its measurements from its roofline rows."""
+        wanted = set(names)
+        offsets: dict[str, list[float]] = {}
+        for (j, p, g), v in observed.items():
+            if j in wanted and math.isfinite(v):
+                try:
+                    base = roofline_log(features[j], g) + (self.rows.slow(p, g) if p is not None else 0.0)
+                except catalog.UnknownGpuTypeError:  # a logged type this install has no figures for
+                    continue
+                offsets.setdefault(j, []).append(v - base)
+        return {j: float(np.mean(v)) for j, v in offsets.items()}
+
+    def to_dict(self) -> dict:
+        return {"weights": {c: float(self.weights[c]) for c in CASES}, "rows": self.rows.to_dict(),
+                "calibration": self.calibration,
+                "errors": {c: dict(v) for c, v in self.errors.items()}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Ensemble:
+        return cls({str(c): float(w) for c, w in d["weights"].items()}, BaselineRows.from_dict(d["rows"]),
+                   str(d.get("calibration", "")),
+                   {str(c): {str(k): float(x) for k, x in v.items()} for c, v in d.get("errors", {}).items()})
+
+
+def _mix(values: np.ndarray, target_log: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``exp(w log v + (1 - w) target)``; a zero (does not fit) or a NaN target keeps ``v``."""
+    ok = (values > 0) & np.isfinite(target_log)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        mixed = np.exp(w * np.log(np.where(ok, values, 1.0)) + (1.0 - w) * np.where(ok, target_log, 0.0))
+    return np.where(ok, mixed, values)
+
+
+__all__ = ["CASES", "WEIGHTS", "BaselineRows", "Ensemble", "roofline_log"]

@@ -1,0 +1,157 @@
+"""The product's ensemble: P2 averaged with a no-training baseline (gogh_flows/predict/ensemble.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from gogh_flows.predict import evaluate as ev
+from gogh_flows.predict.data import MeasuredSet
+from gogh_flows.predict.ensemble import CASES, BaselineRows, Ensemble, roofline_log
+from gogh_flows.predict.layout import Layout
+from gogh_flows.predict.p1 import P1Config, train_p1
+from gogh_flows.predict.p2 import P2Config, train_p2
+from gogh_flows.predict.service import ThroughputPredictor, observations_frame
+from gogh_flows.truth.synthetic import synthetic_table
+
+GPUS = ("k80", "v100", "a100")
+JOBS = ("A3C", "LM (batch size 20)", "Recommendation (batch size 1024)", "ResNet-18 (batch size 64)",
+        "ResNet-50 (batch size 32)", "Transformer (batch size 64)")
+CFG = ev.EvalConfig(p1=P1Config(hidden=8, epochs=20, pair_rows_per_epoch=128), p2=P2Config(hidden=8, epochs=20))
+
+
+@pytest.fixture(scope="module")
+def trained():
+    data = MeasuredSet.from_table(synthetic_table(GPUS)).subset(JOBS)
+    layout = Layout(data.gpus, data.names)
+    oof = ev.out_of_family_p1(data, layout, dict(data.jobs), CFG.p1)
+    p1 = train_p1(data, CFG.p1)
+    p2 = train_p2(layout, oof, layout.truth(data, data.names), CFG.p2)
+    intervals, ensemble = ev.calibrate_refiner(data, oof, CFG)
+    return data, layout, p1, p2, intervals, ensemble, oof
+
+
+def _with(p2, ensemble: Ensemble | None):
+    from dataclasses import replace
+
+    out = replace(p2, trained_on=dict(p2.trained_on))
+    out.trained_on.pop("ensemble", None)
+    if ensemble is not None:
+        out.trained_on["ensemble"] = ensemble.to_dict()
+    return out
+
+
+def test_baseline_rows_are_the_evaluations_type_means_and_slowdowns():
+    layout = Layout(("k80", "v100"), ("a", "b"))
+    nan = math.nan
+    # two jobs: isolated on k80, v100; then pairs with a (k80, v100), with b (k80, v100)
+    known = np.log(np.array([[1.0, 4.0, 0.5, 2.0, nan, nan],
+                             [4.0, 16.0, 1.0, 8.0, nan, 4.0]]))
+    rows = BaselineRows.fit(layout, known)
+    assert np.exp(rows.type_mean) == pytest.approx([2.0, 8.0])  # geometric means
+    # next to a: slowdowns 1/2 and 1/4 on k80 (geometric mean 1/sqrt(8)), 1/2 on v100
+    assert np.exp(rows.slowdown["a"]) == pytest.approx([8 ** -0.5, 0.5])
+    # b never measured on k80: that type's mean over partners; on v100 its own 1/4
+    assert rows.slow("b", "k80") == pytest.approx(rows.slowdown_per_type[0])
+    assert math.exp(rows.slow("b", "v100")) == pytest.approx(0.25)
+    assert rows.slow("someone else", "v100") == rows.slowdown_per_type[1]
+    assert math.isnan(rows.prior("h100"))  # a type no training job ran on has no mean
+    assert BaselineRows.from_dict(rows.to_dict()) == rows
+    # the evaluation's partner-mean baseline is the same row
+    pm = ev.PriorRow.partner_mean(known, 1, 2).rows[0]
+    assert pm[:2] == pytest.approx(rows.type_mean)
+    assert pm[2:4] == pytest.approx(np.array(rows.type_mean) + np.array(rows.slowdown["a"]))
+    with pytest.raises(ValueError, match=r"measured alone on \['v100'\]"):
+        BaselineRows.fit(layout, np.log(np.array([[1.0, nan, nan, nan, nan, nan]])))
+
+
+def test_weights_are_checked_and_round_trip(trained):
+    ensemble = trained[5]
+    assert set(ensemble.weights) == set(CASES)
+    assert set(ensemble.weights.values()) <= set(ev.ENSEMBLE_WEIGHTS)
+    assert set(ensemble.errors) == set(CASES) and all(len(v) == len(ev.ENSEMBLE_WEIGHTS) for v in ensemble.errors.values())
+    assert Ensemble.from_dict(ensemble.to_dict()) == ensemble
+    with pytest.raises(ValueError, match="missing \\['colocated_1obs'\\]"):
+        Ensemble({"isolated": 1.0, "colocated": 1.0, "isolated_1obs": 1.0}, ensemble.rows)
+    with pytest.raises(ValueError, match="out of range"):
+        Ensemble({**dict.fromkeys(CASES, 0.5), "isolated": 1.5}, ensemble.rows)
+
+
+def test_the_weight_moves_predictions_between_p2_and_the_baseline(trained):
+    data, layout, p1, p2, _, ensemble, _ = trained
+    job = "ResNet-50 (batch size 32)"
+    jobs = {job: data.jobs[job], "LM (batch size 20)": data.jobs["LM (batch size 20)"]}
+    obs = observations_frame([{"job_type": job, "gpu_type": "v100", "throughput": 3.0}])
+    alone = ThroughputPredictor(p1, _with(p2, None)).predict_table(jobs, GPUS, obs)
+    full_p2 = Ensemble(dict.fromkeys(CASES, 1.0), ensemble.rows)
+    same = ThroughputPredictor(p1, _with(p2, full_p2)).predict_table(jobs, GPUS, obs)
+    assert same.frame.equals(alone.frame)  # weight 1 everywhere: P2 alone
+    base = Ensemble(dict.fromkeys(CASES, 0.0), ensemble.rows)
+    t = ThroughputPredictor(p1, _with(p2, base)).predict_table(jobs, GPUS, obs)
+    # the measured job: the roofline ratio through its measurement (which itself stays)
+    assert t.isolated(job, "v100") == 3.0
+    for g in ("k80", "a100"):
+        ratio = math.exp(roofline_log(data.jobs[job], g) - roofline_log(data.jobs[job], "v100"))
+        assert t.isolated(job, g) == pytest.approx(3.0 * ratio, rel=1e-9)
+    # the job with nothing measured: the per-type geometric mean, pairs times the partner's slowdown
+    other = "LM (batch size 20)"
+    for g in GPUS:
+        assert t.isolated(other, g) == pytest.approx(math.exp(ensemble.rows.prior(g)), rel=1e-9)
+        if t.pair(other, job, g)[0] > 0:
+            assert t.pair(other, job, g)[0] == pytest.approx(
+                math.exp(ensemble.rows.prior(g) + ensemble.rows.slow(job, g)), rel=1e-9)
+    # in between: the geometric mean of the two
+    half = Ensemble(dict.fromkeys(CASES, 0.5), ensemble.rows)
+    h = ThroughputPredictor(p1, _with(p2, half)).predict_table(jobs, GPUS, obs)
+    for g in GPUS:
+        assert h.isolated(other, g) == pytest.approx(math.sqrt(alone.isolated(other, g) * t.isolated(other, g)),
+                                                     rel=1e-9)
+
+
+def test_the_product_predicts_what_the_evaluation_scores(trained):
+    """The ensemble the evaluation reports is the one placements get: same P2, same rows, same
+    weights -> the same isolated predictions for a job with one observation and with none."""
+    data, layout, p1, p2, _, ensemble, _ = trained
+    job = "Transformer (batch size 64)"
+    weights = {"isolated": 0.25, "colocated": 0.5, "isolated_1obs": 0.5, "colocated_1obs": 0.75}
+    chosen = Ensemble(weights, ensemble.rows)
+    product = ThroughputPredictor(p1, _with(p2, chosen))
+    methods = ev.build_methods(data, data, [job], layout, ev.p1_vectors(p1, layout, [job], dict(data.jobs)),
+                               _with(p2, None), seed=0, ensemble=weights)
+    truth = layout.truth(data, [job])[0]
+    for revealed in (None, "k80"):
+        obs_row = np.full(layout.size, np.nan)
+        rows = []
+        if revealed is not None:
+            k = layout.isolated_index(revealed)
+            obs_row[k] = truth[k]
+            rows = [{"job_type": job, "gpu_type": revealed, "throughput": math.exp(truth[k])}]
+        scored = methods["ensemble"](0, obs_row)
+        table = product.predict_table({job: data.jobs[job]}, GPUS, observations_frame(rows))
+        for g in GPUS:
+            assert math.log(table.isolated(job, g)) == pytest.approx(scored[layout.isolated_index(g)], abs=1e-4)
+
+
+def test_a_refiner_without_an_ensemble_predicts_as_before_and_a_broken_one_says_what_to_do(trained):
+    _, _, p1, p2, *_ = trained
+    assert ThroughputPredictor(p1, _with(p2, None)).ensemble is None
+    bad = _with(p2, None)
+    bad.trained_on["ensemble"] = {"weights": {"isolated": 0.5}, "rows": {}}
+    with pytest.raises(ValueError, match="gogh predictors calibrate"):
+        ThroughputPredictor(p1, bad)
+
+
+def test_the_intervals_are_the_ensembles_own(trained):
+    """Calibrated on the errors of the ensemble so chosen, case by case: the intervals are of what
+    the product predicts, not of P2 alone."""
+    data, layout, _, _, intervals, ensemble, oof = trained
+    assert "of the ensemble" in intervals.calibration
+    inner = ev.inner_family_errors(data, data, layout, oof, CFG, methods=ev.ENSEMBLE_CANDIDATES,
+                                   protocols=CASES)
+    pooled = ev.pooled(inner)
+    for case in CASES:
+        errs = pooled[ev.ensemble_candidate(case, ensemble.weights[case])][case]
+        errs = errs[np.isfinite(errs)]
+        assert intervals.halfwidth(case, 0.9) == pytest.approx(min(ev.conformal_halfwidth(errs, 0.9), errs.max()))
