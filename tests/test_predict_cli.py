@@ -20,6 +20,12 @@ def test_train_writes_two_model_directories_with_cards(tmp_path, capsys):
     # calibrated on the inner split of the training families: what a risk level plans with
     assert set(p2.trained_on["intervals"]["halfwidths"]) == {"isolated", "isolated_1obs", "colocated",
                                                              "colocated_1obs"}
+    # and the ensemble the product predicts with, chosen on the same split (read back as it is used)
+    from gogh_flows.predict.service import ThroughputPredictor
+
+    ensemble = ThroughputPredictor(p1, p2).ensemble
+    assert ensemble is not None and set(ensemble.weights) == set(p2.trained_on["intervals"]["halfwidths"])
+    assert "CycleGAN" not in ensemble.rows.slowdown and "of the ensemble" in p2.trained_on["intervals"]["calibration"]
     for d in ("p1", "p2"):
         card = read_card(out / d)
         assert "**CycleGAN**" in card and "gogh predictors train" in card and "MAPE" in card
@@ -30,17 +36,21 @@ def test_calibrate_adds_intervals_to_a_refiner_trained_without_them(tmp_path, ca
     out = tmp_path / "prior"
     assert main(["predictors", "train", *TINY, "--out", str(out), "--exclude-family", "CycleGAN"]) == 0
     p2 = load_p2(out / "p2")
-    del p2.trained_on["intervals"]
+    trained = dict(p2.trained_on)
+    del p2.trained_on["intervals"], p2.trained_on["ensemble"]
     from gogh_flows.predict.io import save_model
 
     save_model(p2, out / "p2", read_card(out / "p2"))
-    assert "intervals" not in load_p2(out / "p2").trained_on
+    assert not {"intervals", "ensemble"} & set(load_p2(out / "p2").trained_on)
     capsys.readouterr()
     assert main(["predictors", "calibrate", *TINY, "--model", str(out), "--exclude-family", "CycleGAN"]) == 0
     again = load_p2(out / "p2")
     assert again.trained_on["intervals"]["levels"] == [0.5, 0.6, 0.7, 0.8, 0.9, 0.95]
+    # the same split, the same seed: what train chose
+    assert again.trained_on["ensemble"] == trained["ensemble"]
     assert read_card(out / "p2")  # the card is kept
-    assert json.loads(capsys.readouterr().out)["model"] == str(out / "p2")
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["model"] == str(out / "p2") and printed["ensemble_weights"] == trained["ensemble"]["weights"]
 
 
 def test_evaluate_writes_every_method_and_metric(tmp_path, capsys):

@@ -144,3 +144,32 @@ def test_runs_starting_together_register_the_shipped_prior_once(gogh_home):
 def test_min_improvement_must_be_a_fraction(gogh_home):
     with pytest.raises(ValueError, match="min_improvement"):
         refine_predictors.fn(min_improvement=1.5)
+
+
+def test_a_challenger_keeps_the_champions_ensemble_and_intervals():
+    """Without them a promoted challenger would predict with P2 alone, and every placement at a
+    risk level would stop for want of intervals."""
+    import polars as pl
+
+    from gogh_flows.flows.retrain import INHERITED, fit_challenger
+    from gogh_flows.predict.io import load_p2
+
+    from pathlib import Path
+
+    champion = load_p2(Path(__file__).resolve().parents[1] / "models" / "synthetic" / "p2")
+    assert set(INHERITED) <= set(champion.trained_on)
+    table = synthetic_table(GPUS)
+    jobs = [j for j in table.job_types if all(table.isolated(j, g) > 0 for g in GPUS)][:6]
+    obs = pl.DataFrame([{"job_type": j, "gpu_type": g, "partner": None, "throughput": table.isolated(j, g)}
+                        for j in jobs for g in GPUS])
+    p1 = predictor_source(PredictorRegistry()).get(force=True).p1
+    from gogh_flows.predict.data import zoo_jobs
+
+    p2, _ = fit_challenger(p1, zoo_jobs(jobs), obs, base=None, config=P2Config(epochs=5, seed=0), gpu_types=GPUS,
+                           validation_fraction=0.25, inherit=champion.trained_on)
+    for key in INHERITED:
+        assert p2.trained_on[key] == champion.trained_on[key]
+    assert p2.trained_on["observations"] == obs.height  # its own record otherwise
+    from gogh_flows.predict.service import ThroughputPredictor
+
+    assert ThroughputPredictor(p1, p2).ensemble is not None

@@ -173,7 +173,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     log = lambda s: print(s, file=sys.stderr, flush=True)  # noqa: E731
     # one unit per network trained: P1, one P1 per family left out (P2's inputs), P2, and the
-    # intervals' calibration (a P2 per family left out)
+    # ensemble's weights and the intervals (a P2 per family left out)
     units, done = 3 + len(data.families), 0
     with Progress() as bars:
         def step() -> None:
