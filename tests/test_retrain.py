@@ -146,7 +146,7 @@ def test_min_improvement_must_be_a_fraction(gogh_home):
         refine_predictors.fn(min_improvement=1.5)
 
 
-def test_a_challenger_keeps_the_champions_ensemble_and_intervals():
+def test_a_challenger_keeps_the_champions_ensemble_and_intervals(gogh_home, gogh_models):
     """Without them a promoted challenger would predict with P2 alone, and every placement at a
     risk level would stop for want of intervals."""
     import polars as pl
@@ -154,9 +154,7 @@ def test_a_challenger_keeps_the_champions_ensemble_and_intervals():
     from gogh_flows.flows.retrain import INHERITED, fit_challenger
     from gogh_flows.predict.io import load_p2
 
-    from pathlib import Path
-
-    champion = load_p2(Path(__file__).resolve().parents[1] / "models" / "synthetic" / "p2")
+    champion = load_p2(gogh_models / "synthetic" / "p2")
     assert set(INHERITED) <= set(champion.trained_on)
     table = synthetic_table(GPUS)
     jobs = [j for j in table.job_types if all(table.isolated(j, g) > 0 for g in GPUS)][:6]
