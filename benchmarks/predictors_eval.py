@@ -217,12 +217,12 @@ def choice_table(report: dict) -> list[str]:
     if not enc:
         return []
     decays = report.get("siblings_decay", {})
-    weights = report.get("ensemble_weights") or report.get("ensemble_p2_weight", {})
+    weights = report.get("ensemble_p2_weight", {})
     epochs = report.get("p2_epochs", {})
     names = list(next(iter(enc.values()))["inner_male"])
     out = ["| held-out family | P1 encoder | " + " | ".join(f"{n} (inner male)" for n in names)
-           + " | P2 epochs (inner male by epochs) | ensemble weights P2/roofline/mean, nothing observed (iso; co) "
-           "| ensemble weights, 1 observation (iso; co) | siblings decay (inner MAPE by decay) |",
+           + " | P2 epochs (inner male by epochs) | ensemble P2 weight, nothing observed (iso / co) "
+           "| ensemble P2 weight, 1 observation (iso / co) | siblings decay (inner MAPE by decay) |",
            "|---|---|" + "---:|" * len(names) + "---|---|---|---|"]
     for fam, e in enc.items():
         errs = " | ".join("n/a" if e["inner_male"].get(n) is None else f"{e['inner_male'][n]:.3f}" for n in names)
@@ -233,17 +233,11 @@ def choice_table(report: dict) -> list[str]:
         ep = epochs.get(fam, {})
         ep_cell = "n/a" if not ep else f"{ep['chosen']}" + (" (" + ", ".join(
             f"{k}: {v:.3f}" for k, v in ep["inner_male"].items()) + ")" if ep.get("inner_male") else " (fixed)")
-        def triple(case: str) -> str:
-            v = w[case]
-            return "/".join(f"{v[k]:g}" for k in ("p2", "roofline", "type_mean")) if isinstance(v, dict) else \
-                f"{v:g}/{1 - v:g}/0" if case.endswith("_1obs") else f"{v:g}/0/{1 - v:g}"
-
         if "isolated_1obs" in w:
-            nothing = f"{triple('isolated')}; {triple('colocated')}"
-            one = f"{triple('isolated_1obs')}; {triple('colocated_1obs')}"
-        else:  # reports before 2026-11-26: P2's weight against the roofline for one observation, P2 alone otherwise
-            nothing = "1/0/0; 1/0/0"
-            one = "; ".join(f"{w[c]:g}/{1 - w[c]:g}/0" if c in w else "n/a" for c in ("isolated", "colocated"))
+            nothing = f"{w['isolated']:g} / {w['colocated']:g}"
+            one = f"{w['isolated_1obs']:g} / {w['colocated_1obs']:g}"
+        else:  # reports of 2026-11-26 and before: one pair of weights, for one observation, P2 alone otherwise
+            nothing, one = "1 / 1", f"{w.get('isolated', 'n/a')} / {w.get('colocated', 'n/a')}"
         out.append(f"| {fam} | {e['chosen']} | {errs} | {ep_cell} | {nothing} | {one} | {dec} |")
     return out
 

@@ -9,7 +9,7 @@ import pytest
 
 from gogh_flows.predict import evaluate as ev
 from gogh_flows.predict.data import MeasuredSet
-from gogh_flows.predict.ensemble import CASES, GRID, BaselineRows, Ensemble, roofline_log
+from gogh_flows.predict.ensemble import CASES, BaselineRows, Ensemble, roofline_log
 from gogh_flows.predict.layout import Layout
 from gogh_flows.predict.p1 import P1Config, train_p1
 from gogh_flows.predict.p2 import P2Config, train_p2
@@ -49,9 +49,7 @@ def test_baseline_rows_are_the_evaluations_type_means_and_slowdowns():
     # two jobs: isolated on k80, v100; then pairs with a (k80, v100), with b (k80, v100)
     known = np.log(np.array([[1.0, 4.0, 0.5, 2.0, nan, nan],
                              [4.0, 16.0, 1.0, 8.0, nan, 4.0]]))
-    roof = np.log(np.array([[2.0, 8.0], [8.0, 32.0]]))  # each job half its roofline speed
-    rows = BaselineRows.fit(layout, known, roof)
-    assert math.exp(rows.efficiency) == pytest.approx(0.5)
+    rows = BaselineRows.fit(layout, known)
     assert np.exp(rows.type_mean) == pytest.approx([2.0, 8.0])  # geometric means
     # next to a: slowdowns 1/2 and 1/4 on k80 (geometric mean 1/sqrt(8)), 1/2 on v100
     assert np.exp(rows.slowdown["a"]) == pytest.approx([8 ** -0.5, 0.5])
@@ -66,22 +64,19 @@ def test_baseline_rows_are_the_evaluations_type_means_and_slowdowns():
     assert pm[:2] == pytest.approx(rows.type_mean)
     assert pm[2:4] == pytest.approx(np.array(rows.type_mean) + np.array(rows.slowdown["a"]))
     with pytest.raises(ValueError, match=r"measured alone on \['v100'\]"):
-        BaselineRows.fit(layout, np.log(np.array([[1.0, nan, nan, nan, nan, nan]])), np.zeros((1, 2)))
+        BaselineRows.fit(layout, np.log(np.array([[1.0, nan, nan, nan, nan, nan]])))
 
 
 def test_weights_are_checked_and_round_trip(trained):
     ensemble = trained[5]
     assert set(ensemble.weights) == set(CASES)
-    assert set(ensemble.weights.values()) <= set(GRID) and len(GRID) == 15
-    assert set(ensemble.errors) == set(CASES) and all(len(v) == len(GRID) for v in ensemble.errors.values())
+    assert set(ensemble.weights.values()) <= set(ev.ENSEMBLE_WEIGHTS)
+    assert set(ensemble.errors) == set(CASES) and all(len(v) == len(ev.ENSEMBLE_WEIGHTS) for v in ensemble.errors.values())
     assert Ensemble.from_dict(ensemble.to_dict()) == ensemble
-    p2_alone = (1.0, 0.0, 0.0)
     with pytest.raises(ValueError, match="missing \\['colocated_1obs'\\]"):
-        Ensemble({"isolated": p2_alone, "colocated": p2_alone, "isolated_1obs": p2_alone}, ensemble.rows)
-    with pytest.raises(ValueError, match="summing to 1"):
-        Ensemble({**dict.fromkeys(CASES, p2_alone), "isolated": (0.5, 0.5, 0.5)}, ensemble.rows)
-    with pytest.raises(ValueError, match="components"):
-        Ensemble.from_dict({**ensemble.to_dict(), "components": ["p2", "roofline"]})
+        Ensemble({"isolated": 1.0, "colocated": 1.0, "isolated_1obs": 1.0}, ensemble.rows)
+    with pytest.raises(ValueError, match="out of range"):
+        Ensemble({**dict.fromkeys(CASES, 0.5), "isolated": 1.5}, ensemble.rows)
 
 
 def test_the_weight_moves_predictions_between_p2_and_the_baseline(trained):
@@ -90,11 +85,10 @@ def test_the_weight_moves_predictions_between_p2_and_the_baseline(trained):
     jobs = {job: data.jobs[job], "LM (batch size 20)": data.jobs["LM (batch size 20)"]}
     obs = observations_frame([{"job_type": job, "gpu_type": "v100", "throughput": 3.0}])
     alone = ThroughputPredictor(p1, _with(p2, None)).predict_table(jobs, GPUS, obs)
-    full_p2 = Ensemble(dict.fromkeys(CASES, (1.0, 0.0, 0.0)), ensemble.rows)
+    full_p2 = Ensemble(dict.fromkeys(CASES, 1.0), ensemble.rows)
     same = ThroughputPredictor(p1, _with(p2, full_p2)).predict_table(jobs, GPUS, obs)
     assert same.frame.equals(alone.frame)  # weight 1 everywhere: P2 alone
-    base = Ensemble({"isolated": (0.0, 0.0, 1.0), "colocated": (0.0, 0.0, 1.0), "isolated_1obs": (0.0, 1.0, 0.0),
-                     "colocated_1obs": (0.0, 1.0, 0.0)}, ensemble.rows)
+    base = Ensemble(dict.fromkeys(CASES, 0.0), ensemble.rows)
     t = ThroughputPredictor(p1, _with(p2, base)).predict_table(jobs, GPUS, obs)
     # the measured job: the roofline ratio through its measurement (which itself stays)
     assert t.isolated(job, "v100") == 3.0
@@ -109,7 +103,7 @@ def test_the_weight_moves_predictions_between_p2_and_the_baseline(trained):
             assert t.pair(other, job, g)[0] == pytest.approx(
                 math.exp(ensemble.rows.prior(g) + ensemble.rows.slow(job, g)), rel=1e-9)
     # in between: the geometric mean of the two
-    half = Ensemble(dict.fromkeys(CASES, (0.5, 0.0, 0.5)), ensemble.rows)
+    half = Ensemble(dict.fromkeys(CASES, 0.5), ensemble.rows)
     h = ThroughputPredictor(p1, _with(p2, half)).predict_table(jobs, GPUS, obs)
     for g in GPUS:
         assert h.isolated(other, g) == pytest.approx(math.sqrt(alone.isolated(other, g) * t.isolated(other, g)),
@@ -121,8 +115,7 @@ def test_the_product_predicts_what_the_evaluation_scores(trained):
     weights -> the same isolated predictions for a job with one observation and with none."""
     data, layout, p1, p2, _, ensemble, _ = trained
     job = "Transformer (batch size 64)"
-    weights = {"isolated": (0.25, 0.25, 0.5), "colocated": (0.5, 0.0, 0.5), "isolated_1obs": (0.5, 0.25, 0.25),
-               "colocated_1obs": (0.75, 0.25, 0.0)}
+    weights = {"isolated": 0.25, "colocated": 0.5, "isolated_1obs": 0.5, "colocated_1obs": 0.75}
     chosen = Ensemble(weights, ensemble.rows)
     product = ThroughputPredictor(p1, _with(p2, chosen))
     methods = ev.build_methods(data, data, [job], layout, ev.p1_vectors(p1, layout, [job], dict(data.jobs)),
@@ -145,8 +138,7 @@ def test_a_refiner_without_an_ensemble_predicts_as_before_and_a_broken_one_says_
     _, _, p1, p2, *_ = trained
     assert ThroughputPredictor(p1, _with(p2, None)).ensemble is None
     bad = _with(p2, None)
-    bad.trained_on["ensemble"] = {"components": ["p2", "roofline", "type_mean"], "weights": {"isolated": [1, 0, 0]},
-                                  "rows": {}}
+    bad.trained_on["ensemble"] = {"weights": {"isolated": 0.5}, "rows": {}}
     with pytest.raises(ValueError, match="gogh predictors calibrate"):
         ThroughputPredictor(p1, bad)
 
@@ -160,6 +152,6 @@ def test_the_intervals_are_the_ensembles_own(trained):
                                    protocols=CASES)
     pooled = ev.pooled(inner)
     for case in CASES:
-        errs = pooled[ev.ensemble_candidate(ensemble.weights[case])][case]
+        errs = pooled[ev.ensemble_candidate(case, ensemble.weights[case])][case]
         errs = errs[np.isfinite(errs)]
         assert intervals.halfwidth(case, 0.9) == pytest.approx(min(ev.conformal_halfwidth(errs, 0.9), errs.max()))

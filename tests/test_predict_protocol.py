@@ -141,30 +141,21 @@ def test_ensemble_blends_in_log_space_keeps_p2s_misses_and_is_chosen_per_family_
 
     p2 = np.array([np.log(10.0), -np.inf, np.log(4.0), np.log(2.0)])  # 2 GPU types: 2 isolated, 2 pair entries
     roof = np.array([np.log(40.0), np.log(5.0), np.log(1.0), np.log(8.0)])
-    mean = np.array([np.log(160.0), np.log(5.0), np.nan, np.log(32.0)])
-    out = ev.blend(p2, roof, mean, (0.5, 0.5, 0.0), (1.0, 0.0, 0.0), 2)
+    out = ev.blend(p2, roof, 0.5, 1.0, 2)
     assert np.exp(out[0]) == pytest.approx(20.0)  # geometric mean of 10 and 40
     assert out[1] == -np.inf  # P2's "does not fit" stands
     assert np.exp(out[2:]) == pytest.approx([4.0, 2.0])  # co-located: P2 alone
-    out = ev.blend(p2, roof, mean, (0.5, 0.25, 0.25), (0.0, 0.5, 0.5), 2)
-    assert np.exp(out[0]) == pytest.approx(10 ** 0.5 * 40 ** 0.25 * 160 ** 0.25)
-    # a NaN baseline entry gives its weight to the others
-    assert np.exp(out[2]) == pytest.approx(1.0) and np.exp(out[3]) == pytest.approx(16.0)
     # one family with many entries must not outvote another: per-family means, then their mean
-    errs = {}
-    for w in ev.ENSEMBLE_WEIGHTS:
-        a, b, _ = w
-        errs[ev.ensemble_candidate(w)] = {
-            "isolated_1obs": [np.full(100, 0.1 + 0.1 * a + b), np.full(2, 1.0 - a + b)],
-            "colocated_1obs": [np.full(3, 0.5)],
-            "isolated": [np.full(4, 0.2 + abs(a - 0.25) + abs(b - 0.5))],
-            "colocated": [np.full(4, 0.3 + a + b)]}
+    errs = {f"ensemble@{w:g}": {"isolated_1obs": [np.full(100, 0.1 + 0.1 * w), np.full(2, 1.0 - w)],
+                                "colocated_1obs": [np.full(3, 0.5)]} for w in ev.ENSEMBLE_WEIGHTS}
+    # with nothing observed the candidates are P2 against the partner-mean row
+    errs.update({f"prior@{w:g}": {"isolated": [np.full(4, 0.2 + abs(w - 0.25))], "colocated": [np.full(4, 0.3 + w)]}
+                 for w in ev.ENSEMBLE_WEIGHTS})
     chosen, errors = ev.choose_ensemble(errs)
-    # per family: 0.2 + 0 at (1, 0, 0) beats 0.1 + 1.0 at (0, 0, 1) (pooled would pick the latter)
-    assert chosen["isolated_1obs"] == (1.0, 0.0, 0.0)
-    assert chosen["colocated_1obs"] == (1.0, 0.0, 0.0)  # a tie goes to more P2
-    assert chosen["isolated"] == (0.25, 0.5, 0.25) and chosen["colocated"] == (0.0, 0.0, 1.0)
-    assert errors["colocated"]["0.5/0.25/0.25"] == pytest.approx(1.05)
+    assert chosen["isolated_1obs"] == 1.0  # per family: 0.2 + 0 at w=1 beats 0.1 + 1.0 at w=0 (pooled would pick 0)
+    assert chosen["colocated_1obs"] == 1.0  # a tie goes to more P2
+    assert chosen["isolated"] == 0.25 and chosen["colocated"] == 0.0  # chosen on the prior@ candidates
+    assert errors["colocated"]["0.5"] == pytest.approx(0.8)
 
 
 def test_p1s_encoder_is_chosen_on_the_inner_split_and_p2_learns_from_the_chosen_one(monkeypatch):
@@ -306,14 +297,14 @@ def test_a_miss_counts_log_ten_when_the_ensemble_weight_is_chosen():
     """One "does not fit" of P2 on an inner family is kept at every weight; left infinite it made
     every candidate infinite and the tie chose P2 alone whatever the other entries said."""
     miss = math.inf
-    errs = {ev.ensemble_candidate(w): {
-        "isolated_1obs": [np.array([0.2 + abs(w[0] - 0.5), miss]), np.array([0.3 + abs(w[0] - 0.5) + w[2]])],
-        "colocated_1obs": [np.array([0.4, miss])], "isolated": [np.array([miss])], "colocated": [np.array([])]}
-        for w in ev.ENSEMBLE_WEIGHTS}
+    errs = {f"ensemble@{w:g}": {"isolated_1obs": [np.array([0.2 + abs(w - 0.5), miss]), np.array([0.3 + abs(w - 0.5)])],
+                                "colocated_1obs": [np.array([0.4, miss])]} for w in ev.ENSEMBLE_WEIGHTS}
+    errs.update({f"prior@{w:g}": {"isolated": [np.array([miss])], "colocated": [np.array([])]}
+                 for w in ev.ENSEMBLE_WEIGHTS})
     chosen, _ = ev.choose_ensemble(errs)
-    assert chosen["isolated_1obs"] == (0.5, 0.5, 0.0)  # the finite entries decide; the miss weighs the same
-    assert chosen["colocated_1obs"] == (1.0, 0.0, 0.0)  # equal everywhere: the tie goes to P2
-    assert chosen["isolated"] == chosen["colocated"] == (1.0, 0.0, 0.0)  # nothing to tell them apart: P2
+    assert chosen["isolated_1obs"] == 0.5  # the finite entries decide; the miss weighs the same at every weight
+    assert chosen["colocated_1obs"] == 1.0  # equal everywhere: the tie goes to P2
+    assert chosen["isolated"] == chosen["colocated"] == 1.0  # nothing to tell them apart: P2
 
 
 def test_the_held_out_familys_measurements_never_move_a_choice():

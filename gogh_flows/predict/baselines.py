@@ -185,18 +185,14 @@ class PriorRow:
         row = np.concatenate([iso, np.tile(iso, len(slow) // n_gpus) + slow])
         return cls(np.repeat(row[None, :], n_jobs, axis=0))
 
-    @staticmethod
-    def efficiency(known_log: np.ndarray, train_roof_log: np.ndarray, n_gpus: int) -> float:
-        """Mean log(measured / roofline throughput) over the training jobs' isolated entries."""
-        gap = np.asarray(known_log, dtype=float)[:, :n_gpus] - np.asarray(train_roof_log, dtype=float)
-        return float(np.nanmean(gap)) if np.isfinite(gap).any() else 0.0
-
     @classmethod
     def roofline(cls, known_log: np.ndarray, train_roof_log: np.ndarray, test_roof_log: np.ndarray,
                  n_gpus: int) -> PriorRow:
         """``*_roof_log``: ``[J, G]`` log roofline throughput (1 / kernel time) of training and test jobs."""
         known = np.asarray(known_log, dtype=float)
-        iso = np.asarray(test_roof_log, dtype=float) + cls.efficiency(known, train_roof_log, n_gpus)
+        gap = known[:, :n_gpus] - np.asarray(train_roof_log, dtype=float)
+        efficiency = float(np.nanmean(gap)) if np.isfinite(gap).any() else 0.0
+        iso = np.asarray(test_roof_log, dtype=float) + efficiency
         slow = cls._slowdowns(known, n_gpus)
         pairs = np.tile(iso, (1, len(slow) // n_gpus)) + slow[None, :]
         return cls(np.concatenate([iso, pairs], axis=1))

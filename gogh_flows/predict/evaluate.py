@@ -30,14 +30,13 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
+from gogh_flows import catalog
 from gogh_flows.predict.baselines import MatrixCompletion, NearestJob, PriorRow, shifted
 from gogh_flows.predict.data import MeasuredSet
-from gogh_flows.predict.encoding import job_summary
+from gogh_flows.predict.encoding import job_summary, roofline
 from gogh_flows.predict.ensemble import CASES as ENSEMBLE_CASES
-from gogh_flows.predict.ensemble import COMPONENTS as ENSEMBLE_COMPONENTS
-from gogh_flows.predict.ensemble import GRID as ENSEMBLE_GRID
-from gogh_flows.predict.ensemble import BaselineRows, Ensemble, mix, weights_name
-from gogh_flows.predict.ensemble import roofline_log as job_roofline_log
+from gogh_flows.predict.ensemble import WEIGHTS as ENSEMBLE_WEIGHT_CHOICES
+from gogh_flows.predict.ensemble import BaselineRows, Ensemble
 from gogh_flows.predict.intervals import CASES as INTERVAL_CASES
 from gogh_flows.predict.intervals import Intervals, from_errors
 from gogh_flows.predict.layout import Layout
@@ -48,9 +47,9 @@ from gogh_flows.workloads.features import WorkloadFeatures
 
 METHODS = ("p1", "p2", "matrix_completion", "nearest", "p1_shifted", "type_mean", "partner_mean", "roofline",
            "ensemble")
-#: the weight triples (P2, roofline, per-type mean; in log space) the ensemble chooses from on
-#: the inner split, one per case of :data:`gogh_flows.predict.ensemble.CASES`
-ENSEMBLE_WEIGHTS = ENSEMBLE_GRID
+#: the P2 weights (against the baseline, in log space) the ensemble chooses from on the inner
+#: split, one per case of :data:`gogh_flows.predict.ensemble.CASES`
+ENSEMBLE_WEIGHTS = ENSEMBLE_WEIGHT_CHOICES
 #: what each method is, in the report's words
 METHOD_NOTES = {
     "p1": "P1, trained without the family; an observation replaces only its own entry",
@@ -64,10 +63,10 @@ METHOD_NOTES = {
                     "next to that partner on that type",
     "roofline": "the job's roofline kernel time per type x one efficiency fitted on the training jobs, pairs "
                 "by the partner-mean slowdown; with an observation, a parameter-free ratio",
-    "ensemble": "what the product predicts with: P2, roofline and partner_mean (each shifted to the observations, "
-                "if any) averaged in log space, the three weights for each case (isolated or co-located, "
-                "nothing or something observed) chosen on the inner split (training families only) in "
-                "steps of 0.25; P2's 'does not fit' kept",
+    "ensemble": "what the product predicts with: P2 averaged in log space with the partner-mean row when nothing "
+                "is observed, with the roofline ratio otherwise; P2's weight for each case (isolated or "
+                "co-located, nothing or something observed) chosen on the inner split (training families "
+                "only) from 0, 0.25, 0.5, 0.75, 1; P2's 'does not fit' kept",
 }
 #: the siblings step's weight decays (0: every sibling weighs the same) chosen from on the inner split
 SIBLING_DECAYS = (0.0, 1.0, 2.0, 4.0, 8.0)
@@ -416,9 +415,8 @@ class HoldoutResult:
     jobs: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # job -> method -> metric
     by_revealed_type: dict[str, dict[str, float]] = field(default_factory=dict)  # method -> gpu -> male
     covered: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)  # method -> cover metric -> (in, n)
-    #: the ensemble's (P2, roofline, per-type mean) weights per case (:data:`ENSEMBLE_CASES`),
-    #: chosen on the inner split
-    ensemble_weights: dict[str, tuple[float, float, float]] | None = None
+    #: P2's weight in the ensemble per case (:data:`ENSEMBLE_CASES`), chosen on the inner split
+    ensemble_weights: dict[str, float] | None = None
     #: P1's encoder, and every candidate's inner-split error (NaN when there was no choice)
     encoder: str | None = None
     encoder_errors: dict[str, float] = field(default_factory=dict)
@@ -430,17 +428,14 @@ class HoldoutResult:
     p2_epoch_errors: dict[str, float] = field(default_factory=dict)
 
 
-def blend(p2_log: np.ndarray, roof_log: np.ndarray, prior_log: np.ndarray, w_iso: Sequence[float],
-          w_pair: Sequence[float], n_gpus: int) -> np.ndarray:
-    """P2's, the roofline's and the per-type mean's log rows averaged with weights ``w_iso`` (P2,
-    roofline, mean) on the first ``n_gpus`` isolated entries and ``w_pair`` on the pairs, as the
-    product does (:func:`gogh_flows.predict.ensemble.mix`): P2's "does not fit" stands, a NaN
-    baseline entry gives its weight to the others."""
-    w = np.empty((*np.shape(p2_log), 3))
-    w[...] = np.asarray(w_pair, dtype=float)
-    w[..., :n_gpus, :] = np.asarray(w_iso, dtype=float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.log(mix(np.exp(p2_log), roof_log, prior_log, w))
+def blend(p2_log: np.ndarray, roof_log: np.ndarray, w_iso: float, w_pair: float, n_gpus: int) -> np.ndarray:
+    """P2 and roofline rows averaged in log space (P2's weight ``w_iso`` on the first ``n_gpus``
+    isolated entries, ``w_pair`` on the pairs); where P2 says "does not fit", that stands."""
+    w = np.full(np.shape(p2_log), float(w_pair))
+    w[..., :n_gpus] = w_iso
+    with np.errstate(invalid="ignore"):
+        mixed = w * p2_log + (1 - w) * roof_log
+    return np.where(np.isfinite(p2_log) & np.isfinite(roof_log), mixed, p2_log)
 
 
 def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], layout: Layout,
@@ -448,11 +443,11 @@ def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], la
                   ensemble: Mapping[str, float] | None = None) -> dict[str, Callable[[int, np.ndarray], np.ndarray]]:
     """Every method's ``complete(i, observed_row)`` for the jobs ``test``, fitted on ``train`` only.
 
-    ``ensemble`` is the (P2, roofline, per-type mean) weights per case (:data:`ENSEMBLE_CASES`;
-    default a third each) of the ``ensemble`` method, what the product predicts with
-    (:mod:`gogh_flows.predict.ensemble`): P2 averaged with the roofline and partner-mean rows
-    (each shifted to the observations, if any). The inner split chooses the weights among the
-    candidates ``mix@<P2>/<roofline>/<mean>`` (:data:`ENSEMBLE_WEIGHTS`), one set for all entries."""
+    ``ensemble`` is P2's weight per case (:data:`ENSEMBLE_CASES`; default 0.5 each) in the
+    ``ensemble`` method, what the product predicts with (:mod:`gogh_flows.predict.ensemble`):
+    P2 averaged with the partner-mean row when nothing is observed, with the roofline ratio
+    otherwise. The inner split chooses the weights among the candidates ``prior@w`` (P2 and
+    the partner-mean row) and ``ensemble@w`` (P2 and the roofline ratio)."""
     features = dict(full.jobs)
     truth_train = layout.truth(train, train.names)
     mc = MatrixCompletion(seed=seed).fit(truth_train)
@@ -466,7 +461,7 @@ def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], la
     type_mean = PriorRow.type_mean(truth_train, len(test), g)
     partner_mean = PriorRow.partner_mean(truth_train, len(test), g)
     roof = PriorRow.roofline(truth_train, roofline_log(full, train.names), roofline_log(full, test), g)
-    weights = dict.fromkeys(ENSEMBLE_CASES, (1 / 3, 1 / 3, 1 / 3)) if ensemble is None else dict(ensemble)
+    weights = dict.fromkeys(ENSEMBLE_CASES, 0.5) if ensemble is None else dict(ensemble)
     seen: dict[tuple[int, bytes], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def rows(i: int, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -478,8 +473,10 @@ def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], la
         return seen[key]
 
     def ensembled(i: int, obs: np.ndarray) -> np.ndarray:
-        seen = "_1obs" if np.isfinite(obs).any() else ""
-        return blend(*rows(i, obs), weights["isolated" + seen], weights["colocated" + seen], g)
+        p2_row, roof_row, prior_row = rows(i, obs)
+        if np.isfinite(obs).any():
+            return blend(p2_row, roof_row, weights["isolated_1obs"], weights["colocated_1obs"], g)
+        return blend(p2_row, prior_row, weights["isolated"], weights["colocated"], g)
 
     return {
         "p1": lambda i, obs: np.where(np.isfinite(obs), obs, p1_test[i]),
@@ -491,7 +488,9 @@ def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], la
         "partner_mean": partner_mean.complete,
         "roofline": roof.complete,
         "ensemble": ensembled,
-        **{ensemble_candidate(w): (lambda i, obs, w=w: blend(*rows(i, obs), w, w, g)) for w in ENSEMBLE_WEIGHTS},
+        **{f"ensemble@{w:g}": (lambda i, obs, w=w: blend(*rows(i, obs)[:2], w, w, g)) for w in ENSEMBLE_WEIGHTS},
+        **{f"prior@{w:g}": (lambda i, obs, w=w: blend(rows(i, obs)[0], rows(i, obs)[2], w, w, g))
+           for w in ENSEMBLE_WEIGHTS},
     }
 
 
@@ -500,31 +499,32 @@ def _capped_mean(abs_errors: np.ndarray) -> float:
     return float(np.mean(np.minimum(abs_errors, math.log(MISS_FACTOR))))
 
 
-def ensemble_candidate(weights: Sequence[float]) -> str:
-    """The inner-split method of the ensemble at one (P2, roofline, per-type mean) weight triple."""
-    return f"mix@{weights_name(weights)}"
-
-
+#: the inner-split candidates each ensemble case is chosen among (their name before ``@w``)
+ENSEMBLE_CANDIDATE = {"isolated": "prior", "colocated": "prior", "isolated_1obs": "ensemble",
+                      "colocated_1obs": "ensemble"}
 #: every candidate method the inner split scores for the ensemble's choice
-ENSEMBLE_CANDIDATES = tuple(ensemble_candidate(w) for w in ENSEMBLE_WEIGHTS)
+ENSEMBLE_CANDIDATES = tuple(f"{kind}@{w:g}" for kind in ("prior", "ensemble") for w in ENSEMBLE_WEIGHTS)
+
+
+def ensemble_candidate(case: str, weight: float) -> str:
+    """The inner-split method whose errors are the ensemble's for ``case`` at ``weight``."""
+    return f"{ENSEMBLE_CANDIDATE[case]}@{weight:g}"
 
 
 def choose_ensemble(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]]
-                    ) -> tuple[dict[str, tuple[float, float, float]], dict[str, dict[str, float]]]:
-    """The (P2, roofline, per-type mean) weights per case (:data:`ENSEMBLE_CASES`) with the least
-    error on the inner split, each inner family weighing the same (its mean absolute log error,
-    averaged over the families, as the report averages them; ties to more P2, then more
-    roofline); and every candidate's error. A miss counts log 10, as the report scores it: left
-    infinite, one "does not fit" of P2 (kept at every weight) made every candidate infinite and
-    the tie always chose P2 alone."""
+                    ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """P2's weight per case (:data:`ENSEMBLE_CASES`) with the least error on the inner split,
+    each inner family weighing the same (its mean absolute log error, averaged over the
+    families, as the report averages them; ties to more P2); and every candidate's error. A
+    miss counts log 10, as the report scores it: left infinite, one "does not fit" of P2 (kept
+    at every weight) made every candidate infinite and the tie always chose P2 alone."""
     def err(name: str, protocol: str) -> float:
         means = [_capped_mean(e) for e in by_family[name][protocol] if e.size]
         return float(np.mean(means)) if means else math.inf
 
-    errors = {case: {weights_name(w): err(ensemble_candidate(w), case) for w in ENSEMBLE_WEIGHTS}
+    errors = {case: {f"{w:g}": err(ensemble_candidate(case, w), case) for w in ENSEMBLE_WEIGHTS}
               for case in ENSEMBLE_CASES}
-    chosen = {case: min(ENSEMBLE_WEIGHTS, key=lambda w, c=case: (errors[c][weights_name(w)], -w[0], -w[1]))
-              for case in ENSEMBLE_CASES}
+    chosen = {case: min(ENSEMBLE_WEIGHTS, key=lambda w, c=case: (errors[c][f"{w:g}"], -w)) for case in ENSEMBLE_CASES}
     return chosen, errors
 
 
@@ -640,9 +640,9 @@ def calibrate_refiner(data: MeasuredSet, oof: np.ndarray, config: EvalConfig) ->
     errs = pooled(inner)
     where = (f"{len(data.families)} families left out in turn ({', '.join(data.families)}), {len(data.names)} job "
              f"types, GPU types {', '.join(data.gpus)}")
-    intervals = from_errors({case: errs[ensemble_candidate(weights[case])][case] for case in INTERVAL_CASES},
+    intervals = from_errors({case: errs[ensemble_candidate(case, weights[case])][case] for case in INTERVAL_CASES},
                             f"split conformal on {where}, of the ensemble", conformal_halfwidth)
-    rows = BaselineRows.fit(layout, layout.truth(data, data.names), roofline_log(data, data.names))
+    rows = BaselineRows.fit(layout, layout.truth(data, data.names))
     return intervals, Ensemble(weights, rows, f"weights chosen on {where}", errors)
 
 
@@ -682,7 +682,7 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
     calib = pooled(inner)
     weights, _ = choose_ensemble(inner)
     if intervals:
-        calib["ensemble"] = {p: calib[ensemble_candidate(weights[p])][p] for p in INTERVAL_PROTOCOLS}
+        calib["ensemble"] = {p: calib[ensemble_candidate(p, weights[p])][p] for p in INTERVAL_PROTOCOLS}
     methods = build_methods(full, train, test, layout, p1_test, p2, config.seed, ensemble=weights)
     scores = {name: score_all(methods[name], truth_test, layout) for name in METHODS}
     metrics = {name: {**dict(sc.pooled), **dict.fromkeys(INTERVAL_METRICS, math.nan)} for name, sc in scores.items()}
@@ -741,7 +741,8 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
 
 def roofline_log(data: MeasuredSet, names: Sequence[str]) -> np.ndarray:
     """``[J, G]`` log roofline throughput (1 / kernel time) of each job on each GPU type of ``data``."""
-    return np.array([[job_roofline_log(data.jobs[n], g) for g in data.gpus] for n in names])
+    gpus = [catalog.get_gpu_type(g) for g in data.gpus]
+    return np.array([[-float(roofline(data.jobs[n], gt)[0]) for gt in gpus] for n in names])
 
 
 def in_sample_metrics(p1: P1Model, p2: P2Model, data: MeasuredSet, layout: Layout,
@@ -795,7 +796,7 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
     for i, h in enumerate(holdouts):
         result = evaluate_holdout(full, h, config, log)
         families[h] = result.metrics
-        weights[h] = {case: dict(zip(ENSEMBLE_COMPONENTS, w)) for case, w in (result.ensemble_weights or {}).items()}
+        weights[h] = dict(result.ensemble_weights or {})
         encoders[h] = {"chosen": result.encoder, "inner_male": result.encoder_errors}
         p2_epochs[h] = {"chosen": result.p2_epochs, "inner_male": result.p2_epoch_errors}
         if len(full.of_family(h)) > 1:
@@ -821,7 +822,7 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
     revealed = {m: {g: _mean_finite([by_type[h][m][g] for h in holdouts]) for g in full.gpus} for m in METHODS}
     return {
         "families": families, "mean": mean, "mean_over_jobs": mean_over_jobs, "jobs": jobs,
-        "coverage_pooled": pooled_coverage, "ensemble_weights": weights, "p1_encoder": encoders,
+        "coverage_pooled": pooled_coverage, "ensemble_p2_weight": weights, "p1_encoder": encoders,
         "siblings_decay": decays, "p2_epochs": p2_epochs,
         "isolated_male_1obs_by_revealed_type": revealed,
         "methods": dict(METHOD_NOTES),
