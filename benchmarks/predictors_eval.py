@@ -217,7 +217,9 @@ def choice_table(report: dict) -> list[str]:
     if not enc:
         return []
     decays = report.get("siblings_decay", {})
-    weights = report.get("ensemble_p2_weight", {})
+    # ensemble_weights: the three-row trial of 2026-11-26 (predictors_gavel_ensemble3.json), each
+    # case's weights of P2, the roofline row and the per-type mean row
+    weights = report.get("ensemble_p2_weight") or report.get("ensemble_weights", {})
     epochs = report.get("p2_epochs", {})
     names = list(next(iter(enc.values()))["inner_male"])
     out = ["| held-out family | P1 encoder | " + " | ".join(f"{n} (inner male)" for n in names)
@@ -233,10 +235,14 @@ def choice_table(report: dict) -> list[str]:
         ep = epochs.get(fam, {})
         ep_cell = "n/a" if not ep else f"{ep['chosen']}" + (" (" + ", ".join(
             f"{k}: {v:.3f}" for k, v in ep["inner_male"].items()) + ")" if ep.get("inner_male") else " (fixed)")
+        def cell(case: str) -> str:
+            v = w[case]
+            return "{p2:g}/{roofline:g}/{type_mean:g}".format(**v) if isinstance(v, dict) else f"{v:g}"
+
         if "isolated_1obs" in w:
-            nothing = f"{w['isolated']:g} / {w['colocated']:g}"
-            one = f"{w['isolated_1obs']:g} / {w['colocated_1obs']:g}"
-        else:  # reports of 2026-11-26 and before: one pair of weights, for one observation, P2 alone otherwise
+            nothing = f"{cell('isolated')} / {cell('colocated')}"
+            one = f"{cell('isolated_1obs')} / {cell('colocated_1obs')}"
+        else:  # reports before 2026-11-26: one pair of weights, for one observation, P2 alone otherwise
             nothing, one = "1 / 1", f"{w.get('isolated', 'n/a')} / {w.get('colocated', 'n/a')}"
         out.append(f"| {fam} | {e['chosen']} | {errs} | {ep_cell} | {nothing} | {one} | {dec} |")
     return out
