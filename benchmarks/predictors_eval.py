@@ -242,8 +242,9 @@ def choice_table(report: dict) -> list[str]:
         if "isolated_1obs" in w:
             nothing = f"{cell('isolated')} / {cell('colocated')}"
             one = f"{cell('isolated_1obs')} / {cell('colocated_1obs')}"
-        else:  # reports before 2026-11-26: one pair of weights, for one observation, P2 alone otherwise
-            nothing, one = "1 / 1", f"{w.get('isolated', 'n/a')} / {w.get('colocated', 'n/a')}"
+        else:  # reports before 2026-11-26: one pair of weights against the roofline row, whatever was observed
+            one = f"{w.get('isolated', 'n/a')} / {w.get('colocated', 'n/a')}"
+            nothing = f"{one} (with the roofline)"
         out.append(f"| {fam} | {e['chosen']} | {errs} | {ep_cell} | {nothing} | {one} | {dec} |")
     return out
 

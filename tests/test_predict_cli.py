@@ -29,6 +29,7 @@ def test_train_writes_two_model_directories_with_cards(tmp_path, capsys):
     for d in ("p1", "p2"):
         card = read_card(out / d)
         assert "**CycleGAN**" in card and "gogh predictors train" in card and "MAPE" in card
+    assert f"isolated_1obs {ensemble.weights['isolated_1obs']:g}" in read_card(out / "p2")  # the card says
     assert json.loads(capsys.readouterr().out)["out"] == str(out)
 
 
@@ -51,6 +52,10 @@ def test_calibrate_adds_intervals_to_a_refiner_trained_without_them(tmp_path, ca
     assert read_card(out / "p2")  # the card is kept
     printed = json.loads(capsys.readouterr().out)
     assert printed["model"] == str(out / "p2") and printed["ensemble_weights"] == trained["ensemble"]["weights"]
+    # with no options at all: the model's own data, families, P1 and P2 settings (3 epochs here,
+    # not the command's defaults), so the same choice again
+    assert main(["predictors", "calibrate", "--model", str(out)]) == 0
+    assert load_p2(out / "p2").trained_on["ensemble"] == trained["ensemble"]
 
 
 def test_evaluate_writes_every_method_and_metric(tmp_path, capsys):

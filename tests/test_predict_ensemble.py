@@ -155,3 +155,52 @@ def test_the_intervals_are_the_ensembles_own(trained):
         errs = pooled[ev.ensemble_candidate(case, ensemble.weights[case])][case]
         errs = errs[np.isfinite(errs)]
         assert intervals.halfwidth(case, 0.9) == pytest.approx(min(ev.conformal_halfwidth(errs, 0.9), errs.max()))
+
+
+def test_a_gpu_type_no_training_job_ran_on_keeps_p2s_ratio_to_the_others(trained):
+    data, _, p1, p2, _, ensemble, _ = trained
+    job = "Transformer (batch size 64)"
+    fleet = (*GPUS, "h100")  # the prior has no per-type mean for h100
+    half = Ensemble({**dict.fromkeys(CASES, 1.0), "isolated": 0.5}, ensemble.rows)
+    alone = ThroughputPredictor(p1, _with(p2, None)).predict_table({job: data.jobs[job]}, fleet)
+    mixed = ThroughputPredictor(p1, _with(p2, half)).predict_table({job: data.jobs[job]}, fleet)
+    assert mixed.isolated(job, "a100") != pytest.approx(alone.isolated(job, "a100"))  # the covered types moved
+
+    def h100_over_the_rest(t):
+        return math.log(t.isolated(job, "h100")) - np.mean([math.log(t.isolated(job, g)) for g in GPUS])
+    assert h100_over_the_rest(mixed) == pytest.approx(h100_over_the_rest(alone), abs=1e-9)
+
+
+def test_a_job_that_did_not_run_anywhere_is_planned_with_the_nothing_measured_margin(trained):
+    """An observation of 0.0 ("did not run there") is no throughput: neither the ensemble nor the
+    lower bounds may treat the job as measured."""
+    data, _, p1, p2, intervals, ensemble, _ = trained
+    job = "LM (batch size 20)"
+    with_both = _with(p2, ensemble)
+    with_both.trained_on["intervals"] = intervals.to_dict()
+    predictor = ThroughputPredictor(p1, with_both)
+    none = predictor.predict_table({job: data.jobs[job]}, GPUS, risk=0.9)
+    zero = predictor.predict_table({job: data.jobs[job]}, GPUS, observations_frame(
+        [{"job_type": job, "gpu_type": "k80", "throughput": 0.0}]), risk=0.9)
+    assert zero.isolated(job, "k80") == 0.0
+    for g in ("v100", "a100"):
+        assert zero.isolated(job, g) == pytest.approx(none.isolated(job, g), rel=1e-12)
+
+
+@pytest.mark.parametrize("breakage, says", [
+    (lambda d: d.update(weights=[0.5, 0.5]), "calibrate"),
+    (lambda d: d.pop("rows"), "lacks 'rows'"),
+    (lambda d: d["rows"].update(type_mean=[math.nan] * len(d["rows"]["type_mean"])), "finite value"),
+    (lambda d: d.clear(), "lacks 'weights'"),
+])
+def test_a_damaged_stored_ensemble_stops_with_what_to_run(trained, breakage, says):
+    import copy
+
+    _, _, p1, p2, _, ensemble, _ = trained
+    bad = _with(p2, None)
+    stored = copy.deepcopy(ensemble.to_dict())
+    breakage(stored)
+    bad.trained_on["ensemble"] = stored
+    with pytest.raises(ValueError, match=says) as info:
+        ThroughputPredictor(p1, bad)
+    assert "gogh predictors calibrate" in str(info.value)

@@ -347,3 +347,20 @@ def test_a_new_job_type_is_first_offered_only_the_type_chosen_to_measure_it_on(p
     ObservedThroughputs(view).observe(easy, "t4", None, plain.isolated(easy, "t4"))
     later = Job("z", "ResNet-50 (batch size 32)", 1e-6, 100.0)
     assert view.isolated(later, "v100") > 0
+
+
+def test_too_few_families_left_for_the_ensemble_warn_without_a_risk_level_and_stop_with_one():
+    """`gogh simulate --holdout-family` trains what `gogh predictors train` ships; where the families
+    left cannot choose the ensemble (here A3C and one other family: an inner P2 would learn from A3C's
+    single job type), a run without a risk level goes on with P2 alone and says so."""
+    from gogh_flows.sim.holdout import train_holdout
+    from gogh_flows.truth.synthetic import synthetic_table
+
+    table = synthetic_table(["k80", "v100"])
+    keep = [j for j in table.job_types if j == "A3C" or j.startswith(("ResNet-18", "ResNet-50"))]
+    small = table.restrict(job_types=keep)
+    with pytest.warns(UserWarning, match="choosing the ensemble's weights .* failed: .*P2 alone"):
+        pred = train_holdout(small, "ResNet-50", p1_epochs=2, p2_epochs=2, intervals=True, strict=False)
+    assert "ensemble" not in pred.p2.trained_on and "intervals" not in pred.p2.trained_on
+    with pytest.raises(ValueError, match="calibrating the intervals on the 2 families left .*a risk level needs"):
+        train_holdout(small, "ResNet-50", p1_epochs=2, p2_epochs=2, intervals=True)

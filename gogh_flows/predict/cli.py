@@ -54,7 +54,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--model", required=True, help="directory holding p1/ and p2/ (as `train --out` wrote it)")
     c.add_argument("--exclude-family", action="append", default=[],
                    help="the families the model was trained without (default: as its config.json records)")
-    c.set_defaults(func=cmd_calibrate, truth=None)  # --truth: the model's own unless given
+    # --truth, --encoder: the model's own unless given
+    c.set_defaults(func=cmd_calibrate, truth=None, encoder=None)
 
     e = ps.add_parser("evaluate", help="leave-one-family-out errors of P1, P2 and the baselines")
     common(e, choose_encoder=True)
@@ -231,6 +232,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"(out-of-family P1 alone: {metrics['oof_p1_isolated_mape']:.1%})\n"
         f"- co-located MAPE after 1 observation {metrics['p2_colocated_mape_1obs']:.1%} "
         f"(out-of-family P1 alone: {metrics['oof_p1_colocated_mape']:.1%})\n\n"
+        "## What placements predict with\n\n"
+        "Not P2 alone: its predictions averaged in log space with the per-type mean (a job with nothing "
+        "measured) or the roofline ratio (a measured job), P2's weight chosen on the inner split of these "
+        "families (`trained_on.ensemble` in config.json): "
+        + ", ".join(f"{case} {w:g}" for case, w in ensemble.weights.items())
+        + ". The intervals (`trained_on.intervals`) are the ensemble's. See docs/predictors.md.\n\n"
         f"## Configuration\n\n```json\n{json.dumps(p2.config_dict()['p2'], indent=2)}\n```\n\n"
         "Load with `gogh_flows.predict.io.load_p2(path)` (safetensors + JSON, no pickle).\n"
     )
@@ -291,16 +298,26 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     inner split as ``train``."""
     import torch
 
+    from dataclasses import replace
+
     from gogh_flows.predict.evaluate import EvalConfig, calibrate_refiner, out_of_family_p1
-    from gogh_flows.predict.io import load_p2, record_trained_on
+    from gogh_flows.predict.io import load_p1, load_p2, record_trained_on
     from gogh_flows.predict.layout import Layout
 
     torch.set_num_threads(1)
-    p1_cfg, p2_cfg = _configs(args)
+    check_epochs(args.p1_epochs, args.p2_epochs)
     model = Path(args.model) / "p2"
     p2 = load_p2(model)
     _same_data_as_trained(args, p2.trained_on)
-    p2_cfg = p2.config if args.p2_epochs is None else p2_cfg
+    # the P1s of the inner split are trained as the model's own P1 was (its config.json), and P2s
+    # as its P2: with the command's defaults instead, a model trained with other epochs or another
+    # encoder got weights and intervals chosen for other models than its own
+    p1_cfg = load_p1(Path(args.model) / "p1").config
+    if args.encoder is not None:
+        p1_cfg = replace(p1_cfg, encoder=args.encoder)
+    if args.p1_epochs is not None:
+        p1_cfg = replace(p1_cfg, epochs=args.p1_epochs)
+    p2_cfg = p2.config if args.p2_epochs is None else replace(p2.config, epochs=args.p2_epochs)
     if not args.gpu_types:  # the GPU types the refiner was trained on, not all the truth has
         args.gpu_types = ",".join(p2.layout.gpus)
     _, full = _data(args)

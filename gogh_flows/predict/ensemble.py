@@ -98,9 +98,9 @@ class BaselineRows:
                    {str(p): tuple(float(x) for x in v) for p, v in d["slowdown"].items()},
                    tuple(float(v) for v in d["slowdown_per_type"]))
         bad = [k for k, v in (("type_mean", rows.type_mean), ("slowdown_per_type", rows.slowdown_per_type),
-                              *rows.slowdown.items()) if len(v) != len(gpus)]
+                              *rows.slowdown.items()) if len(v) != len(gpus) or not all(map(math.isfinite, v))]
         if bad:
-            raise ValueError(f"ensemble baseline rows: {bad} do not have one value per GPU type {list(gpus)}")
+            raise ValueError(f"ensemble baseline rows: {bad} do not have one finite value per GPU type {list(gpus)}")
         return rows
 
 
@@ -132,6 +132,7 @@ class Ensemble:
         entries are the caller's to restore."""
         shifts = self._shifts(names, features, observed)
         measured = np.array([j in shifts for j in names], dtype=bool)
+        before_iso, before_pair = iso.copy(), pair.copy()
         target = np.empty((len(names), len(gpus)))
         for i, j in enumerate(names):
             target[i] = ([roofline_log(features[j], g) + shifts[j] for g in gpus] if measured[i]
@@ -141,6 +142,11 @@ class Ensemble:
         w_pair = np.where(measured, self.weight(True, True), self.weight(True, False))[:, None, None]
         iso[...] = _mix(iso, target, w_iso)
         pair[...] = _mix(pair, target[:, None, :] + slow[None, :, :], w_pair)
+        # A GPU type no training job ran on has no per-type mean: it keeps P2's ratio to the
+        # types that have one, moved as they were (else the blend would change the ratios
+        # between types that only P2 knows anything about)
+        iso[...] = _carry(before_iso, iso, np.isfinite(target))
+        pair[...] = _carry(before_pair, pair, np.isfinite(target)[:, None, :])
 
     def _shifts(self, names: Sequence[str], features: Mapping[str, WorkloadFeatures],
                 observed: Mapping[tuple[str, str | None, str], float]) -> dict[str, float]:
@@ -168,9 +174,21 @@ class Ensemble:
                    {str(c): {str(k): float(x) for k, x in v.items()} for c, v in d.get("errors", {}).items()})
 
 
+def _carry(before: np.ndarray, after: np.ndarray, covered: np.ndarray) -> np.ndarray:
+    """Entries not ``covered`` (along the last axis, GPU types) moved by the mean log change of
+    the covered ones of the same row; rows with none covered as they are."""
+    moved = covered & (before > 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        change = np.where(moved, np.log(np.where(moved, after, 1.0)) - np.log(np.where(moved, before, 1.0)), 0.0)
+    n = moved.sum(axis=-1, keepdims=True)
+    mean = change.sum(axis=-1, keepdims=True) / np.maximum(n, 1)
+    return np.where(~covered & (before > 0) & (n > 0), before * np.exp(mean), after)
+
+
 def _mix(values: np.ndarray, target_log: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """``exp(w log v + (1 - w) target)``; a zero (does not fit) or a NaN target keeps ``v``."""
-    ok = (values > 0) & np.isfinite(target_log)
+    """``exp(w log v + (1 - w) target)``; a zero (does not fit), a NaN target or a weight of 1
+    keeps ``v`` exactly."""
+    ok = (values > 0) & np.isfinite(target_log) & (w < 1.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         mixed = np.exp(w * np.log(np.where(ok, values, 1.0)) + (1.0 - w) * np.where(ok, target_log, 0.0))
     return np.where(ok, mixed, values)

@@ -127,9 +127,10 @@ class ThroughputPredictor:
         self._priors: dict[tuple[str, tuple[str, ...]], np.ndarray | None] = {}
         d = (p2.trained_on or {}).get("ensemble") if p2 is not None else None
         try:
-            self.ensemble: Ensemble | None = Ensemble.from_dict(d) if d else None
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"the refiner's stored ensemble (trained_on['ensemble']) cannot be read: {exc}; "
+            self.ensemble: Ensemble | None = Ensemble.from_dict(d) if d is not None else None
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            why = f"it lacks {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise ValueError(f"the refiner's stored ensemble (trained_on['ensemble']) cannot be read: {why}; "
                              "re-run `gogh predictors calibrate --model DIR` to write it again") from None
 
     # -- public ------------------------------------------------------------------------------
@@ -171,7 +172,8 @@ class ThroughputPredictor:
                 f"({'no refiner' if self.p2 is None else 'its P2 was trained before intervals were calibrated'}); "
                 "train it with `gogh predictors train` (or add them with `gogh predictors calibrate`), or set "
                 "PlacementPolicy(risk_level=None) to plan with the point predictions")
-        measured = {j for (j, _, _) in obs.values}
+        # what counts as measured is what the ensemble and P2 count: a throughput, not "did not run"
+        measured = {j for (j, _, _), lt in obs.items() if math.isfinite(lt)}
         seen = set(obs.values)
         iso, pair = iso.copy(), pair.copy()
         for i, j in enumerate(names):

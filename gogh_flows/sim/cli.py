@@ -157,8 +157,14 @@ def _predictors(args: argparse.Namespace, truth: ThroughputTable, names: list[st
               f"family {args.holdout_family!r}, and choosing the ensemble's weights and intervals on the "
               "families left ...", file=sys.stderr, flush=True)
         # what `gogh predictors train` ships: the ensemble and its intervals, chosen on the inner split
-        return train_holdout(truth, args.holdout_family, p1_epochs=args.p1_epochs,
-                             p2_epochs=args.p2_epochs, seed=args.seed, intervals=True)
+        with warnings.catch_warnings(record=True) as caught:  # a note for people, not a Python warning
+            warnings.simplefilter("always")
+            predictors = train_holdout(truth, args.holdout_family, p1_epochs=args.p1_epochs,
+                                       p2_epochs=args.p2_epochs, seed=args.seed, intervals=True,
+                                       strict=args.risk_level is not None)
+        for w in caught:
+            print(f"note: {w.message}", file=sys.stderr)
+        return predictors
     raise ValueError(f"policies {[n for n in names if base_policy(n) in LEARNED_POLICIES]} need predictors: pass "
                      "--predictors DIR (from `gogh predictors train --out DIR`) or --holdout-family F")
 

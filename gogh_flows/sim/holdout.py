@@ -9,6 +9,7 @@ the same thing.
 
 from __future__ import annotations
 
+import warnings
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -28,7 +29,8 @@ def family_types(truth: ThroughputTable, family: str) -> list[str]:
 
 def train_holdout(truth: ThroughputTable, family: str | None, *, p1_epochs: int | None = None,
                   p2_epochs: int | None = None, seed: int = 0,
-                  log: Callable[[str], None] | None = None, intervals: bool = False) -> Predictors:
+                  log: Callable[[str], None] | None = None, intervals: bool = False,
+                  strict: bool = True) -> Predictors:
     """Train P1 and P2 on ``truth`` without ``family`` (None: on everything).
 
     The same recipe as ``gogh predictors train``: P1 on every isolated and pair
@@ -36,7 +38,8 @@ def train_holdout(truth: ThroughputTable, family: str | None, *, p1_epochs: int 
     learns how P1 errs on models it has not seen. ``intervals``: also choose the ensemble's weights and
     calibrate its intervals on the remaining families (:func:`calibrate_refiner`; what a risk
     level plans with; P2 is then trained once more per remaining family). Without, the
-    predictions are P2's alone.
+    predictions are P2's alone. ``strict=False``: where that cannot be done (too few families
+    or measured jobs left), warn and go on with P2 alone.
     """
     import torch
 
@@ -61,8 +64,17 @@ def train_holdout(truth: ThroughputTable, family: str | None, *, p1_epochs: int 
     if intervals:  # as `gogh predictors train`: conformal widths from the training families only
         from gogh_flows.predict.evaluate import EvalConfig, calibrate_refiner
 
-        bounds, ensemble = calibrate_refiner(data, oof, EvalConfig(p1=p1_cfg, p2=p2_cfg, seed=seed))
-        p2.trained_on.update(intervals=bounds.to_dict(), ensemble=ensemble.to_dict())
+        try:
+            bounds, ensemble = calibrate_refiner(data, oof, EvalConfig(p1=p1_cfg, p2=p2_cfg, seed=seed))
+        except ValueError as exc:
+            what = (f"choosing the ensemble's weights and calibrating the intervals on the {len(data.families)} "
+                    f"families left ({', '.join(data.families)}) failed: {exc}")
+            if strict:
+                raise ValueError(f"{what}; a risk level needs them: use a truth with more families, or plan "
+                                 "without --risk-level") from None
+            warnings.warn(f"{what}; the learned policies predict with P2 alone", stacklevel=2)
+        else:
+            p2.trained_on.update(intervals=bounds.to_dict(), ensemble=ensemble.to_dict())
     gang = gang_scaling(truth, data.names)
     left = f"without family {family!r}" if family is not None else "on every family"
     return Predictors(p1, p2, gang, f"trained in-run on {truth.source} {left} "
