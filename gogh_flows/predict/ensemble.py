@@ -4,9 +4,9 @@ Why the product does not predict with P2 alone: on Gavel's seven families
 (docs/predictors.md) P2 with one observation beats the ratio baseline on only 4 of 7
 families and the partner-mean slowdown on 2 of 7, and with nothing observed P1 is worse
 than the per-type geometric mean on 4 of 7. Their average is better than either where
-P2's errors and the baseline's are not the same errors. The issue's rule is that the
-product then uses the better method; this module is that method, the same as the
-evaluation's ``ensemble`` (:func:`gogh_flows.predict.evaluate.build_methods`).
+P2's errors and the baseline's are not the same errors. Where a learned model does not beat
+the simple baselines, the product uses the better method; this module is that method, the
+same as the evaluation's ``ensemble`` (:func:`gogh_flows.predict.evaluate.build_methods`).
 
 The baseline depends on what is known of the job:
 

@@ -30,13 +30,13 @@ from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from gogh_flows import catalog
 from gogh_flows.predict.baselines import MatrixCompletion, NearestJob, PriorRow, shifted
 from gogh_flows.predict.data import MeasuredSet
-from gogh_flows.predict.encoding import job_summary, roofline
+from gogh_flows.predict.encoding import job_summary
 from gogh_flows.predict.ensemble import CASES as ENSEMBLE_CASES
 from gogh_flows.predict.ensemble import WEIGHTS as ENSEMBLE_WEIGHT_CHOICES
 from gogh_flows.predict.ensemble import BaselineRows, Ensemble
+from gogh_flows.predict.ensemble import roofline_log as job_roofline_log
 from gogh_flows.predict.intervals import CASES as INTERVAL_CASES
 from gogh_flows.predict.intervals import Intervals, from_errors
 from gogh_flows.predict.layout import Layout
@@ -741,8 +741,7 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
 
 def roofline_log(data: MeasuredSet, names: Sequence[str]) -> np.ndarray:
     """``[J, G]`` log roofline throughput (1 / kernel time) of each job on each GPU type of ``data``."""
-    gpus = [catalog.get_gpu_type(g) for g in data.gpus]
-    return np.array([[-float(roofline(data.jobs[n], gt)[0]) for gt in gpus] for n in names])
+    return np.array([[job_roofline_log(data.jobs[n], g) for g in data.gpus] for n in names])
 
 
 def in_sample_metrics(p1: P1Model, p2: P2Model, data: MeasuredSet, layout: Layout,
