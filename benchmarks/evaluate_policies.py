@@ -124,7 +124,7 @@ def modern_holdout_section(noise: float) -> list[str]:
     fam = HOLDOUTS[0]
     gpus = parse_cluster(cluster)
     t0 = time.perf_counter()
-    pred = train_holdout(mixed, fam, p1_epochs=P1_EPOCHS, p2_epochs=P2_EPOCHS, seed=SEED)
+    pred = train_holdout(mixed, fam, p1_epochs=P1_EPOCHS, p2_epochs=P2_EPOCHS, seed=SEED, intervals=True)
     train_s = time.perf_counter() - t0
     jobs = relabel_to_family(gen, family_types(mixed, fam), reference_throughput(mixed, "v100"), seed=SEED)
     jobs = _prepare(mixed, cluster, jobs, [], q=(0.05, 0.3))
@@ -305,15 +305,17 @@ HOLDOUT_INTRO = [
     f"P2 ({P2_EPOCHS} epochs, trained on out-of-family P1 vectors) are trained in this script on",
     "Gavel's measured throughputs *without F* (`MeasuredSet.without([F])`: F's jobs and every pair",
     "involving them are gone), and the gang-scaling efficiency the learned policies assume for",
-    "multi-GPU jobs is the median over the training job types only. The jobs: Gavel's",
+    "multi-GPU jobs is the median over the training job types only. As `gogh predictors train`",
+    "ships them, the predictions are the ensemble (P2 averaged with the per-type mean or the",
+    "roofline ratio, weights chosen on the families left; docs/predictors.md). The jobs: Gavel's",
     "physical-cluster trace (`max_min_fairness.trace`: arrival times, GPU counts, durations kept),",
     "each job re-labelled to a job type of F drawn per job id (seeded) among F's types that run",
     "at its GPU count, its steps rescaled so it lasts as long on a V100 as the original.",
     "Truth: Gavel's measurements (the held-out family's real throughputs); requirements as above.",
     "",
-    "`gogh` plans with the optimiser on predictions per job type (its learning base): P1",
-    "(+ P2's prior shift) before anything is known; after every monitoring observation",
-    "(300 s after a job's rate changes) P2 recomputes the type's whole row -- every GPU type",
+    "`gogh` plans with the optimiser on predictions per job type (its learning base): the",
+    "ensemble's before anything is known; after every monitoring observation",
+    "(300 s after a job's rate changes) the ensemble recomputes the type's whole row -- every GPU type",
     "and partner -- from all of the type's observations, measured pairs and gang sizes answer as",
     "measured, and measured job types of the same family correct each other's unmeasured",
     "entries (`predict/siblings.py`). A job observed below its requirement is re-placed, and a",
@@ -359,7 +361,7 @@ def holdout_section(noise: float = 0.0) -> tuple[list[str], list[str]]:
            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for fam in HOLDOUTS:
         t0 = time.perf_counter()
-        pred = train_holdout(gavel, fam, p1_epochs=P1_EPOCHS, p2_epochs=P2_EPOCHS, seed=SEED)
+        pred = train_holdout(gavel, fam, p1_epochs=P1_EPOCHS, p2_epochs=P2_EPOCHS, seed=SEED, intervals=True)
         train_s = time.perf_counter() - t0
         notes: list[str] = []
         jobs = relabel_to_family(raw, family_types(gavel, fam), reference_throughput(gavel, "v100"),
