@@ -34,7 +34,7 @@ from gogh_flows.predict.baselines import MatrixCompletion, NearestJob, PriorRow,
 from gogh_flows.predict.data import MeasuredSet
 from gogh_flows.predict.encoding import job_summary
 from gogh_flows.predict.ensemble import CASES as ENSEMBLE_CASES
-from gogh_flows.predict.ensemble import WEIGHTS as ENSEMBLE_WEIGHT_CHOICES
+from gogh_flows.predict.ensemble import WEIGHTS as ENSEMBLE_WEIGHTS
 from gogh_flows.predict.ensemble import BaselineRows, Ensemble
 from gogh_flows.predict.ensemble import roofline_log as job_roofline_log
 from gogh_flows.predict.intervals import CASES as INTERVAL_CASES
@@ -47,9 +47,6 @@ from gogh_flows.workloads.features import WorkloadFeatures
 
 METHODS = ("p1", "p2", "matrix_completion", "nearest", "p1_shifted", "type_mean", "partner_mean", "roofline",
            "ensemble")
-#: the P2 weights (against the baseline, in log space) the ensemble chooses from on the inner
-#: split, one per case of :data:`gogh_flows.predict.ensemble.CASES`
-ENSEMBLE_WEIGHTS = ENSEMBLE_WEIGHT_CHOICES
 #: what each method is, in the report's words
 METHOD_NOTES = {
     "p1": "P1, trained without the family; an observation replaces only its own entry",
@@ -612,14 +609,6 @@ def choose_decay(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]]) ->
     if not finite:
         return DECAY, errors
     return min(finite, key=lambda d: (finite[d], d != DECAY)), errors
-
-
-def inner_abs_errors(full: MeasuredSet, train: MeasuredSet, layout: Layout, oof: np.ndarray,
-                     config: EvalConfig, methods: Sequence[str] = METHODS,
-                     protocols: Sequence[str] = INTERVAL_PROTOCOLS) -> dict[str, dict[str, np.ndarray]]:
-    """:func:`inner_family_errors` pooled over the families: what the intervals are calibrated
-    on, so the held-out family never shapes its own interval."""
-    return pooled(inner_family_errors(full, train, layout, oof, config, methods, protocols))
 
 
 def pooled(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]]) -> dict[str, dict[str, np.ndarray]]:
