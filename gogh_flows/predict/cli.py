@@ -97,6 +97,7 @@ def encoder_candidates(value: str) -> tuple[str, ...]:
 
 
 def _configs(args: argparse.Namespace):
+    """P1's and P2's configurations from the options, and ``--encoder``'s candidates."""
     from dataclasses import replace
 
     from gogh_flows.predict.p1 import P1Config
@@ -111,7 +112,7 @@ def _configs(args: argparse.Namespace):
     p2 = P2Config(seed=args.seed)
     if args.p2_epochs is not None:
         p2 = replace(p2, epochs=args.p2_epochs)
-    return p1, p2
+    return p1, p2, candidates
 
 
 def _data(args: argparse.Namespace, anomalies: list | None = None):
@@ -166,7 +167,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from gogh_flows.predict.p2 import train_p2
 
     torch.set_num_threads(1)  # tiny networks: threads only add contention
-    p1_cfg, p2_cfg = _configs(args)
+    p1_cfg, p2_cfg, _ = _configs(args)
     table, full = _data(args)
     data = full.without(args.exclude_family) if args.exclude_family else full
     from gogh_flows.progress import Progress
@@ -326,8 +327,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     oof = out_of_family_p1(data, layout, dict(data.jobs), p1_cfg,
                            lambda s: print(s, file=sys.stderr, flush=True))
     intervals, ensemble = calibrate_refiner(data, oof, EvalConfig(p1=p1_cfg, p2=p2_cfg, seed=args.seed))
-    record_trained_on(model, "ensemble", ensemble.to_dict())
-    record_trained_on(model, "intervals", intervals.to_dict())
+    record_trained_on(model, {"ensemble": ensemble.to_dict(), "intervals": intervals.to_dict()})
     print(json.dumps({"model": str(model), "ensemble_weights": ensemble.to_dict()["weights"], **intervals.to_dict()},
                      indent=2))
     return 0
@@ -339,7 +339,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from gogh_flows.predict.evaluate import EvalConfig, leave_one_family_out
 
     torch.set_num_threads(1)
-    p1_cfg, p2_cfg = _configs(args)
+    p1_cfg, p2_cfg, candidates = _configs(args)
     if args.repeats < 1:
         raise ValueError(f"--repeats must be a whole number of draws >= 1, got {args.repeats}")
     anomalies: list = []
@@ -348,7 +348,6 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from gogh_flows.progress import Progress
 
     with Progress() as bars:
-        candidates = encoder_candidates(args.encoder)
         report = leave_one_family_out(
             full, holdouts, EvalConfig(p1=p1_cfg, p2=p2_cfg, repeats=args.repeats, seed=args.seed,
                                        encoders=candidates if len(candidates) > 1 else (),

@@ -25,7 +25,7 @@ P2 (``trained_on["ensemble"]``, JSON). A weight of 1 is P2 alone.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -130,12 +130,21 @@ class Ensemble:
         in place. ``observed``: (job, partner or None, GPU type) -> mean log throughput; a job
         with any finite entry there is "measured". Zeros (does not fit) stay zeros; measured
         entries are the caller's to restore."""
-        shifts = self._shifts(names, features, observed)
+        memo: dict[tuple[str, str], float] = {}
+
+        def roof(job: str, gpu: str) -> float:
+            """The job's roofline on ``gpu``, once per call (a job is often observed there with
+            several partners, and its row needs it again)."""
+            if (job, gpu) not in memo:
+                memo[(job, gpu)] = roofline_log(features[job], gpu)
+            return memo[(job, gpu)]
+
+        shifts = self._shifts(names, roof, observed)
         measured = np.array([j in shifts for j in names], dtype=bool)
         before_iso, before_pair = iso.copy(), pair.copy()
         target = np.empty((len(names), len(gpus)))
         for i, j in enumerate(names):
-            target[i] = ([roofline_log(features[j], g) + shifts[j] for g in gpus] if measured[i]
+            target[i] = ([roof(j, g) + shifts[j] for g in gpus] if measured[i]
                          else [self.rows.prior(g) for g in gpus])
         slow = np.array([[self.rows.slow(p, g) for g in gpus] for p in names]).reshape(len(names), len(gpus))
         w_iso = np.where(measured, self.weight(False, True), self.weight(False, False))[:, None]
@@ -148,15 +157,16 @@ class Ensemble:
         iso[...] = _carry(before_iso, iso, np.isfinite(target))
         pair[...] = _carry(before_pair, pair, np.isfinite(target)[:, None, :])
 
-    def _shifts(self, names: Sequence[str], features: Mapping[str, WorkloadFeatures],
+    def _shifts(self, names: Sequence[str], roof: Callable[[str, str], float],
                 observed: Mapping[tuple[str, str | None, str], float]) -> dict[str, float]:
-        """Per measured job: the mean log offset of its measurements from its roofline rows."""
+        """Per measured job: the mean log offset of its measurements from its roofline rows
+        (``roof(job, gpu)``: its log roofline throughput there)."""
         wanted = set(names)
         offsets: dict[str, list[float]] = {}
         for (j, p, g), v in observed.items():
             if j in wanted and math.isfinite(v):
                 try:
-                    base = roofline_log(features[j], g) + (self.rows.slow(p, g) if p is not None else 0.0)
+                    base = roof(j, g) + (self.rows.slow(p, g) if p is not None else 0.0)
                 except catalog.UnknownGpuTypeError:  # a logged type this install has no figures for
                     continue
                 offsets.setdefault(j, []).append(v - base)

@@ -124,12 +124,13 @@ def load_p2(directory: str | Path) -> P2Model:
     return model
 
 
-def record_trained_on(directory: str | Path, key: str, value: object) -> Path:
-    """Add ``trained_on[key] = value`` to a saved model's ``config.json``; the weights (and their
+def record_trained_on(directory: str | Path, entries: Mapping[str, object]) -> Path:
+    """Add ``entries`` to ``trained_on`` in a saved model's ``config.json``, in one write, so records
+    that belong together (an ensemble and its intervals) land together; the weights (and their
     recorded hash) stay byte for byte as they were. What ``gogh predictors calibrate`` writes."""
     path = Path(directory) / CONFIG
     config = json.loads(path.read_text())
-    config.setdefault("trained_on", {})[key] = value
+    config.setdefault("trained_on", {}).update(entries)
     path.write_text(json.dumps(_plain(config), indent=2, sort_keys=True) + "\n")
     return path
 
