@@ -10,6 +10,8 @@ import json
 import math
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from gogh_flows.sim.run import (
@@ -134,12 +136,19 @@ def _jobs(args: argparse.Namespace, truth: ThroughputTable, gpus: list):
         q_low, q_high = (float(x) for x in args.requirement_q.split(","))
     except ValueError:
         raise ValueError(f"--requirement-q must be LOW,HIGH, got {args.requirement_q!r}") from None
-    with warnings.catch_warnings(record=True) as caught:  # a note for people, not a Python warning
+    with _notes():
+        return prepare_jobs(jobs, truth, gpus, seed=args.seed, q_low=q_low, q_high=q_high)
+
+
+@contextmanager
+def _notes() -> Iterator[None]:
+    """Warnings raised inside, printed as notes for people (not Python warnings) when it ends
+    (by a return too; not when it ends by an error)."""
+    with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ready = prepare_jobs(jobs, truth, gpus, seed=args.seed, q_low=q_low, q_high=q_high)
+        yield
     for w in caught:
         print(f"note: {w.message}", file=sys.stderr)
-    return ready
 
 
 def _predictors(args: argparse.Namespace, truth: ThroughputTable, names: list[str]):
@@ -157,14 +166,10 @@ def _predictors(args: argparse.Namespace, truth: ThroughputTable, names: list[st
               f"family {args.holdout_family!r}, and choosing the ensemble's weights and intervals on the "
               "families left ...", file=sys.stderr, flush=True)
         # what `gogh predictors train` ships: the ensemble and its intervals, chosen on the inner split
-        with warnings.catch_warnings(record=True) as caught:  # a note for people, not a Python warning
-            warnings.simplefilter("always")
-            predictors = train_holdout(truth, args.holdout_family, p1_epochs=args.p1_epochs,
-                                       p2_epochs=args.p2_epochs, seed=args.seed, intervals=True,
-                                       strict=args.risk_level is not None)
-        for w in caught:
-            print(f"note: {w.message}", file=sys.stderr)
-        return predictors
+        with _notes():
+            return train_holdout(truth, args.holdout_family, p1_epochs=args.p1_epochs,
+                                 p2_epochs=args.p2_epochs, seed=args.seed, intervals=True,
+                                 strict=args.risk_level is not None)
     raise ValueError(f"policies {[n for n in names if base_policy(n) in LEARNED_POLICIES]} need predictors: pass "
                      "--predictors DIR (from `gogh predictors train --out DIR`) or --holdout-family F")
 
