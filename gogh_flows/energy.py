@@ -204,6 +204,16 @@ class EnergyModel:
         return rate, self.energy_alone(gpu_type, occ, num_gpus=num_gpus, limit_w=limit_w,
                                        rate=None if rate == model_rate else rate, board_w=watts)
 
+    def board_alone_w(self, gpu_type: str | GpuType, occ: Occupant, limit_w: float | None,
+                      informed: Callable[[float, float], tuple[float, float | None]] | None = None) -> float:
+        """A board's draw with ``occ`` alone at ``limit_w``, as :meth:`alone_at` costs it: what runs
+        of the job measured there where ``informed`` says they did, else the model's."""
+        if limit_w is not None and informed is not None:
+            watts = informed(limit_w, occ.isolated)[1]
+            if watts is not None:
+                return watts
+        return self.power_alone(gpu_type, occ.activity, limit_w)
+
     def energy_pair(self, gpu_type: str | GpuType, a: Occupant, b: Occupant,
                     limit_w: float | None = None) -> float:
         """Joules until both of two co-located jobs finish (survivor speeds back up).

@@ -85,17 +85,6 @@ class JobOptions:
     best_throughput: float  # best isolated prediction on any type of the fleet
 
 
-def _board_w(energy: EnergyModel, gtype: str, occ: Occupant, limit_w: float | None,
-             informed: Informed | None) -> float:
-    """A board's draw with ``occ`` alone at ``limit_w``: what runs of the job's type measured
-    there where they did (as its energy is costed, :meth:`EnergyModel.alone_at`), else the model's."""
-    if limit_w is not None and informed is not None:
-        watts = informed(limit_w, occ.isolated)[1]
-        if watts is not None:
-            return watts
-    return energy.power_alone(gtype, occ.activity, limit_w)
-
-
 def _occupant(problem: PlacementProblem, job: Job, gpu_type: str, iso: float,
               shared: float | None = None) -> Occupant:
     return Occupant(job.work, iso, problem.throughputs.activity(job, gpu_type), shared)
@@ -242,13 +231,13 @@ def options_for(problem: PlacementProblem, state: FleetState, job: Job,
             rejected[NOT_ENOUGH_GPUS] += len(ids)
         else:
             occ = _occupant(problem, job, gtype, iso)
+            informed = problem.informed(job, gtype)
             e, t_lim, limit, e_max = best_alone_limit(energy, gtype, occ, job.num_gpus, rho,
                                                       problem.limit_levels(gtype) if limited else (None,),
-                                                      lambda w, t=gtype: problem.rate_bound(job, t, w),
-                                                      problem.informed(job, gtype))
+                                                      lambda w, t=gtype: problem.rate_bound(job, t, w), informed)
             choices.append(Choice(
                 gpu_type=gtype, gpus=tuple(ids[: job.num_gpus]), throughput=t_lim, energy_j=e,
-                power_w=job.num_gpus * _board_w(energy, gtype, occ, limit, problem.informed(job, gtype)),
+                power_w=job.num_gpus * energy.board_alone_w(gtype, occ, limit, informed),
                 power_limit_w=limit, limit_saving_j=e_max - e,
             ))
 
