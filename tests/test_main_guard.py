@@ -28,7 +28,7 @@ from gogh_flows.runtime.main_guard import (
 )
 
 REPO = Path(__file__).resolve().parent.parent
-PYTHON = REPO / ".venv" / "bin" / "python"
+PYTHON = Path(sys.executable)  # the interpreter running the suite: make test's .venv, or any other environment
 
 
 # -- the ast check -----------------------------------------------------------------------
