@@ -220,6 +220,7 @@ def choice_table(report: dict) -> list[str]:
     # ensemble_weights: the three-row trial of 2026-11-26 (predictors_gavel_ensemble3.json), each
     # case's weights of P2, the roofline row and the per-type mean row
     weights = report.get("ensemble_p2_weight") or report.get("ensemble_weights", {})
+    reaches = report.get("ensemble_p2_reach", {})  # reports before 2026-11-26 (late): every job within reach
     epochs = report.get("p2_epochs", {})
     names = list(next(iter(enc.values()))["inner_male"])
     out = ["| held-out family | P1 encoder | " + " | ".join(f"{n} (inner male)" for n in names)
@@ -237,7 +238,10 @@ def choice_table(report: dict) -> list[str]:
             f"{k}: {v:.3f}" for k, v in ep["inner_male"].items()) + ")" if ep.get("inner_male") else " (fixed)")
         def cell(case: str) -> str:
             v = w[case]
-            return "{p2:g}/{roofline:g}/{type_mean:g}".format(**v) if isinstance(v, dict) else f"{v:g}"
+            if isinstance(v, dict):
+                return "{p2:g}/{roofline:g}/{type_mean:g}".format(**v)
+            r = reaches.get(fam, {}).get(case)
+            return f"{v:g}" if r is None else f"{v:g} within {r:g}"
 
         if "isolated_1obs" in w:
             nothing = f"{cell('isolated')} / {cell('colocated')}"

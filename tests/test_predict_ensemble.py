@@ -9,7 +9,8 @@ import pytest
 
 from gogh_flows.predict import evaluate as ev
 from gogh_flows.predict.data import MeasuredSet
-from gogh_flows.predict.ensemble import CASES, BaselineRows, Ensemble, roofline_log
+from gogh_flows.predict.encoding import job_summary
+from gogh_flows.predict.ensemble import CASES, BaselineRows, Domain, Ensemble, roofline_log
 from gogh_flows.predict.layout import Layout
 from gogh_flows.predict.p1 import P1Config, train_p1
 from gogh_flows.predict.p2 import P2Config, train_p2
@@ -71,7 +72,8 @@ def test_weights_are_checked_and_round_trip(trained):
     ensemble = trained[5]
     assert set(ensemble.weights) == set(CASES)
     assert set(ensemble.weights.values()) <= set(ev.ENSEMBLE_WEIGHTS)
-    assert set(ensemble.errors) == set(CASES) and all(len(v) == len(ev.ENSEMBLE_WEIGHTS) for v in ensemble.errors.values())
+    assert set(ensemble.errors) == set(CASES) and all(len(v) == len(ev.ENSEMBLE_SETTINGS) for v in ensemble.errors.values())
+    assert set(ensemble.reaches) == set(CASES) and ensemble.domain is not None
     assert Ensemble.from_dict(ensemble.to_dict()) == ensemble
     with pytest.raises(ValueError, match="missing \\['colocated_1obs'\\]"):
         Ensemble({"isolated": 1.0, "colocated": 1.0, "isolated_1obs": 1.0}, ensemble.rows)
@@ -110,6 +112,40 @@ def test_the_weight_moves_predictions_between_p2_and_the_baseline(trained):
                                                      rel=1e-9)
 
 
+def test_a_job_beyond_the_reach_is_predicted_by_the_baseline_alone(trained):
+    """P2 where the job is like the training jobs, the per-type mean where it is farther from all
+    of them than the reach; a reach over every job (or none stored) changes nothing."""
+    data, layout, p1, p2, _, ensemble, _ = trained
+    near, far = "ResNet-50 (batch size 32)", "A3C"
+    domain = Domain.fit(np.stack([job_summary(data.jobs[n]) for n in JOBS if n not in (near, far)]))
+    d_near, d_far = (domain.distance(job_summary(data.jobs[n])) for n in (near, far))
+    assert 0 < d_near < d_far  # a ResNet-50 is nearer a ResNet-18 than A3C is to anything
+    reach = (d_near + d_far) / 2
+    jobs = {n: data.jobs[n] for n in (near, far)}
+    gated = Ensemble(dict.fromkeys(CASES, 1.0), ensemble.rows, reaches=dict.fromkeys(CASES, reach), domain=domain)
+    t = ThroughputPredictor(p1, _with(p2, gated)).predict_table(jobs, GPUS, observations_frame([]))
+    alone = ThroughputPredictor(p1, _with(p2, None)).predict_table(jobs, GPUS, observations_frame([]))
+    base = ThroughputPredictor(p1, _with(p2, Ensemble(dict.fromkeys(CASES, 0.0), ensemble.rows))).predict_table(
+        jobs, GPUS, observations_frame([]))
+    for g in GPUS:
+        assert t.isolated(near, g) == alone.isolated(near, g)  # within reach: P2 (weight 1)
+        assert t.isolated(far, g) == pytest.approx(base.isolated(far, g), rel=1e-12)  # beyond: the per-type mean
+        assert t.isolated(far, g) == pytest.approx(math.exp(ensemble.rows.prior(g)), rel=1e-9)
+    assert gated.weight(False, False, d_far) == 0.0 and gated.weight(False, False, d_near) == 1.0
+    # stored and read back (JSON has no infinity: a reach over every job is null)
+    wide = Ensemble(dict.fromkeys(CASES, 1.0), ensemble.rows, reaches=dict.fromkeys(CASES, math.inf), domain=domain)
+    assert Ensemble.from_dict(gated.to_dict()) == gated and Ensemble.from_dict(wide.to_dict()) == wide
+    assert set(wide.to_dict()["reaches"].values()) == {None}
+    w = ThroughputPredictor(p1, _with(p2, wide)).predict_table(jobs, GPUS, observations_frame([]))
+    assert w.frame.equals(alone.frame)
+    old = {k: v for k, v in gated.to_dict().items() if k not in ("reaches", "domain")}  # stored before reaches
+    assert Ensemble.from_dict(old).weight(False, False, 1e9) == 1.0
+    with pytest.raises(ValueError, match="needs the training jobs' domain"):
+        Ensemble(dict.fromkeys(CASES, 1.0), ensemble.rows, reaches={"isolated": 2.0})
+    with pytest.raises(ValueError, match="distance > 0"):
+        Ensemble(dict.fromkeys(CASES, 1.0), ensemble.rows, reaches={"isolated": 0.0}, domain=domain)
+
+
 def test_the_product_predicts_what_the_evaluation_scores(trained):
     """The ensemble the evaluation reports is the one placements get: same P2, same rows, same
     weights -> the same isolated predictions for a job with one observation and with none."""
@@ -134,6 +170,37 @@ def test_the_product_predicts_what_the_evaluation_scores(trained):
             assert math.log(table.isolated(job, g)) == pytest.approx(scored[layout.isolated_index(g)], abs=1e-4)
 
 
+def test_the_product_gates_by_reach_as_the_evaluation_does(trained):
+    """A held-out job's family out of the training jobs: the same rows, domain, weights and reaches
+    in the product and in the evaluation give the same predictions, gated and not."""
+    data, layout, p1, p2, _, _, _ = trained
+    job = "Transformer (batch size 64)"
+    train = data.without([data.family[job]])
+    domain = Domain.fit(np.stack([job_summary(data.jobs[n]) for n in train.names]))
+    d = domain.distance(job_summary(data.jobs[job]))
+    weights = {"isolated": 0.75, "colocated": 0.75, "isolated_1obs": 0.5, "colocated_1obs": 0.5}
+    reaches = {"isolated": d / 2, "colocated": d / 2, "isolated_1obs": 2 * d, "colocated_1obs": 2 * d}
+    chosen = Ensemble(weights, BaselineRows.fit(layout, layout.truth(train, train.names)), reaches=reaches,
+                      domain=domain)
+    product = ThroughputPredictor(p1, _with(p2, chosen))
+    methods = ev.build_methods(data, train, [job], layout, ev.p1_vectors(p1, layout, [job], dict(data.jobs)),
+                               _with(p2, None), seed=0, ensemble=weights, reaches=reaches)
+    truth = layout.truth(data, [job])[0]
+    for revealed in (None, "v100"):
+        obs_row = np.full(layout.size, np.nan)
+        rows = []
+        if revealed is not None:
+            k = layout.isolated_index(revealed)
+            obs_row[k] = truth[k]
+            rows = [{"job_type": job, "gpu_type": revealed, "throughput": math.exp(truth[k])}]
+        scored = methods["ensemble"](0, obs_row)
+        table = product.predict_table({job: data.jobs[job]}, GPUS, observations_frame(rows))
+        for g in GPUS:
+            assert math.log(table.isolated(job, g)) == pytest.approx(scored[layout.isolated_index(g)], abs=1e-4)
+            if revealed is None:  # beyond the nothing-measured reach: the per-type mean
+                assert math.log(table.isolated(job, g)) == pytest.approx(chosen.rows.prior(g), abs=1e-9)
+
+
 def test_a_refiner_without_an_ensemble_predicts_as_before_and_a_broken_one_says_what_to_do(trained):
     _, _, p1, p2, *_ = trained
     assert ThroughputPredictor(p1, _with(p2, None)).ensemble is None
@@ -152,7 +219,7 @@ def test_the_intervals_are_the_ensembles_own(trained):
                                    protocols=CASES)
     pooled = ev.pooled(inner)
     for case in CASES:
-        errs = pooled[ev.ensemble_candidate(case, ensemble.weights[case])][case]
+        errs = pooled[ev.ensemble_candidate(case, ensemble.weights[case], ensemble.reaches[case])][case]
         errs = errs[np.isfinite(errs)]
         assert intervals.halfwidth(case, 0.9) == pytest.approx(min(ev.conformal_halfwidth(errs, 0.9), errs.max()))
 

@@ -151,7 +151,8 @@ def test_ensemble_blends_in_log_space_keeps_p2s_misses_and_is_chosen_per_family_
     # with nothing observed the candidates are P2 against the partner-mean row
     errs.update({f"prior@{w:g}": {"isolated": [np.full(4, 0.2 + abs(w - 0.25))], "colocated": [np.full(4, 0.3 + w)]}
                  for w in ev.ENSEMBLE_WEIGHTS})
-    chosen, errors = ev.choose_ensemble(errs)
+    chosen, reaches, errors = ev.choose_ensemble(errs)  # settings without a candidate here are not candidates
+    assert set(reaches.values()) == {math.inf}
     assert chosen["isolated_1obs"] == 1.0  # per family: 0.2 + 0 at w=1 beats 0.1 + 1.0 at w=0 (pooled would pick 0)
     assert chosen["colocated_1obs"] == 1.0  # a tie goes to more P2
     assert chosen["isolated"] == 0.25 and chosen["colocated"] == 0.0  # chosen on the prior@ candidates
@@ -301,7 +302,7 @@ def test_a_miss_counts_log_ten_when_the_ensemble_weight_is_chosen():
                                 "colocated_1obs": [np.array([0.4, miss])]} for w in ev.ENSEMBLE_WEIGHTS}
     errs.update({f"prior@{w:g}": {"isolated": [np.array([miss])], "colocated": [np.array([])]}
                  for w in ev.ENSEMBLE_WEIGHTS})
-    chosen, _ = ev.choose_ensemble(errs)
+    chosen, _, _ = ev.choose_ensemble(errs)
     assert chosen["isolated_1obs"] == 0.5  # the finite entries decide; the miss weighs the same at every weight
     assert chosen["colocated_1obs"] == 1.0  # equal everywhere: the tie goes to P2
     assert chosen["isolated"] == chosen["colocated"] == 1.0  # nothing to tell them apart: P2

@@ -160,6 +160,7 @@ def _command(args: argparse.Namespace) -> str:
 def cmd_train(args: argparse.Namespace) -> int:
     import torch
 
+    from gogh_flows.predict.ensemble import setting_name
     from gogh_flows.predict.evaluate import EvalConfig, calibrate_refiner, in_sample_metrics, out_of_family_p1
     from gogh_flows.predict.io import save_model
     from gogh_flows.predict.layout import Layout
@@ -237,8 +238,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         "Not P2 alone: its predictions averaged in log space with the per-type mean (a job with nothing "
         "measured) or the roofline ratio (a measured job), P2's weight chosen on the inner split of these "
         "families (`trained_on.ensemble` in config.json): "
-        + ", ".join(f"{case} {w:g}" for case, w in ensemble.weights.items())
-        + ". The intervals (`trained_on.intervals`) are the ensemble's. See docs/predictors.md.\n\n"
+        + ", ".join(f"{case} {setting_name(w, ensemble.reaches.get(case, math.inf))}"
+                    for case, w in ensemble.weights.items())
+        + " (`w<r`: a job farther than r from every training job, in P1's input space, gets the baseline "
+        "alone). The intervals (`trained_on.intervals`) are the ensemble's. See docs/predictors.md.\n\n"
         f"## Configuration\n\n```json\n{json.dumps(p2.config_dict()['p2'], indent=2)}\n```\n\n"
         "Load with `gogh_flows.predict.io.load_p2(path)` (safetensors + JSON, no pickle).\n"
     )
@@ -328,8 +331,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                            lambda s: print(s, file=sys.stderr, flush=True))
     intervals, ensemble = calibrate_refiner(data, oof, EvalConfig(p1=p1_cfg, p2=p2_cfg, seed=args.seed))
     record_trained_on(model, {"ensemble": ensemble.to_dict(), "intervals": intervals.to_dict()})
-    print(json.dumps({"model": str(model), "ensemble_weights": ensemble.to_dict()["weights"], **intervals.to_dict()},
-                     indent=2))
+    stored = ensemble.to_dict()
+    print(json.dumps({"model": str(model), "ensemble_weights": stored["weights"], "ensemble_reaches": stored["reaches"],
+                      **intervals.to_dict()}, indent=2))
     return 0
 
 

@@ -20,6 +20,12 @@ P2's weight for each of the four cases (isolated or co-located, nothing or somet
 measured) is chosen on the inner split when the refiner is trained (every training family
 predicted by models fitted without it), never on data it is then scored on, and stored with
 P2 (``trained_on["ensemble"]``, JSON). A weight of 1 is P2 alone.
+
+With each weight the inner split also chooses a *reach*: a job farther than it from every
+training job in P1's own input space (:class:`Domain`) is predicted by the baseline alone.
+A learned model extrapolates worst where it has seen nothing alike: on Gavel the two families
+P1 is several times off for (A3C, Recommendation) are the two farthest from the others, and
+there the per-type mean is the better guess.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ import numpy as np
 
 from gogh_flows import catalog
 from gogh_flows.predict.baselines import PriorRow
-from gogh_flows.predict.encoding import roofline
+from gogh_flows.predict.encoding import job_summary, roofline
 from gogh_flows.predict.layout import Layout
 from gogh_flows.workloads.features import WorkloadFeatures
 
@@ -41,6 +47,55 @@ from gogh_flows.workloads.features import WorkloadFeatures
 CASES = ("isolated", "colocated", "isolated_1obs", "colocated_1obs")
 #: the P2 weights each case chooses from
 WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+#: the reaches each weight may come with (:class:`Domain` distance; ``inf``: every job)
+REACHES = (3.0, 4.0, 5.0, math.inf)
+#: every (weight, reach) the inner split scores: a weight of 0 is the baseline at any reach
+SETTINGS = tuple((w, r) for r in REACHES for w in WEIGHTS if w > 0 or math.isinf(r))
+
+
+def setting_name(weight: float, reach: float) -> str:
+    """``0.75`` (every job), ``0.75<4`` (jobs within reach 4 of the training jobs)."""
+    return f"{weight:g}" if math.isinf(reach) else f"{weight:g}<{reach:g}"
+
+
+@dataclass(frozen=True)
+class Domain:
+    """Where the training jobs lie in P1's input space (:func:`~gogh_flows.predict.encoding.job_summary`,
+    each feature scaled by the training jobs' standard deviation), to tell how far a new job is
+    from anything P1 and P2 learned from."""
+
+    mean: tuple[float, ...]
+    scale: tuple[float, ...]
+    points: tuple[tuple[float, ...], ...]  # the training jobs, scaled
+
+    @classmethod
+    def fit(cls, summaries: np.ndarray) -> Domain:
+        x = np.asarray(summaries, dtype=float)
+        if x.ndim != 2 or not len(x):
+            raise ValueError("the domain needs the summaries of at least one training job, [J, S]")
+        mean, std = x.mean(0), x.std(0)
+        scale = np.where(std > 1e-6, std, 1.0)
+        return cls(tuple(map(float, mean)), tuple(map(float, scale)),
+                   tuple(tuple(map(float, row)) for row in (x - mean) / scale))
+
+    def distance(self, summary: np.ndarray) -> float:
+        """Euclidean distance of a job (its summary) to the nearest training job, in scaled units."""
+        z = (np.asarray(summary, dtype=float) - np.asarray(self.mean)) / np.asarray(self.scale)
+        return float(np.min(np.linalg.norm(np.asarray(self.points) - z, axis=1)))
+
+    def to_dict(self) -> dict:
+        return {"mean": list(self.mean), "scale": list(self.scale), "points": [list(p) for p in self.points]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Domain:
+        dom = cls(tuple(float(v) for v in d["mean"]), tuple(float(v) for v in d["scale"]),
+                  tuple(tuple(float(v) for v in p) for p in d["points"]))
+        n = len(dom.mean)
+        if (len(dom.scale) != n or not dom.points or any(len(p) != n for p in dom.points)
+                or not all(math.isfinite(v) for v in (*dom.mean, *dom.scale, *(x for p in dom.points for x in p)))
+                or min(dom.scale) <= 0):
+            raise ValueError(f"ensemble domain: mean, scale and every point need {n} finite values (scale > 0)")
+        return dom
 
 
 def roofline_log(features: WorkloadFeatures, gpu: str) -> float:
@@ -111,8 +166,11 @@ class Ensemble:
     weights: Mapping[str, float]
     rows: BaselineRows
     calibration: str = ""
-    #: case -> candidate weight -> inner-split error that chose it (for the record)
+    #: case -> candidate setting (:func:`setting_name`) -> inner-split error that chose it (for the record)
     errors: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    #: case -> reach (a case not named: every job); a job farther from the training jobs gets weight 0
+    reaches: Mapping[str, float] = field(default_factory=dict)
+    domain: Domain | None = None
 
     def __post_init__(self) -> None:
         missing = [c for c in CASES if c not in self.weights]
@@ -120,9 +178,20 @@ class Ensemble:
         if missing or bad:
             raise ValueError(f"ensemble weights need P2's weight in [0, 1] for each of {CASES}; "
                              f"missing {missing}, out of range {bad}")
+        reach = {c: r for c, r in self.reaches.items() if c not in CASES or not float(r) > 0}
+        if reach:
+            raise ValueError(f"ensemble reaches need a distance > 0 (inf: every job) per case of {CASES}; got {reach}")
+        if self.domain is None and any(math.isfinite(float(r)) for r in self.reaches.values()):
+            raise ValueError("an ensemble with a finite reach needs the training jobs' domain to measure it from")
 
-    def weight(self, colocated: bool, measured: bool) -> float:
-        return float(self.weights[("colocated" if colocated else "isolated") + ("_1obs" if measured else "")])
+    def weight(self, colocated: bool, measured: bool, distance: float = 0.0) -> float:
+        """P2's weight for a job ``distance`` from the training jobs (0 beyond the case's reach)."""
+        case = ("colocated" if colocated else "isolated") + ("_1obs" if measured else "")
+        return float(self.weights[case]) if distance <= float(self.reaches.get(case, math.inf)) else 0.0
+
+    def distance(self, features: WorkloadFeatures) -> float:
+        """How far a job is from the training jobs (0 without a domain: every job within reach)."""
+        return self.domain.distance(job_summary(features)) if self.domain is not None else 0.0
 
     def blend(self, names: Sequence[str], features: Mapping[str, WorkloadFeatures], gpus: Sequence[str],
               observed: Mapping[tuple[str, str | None, str], float], iso: np.ndarray, pair: np.ndarray) -> None:
@@ -147,8 +216,9 @@ class Ensemble:
             target[i] = ([roof(j, g) + shifts[j] for g in gpus] if measured[i]
                          else [self.rows.prior(g) for g in gpus])
         slow = np.array([[self.rows.slow(p, g) for g in gpus] for p in names]).reshape(len(names), len(gpus))
-        w_iso = np.where(measured, self.weight(False, True), self.weight(False, False))[:, None]
-        w_pair = np.where(measured, self.weight(True, True), self.weight(True, False))[:, None, None]
+        far = [self.distance(features[j]) for j in names]
+        w_iso = np.array([self.weight(False, m, d) for m, d in zip(measured, far)])[:, None]
+        w_pair = np.array([self.weight(True, m, d) for m, d in zip(measured, far)])[:, None, None]
         iso[...] = _mix(iso, target, w_iso)
         pair[...] = _mix(pair, target[:, None, :] + slow[None, :, :], w_pair)
         # A GPU type no training job ran on has no per-type mean: it keeps P2's ratio to the
@@ -173,15 +243,21 @@ class Ensemble:
         return {j: float(np.mean(v)) for j, v in offsets.items()}
 
     def to_dict(self) -> dict:
+        # JSON has no infinity: a reach over every job is written as null
         return {"weights": {c: float(self.weights[c]) for c in CASES}, "rows": self.rows.to_dict(),
                 "calibration": self.calibration,
-                "errors": {c: dict(v) for c, v in self.errors.items()}}
+                "errors": {c: dict(v) for c, v in self.errors.items()},
+                "reaches": {c: (float(r) if math.isfinite(float(r)) else None) for c, r in self.reaches.items()},
+                **({"domain": self.domain.to_dict()} if self.domain is not None else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Ensemble:
+        """An ensemble stored before reaches existed predicts as it did: every job within reach."""
         return cls({str(c): float(w) for c, w in d["weights"].items()}, BaselineRows.from_dict(d["rows"]),
                    str(d.get("calibration", "")),
-                   {str(c): {str(k): float(x) for k, x in v.items()} for c, v in d.get("errors", {}).items()})
+                   {str(c): {str(k): float(x) for k, x in v.items()} for c, v in d.get("errors", {}).items()},
+                   {str(c): (math.inf if r is None else float(r)) for c, r in (d.get("reaches") or {}).items()},
+                   Domain.from_dict(d["domain"]) if d.get("domain") is not None else None)
 
 
 def _carry(before: np.ndarray, after: np.ndarray, covered: np.ndarray) -> np.ndarray:
@@ -204,4 +280,5 @@ def _mix(values: np.ndarray, target_log: np.ndarray, w: np.ndarray) -> np.ndarra
     return np.where(ok, mixed, values)
 
 
-__all__ = ["CASES", "WEIGHTS", "BaselineRows", "Ensemble", "roofline_log"]
+__all__ = ["CASES", "REACHES", "SETTINGS", "WEIGHTS", "BaselineRows", "Domain", "Ensemble", "roofline_log",
+           "setting_name"]

@@ -34,7 +34,9 @@ from gogh_flows.predict.baselines import MatrixCompletion, NearestJob, PriorRow,
 from gogh_flows.predict.data import MeasuredSet
 from gogh_flows.predict.encoding import job_summary
 from gogh_flows.predict.ensemble import CASES as ENSEMBLE_CASES
+from gogh_flows.predict.ensemble import SETTINGS as ENSEMBLE_SETTINGS
 from gogh_flows.predict.ensemble import WEIGHTS as ENSEMBLE_WEIGHTS
+from gogh_flows.predict.ensemble import Domain, setting_name
 from gogh_flows.predict.ensemble import BaselineRows, Ensemble
 from gogh_flows.predict.ensemble import roofline_log as job_roofline_log
 from gogh_flows.predict.intervals import CASES as INTERVAL_CASES
@@ -414,6 +416,8 @@ class HoldoutResult:
     covered: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)  # method -> cover metric -> (in, n)
     #: P2's weight in the ensemble per case (:data:`ENSEMBLE_CASES`), chosen on the inner split
     ensemble_weights: dict[str, float] | None = None
+    #: and the reach that came with it (inf: every job)
+    ensemble_reaches: dict[str, float] | None = None
     #: P1's encoder, and every candidate's inner-split error (NaN when there was no choice)
     encoder: str | None = None
     encoder_errors: dict[str, float] = field(default_factory=dict)
@@ -437,21 +441,22 @@ def blend(p2_log: np.ndarray, roof_log: np.ndarray, w_iso: float, w_pair: float,
 
 def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], layout: Layout,
                   p1_test: np.ndarray, p2: P2Model, seed: int,
-                  ensemble: Mapping[str, float] | None = None) -> dict[str, Callable[[int, np.ndarray], np.ndarray]]:
+                  ensemble: Mapping[str, float] | None = None,
+                  reaches: Mapping[str, float] | None = None) -> dict[str, Callable[[int, np.ndarray], np.ndarray]]:
     """Every method's ``complete(i, observed_row)`` for the jobs ``test``, fitted on ``train`` only.
 
     ``ensemble`` is P2's weight per case (:data:`ENSEMBLE_CASES`; default 0.5 each) in the
     ``ensemble`` method, what the product predicts with (:mod:`gogh_flows.predict.ensemble`):
     P2 averaged with the partner-mean row when nothing is observed, with the roofline ratio
-    otherwise. The inner split chooses the weights among the candidates ``prior@w`` (P2 and
-    the partner-mean row) and ``ensemble@w`` (P2 and the roofline ratio)."""
+    otherwise; ``reaches`` the distance from the training jobs beyond which a job gets the
+    baseline alone (default: none). The inner split chooses both among the candidates
+    ``prior@<setting>`` (P2 and the partner-mean row) and ``ensemble@<setting>`` (P2 and the
+    roofline ratio), settings as :func:`~gogh_flows.predict.ensemble.setting_name` writes them."""
     features = dict(full.jobs)
     truth_train = layout.truth(train, train.names)
     mc = MatrixCompletion(seed=seed).fit(truth_train)
-    nearest = NearestJob(
-        np.stack([job_summary(full.jobs[n]) for n in train.names]), truth_train,
-        np.log([full.jobs[n].step_flops for n in train.names]),
-    )
+    train_summary = np.stack([job_summary(full.jobs[n]) for n in train.names])
+    nearest = NearestJob(train_summary, truth_train, np.log([full.jobs[n].step_flops for n in train.names]))
     test_summary = [job_summary(features[n]) for n in test]
     test_flops = [math.log(features[n].step_flops) for n in test]
     g = len(layout.gpus)
@@ -459,6 +464,9 @@ def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], la
     partner_mean = PriorRow.partner_mean(truth_train, len(test), g)
     roof = PriorRow.roofline(truth_train, roofline_log(full, train.names), roofline_log(full, test), g)
     weights = dict.fromkeys(ENSEMBLE_CASES, 0.5) if ensemble is None else dict(ensemble)
+    reach = dict(reaches or {})
+    domain = Domain.fit(train_summary)
+    far = [domain.distance(s) for s in test_summary]
     seen: dict[tuple[int, bytes], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def rows(i: int, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -469,11 +477,22 @@ def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], la
             seen[key] = (p2.refine(p1_test[i], obs)[0], roof.complete(i, obs), partner_mean.complete(i, obs))
         return seen[key]
 
+    def w(i: int, case: str) -> float:
+        """P2's weight for test job ``i`` in ``case`` (0 beyond the case's reach)."""
+        return weights[case] if far[i] <= reach.get(case, math.inf) else 0.0
+
     def ensembled(i: int, obs: np.ndarray) -> np.ndarray:
         p2_row, roof_row, prior_row = rows(i, obs)
         if np.isfinite(obs).any():
-            return blend(p2_row, roof_row, weights["isolated_1obs"], weights["colocated_1obs"], g)
-        return blend(p2_row, prior_row, weights["isolated"], weights["colocated"], g)
+            return blend(p2_row, roof_row, w(i, "isolated_1obs"), w(i, "colocated_1obs"), g)
+        return blend(p2_row, prior_row, w(i, "isolated"), w(i, "colocated"), g)
+
+    def candidate(kind: int, weight: float, within: float) -> Callable[[int, np.ndarray], np.ndarray]:
+        """One inner-split candidate: P2 and the ``kind``-th row of :func:`rows` at one setting."""
+        def complete(i: int, obs: np.ndarray) -> np.ndarray:
+            x = weight if far[i] <= within else 0.0
+            return blend(rows(i, obs)[0], rows(i, obs)[kind], x, x, g)
+        return complete
 
     return {
         "p1": lambda i, obs: np.where(np.isfinite(obs), obs, p1_test[i]),
@@ -485,9 +504,8 @@ def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], la
         "partner_mean": partner_mean.complete,
         "roofline": roof.complete,
         "ensemble": ensembled,
-        **{f"ensemble@{w:g}": (lambda i, obs, w=w: blend(*rows(i, obs)[:2], w, w, g)) for w in ENSEMBLE_WEIGHTS},
-        **{f"prior@{w:g}": (lambda i, obs, w=w: blend(rows(i, obs)[0], rows(i, obs)[2], w, w, g))
-           for w in ENSEMBLE_WEIGHTS},
+        **{f"ensemble@{setting_name(x, r)}": candidate(1, x, r) for x, r in ENSEMBLE_SETTINGS},
+        **{f"prior@{setting_name(x, r)}": candidate(2, x, r) for x, r in ENSEMBLE_SETTINGS},
     }
 
 
@@ -500,29 +518,31 @@ def _capped_mean(abs_errors: np.ndarray) -> float:
 ENSEMBLE_CANDIDATE = {"isolated": "prior", "colocated": "prior", "isolated_1obs": "ensemble",
                       "colocated_1obs": "ensemble"}
 #: every candidate method the inner split scores for the ensemble's choice
-ENSEMBLE_CANDIDATES = tuple(f"{kind}@{w:g}" for kind in ("prior", "ensemble") for w in ENSEMBLE_WEIGHTS)
+ENSEMBLE_CANDIDATES = tuple(f"{kind}@{setting_name(w, r)}" for kind in ("prior", "ensemble") for w, r in ENSEMBLE_SETTINGS)
 
 
-def ensemble_candidate(case: str, weight: float) -> str:
-    """The inner-split method whose errors are the ensemble's for ``case`` at ``weight``."""
-    return f"{ENSEMBLE_CANDIDATE[case]}@{weight:g}"
+def ensemble_candidate(case: str, weight: float, reach: float = math.inf) -> str:
+    """The inner-split method whose errors are the ensemble's for ``case`` at ``weight`` (and ``reach``)."""
+    return f"{ENSEMBLE_CANDIDATE[case]}@{setting_name(weight, reach)}"
 
 
 def choose_ensemble(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]]
-                    ) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    """P2's weight per case (:data:`ENSEMBLE_CASES`) with the least error on the inner split,
-    each inner family weighing the same (its mean absolute log error, averaged over the
-    families, as the report averages them; ties to more P2); and every candidate's error. A
-    miss counts log 10, as the report scores it: left infinite, one "does not fit" of P2 (kept
-    at every weight) made every candidate infinite and the tie always chose P2 alone."""
+                    ) -> tuple[dict[str, float], dict[str, float], dict[str, dict[str, float]]]:
+    """P2's weight and reach per case (:data:`ENSEMBLE_CASES`) with the least error on the inner
+    split, each inner family weighing the same (its mean absolute log error, averaged over the
+    families, as the report averages them; ties to more P2, then to the wider reach); and every
+    candidate's error. A miss counts log 10, as the report scores it: left infinite, one "does
+    not fit" of P2 (kept at every weight) made every candidate infinite and the tie always chose
+    P2 alone. Settings whose candidate ``by_family`` lacks are not candidates."""
     def err(name: str, protocol: str) -> float:
         means = [_capped_mean(e) for e in by_family[name][protocol] if e.size]
         return float(np.mean(means)) if means else math.inf
 
-    errors = {case: {f"{w:g}": err(ensemble_candidate(case, w), case) for w in ENSEMBLE_WEIGHTS}
-              for case in ENSEMBLE_CASES}
-    chosen = {case: min(ENSEMBLE_WEIGHTS, key=lambda w, c=case: (errors[c][f"{w:g}"], -w)) for case in ENSEMBLE_CASES}
-    return chosen, errors
+    errors = {case: {setting_name(w, r): err(ensemble_candidate(case, w, r), case) for w, r in ENSEMBLE_SETTINGS
+                     if ensemble_candidate(case, w, r) in by_family} for case in ENSEMBLE_CASES}
+    chosen = {case: min(((w, r) for w, r in ENSEMBLE_SETTINGS if setting_name(w, r) in errors[case]),
+                        key=lambda s, c=case: (errors[c][setting_name(*s)], -s[0], -s[1])) for case in ENSEMBLE_CASES}
+    return ({c: w for c, (w, _) in chosen.items()}, {c: r for c, (_, r) in chosen.items()}, errors)
 
 
 def inner_family_errors(full: MeasuredSet, train: MeasuredSet, layout: Layout, oof: np.ndarray,
@@ -625,14 +645,16 @@ def calibrate_refiner(data: MeasuredSet, oof: np.ndarray, config: EvalConfig) ->
     layout = Layout(data.gpus, data.names)
     inner = inner_family_errors(data, data, layout, oof, config, methods=ENSEMBLE_CANDIDATES,
                                 protocols=tuple(INTERVAL_CASES))
-    weights, errors = choose_ensemble(inner)
+    weights, reaches, errors = choose_ensemble(inner)
     errs = pooled(inner)
     where = (f"{len(data.families)} families left out in turn ({', '.join(data.families)}), {len(data.names)} job "
              f"types, GPU types {', '.join(data.gpus)}")
-    intervals = from_errors({case: errs[ensemble_candidate(case, weights[case])][case] for case in INTERVAL_CASES},
+    intervals = from_errors({case: errs[ensemble_candidate(case, weights[case], reaches[case])][case]
+                             for case in INTERVAL_CASES},
                             f"split conformal on {where}, of the ensemble", conformal_halfwidth)
     rows = BaselineRows.fit(layout, layout.truth(data, data.names))
-    return intervals, Ensemble(weights, rows, f"weights chosen on {where}", errors)
+    domain = Domain.fit(np.stack([job_summary(data.jobs[n]) for n in data.names]))
+    return intervals, Ensemble(weights, rows, f"weights and reaches chosen on {where}", errors, reaches, domain)
 
 
 def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalConfig(),
@@ -669,10 +691,10 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
     decay, decay_errors = choose_decay(inner)
     inner = {k: v for k, v in inner.items() if not k.startswith("siblings@")}
     calib = pooled(inner)
-    weights, _ = choose_ensemble(inner)
+    weights, reaches, _ = choose_ensemble(inner)
     if intervals:
-        calib["ensemble"] = {p: calib[ensemble_candidate(p, weights[p])][p] for p in INTERVAL_PROTOCOLS}
-    methods = build_methods(full, train, test, layout, p1_test, p2, config.seed, ensemble=weights)
+        calib["ensemble"] = {p: calib[ensemble_candidate(p, weights[p], reaches[p])][p] for p in INTERVAL_PROTOCOLS}
+    methods = build_methods(full, train, test, layout, p1_test, p2, config.seed, ensemble=weights, reaches=reaches)
     scores = {name: score_all(methods[name], truth_test, layout) for name in METHODS}
     metrics = {name: {**dict(sc.pooled), **dict.fromkeys(INTERVAL_METRICS, math.nan)} for name, sc in scores.items()}
     covered: dict[str, dict[str, tuple[int, int]]] = {name: {} for name in scores}
@@ -723,7 +745,7 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
             for m, v in metrics.items()) + f" (mean absolute log error; {secs:.0f} s)")
     return HoldoutResult(holdout, metrics, secs, p1, p2, jobs=jobs,
                          by_revealed_type={name: sc.by_revealed_type for name, sc in scores.items()},
-                         covered=covered, ensemble_weights=weights, encoder=encoder,
+                         covered=covered, ensemble_weights=weights, ensemble_reaches=reaches, encoder=encoder,
                          encoder_errors=encoder_errors, siblings_decay=decay, siblings_errors=decay_errors,
                          p2_epochs=p2_epochs, p2_epoch_errors=p2_epoch_errors)
 
@@ -777,7 +799,7 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
     """
     holdouts = tuple(full.family_named(h, what="holdout family") for h in holdouts) if holdouts else full.families
     start = time.perf_counter()
-    families, jobs, by_type, weights, encoders, decays, p2_epochs = {}, {}, {}, {}, {}, {}, {}
+    families, jobs, by_type, weights, reaches, encoders, decays, p2_epochs = {}, {}, {}, {}, {}, {}, {}, {}
     counts: dict[str, dict[str, list[int]]] = {m: {} for m in METHODS}
     if progress is not None:  # the clock starts now, not when the first family is done
         progress("held-out families", 0, len(holdouts))
@@ -785,6 +807,7 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
         result = evaluate_holdout(full, h, config, log)
         families[h] = result.metrics
         weights[h] = dict(result.ensemble_weights or {})
+        reaches[h] = {c: (r if math.isfinite(r) else None) for c, r in (result.ensemble_reaches or {}).items()}
         encoders[h] = {"chosen": result.encoder, "inner_male": result.encoder_errors}
         p2_epochs[h] = {"chosen": result.p2_epochs, "inner_male": result.p2_epoch_errors}
         if len(full.of_family(h)) > 1:
@@ -810,7 +833,8 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
     revealed = {m: {g: _mean_finite([by_type[h][m][g] for h in holdouts]) for g in full.gpus} for m in METHODS}
     return {
         "families": families, "mean": mean, "mean_over_jobs": mean_over_jobs, "jobs": jobs,
-        "coverage_pooled": pooled_coverage, "ensemble_p2_weight": weights, "p1_encoder": encoders,
+        "coverage_pooled": pooled_coverage, "ensemble_p2_weight": weights,
+        "ensemble_p2_reach": reaches, "p1_encoder": encoders,
         "siblings_decay": decays, "p2_epochs": p2_epochs,
         "isolated_male_1obs_by_revealed_type": revealed,
         "methods": dict(METHOD_NOTES),
