@@ -170,18 +170,26 @@ def test_the_product_predicts_what_the_evaluation_scores(trained):
             assert math.log(table.isolated(job, g)) == pytest.approx(scored[layout.isolated_index(g)], abs=1e-4)
 
 
-def test_the_product_gates_by_reach_as_the_evaluation_does(trained):
+@pytest.mark.parametrize("gated", ["nothing measured", "measured"])
+def test_the_product_gates_by_reach_as_the_evaluation_does(trained, gated, monkeypatch):
     """A held-out job's family out of the training jobs: the same rows, domain, weights and reaches
-    in the product and in the evaluation give the same predictions, gated and not."""
+    in the product and in the evaluation give the same predictions, isolated and co-located,
+    gated and not."""
     data, layout, p1, p2, _, _, _ = trained
     job = "Transformer (batch size 64)"
+    partner = "ResNet-18 (batch size 64)"
     train = data.without([data.family[job]])
     domain = Domain.fit(np.stack([job_summary(data.jobs[n]) for n in train.names]))
     d = domain.distance(job_summary(data.jobs[job]))
     weights = {"isolated": 0.75, "colocated": 0.75, "isolated_1obs": 0.5, "colocated_1obs": 0.5}
-    reaches = {"isolated": d / 2, "colocated": d / 2, "isolated_1obs": 2 * d, "colocated_1obs": 2 * d}
+    short, wide = (d / 2, 2 * d) if gated == "nothing measured" else (2 * d, d / 2)
+    reaches = {"isolated": short, "colocated": short, "isolated_1obs": wide, "colocated_1obs": wide}
     chosen = Ensemble(weights, BaselineRows.fit(layout, layout.truth(train, train.names)), reaches=reaches,
                       domain=domain)
+    # the inner split's candidates at two reaches either side of this job
+    monkeypatch.setattr(ev, "ENSEMBLE_SETTINGS", ((1.0, d / 2), (1.0, 2 * d)))
+    plain = ev.build_methods(data, train, [job], layout, ev.p1_vectors(p1, layout, [job], dict(data.jobs)),
+                             _with(p2, None), seed=0, ensemble=weights)
     product = ThroughputPredictor(p1, _with(p2, chosen))
     methods = ev.build_methods(data, train, [job], layout, ev.p1_vectors(p1, layout, [job], dict(data.jobs)),
                                _with(p2, None), seed=0, ensemble=weights, reaches=reaches)
@@ -194,11 +202,26 @@ def test_the_product_gates_by_reach_as_the_evaluation_does(trained):
             obs_row[k] = truth[k]
             rows = [{"job_type": job, "gpu_type": revealed, "throughput": math.exp(truth[k])}]
         scored = methods["ensemble"](0, obs_row)
-        table = product.predict_table({job: data.jobs[job]}, GPUS, observations_frame(rows))
+        ungated = plain["ensemble"](0, obs_row)
+        table = product.predict_table({job: data.jobs[job], partner: data.jobs[partner]}, GPUS,
+                                      observations_frame(rows))
+        beyond = (revealed is None) == (gated == "nothing measured")
         for g in GPUS:
-            assert math.log(table.isolated(job, g)) == pytest.approx(scored[layout.isolated_index(g)], abs=1e-4)
-            if revealed is None:  # beyond the nothing-measured reach: the per-type mean
+            k, kp = layout.isolated_index(g), layout.pair_index(partner, g)
+            assert math.log(table.isolated(job, g)) == pytest.approx(scored[k], abs=1e-4)
+            if table.pair(job, partner, g)[0] > 0:
+                assert math.log(table.pair(job, partner, g)[0]) == pytest.approx(scored[kp], abs=1e-4)
+            if beyond:  # the gate changed something: the reach is not a no-op in either path
+                assert not np.allclose(scored[[k, kp]], ungated[[k, kp]])
+            if beyond and revealed is None:  # beyond the nothing-measured reach: the per-type mean
                 assert math.log(table.isolated(job, g)) == pytest.approx(chosen.rows.prior(g), abs=1e-9)
+                assert scored[kp] == pytest.approx(chosen.rows.prior(g) + chosen.rows.slow(partner, g), abs=1e-9)
+        far_candidate = methods[ev.ensemble_candidate("isolated" if revealed is None else "isolated_1obs", 1.0, d / 2)]
+        near_candidate = methods[ev.ensemble_candidate("isolated" if revealed is None else "isolated_1obs", 1.0, 2 * d)]
+        p2_row = ev.build_methods(data, train, [job], layout, ev.p1_vectors(p1, layout, [job], dict(data.jobs)),
+                                  _with(p2, None), seed=0)["p2"](0, obs_row)
+        assert np.allclose(near_candidate(0, obs_row), p2_row, equal_nan=True)  # within reach, weight 1: P2
+        assert not np.allclose(far_candidate(0, obs_row), p2_row, equal_nan=True)  # beyond: the baseline
 
 
 def test_a_refiner_without_an_ensemble_predicts_as_before_and_a_broken_one_says_what_to_do(trained):
@@ -259,6 +282,10 @@ def test_a_job_that_did_not_run_anywhere_is_planned_with_the_nothing_measured_ma
     (lambda d: d.pop("rows"), "lacks 'rows'"),
     (lambda d: d["rows"].update(type_mean=[math.nan] * len(d["rows"]["type_mean"])), "finite value"),
     (lambda d: d.clear(), "lacks 'weights'"),
+    # a domain written for another version of P1's job summary (one feature fewer everywhere)
+    (lambda d: d.update(domain={k: ([p[:-1] for p in v] if k == "points" else v[:-1])
+                                for k, v in d["domain"].items()}), "one per feature of P1's job summary"),
+    (lambda d: d["domain"].update(points=[]), "finite values"),
 ])
 def test_a_damaged_stored_ensemble_stops_with_what_to_run(trained, breakage, says):
     import copy

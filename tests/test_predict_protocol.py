@@ -294,6 +294,27 @@ def test_p2s_epochs_are_chosen_on_the_inner_split(monkeypatch):
         ev.EvalConfig(p2_epochs=(0,))
 
 
+def test_the_inner_split_chooses_a_reach_with_the_weight_and_ties_go_to_the_wider_one():
+    """A reach is chosen when it is better on the inner families; where reaches tie (no inner
+    job lies between them), the wider one, the one that changes less, wins."""
+    inf = math.inf
+    errs = {}
+    for w, r in ev.ENSEMBLE_SETTINGS:
+        # nothing observed: P2 alone within reach 4 is best; reaches 4 and 5 gate the same jobs here
+        iso = 0.2 if (w, r) in ((1.0, 4.0), (1.0, 5.0)) else 0.5
+        # co-located: equal at every reach for w = 0.5, better than every other weight
+        co = 0.3 if w == 0.5 else 0.6
+        errs[f"prior@{ev.setting_name(w, r)}"] = {"isolated": [np.full(3, iso)], "colocated": [np.full(3, co)]}
+        errs[f"ensemble@{ev.setting_name(w, r)}"] = {"isolated_1obs": [np.full(3, 0.4)],
+                                                    "colocated_1obs": [np.full(3, 0.4)]}
+    weights, reaches, errors = ev.choose_ensemble(errs)
+    assert (weights["isolated"], reaches["isolated"]) == (1.0, 5.0)  # tie between 4 and 5: the wider
+    assert (weights["colocated"], reaches["colocated"]) == (0.5, inf)  # equal at every reach: none
+    assert (weights["isolated_1obs"], reaches["isolated_1obs"]) == (1.0, inf)  # all equal: P2, every job
+    assert errors["isolated"]["1<4"] == pytest.approx(0.2) and errors["isolated"]["1"] == pytest.approx(0.5)
+    assert len(errors["isolated"]) == len(ev.ENSEMBLE_SETTINGS)
+
+
 def test_a_miss_counts_log_ten_when_the_ensemble_weight_is_chosen():
     """One "does not fit" of P2 on an inner family is kept at every weight; left infinite it made
     every candidate infinite and the tie chose P2 alone whatever the other entries said."""

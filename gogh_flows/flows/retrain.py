@@ -67,8 +67,10 @@ def base_measurements(base_data: str, prior: str | None, gpu_types: list[str]) -
     raise ValueError(f"unknown base data {source!r}; expected one of {BASE_DATA}")
 
 
-#: what a challenger keeps of the champion's record: the ensemble's weights and baseline rows
-#: and the intervals (:func:`gogh_flows.predict.evaluate.calibrate_refiner`)
+#: what a challenger keeps of the champion's record: the ensemble's weights, reaches, baseline
+#: rows and domain, and the intervals (:func:`gogh_flows.predict.evaluate.calibrate_refiner`).
+#: The domain stays the base data's: a job the fleet has since logged is not counted as a
+#: training job when its distance is measured (its own measurements correct it anyway).
 INHERITED = ("ensemble", "intervals")
 
 

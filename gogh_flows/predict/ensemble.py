@@ -38,7 +38,7 @@ import numpy as np
 
 from gogh_flows import catalog
 from gogh_flows.predict.baselines import PriorRow
-from gogh_flows.predict.encoding import job_summary, roofline
+from gogh_flows.predict.encoding import SUMMARY_DIM, job_summary, roofline
 from gogh_flows.predict.layout import Layout
 from gogh_flows.workloads.features import WorkloadFeatures
 
@@ -91,10 +91,12 @@ class Domain:
         dom = cls(tuple(float(v) for v in d["mean"]), tuple(float(v) for v in d["scale"]),
                   tuple(tuple(float(v) for v in p) for p in d["points"]))
         n = len(dom.mean)
-        if (len(dom.scale) != n or not dom.points or any(len(p) != n for p in dom.points)
+        width = SUMMARY_DIM
+        if (n != width or len(dom.scale) != n or not dom.points or any(len(p) != n for p in dom.points)
                 or not all(math.isfinite(v) for v in (*dom.mean, *dom.scale, *(x for p in dom.points for x in p)))
                 or min(dom.scale) <= 0):
-            raise ValueError(f"ensemble domain: mean, scale and every point need {n} finite values (scale > 0)")
+            raise ValueError(f"ensemble domain: mean, scale and every point need {width} finite values (scale > 0), "
+                             f"one per feature of P1's job summary; got {n}")
         return dom
 
 
@@ -187,7 +189,7 @@ class Ensemble:
     def weight(self, colocated: bool, measured: bool, distance: float = 0.0) -> float:
         """P2's weight for a job ``distance`` from the training jobs (0 beyond the case's reach)."""
         case = ("colocated" if colocated else "isolated") + ("_1obs" if measured else "")
-        return float(self.weights[case]) if distance <= float(self.reaches.get(case, math.inf)) else 0.0
+        return 0.0 if distance > float(self.reaches.get(case, math.inf)) else float(self.weights[case])
 
     def distance(self, features: WorkloadFeatures) -> float:
         """How far a job is from the training jobs (0 without a domain: every job within reach)."""

@@ -479,7 +479,7 @@ def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], la
 
     def w(i: int, case: str) -> float:
         """P2's weight for test job ``i`` in ``case`` (0 beyond the case's reach)."""
-        return weights[case] if far[i] <= reach.get(case, math.inf) else 0.0
+        return 0.0 if far[i] > reach.get(case, math.inf) else weights[case]
 
     def ensembled(i: int, obs: np.ndarray) -> np.ndarray:
         p2_row, roof_row, prior_row = rows(i, obs)
@@ -490,7 +490,7 @@ def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], la
     def candidate(kind: int, weight: float, within: float) -> Callable[[int, np.ndarray], np.ndarray]:
         """One inner-split candidate: P2 and the ``kind``-th row of :func:`rows` at one setting."""
         def complete(i: int, obs: np.ndarray) -> np.ndarray:
-            x = weight if far[i] <= within else 0.0
+            x = 0.0 if far[i] > within else weight
             return blend(rows(i, obs)[0], rows(i, obs)[kind], x, x, g)
         return complete
 

@@ -21,8 +21,9 @@ How an entry is filled, in order of trust:
 A refiner trained with an ensemble (``gogh predictors train`` stores one) then averages
 steps 3-4 with a baseline that needs no training, in log space, by weights chosen on unseen
 families (:mod:`gogh_flows.predict.ensemble`): the per-type mean for a job with nothing
-measured, the roofline ratio shifted to the job's measurements otherwise. On Gavel's data
-that average beats P2 alone (docs/predictors.md).
+measured, the roofline ratio shifted to the job's measurements otherwise; a job farther from
+every training job than the ensemble's reach gets that baseline alone. On Gavel's data that
+average beats P2 alone (docs/predictors.md).
 
 A predicted entry is 0.0 where the memory estimate says the job (or the pair) does not
 fit, as in measured tables.
