@@ -146,6 +146,17 @@ def test_a_job_beyond_the_reach_is_predicted_by_the_baseline_alone(trained):
         Ensemble(dict.fromkeys(CASES, 1.0), ensemble.rows, reaches={"isolated": 0.0}, domain=domain)
 
 
+def _revealed(layout: Layout, truth: np.ndarray, job: str, gpu: str | None) -> tuple[np.ndarray, list[dict]]:
+    """One job's truth row with only its isolated entry on ``gpu`` revealed (nothing for None), as
+    the evaluation's observed row and as the product's logged observations."""
+    obs_row = np.full(layout.size, np.nan)
+    if gpu is None:
+        return obs_row, []
+    k = layout.isolated_index(gpu)
+    obs_row[k] = truth[k]
+    return obs_row, [{"job_type": job, "gpu_type": gpu, "throughput": math.exp(truth[k])}]
+
+
 def test_the_product_predicts_what_the_evaluation_scores(trained):
     """The ensemble the evaluation reports is the one placements get: same P2, same rows, same
     weights -> the same isolated predictions for a job with one observation and with none."""
@@ -158,12 +169,7 @@ def test_the_product_predicts_what_the_evaluation_scores(trained):
                                _with(p2, None), seed=0, ensemble=weights)
     truth = layout.truth(data, [job])[0]
     for revealed in (None, "k80"):
-        obs_row = np.full(layout.size, np.nan)
-        rows = []
-        if revealed is not None:
-            k = layout.isolated_index(revealed)
-            obs_row[k] = truth[k]
-            rows = [{"job_type": job, "gpu_type": revealed, "throughput": math.exp(truth[k])}]
+        obs_row, rows = _revealed(layout, truth, job, revealed)
         scored = methods["ensemble"](0, obs_row)
         table = product.predict_table({job: data.jobs[job]}, GPUS, observations_frame(rows))
         for g in GPUS:
@@ -188,19 +194,14 @@ def test_the_product_gates_by_reach_as_the_evaluation_does(trained, gated, monke
                       domain=domain)
     # the inner split's candidates at two reaches either side of this job
     monkeypatch.setattr(ev, "ENSEMBLE_SETTINGS", ((1.0, d / 2), (1.0, 2 * d)))
-    plain = ev.build_methods(data, train, [job], layout, ev.p1_vectors(p1, layout, [job], dict(data.jobs)),
-                             _with(p2, None), seed=0, ensemble=weights)
+    p1_job = ev.p1_vectors(p1, layout, [job], dict(data.jobs))
+    plain = ev.build_methods(data, train, [job], layout, p1_job, _with(p2, None), seed=0, ensemble=weights)
     product = ThroughputPredictor(p1, _with(p2, chosen))
-    methods = ev.build_methods(data, train, [job], layout, ev.p1_vectors(p1, layout, [job], dict(data.jobs)),
-                               _with(p2, None), seed=0, ensemble=weights, reaches=reaches)
+    methods = ev.build_methods(data, train, [job], layout, p1_job, _with(p2, None), seed=0, ensemble=weights,
+                               reaches=reaches)
     truth = layout.truth(data, [job])[0]
     for revealed in (None, "v100"):
-        obs_row = np.full(layout.size, np.nan)
-        rows = []
-        if revealed is not None:
-            k = layout.isolated_index(revealed)
-            obs_row[k] = truth[k]
-            rows = [{"job_type": job, "gpu_type": revealed, "throughput": math.exp(truth[k])}]
+        obs_row, rows = _revealed(layout, truth, job, revealed)
         scored = methods["ensemble"](0, obs_row)
         ungated = plain["ensemble"](0, obs_row)
         table = product.predict_table({job: data.jobs[job], partner: data.jobs[partner]}, GPUS,
@@ -218,8 +219,7 @@ def test_the_product_gates_by_reach_as_the_evaluation_does(trained, gated, monke
                 assert scored[kp] == pytest.approx(chosen.rows.prior(g) + chosen.rows.slow(partner, g), abs=1e-9)
         far_candidate = methods[ev.ensemble_candidate("isolated" if revealed is None else "isolated_1obs", 1.0, d / 2)]
         near_candidate = methods[ev.ensemble_candidate("isolated" if revealed is None else "isolated_1obs", 1.0, 2 * d)]
-        p2_row = ev.build_methods(data, train, [job], layout, ev.p1_vectors(p1, layout, [job], dict(data.jobs)),
-                                  _with(p2, None), seed=0)["p2"](0, obs_row)
+        p2_row = plain["p2"](0, obs_row)
         assert np.allclose(near_candidate(0, obs_row), p2_row, equal_nan=True)  # within reach, weight 1: P2
         assert not np.allclose(far_candidate(0, obs_row), p2_row, equal_nan=True)  # beyond: the baseline
 
