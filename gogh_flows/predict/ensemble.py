@@ -91,11 +91,10 @@ class Domain:
         dom = cls(tuple(float(v) for v in d["mean"]), tuple(float(v) for v in d["scale"]),
                   tuple(tuple(float(v) for v in p) for p in d["points"]))
         n = len(dom.mean)
-        width = SUMMARY_DIM
-        if (n != width or len(dom.scale) != n or not dom.points or any(len(p) != n for p in dom.points)
+        if (n != SUMMARY_DIM or len(dom.scale) != n or not dom.points or any(len(p) != n for p in dom.points)
                 or not all(math.isfinite(v) for v in (*dom.mean, *dom.scale, *(x for p in dom.points for x in p)))
                 or min(dom.scale) <= 0):
-            raise ValueError(f"ensemble domain: mean, scale and every point need {width} finite values (scale > 0), "
+            raise ValueError(f"ensemble domain: mean, scale and every point need {SUMMARY_DIM} finite values (scale > 0), "
                              f"one per feature of P1's job summary; got {n}")
         return dom
 
