@@ -4,7 +4,8 @@
   throughput vectors form a matrix ``X ~ mu + b_row + U V^T``; a new job's row is fitted
   to its few observed entries (ridge on the row factor, free row bias) and read off
   everywhere else. With no observation the row is the column mean ("an average job").
-* :class:`NearestJob` -- take the most similar known job by whole-step features and scale
+* :class:`NearestJob` -- take the most similar known job by whole-step features (the
+  nearest in a :class:`Domain`, which the product's ensemble also measures reach in) and scale
   its measured profile: by the ratio of observed to neighbour throughput where the new job
   has observations, by the ratio of step FLOPs where it has none.
 
@@ -17,7 +18,13 @@ All work on log vectors in a :class:`~gogh_flows.predict.layout.Layout`, NaN = u
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 import numpy as np
+
+from gogh_flows.predict.encoding import SUMMARY_DIM
 
 
 class MatrixCompletion:
@@ -80,12 +87,57 @@ class MatrixCompletion:
         return out
 
 
+@dataclass(frozen=True)
+class Domain:
+    """Where the training jobs lie in P1's input space (:func:`~gogh_flows.predict.encoding.job_summary`,
+    each feature scaled by the training jobs' standard deviation), to tell how far a new job is
+    from anything P1 and P2 learned from."""
+
+    mean: tuple[float, ...]
+    scale: tuple[float, ...]
+    points: tuple[tuple[float, ...], ...]  # the training jobs, scaled
+
+    @classmethod
+    def fit(cls, summaries: np.ndarray) -> Domain:
+        x = np.asarray(summaries, dtype=float)
+        if x.ndim != 2 or not len(x):
+            raise ValueError("the domain needs the summaries of at least one training job, [J, S]")
+        mean, std = x.mean(0), x.std(0)
+        scale = np.where(std > 1e-6, std, 1.0)
+        return cls(tuple(map(float, mean)), tuple(map(float, scale)),
+                   tuple(tuple(map(float, row)) for row in (x - mean) / scale))
+
+    def nearest(self, summary: np.ndarray) -> tuple[int, float]:
+        """The nearest training job (its row) to a job (its summary), and its distance in scaled units."""
+        z = (np.asarray(summary, dtype=float) - np.asarray(self.mean)) / np.asarray(self.scale)
+        dist = np.linalg.norm(np.asarray(self.points) - z, axis=1)
+        nb = int(np.argmin(dist))
+        return nb, float(dist[nb])
+
+    def distance(self, summary: np.ndarray) -> float:
+        """Euclidean distance of a job (its summary) to the nearest training job, in scaled units."""
+        return self.nearest(summary)[1]
+
+    def to_dict(self) -> dict:
+        return {"mean": list(self.mean), "scale": list(self.scale), "points": [list(p) for p in self.points]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Domain:
+        dom = cls(tuple(float(v) for v in d["mean"]), tuple(float(v) for v in d["scale"]),
+                  tuple(tuple(float(v) for v in p) for p in d["points"]))
+        n = len(dom.mean)
+        if (n != SUMMARY_DIM or len(dom.scale) != n or not dom.points or any(len(p) != n for p in dom.points)
+                or not all(math.isfinite(v) for v in (*dom.mean, *dom.scale, *(x for p in dom.points for x in p)))
+                or min(dom.scale) <= 0):
+            raise ValueError(f"ensemble domain: mean, scale and every point need {SUMMARY_DIM} finite values (scale > 0), "
+                             f"one per feature of P1's job summary; got {n}")
+        return dom
+
+
 class NearestJob:
     def __init__(self, summaries: np.ndarray, known_log: np.ndarray, log_flops: np.ndarray) -> None:
         """``summaries`` ``[J, S]`` whole-step features of the known jobs, ``known_log`` ``[J, D]``."""
-        self.mean = summaries.mean(0)
-        self.std = np.where(summaries.std(0) > 1e-6, summaries.std(0), 1.0)
-        self.z = (summaries - self.mean) / self.std
+        self.domain = Domain.fit(summaries)
         self.known = np.asarray(known_log, dtype=float)
         self.log_flops = np.asarray(log_flops, dtype=float)
         known = np.isfinite(self.known)
@@ -97,8 +149,7 @@ class NearestJob:
     def complete(self, summary: np.ndarray, log_flops: float, observed_log: np.ndarray) -> np.ndarray:
         """One new job's full log row from its features and observations (NaN = unobserved)."""
         row = np.asarray(observed_log, dtype=float)
-        dist = np.linalg.norm(self.z - (summary - self.mean) / self.std, axis=1)
-        nb = int(np.argmin(dist))
+        nb = self.domain.nearest(summary)[0]
         prof = self.known[nb]
         o = np.isfinite(row) & np.isfinite(prof)
         shift = float(np.mean(row[o] - prof[o])) if o.any() else float(self.log_flops[nb] - log_flops)

@@ -330,10 +330,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     oof = out_of_family_p1(data, layout, dict(data.jobs), p1_cfg,
                            lambda s: print(s, file=sys.stderr, flush=True))
     intervals, ensemble = calibrate_refiner(data, oof, EvalConfig(p1=p1_cfg, p2=p2_cfg, seed=args.seed))
-    record_trained_on(model, {"ensemble": ensemble.to_dict(), "intervals": intervals.to_dict()})
-    stored = ensemble.to_dict()
+    stored, bounds = ensemble.to_dict(), intervals.to_dict()
+    record_trained_on(model, {"ensemble": stored, "intervals": bounds})
     print(json.dumps({"model": str(model), "ensemble_weights": stored["weights"], "ensemble_reaches": stored["reaches"],
-                      **intervals.to_dict()}, indent=2))
+                      **bounds}, indent=2))
     return 0
 
 

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gogh_flows import catalog
-from gogh_flows.predict.baselines import PriorRow
-from gogh_flows.predict.encoding import SUMMARY_DIM, job_summary, roofline
+from gogh_flows.predict.baselines import Domain, PriorRow
+from gogh_flows.predict.encoding import job_summary, roofline
 from gogh_flows.predict.layout import Layout
 from gogh_flows.workloads.features import WorkloadFeatures
 
@@ -56,47 +56,6 @@ SETTINGS = tuple((w, r) for r in REACHES for w in WEIGHTS if w > 0 or math.isinf
 def setting_name(weight: float, reach: float) -> str:
     """``0.75`` (every job), ``0.75<4`` (jobs within reach 4 of the training jobs)."""
     return f"{weight:g}" if math.isinf(reach) else f"{weight:g}<{reach:g}"
-
-
-@dataclass(frozen=True)
-class Domain:
-    """Where the training jobs lie in P1's input space (:func:`~gogh_flows.predict.encoding.job_summary`,
-    each feature scaled by the training jobs' standard deviation), to tell how far a new job is
-    from anything P1 and P2 learned from."""
-
-    mean: tuple[float, ...]
-    scale: tuple[float, ...]
-    points: tuple[tuple[float, ...], ...]  # the training jobs, scaled
-
-    @classmethod
-    def fit(cls, summaries: np.ndarray) -> Domain:
-        x = np.asarray(summaries, dtype=float)
-        if x.ndim != 2 or not len(x):
-            raise ValueError("the domain needs the summaries of at least one training job, [J, S]")
-        mean, std = x.mean(0), x.std(0)
-        scale = np.where(std > 1e-6, std, 1.0)
-        return cls(tuple(map(float, mean)), tuple(map(float, scale)),
-                   tuple(tuple(map(float, row)) for row in (x - mean) / scale))
-
-    def distance(self, summary: np.ndarray) -> float:
-        """Euclidean distance of a job (its summary) to the nearest training job, in scaled units."""
-        z = (np.asarray(summary, dtype=float) - np.asarray(self.mean)) / np.asarray(self.scale)
-        return float(np.min(np.linalg.norm(np.asarray(self.points) - z, axis=1)))
-
-    def to_dict(self) -> dict:
-        return {"mean": list(self.mean), "scale": list(self.scale), "points": [list(p) for p in self.points]}
-
-    @classmethod
-    def from_dict(cls, d: Mapping) -> Domain:
-        dom = cls(tuple(float(v) for v in d["mean"]), tuple(float(v) for v in d["scale"]),
-                  tuple(tuple(float(v) for v in p) for p in d["points"]))
-        n = len(dom.mean)
-        if (n != SUMMARY_DIM or len(dom.scale) != n or not dom.points or any(len(p) != n for p in dom.points)
-                or not all(math.isfinite(v) for v in (*dom.mean, *dom.scale, *(x for p in dom.points for x in p)))
-                or min(dom.scale) <= 0):
-            raise ValueError(f"ensemble domain: mean, scale and every point need {SUMMARY_DIM} finite values (scale > 0), "
-                             f"one per feature of P1's job summary; got {n}")
-        return dom
 
 
 def roofline_log(features: WorkloadFeatures, gpu: str) -> float:
