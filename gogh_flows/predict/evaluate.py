@@ -65,7 +65,9 @@ METHOD_NOTES = {
     "ensemble": "what the product predicts with: P2 averaged in log space with the partner-mean row when nothing "
                 "is observed, with the roofline ratio otherwise; P2's weight for each case (isolated or "
                 "co-located, nothing or something observed) chosen on the inner split (training families "
-                "only) from 0, 0.25, 0.5, 0.75, 1; P2's 'does not fit' kept",
+                "only) from 0, 0.25, 0.5, 0.75, 1, with a reach (3, 4, 5 or none) beyond which a job (its "
+                "distance to the nearest training job in P1's scaled input features) gets the baseline alone; "
+                "P2's 'does not fit' kept",
 }
 #: the siblings step's weight decays (0: every sibling weighs the same) chosen from on the inner split
 SIBLING_DECAYS = (0.0, 1.0, 2.0, 4.0, 8.0)
