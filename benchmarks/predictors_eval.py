@@ -30,7 +30,6 @@ import numpy as np
 import torch
 
 from gogh_flows.predict.data import MeasuredSet
-from gogh_flows.predict.ensemble import DEFAULT_BASELINE
 from gogh_flows.predict.evaluate import p1_vectors, score
 from gogh_flows.predict.layout import Layout
 from gogh_flows.predict.p1 import ENCODERS, P1Config, train_p1
@@ -222,7 +221,6 @@ def choice_table(report: dict) -> list[str]:
     # case's weights of P2, the roofline row and the per-type mean row
     weights = report.get("ensemble_p2_weight") or report.get("ensemble_weights", {})
     reaches = report.get("ensemble_p2_reach", {})  # reports before 2026-11-26 (late): every job within reach
-    baselines = report.get("ensemble_baseline", {})  # reports before 2026-11-27: each case's default
     epochs = report.get("p2_epochs", {})
     names = list(next(iter(enc.values()))["inner_male"])
     out = ["| held-out family | P1 encoder | " + " | ".join(f"{n} (inner male)" for n in names)
@@ -243,9 +241,7 @@ def choice_table(report: dict) -> list[str]:
             if isinstance(v, dict):
                 return "{p2:g}/{roofline:g}/{type_mean:g}".format(**v)
             r = reaches.get(fam, {}).get(case)
-            b = baselines.get(fam, {}).get(case)
-            with_b = f"{v:g}" if b is None or b == DEFAULT_BASELINE[case] else f"{v:g} with {b}"
-            return with_b if r is None else f"{with_b} within {r:g}"
+            return f"{v:g}" if r is None else f"{v:g} within {r:g}"
 
         if "isolated_1obs" in w:
             nothing = f"{cell('isolated')} / {cell('colocated')}"

@@ -10,15 +10,7 @@ import pytest
 from gogh_flows.predict import evaluate as ev
 from gogh_flows.predict.data import MeasuredSet
 from gogh_flows.predict.encoding import job_summary
-from gogh_flows.predict.ensemble import (
-    CANDIDATE_BASELINES,
-    CASES,
-    BaselineRows,
-    Domain,
-    Ensemble,
-    roofline_log,
-    settings,
-)
+from gogh_flows.predict.ensemble import CASES, BaselineRows, Domain, Ensemble, roofline_log
 from gogh_flows.predict.layout import Layout
 from gogh_flows.predict.p1 import P1Config, train_p1
 from gogh_flows.predict.p2 import P2Config, train_p2
@@ -80,11 +72,7 @@ def test_weights_are_checked_and_round_trip(trained):
     ensemble = trained[5]
     assert set(ensemble.weights) == set(CASES)
     assert set(ensemble.weights.values()) <= set(ev.ENSEMBLE_WEIGHTS)
-    assert set(ensemble.errors) == set(CASES)
-    for case, errors in ensemble.errors.items():  # every baseline of the case at every one of its settings
-        assert len(errors) == sum(len(settings(b)) for b in CANDIDATE_BASELINES[case])
-    assert set(ensemble.baselines) == set(CASES)
-    assert all(ensemble.baselines[c] in CANDIDATE_BASELINES[c] for c in CASES)
+    assert set(ensemble.errors) == set(CASES) and all(len(v) == len(ev.ENSEMBLE_SETTINGS) for v in ensemble.errors.values())
     assert set(ensemble.reaches) == set(CASES) and ensemble.domain is not None
     assert Ensemble.from_dict(ensemble.to_dict()) == ensemble
     with pytest.raises(ValueError, match="missing \\['colocated_1obs'\\]"):
@@ -205,7 +193,7 @@ def test_the_product_gates_by_reach_as_the_evaluation_does(trained, gated, monke
     chosen = Ensemble(weights, BaselineRows.fit(layout, layout.truth(train, train.names)), reaches=reaches,
                       domain=domain)
     # the inner split's candidates at two reaches either side of this job
-    monkeypatch.setattr(ev, "baseline_settings", lambda baseline: ((1.0, d / 2), (1.0, 2 * d)))
+    monkeypatch.setattr(ev, "ENSEMBLE_SETTINGS", ((1.0, d / 2), (1.0, 2 * d)))
     p1_job = ev.p1_vectors(p1, layout, [job], dict(data.jobs))
     plain = ev.build_methods(data, train, [job], layout, p1_job, _with(p2, None), seed=0, ensemble=weights)
     product = ThroughputPredictor(p1, _with(p2, chosen))
@@ -246,16 +234,15 @@ def test_a_refiner_without_an_ensemble_predicts_as_before_and_a_broken_one_says_
 
 
 def test_the_intervals_are_the_ensembles_own(trained):
-    """Calibrated on the errors of the ensemble's choice, case by case: the intervals are of what
-    the product predicts, not of P2 alone, and each inner family's errors are those of the
-    choice made without it."""
+    """Calibrated on the errors of the ensemble so chosen, case by case: the intervals are of what
+    the product predicts, not of P2 alone."""
     data, layout, _, _, intervals, ensemble, oof = trained
-    assert "of the ensemble as chosen without each family" in intervals.calibration
+    assert "of the ensemble" in intervals.calibration
     inner = ev.inner_family_errors(data, data, layout, oof, CFG, methods=ev.ENSEMBLE_CANDIDATES,
                                    protocols=CASES)
-    assert ev.choose_ensemble(inner).weights == dict(ensemble.weights)
+    pooled = ev.pooled(inner)
     for case in CASES:
-        errs = ev.selected_errors(inner, case)
+        errs = pooled[ev.ensemble_candidate(case, ensemble.weights[case], ensemble.reaches[case])][case]
         errs = errs[np.isfinite(errs)]
         assert intervals.halfwidth(case, 0.9) == pytest.approx(min(ev.conformal_halfwidth(errs, 0.9), errs.max()))
 
@@ -311,105 +298,3 @@ def test_a_damaged_stored_ensemble_stops_with_what_to_run(trained, breakage, say
     with pytest.raises(ValueError, match=says) as info:
         ThroughputPredictor(p1, bad)
     assert "gogh predictors calibrate" in str(info.value)
-
-
-def test_the_nearest_jobs_row_is_its_profile_scaled_by_step_flops():
-    layout = Layout(("k80", "v100"), ("a", "b"))
-    nan = math.nan
-    known = np.log(np.array([[1.0, 4.0, 0.5, 2.0, nan, nan],
-                             [4.0, nan, 1.0, nan, nan, 4.0]]))
-    rows = BaselineRows.fit(layout, known, [math.log(100.0), math.log(10.0)])
-    # a job with twice job a's FLOPs per step: half its steps per second
-    assert np.exp(rows.nearest(0, math.log(200.0))) == pytest.approx([0.5, 2.0])
-    # job b was not measured on v100: the per-type mean there, moved as b's k80 entry moved from it
-    mean = np.exp(rows.type_mean)
-    assert np.exp(rows.nearest(1, math.log(10.0))) == pytest.approx([4.0, mean[1] * 4.0 / mean[0]])
-    # stored as JSON (the entry b lacks as null) and read back
-    import json
-
-    text = json.dumps(rows.to_dict(), allow_nan=False)
-    back = BaselineRows.from_dict(json.loads(text))
-    assert back.log_flops == rows.log_flops and np.allclose(back.profiles, rows.profiles, equal_nan=True)
-    # the evaluation's nearest-job baseline is the same row, pairs by the partner-mean slowdown
-    domain = Domain.fit(np.array([[0.0, 0.0], [1.0, 1.0]]))
-    row = ev.PriorRow.nearest(known, domain, np.log([100.0, 10.0]), np.array([[0.1, -0.1]]), np.log([200.0]), 2).rows[0]
-    assert row[:2] == pytest.approx(rows.nearest(0, math.log(200.0)))
-    assert row[2:4] == pytest.approx(row[:2] + np.array(rows.slowdown["a"]))
-    with pytest.raises(ValueError, match="profiles"):
-        BaselineRows.from_dict({**rows.to_dict(), "profiles": [[0.0], [1.0]]})
-    with pytest.raises(ValueError, match="one log step FLOPs per training job"):
-        BaselineRows.fit(layout, known, [1.0])
-    with pytest.raises(ValueError, match="gogh predictors calibrate"):  # rows stored before profiles were
-        BaselineRows.fit(layout, known).nearest(0, 1.0)
-
-
-@pytest.mark.parametrize("nothing, measured", [("nearest", "mean"), ("nearest", "roofline"), ("mean", "mean")])
-@pytest.mark.parametrize("within", [True, False])
-def test_the_product_averages_with_the_chosen_baseline_as_the_evaluation_does(trained, nothing, measured, within):
-    """Whichever baseline the inner split chose per case, the product's prediction is the
-    evaluation's, isolated and co-located, nothing measured and measured; beyond the reach
-    the nearest job's row gives way to the per-type mean."""
-    data, layout, p1, _, _, _, _ = trained
-    p2 = trained[3]
-    job, partner = "Transformer (batch size 64)", "ResNet-18 (batch size 64)"
-    train = data.without([data.family[job]])
-    flops = [math.log(data.jobs[n].step_flops) for n in train.names]
-    domain = Domain.fit(np.stack([job_summary(data.jobs[n]) for n in train.names]))
-    d = domain.distance(job_summary(data.jobs[job]))
-    reach = 2 * d if within else d / 2
-    weights = {"isolated": 0.25, "colocated": 0.0, "isolated_1obs": 0.5, "colocated_1obs": 0.25}
-    reaches = dict.fromkeys(CASES, reach)
-    baselines = {"isolated": nothing, "colocated": nothing, "isolated_1obs": measured, "colocated_1obs": measured}
-    rows = BaselineRows.fit(layout, layout.truth(train, train.names), flops)
-    chosen = Ensemble(weights, rows, reaches=reaches, domain=domain, baselines=baselines)
-    assert Ensemble.from_dict(chosen.to_dict()) == chosen
-    product = ThroughputPredictor(p1, _with(p2, chosen))
-    p1_job = ev.p1_vectors(p1, layout, [job], dict(data.jobs))
-    methods = ev.build_methods(data, train, [job], layout, p1_job, _with(p2, None), seed=0, ensemble=weights,
-                               reaches=reaches, baselines=baselines)
-    truth = layout.truth(data, [job])[0]
-    for revealed in (None, "v100"):
-        obs_row, logged = _revealed(layout, truth, job, revealed)
-        scored = methods["ensemble"](0, obs_row)
-        table = product.predict_table({job: data.jobs[job], partner: data.jobs[partner]}, GPUS,
-                                      observations_frame(logged))
-        for g in GPUS:
-            k, kp = layout.isolated_index(g), layout.pair_index(partner, g)
-            assert math.log(table.isolated(job, g)) == pytest.approx(scored[k], abs=1e-4)
-            if table.pair(job, partner, g)[0] > 0:
-                assert math.log(table.pair(job, partner, g)[0]) == pytest.approx(scored[kp], abs=1e-4)
-        if revealed is None:  # co-located weight 0: the baseline's own pair row
-            nb = domain.nearest(job_summary(data.jobs[job]))[0]
-            iso = (rows.nearest(nb, math.log(data.jobs[job].step_flops)) if nothing == "nearest" and within
-                   else np.array(rows.type_mean))
-            for g in GPUS:
-                assert scored[layout.pair_index(partner, g)] == pytest.approx(
-                    iso[rows.gpus.index(g)] + rows.slow(partner, g), abs=1e-9)
-
-
-def test_an_ensemble_stored_before_baselines_were_chosen_keeps_its_defaults(trained):
-    ensemble = trained[5]
-    stored = {k: v for k, v in ensemble.to_dict().items() if k != "baselines"}
-    stored["rows"] = {k: v for k, v in stored["rows"].items() if k not in ("profiles", "log_flops")}
-    old = Ensemble.from_dict(stored)
-    assert [old.baseline(c) for c in CASES] == ["mean", "mean", "roofline", "roofline"]
-    with pytest.raises(ValueError, match="one stored profile per domain point"):
-        Ensemble(dict(old.weights), old.rows, domain=old.domain, baselines={"isolated": "nearest"})
-    with pytest.raises(ValueError, match="must be among"):
-        Ensemble(dict(old.weights), old.rows, baselines={"isolated": "median"})
-
-
-def test_each_inner_familys_interval_errors_are_those_of_the_choice_made_without_it():
-    """The chosen candidate's own inner errors flatter it; the intervals take, for each inner
-    family, the errors of the candidate the other families would have chosen."""
-    case = "isolated_1obs"
-    # three inner families: P2 alone (w=1) is best on families 0 and 1, the baseline (w=0) on 2
-    errs = {f"roofline@{w:g}": {case: [np.full(2, 0.1 + 0.4 * (1 - w)), np.full(2, 0.1 + 0.4 * (1 - w)),
-                                       np.full(2, 0.1 + 0.5 * w)]} for w in ev.ENSEMBLE_WEIGHTS}
-    assert ev.choose_ensemble(errs).weights[case] == 1.0  # 0.267 on average, against 0.367 for w=0
-    out = ev.selected_errors(errs, case)
-    # without family 0 (or 1), families 1 and 2 choose w=0: 0.5 on the family left out
-    assert out[:4] == pytest.approx([0.5] * 4)
-    # without family 2, w=1: 0.6 there
-    assert out[4:] == pytest.approx([0.6, 0.6])
-    assert out.mean() > np.concatenate(errs["roofline@1"][case]).mean()  # wider than the chosen one's own

@@ -146,19 +146,17 @@ def test_ensemble_blends_in_log_space_keeps_p2s_misses_and_is_chosen_per_family_
     assert out[1] == -np.inf  # P2's "does not fit" stands
     assert np.exp(out[2:]) == pytest.approx([4.0, 2.0])  # co-located: P2 alone
     # one family with many entries must not outvote another: per-family means, then their mean
-    errs = {f"roofline@{w:g}": {"isolated_1obs": [np.full(100, 0.1 + 0.1 * w), np.full(2, 1.0 - w)],
+    errs = {f"ensemble@{w:g}": {"isolated_1obs": [np.full(100, 0.1 + 0.1 * w), np.full(2, 1.0 - w)],
                                 "colocated_1obs": [np.full(3, 0.5)]} for w in ev.ENSEMBLE_WEIGHTS}
     # with nothing observed the candidates are P2 against the partner-mean row
-    errs.update({f"mean@{w:g}": {"isolated": [np.full(4, 0.2 + abs(w - 0.25))], "colocated": [np.full(4, 0.3 + w)]}
+    errs.update({f"prior@{w:g}": {"isolated": [np.full(4, 0.2 + abs(w - 0.25))], "colocated": [np.full(4, 0.3 + w)]}
                  for w in ev.ENSEMBLE_WEIGHTS})
-    choice = ev.choose_ensemble(errs)  # settings without a candidate here are not candidates
-    chosen, errors = choice.weights, choice.errors
-    assert set(choice.reaches.values()) == {math.inf}
-    assert choice.baselines == ev.DEFAULT_BASELINE
+    chosen, reaches, errors = ev.choose_ensemble(errs)  # settings without a candidate here are not candidates
+    assert set(reaches.values()) == {math.inf}
     assert chosen["isolated_1obs"] == 1.0  # per family: 0.2 + 0 at w=1 beats 0.1 + 1.0 at w=0 (pooled would pick 0)
     assert chosen["colocated_1obs"] == 1.0  # a tie goes to more P2
-    assert chosen["isolated"] == 0.25 and chosen["colocated"] == 0.0  # chosen on the mean@ candidates
-    assert errors["colocated"]["mean@0.5"] == pytest.approx(0.8)
+    assert chosen["isolated"] == 0.25 and chosen["colocated"] == 0.0  # chosen on the prior@ candidates
+    assert errors["colocated"]["0.5"] == pytest.approx(0.8)
 
 
 def test_p1s_encoder_is_chosen_on_the_inner_split_and_p2_learns_from_the_chosen_one(monkeypatch):
@@ -306,15 +304,14 @@ def test_the_inner_split_chooses_a_reach_with_the_weight_and_ties_go_to_the_wide
         iso = 0.2 if (w, r) in ((1.0, 4.0), (1.0, 5.0)) else 0.5
         # co-located: equal at every reach for w = 0.5, better than every other weight
         co = 0.3 if w == 0.5 else 0.6
-        errs[f"mean@{ev.setting_name(w, r)}"] = {"isolated": [np.full(3, iso)], "colocated": [np.full(3, co)]}
-        errs[f"roofline@{ev.setting_name(w, r)}"] = {"isolated_1obs": [np.full(3, 0.4)],
+        errs[f"prior@{ev.setting_name(w, r)}"] = {"isolated": [np.full(3, iso)], "colocated": [np.full(3, co)]}
+        errs[f"ensemble@{ev.setting_name(w, r)}"] = {"isolated_1obs": [np.full(3, 0.4)],
                                                     "colocated_1obs": [np.full(3, 0.4)]}
-    choice = ev.choose_ensemble(errs)
-    weights, reaches, errors = choice.weights, choice.reaches, choice.errors
+    weights, reaches, errors = ev.choose_ensemble(errs)
     assert (weights["isolated"], reaches["isolated"]) == (1.0, 5.0)  # tie between 4 and 5: the wider
     assert (weights["colocated"], reaches["colocated"]) == (0.5, inf)  # equal at every reach: none
     assert (weights["isolated_1obs"], reaches["isolated_1obs"]) == (1.0, inf)  # all equal: P2, every job
-    assert errors["isolated"]["mean@1<4"] == pytest.approx(0.2) and errors["isolated"]["mean@1"] == pytest.approx(0.5)
+    assert errors["isolated"]["1<4"] == pytest.approx(0.2) and errors["isolated"]["1"] == pytest.approx(0.5)
     assert len(errors["isolated"]) == len(ev.ENSEMBLE_SETTINGS)
 
 
@@ -322,11 +319,11 @@ def test_a_miss_counts_log_ten_when_the_ensemble_weight_is_chosen():
     """One "does not fit" of P2 on an inner family is kept at every weight; left infinite it made
     every candidate infinite and the tie chose P2 alone whatever the other entries said."""
     miss = math.inf
-    errs = {f"roofline@{w:g}": {"isolated_1obs": [np.array([0.2 + abs(w - 0.5), miss]), np.array([0.3 + abs(w - 0.5)])],
+    errs = {f"ensemble@{w:g}": {"isolated_1obs": [np.array([0.2 + abs(w - 0.5), miss]), np.array([0.3 + abs(w - 0.5)])],
                                 "colocated_1obs": [np.array([0.4, miss])]} for w in ev.ENSEMBLE_WEIGHTS}
-    errs.update({f"mean@{w:g}": {"isolated": [np.array([miss])], "colocated": [np.array([])]}
+    errs.update({f"prior@{w:g}": {"isolated": [np.array([miss])], "colocated": [np.array([])]}
                  for w in ev.ENSEMBLE_WEIGHTS})
-    chosen = ev.choose_ensemble(errs).weights
+    chosen, _, _ = ev.choose_ensemble(errs)
     assert chosen["isolated_1obs"] == 0.5  # the finite entries decide; the miss weighs the same at every weight
     assert chosen["colocated_1obs"] == 1.0  # equal everywhere: the tie goes to P2
     assert chosen["isolated"] == chosen["colocated"] == 1.0  # nothing to tell them apart: P2

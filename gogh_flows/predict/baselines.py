@@ -157,14 +157,6 @@ class NearestJob:
         return np.where(np.isfinite(row), row, base + shift)
 
 
-def scaled_neighbour(type_mean_log: np.ndarray, neighbour_log: np.ndarray, flops_gap: float) -> np.ndarray:
-    """``[G]`` log isolated row of a new job from its nearest known job's (``neighbour_log``, NaN
-    where that job was not measured) moved by ``flops_gap`` (log step FLOPs of the neighbour
-    minus the job's: twice the work per step, half the steps per second). A type the neighbour
-    was not measured on gets the per-type mean moved as the neighbour's measured types were."""
-    return shifted(np.asarray(type_mean_log, dtype=float), np.asarray(neighbour_log, dtype=float) + flops_gap)
-
-
 def shifted(prior_log: np.ndarray, observed_log: np.ndarray) -> np.ndarray:
     """``prior_log`` moved by the mean log offset of the observed entries (observed entries kept).
 
@@ -181,7 +173,7 @@ def shifted(prior_log: np.ndarray, observed_log: np.ndarray) -> np.ndarray:
 class PriorRow:
     """A baseline that is one log row per job, shifted to its observations (:func:`shifted`).
 
-    Four are built from the training jobs alone, with nothing trained:
+    Three are built from the training jobs alone, with nothing trained:
 
     * :meth:`type_mean`: each entry's geometric mean over the training jobs (an isolated
       entry: the GPU type's; a pair entry: with that partner on that type). Shifted by one
@@ -190,9 +182,6 @@ class PriorRow:
     * :meth:`partner_mean`: isolated entries as ``type_mean``; a pair entry as the job's
       isolated entry times the training jobs' geometric-mean slowdown next to that partner
       on that type (the mean over every partner where that partner was never measured).
-    * :meth:`nearest`: isolated entries as the nearest training job's (:class:`Domain`),
-      scaled by the ratio of step FLOPs (:func:`scaled_neighbour`); pair entries as
-      ``partner_mean``'s, from those isolated entries.
     * :meth:`roofline`: isolated entries from the job's roofline kernel time on each type
       (``max(FLOPs / peak, bytes / bandwidth)`` per layer), scaled by one efficiency factor
       fitted on the training jobs; pair entries by the partner-mean slowdown. Shifted by an
@@ -258,17 +247,3 @@ class PriorRow:
         slow = cls._slowdowns(known, n_gpus)
         pairs = np.tile(iso, (1, len(slow) // n_gpus)) + slow[None, :]
         return cls(np.concatenate([iso, pairs], axis=1))
-
-    @classmethod
-    def nearest(cls, known_log: np.ndarray, domain: Domain, train_log_flops: np.ndarray, test_summaries: np.ndarray,
-                test_log_flops: np.ndarray, n_gpus: int) -> PriorRow:
-        """``domain``: the training jobs' (rows of ``known_log``), to find each test job's nearest."""
-        known = np.asarray(known_log, dtype=float)
-        mean = cls.partner_mean(known, 1, n_gpus).rows[0][:n_gpus]
-        slow = cls._slowdowns(known, n_gpus)
-        rows = []
-        for summary, flops in zip(test_summaries, test_log_flops):
-            nb = domain.nearest(summary)[0]
-            iso = scaled_neighbour(mean, known[nb, :n_gpus], float(train_log_flops[nb] - flops))
-            rows.append(np.concatenate([iso, np.tile(iso, len(slow) // n_gpus) + slow]))
-        return cls(np.array(rows).reshape(len(rows), known.shape[1]))

@@ -333,7 +333,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     stored, bounds = ensemble.to_dict(), intervals.to_dict()
     record_trained_on(model, {"ensemble": stored, "intervals": bounds})
     print(json.dumps({"model": str(model), "ensemble_weights": stored["weights"], "ensemble_reaches": stored["reaches"],
-                      "ensemble_baselines": {c: ensemble.baseline(c) for c in stored["weights"]}, **bounds}, indent=2))
+                      **bounds}, indent=2))
     return 0
 
 

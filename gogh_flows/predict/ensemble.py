@@ -26,14 +26,6 @@ training job in P1's own input space (:class:`Domain`) is predicted by the basel
 A learned model extrapolates worst where it has seen nothing alike: on Gavel the two families
 P1 is several times off for (A3C, Recommendation) are the two farthest from the others, and
 there the per-type mean is the better guess.
-
-The inner split also chooses, per case, *which* baseline P2 is averaged with
-(:data:`CANDIDATE_BASELINES`): with nothing measured, the per-type mean or the *nearest*
-training job's own profile scaled by the ratio of step FLOPs (a job within reach resembles
-its nearest neighbour more than an average job; beyond the reach the nearest job is no
-neighbour and the per-type mean is used); once measured, the roofline ratio or the per-type
-mean's ratio (the ratio and partner-mean slowdown baselines P2 is held against), shifted to
-the measurements.
 """
 
 from __future__ import annotations
@@ -45,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gogh_flows import catalog
-from gogh_flows.predict.baselines import Domain, PriorRow, scaled_neighbour
+from gogh_flows.predict.baselines import Domain, PriorRow
 from gogh_flows.predict.encoding import job_summary, roofline
 from gogh_flows.predict.layout import Layout
 from gogh_flows.workloads.features import WorkloadFeatures
@@ -59,23 +51,6 @@ WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 REACHES = (3.0, 4.0, 5.0, math.inf)
 #: every (weight, reach) the inner split scores: a weight of 0 is the baseline at any reach
 SETTINGS = tuple((w, r) for r in REACHES for w in WEIGHTS if w > 0 or math.isinf(r))
-#: the baselines P2 may be averaged with: the training jobs' per-type geometric mean (pairs:
-#: times the mean slowdown next to the partner), the job's roofline, the nearest training job
-BASELINES = ("mean", "roofline", "nearest")
-#: the baseline of each case in ensembles stored before the inner split chose it
-DEFAULT_BASELINE = {"isolated": "mean", "colocated": "mean", "isolated_1obs": "roofline",
-                    "colocated_1obs": "roofline"}
-#: the baselines each case chooses from, its default first (ties go to it)
-CANDIDATE_BASELINES = {"isolated": ("mean", "nearest"), "colocated": ("mean", "nearest"),
-                       "isolated_1obs": ("roofline", "mean"), "colocated_1obs": ("roofline", "mean")}
-
-
-def settings(baseline: str) -> tuple[tuple[float, float], ...]:
-    """The (weight, reach) settings scored with ``baseline``: with the nearest job, a weight of 0
-    differs by reach too (within it, the nearest job; beyond, the per-type mean)."""
-    if baseline == "nearest":
-        return tuple((w, r) for r in REACHES for w in WEIGHTS)
-    return SETTINGS
 
 
 def setting_name(weight: float, reach: float) -> str:
@@ -97,16 +72,11 @@ class BaselineRows:
     type_mean: tuple[float, ...]  # log steps/s per GPU type
     slowdown: Mapping[str, tuple[float, ...]]  # partner -> log(pair / alone) per GPU type
     slowdown_per_type: tuple[float, ...]  # the mean over partners, for a partner never measured
-    #: each training job's log throughput alone per GPU type (NaN: not measured), in the order of
-    #: the ensemble's :class:`Domain` points, and its log step FLOPs: the nearest-job baseline
-    profiles: tuple[tuple[float, ...], ...] = ()
-    log_flops: tuple[float, ...] = ()
 
     @classmethod
-    def fit(cls, layout: Layout, known_log: np.ndarray, log_flops: Sequence[float] | None = None) -> BaselineRows:
+    def fit(cls, layout: Layout, known_log: np.ndarray) -> BaselineRows:
         """From the training jobs' log layout vectors ``[J, size]`` (NaN: not measured), by the
-        formulas of the evaluation's baselines (:class:`~gogh_flows.predict.baselines.PriorRow`);
-        with their log step FLOPs (``layout.jobs`` order), the nearest-job baseline too."""
+        formulas of the evaluation's baselines (:class:`~gogh_flows.predict.baselines.PriorRow`)."""
         known = np.asarray(known_log, dtype=float)
         g = len(layout.gpus)
         iso = PriorRow.partner_mean(known, 1, g).rows[0][:g]
@@ -114,22 +84,9 @@ class BaselineRows:
             missing = [gp for gp, v in zip(layout.gpus, iso) if not math.isfinite(v)]
             raise ValueError(f"no training job was measured alone on {missing}: the per-type mean needs one")
         slow, per_type = PriorRow.slowdown_table(known, g)
-        if log_flops is not None and len(log_flops) != len(known):
-            raise ValueError(f"one log step FLOPs per training job: {len(known)} jobs, {len(log_flops)} values")
         return cls(tuple(layout.gpus), tuple(float(v) for v in iso),
                    {p: tuple(float(v) for v in slow[k]) for k, p in enumerate(layout.partners)},
-                   tuple(float(v) for v in per_type),
-                   tuple(tuple(float(v) for v in row[:g]) for row in known) if log_flops is not None else (),
-                   tuple(float(v) for v in log_flops) if log_flops is not None else ())
-
-    def nearest(self, neighbour: int, log_flops: float) -> np.ndarray:
-        """``[G]`` log row of a job whose nearest training job is row ``neighbour``: that job's
-        profile scaled by the ratio of step FLOPs (:func:`~gogh_flows.predict.baselines.scaled_neighbour`)."""
-        if not self.profiles:
-            raise ValueError("these baseline rows hold no training job profiles (stored before the nearest-job "
-                             "baseline existed): run `gogh predictors calibrate` to store them")
-        return scaled_neighbour(np.asarray(self.type_mean), np.asarray(self.profiles[neighbour]),
-                                self.log_flops[neighbour] - log_flops)
+                   tuple(float(v) for v in per_type))
 
     def slow(self, partner: str, gpu: str) -> float:
         """Log slowdown next to ``partner`` on ``gpu`` (the per-type mean for a partner never
@@ -145,30 +102,20 @@ class BaselineRows:
         return self.type_mean[self.gpus.index(gpu)] if gpu in self.gpus else math.nan
 
     def to_dict(self) -> dict:
-        # JSON has no NaN: an entry a training job was not measured on is null
         return {"gpus": list(self.gpus), "type_mean": list(self.type_mean),
                 "slowdown": {p: list(v) for p, v in self.slowdown.items()},
-                "slowdown_per_type": list(self.slowdown_per_type),
-                **({"profiles": [[v if math.isfinite(v) else None for v in row] for row in self.profiles],
-                    "log_flops": list(self.log_flops)} if self.profiles else {})}
+                "slowdown_per_type": list(self.slowdown_per_type)}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> BaselineRows:
         gpus = tuple(str(g) for g in d["gpus"])
         rows = cls(gpus, tuple(float(v) for v in d["type_mean"]),
                    {str(p): tuple(float(x) for x in v) for p, v in d["slowdown"].items()},
-                   tuple(float(v) for v in d["slowdown_per_type"]),
-                   tuple(tuple(math.nan if v is None else float(v) for v in row) for row in d.get("profiles") or ()),
-                   tuple(float(v) for v in d.get("log_flops") or ()))
+                   tuple(float(v) for v in d["slowdown_per_type"]))
         bad = [k for k, v in (("type_mean", rows.type_mean), ("slowdown_per_type", rows.slowdown_per_type),
                               *rows.slowdown.items()) if len(v) != len(gpus) or not all(map(math.isfinite, v))]
-        if (len(rows.log_flops) != len(rows.profiles) or any(len(p) != len(gpus) for p in rows.profiles)
-                or not all(map(math.isfinite, rows.log_flops))):
-            bad.append("profiles/log_flops")
         if bad:
-            raise ValueError(f"ensemble baseline rows: {bad} do not have one finite value per GPU type {list(gpus)} "
-                             "(profiles: one row per GPU type, null where not measured, and one log_flops, per "
-                             "training job)")
+            raise ValueError(f"ensemble baseline rows: {bad} do not have one finite value per GPU type {list(gpus)}")
         return rows
 
 
@@ -184,9 +131,6 @@ class Ensemble:
     #: case -> reach (a case not named: every job); a job farther from the training jobs gets weight 0
     reaches: Mapping[str, float] = field(default_factory=dict)
     domain: Domain | None = None
-    #: case -> the baseline P2 is averaged with (:data:`BASELINES`; a case not named: its
-    #: :data:`DEFAULT_BASELINE`)
-    baselines: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         missing = [c for c in CASES if c not in self.weights]
@@ -199,21 +143,10 @@ class Ensemble:
             raise ValueError(f"ensemble reaches need a distance > 0 (inf: every job) per case of {CASES}; got {reach}")
         if self.domain is None and any(math.isfinite(float(r)) for r in self.reaches.values()):
             raise ValueError("an ensemble with a finite reach needs the training jobs' domain to measure it from")
-        odd = {c: b for c, b in self.baselines.items() if c not in CASES or b not in BASELINES}
-        if odd:
-            raise ValueError(f"ensemble baselines must be among {BASELINES}, one per case of {CASES}; got {odd}")
-        if "nearest" in self.baselines.values() and (
-                self.domain is None or len(self.rows.profiles) != len(self.domain.points)):
-            raise ValueError("an ensemble averaged with the nearest training job needs the training jobs' domain and "
-                             "one stored profile per domain point")
-
-    def baseline(self, case: str) -> str:
-        """The baseline P2 is averaged with in ``case``."""
-        return self.baselines.get(case, DEFAULT_BASELINE[case])
 
     def weight(self, colocated: bool, measured: bool, distance: float = 0.0) -> float:
         """P2's weight for a job ``distance`` from the training jobs (0 beyond the case's reach)."""
-        case = _case(colocated, measured)
+        case = ("colocated" if colocated else "isolated") + ("_1obs" if measured else "")
         return 0.0 if distance > float(self.reaches.get(case, math.inf)) else float(self.weights[case])
 
     def distance(self, features: WorkloadFeatures) -> float:
@@ -235,65 +168,39 @@ class Ensemble:
                 memo[(job, gpu)] = roofline_log(features[job], gpu)
             return memo[(job, gpu)]
 
-        by_job: dict[str, list[tuple[str | None, str, float]]] = {}
-        for (j, p, g), v in observed.items():
-            if math.isfinite(v):
-                by_job.setdefault(j, []).append((p, g, v))
-        measured = np.array([j in by_job for j in names], dtype=bool)
-        near, far = zip(*(self.domain.nearest(job_summary(features[j])) if self.domain is not None else (-1, 0.0)
-                          for j in names)) if names else ((), ())
+        shifts = self._shifts(names, roof, observed)
+        measured = np.array([j in shifts for j in names], dtype=bool)
         before_iso, before_pair = iso.copy(), pair.copy()
+        target = np.empty((len(names), len(gpus)))
+        for i, j in enumerate(names):
+            target[i] = ([roof(j, g) + shifts[j] for g in gpus] if measured[i]
+                         else [self.rows.prior(g) for g in gpus])
         slow = np.array([[self.rows.slow(p, g) for g in gpus] for p in names]).reshape(len(names), len(gpus))
-        targets: dict[bool, np.ndarray] = {}
-        for colocated in (False, True):
-            target = np.empty((len(names), len(gpus)))
-            for i, j in enumerate(names):
-                case = _case(colocated, bool(measured[i]))
-                kind = self.baseline(case)
-                if kind == "nearest" and far[i] > float(self.reaches.get(case, math.inf)):
-                    kind = "mean"  # a nearest job that far is no neighbour
-                base = self._base(kind, j, near[i], features[j], roof)
-                shift = self._shift(base, by_job[j]) if measured[i] else 0.0
-                if shift is None:  # measured only where this baseline knows nothing: the mean, as it is
-                    base, shift = self._base("mean", j, near[i], features[j], roof), 0.0
-                target[i] = [base(g) + shift for g in gpus]
-            targets[colocated] = target
+        far = [self.distance(features[j]) for j in names]
         w_iso = np.array([self.weight(False, m, d) for m, d in zip(measured, far)])[:, None]
         w_pair = np.array([self.weight(True, m, d) for m, d in zip(measured, far)])[:, None, None]
-        iso[...] = _mix(iso, targets[False], w_iso)
-        pair[...] = _mix(pair, targets[True][:, None, :] + slow[None, :, :], w_pair)
+        iso[...] = _mix(iso, target, w_iso)
+        pair[...] = _mix(pair, target[:, None, :] + slow[None, :, :], w_pair)
         # A GPU type no training job ran on has no per-type mean: it keeps P2's ratio to the
         # types that have one, moved as they were (else the blend would change the ratios
         # between types that only P2 knows anything about)
-        iso[...] = _carry(before_iso, iso, np.isfinite(targets[False]))
-        pair[...] = _carry(before_pair, pair, np.isfinite(targets[True])[:, None, :])
+        iso[...] = _carry(before_iso, iso, np.isfinite(target))
+        pair[...] = _carry(before_pair, pair, np.isfinite(target)[:, None, :])
 
-    def _base(self, kind: str, job: str, neighbour: int, features: WorkloadFeatures,
-              roof: Callable[[str, str], float]) -> Callable[[str], float]:
-        """One job's log baseline on a GPU type before any shift (NaN: the baseline knows nothing
-        there; the roofline raises :class:`~gogh_flows.catalog.UnknownGpuTypeError` for a type the
-        catalog lacks)."""
-        if kind == "roofline":
-            return lambda g: roof(job, g)
-        if kind == "nearest":
-            known = dict(zip(self.rows.gpus, self.rows.nearest(neighbour, math.log(features.step_flops))))
-            return lambda g: float(known.get(g, math.nan))
-        return self.rows.prior
-
-    def _shift(self, base: Callable[[str], float], measurements: Sequence[tuple[str | None, str, float]]
-               ) -> float | None:
-        """The mean log offset of a job's measurements ((partner or None, GPU type, log throughput))
-        from its baseline (a pair measurement: from the baseline times the partner's slowdown);
-        None when none can be used."""
-        offsets = []
-        for p, g, v in measurements:
-            try:
-                b = base(g)
-            except catalog.UnknownGpuTypeError:  # a logged type this install has no figures for
-                continue
-            if math.isfinite(b):
-                offsets.append(v - b - (self.rows.slow(p, g) if p is not None else 0.0))
-        return float(np.mean(offsets)) if offsets else None
+    def _shifts(self, names: Sequence[str], roof: Callable[[str, str], float],
+                observed: Mapping[tuple[str, str | None, str], float]) -> dict[str, float]:
+        """Per measured job: the mean log offset of its measurements from its roofline rows
+        (``roof(job, gpu)``: its log roofline throughput there)."""
+        wanted = set(names)
+        offsets: dict[str, list[float]] = {}
+        for (j, p, g), v in observed.items():
+            if j in wanted and math.isfinite(v):
+                try:
+                    base = roof(j, g) + (self.rows.slow(p, g) if p is not None else 0.0)
+                except catalog.UnknownGpuTypeError:  # a logged type this install has no figures for
+                    continue
+                offsets.setdefault(j, []).append(v - base)
+        return {j: float(np.mean(v)) for j, v in offsets.items()}
 
     def to_dict(self) -> dict:
         # JSON has no infinity: a reach over every job is written as null
@@ -301,23 +208,16 @@ class Ensemble:
                 "calibration": self.calibration,
                 "errors": {c: dict(v) for c, v in self.errors.items()},
                 "reaches": {c: (float(r) if math.isfinite(float(r)) else None) for c, r in self.reaches.items()},
-                **({"domain": self.domain.to_dict()} if self.domain is not None else {}),
-                **({"baselines": dict(self.baselines)} if self.baselines else {})}
+                **({"domain": self.domain.to_dict()} if self.domain is not None else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Ensemble:
-        """An ensemble stored before reaches existed predicts as it did: every job within reach; one
-        stored before baselines were chosen, with each case's :data:`DEFAULT_BASELINE`."""
+        """An ensemble stored before reaches existed predicts as it did: every job within reach."""
         return cls({str(c): float(w) for c, w in d["weights"].items()}, BaselineRows.from_dict(d["rows"]),
                    str(d.get("calibration", "")),
                    {str(c): {str(k): float(x) for k, x in v.items()} for c, v in d.get("errors", {}).items()},
                    {str(c): (math.inf if r is None else float(r)) for c, r in (d.get("reaches") or {}).items()},
-                   Domain.from_dict(d["domain"]) if d.get("domain") is not None else None,
-                   {str(c): str(b) for c, b in (d.get("baselines") or {}).items()})
-
-
-def _case(colocated: bool, measured: bool) -> str:
-    return ("colocated" if colocated else "isolated") + ("_1obs" if measured else "")
+                   Domain.from_dict(d["domain"]) if d.get("domain") is not None else None)
 
 
 def _carry(before: np.ndarray, after: np.ndarray, covered: np.ndarray) -> np.ndarray:
@@ -340,5 +240,5 @@ def _mix(values: np.ndarray, target_log: np.ndarray, w: np.ndarray) -> np.ndarra
     return np.where(ok, mixed, values)
 
 
-__all__ = ["BASELINES", "CANDIDATE_BASELINES", "CASES", "DEFAULT_BASELINE", "REACHES", "SETTINGS", "WEIGHTS",
-           "BaselineRows", "Domain", "Ensemble", "roofline_log", "setting_name", "settings"]
+__all__ = ["CASES", "REACHES", "SETTINGS", "WEIGHTS", "BaselineRows", "Domain", "Ensemble", "roofline_log",
+           "setting_name"]

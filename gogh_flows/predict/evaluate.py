@@ -33,12 +33,10 @@ import numpy as np
 from gogh_flows.predict.baselines import MatrixCompletion, NearestJob, PriorRow, shifted
 from gogh_flows.predict.data import MeasuredSet
 from gogh_flows.predict.encoding import job_summary
-from gogh_flows.predict.ensemble import CANDIDATE_BASELINES, DEFAULT_BASELINE
 from gogh_flows.predict.ensemble import CASES as ENSEMBLE_CASES
 from gogh_flows.predict.ensemble import SETTINGS as ENSEMBLE_SETTINGS
 from gogh_flows.predict.ensemble import WEIGHTS as ENSEMBLE_WEIGHTS
 from gogh_flows.predict.ensemble import Domain, setting_name
-from gogh_flows.predict.ensemble import settings as baseline_settings
 from gogh_flows.predict.ensemble import BaselineRows, Ensemble
 from gogh_flows.predict.ensemble import roofline_log as job_roofline_log
 from gogh_flows.predict.intervals import CASES as INTERVAL_CASES
@@ -64,14 +62,12 @@ METHOD_NOTES = {
                     "next to that partner on that type",
     "roofline": "the job's roofline kernel time per type x one efficiency fitted on the training jobs, pairs "
                 "by the partner-mean slowdown; with an observation, a parameter-free ratio",
-    "ensemble": "what the product predicts with: P2 averaged in log space with a baseline, per case (isolated or "
-                "co-located, nothing or something observed) the baseline, P2's weight and a reach chosen on the "
-                "inner split (training families only): with nothing observed the partner-mean row or the nearest "
-                "training job's profile scaled by step FLOPs, once observed the roofline ratio or the ratio "
-                "(partner-mean) row shifted to the observations; weights 0, 0.25, 0.5, 0.75, 1; a reach (3, 4, 5 "
-                "or none) beyond which a job (its distance to the nearest training job in P1's scaled input "
-                "features) gets the baseline alone (the partner-mean row for the nearest job's); P2's 'does not "
-                "fit' kept",
+    "ensemble": "what the product predicts with: P2 averaged in log space with the partner-mean row when nothing "
+                "is observed, with the roofline ratio otherwise; P2's weight for each case (isolated or "
+                "co-located, nothing or something observed) chosen on the inner split (training families "
+                "only) from 0, 0.25, 0.5, 0.75, 1, with a reach (3, 4, 5 or none) beyond which a job (its "
+                "distance to the nearest training job in P1's scaled input features) gets the baseline alone; "
+                "P2's 'does not fit' kept",
 }
 #: the siblings step's weight decays (0: every sibling weighs the same) chosen from on the inner split
 SIBLING_DECAYS = (0.0, 1.0, 2.0, 4.0, 8.0)
@@ -422,9 +418,8 @@ class HoldoutResult:
     covered: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)  # method -> cover metric -> (in, n)
     #: P2's weight in the ensemble per case (:data:`ENSEMBLE_CASES`), chosen on the inner split
     ensemble_weights: dict[str, float] | None = None
-    #: and the reach that came with it (inf: every job), and the baseline P2 is averaged with
+    #: and the reach that came with it (inf: every job)
     ensemble_reaches: dict[str, float] | None = None
-    ensemble_baselines: dict[str, str] | None = None
     #: P1's encoder, and every candidate's inner-split error (NaN when there was no choice)
     encoder: str | None = None
     encoder_errors: dict[str, float] = field(default_factory=dict)
@@ -449,22 +444,21 @@ def blend(p2_log: np.ndarray, roof_log: np.ndarray, w_iso: float, w_pair: float,
 def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], layout: Layout,
                   p1_test: np.ndarray, p2: P2Model, seed: int,
                   ensemble: Mapping[str, float] | None = None,
-                  reaches: Mapping[str, float] | None = None,
-                  baselines: Mapping[str, str] | None = None) -> dict[str, Callable[[int, np.ndarray], np.ndarray]]:
+                  reaches: Mapping[str, float] | None = None) -> dict[str, Callable[[int, np.ndarray], np.ndarray]]:
     """Every method's ``complete(i, observed_row)`` for the jobs ``test``, fitted on ``train`` only.
 
     ``ensemble`` is P2's weight per case (:data:`ENSEMBLE_CASES`; default 0.5 each) in the
-    ``ensemble`` method, what the product predicts with (:mod:`gogh_flows.predict.ensemble`);
-    ``baselines`` the row P2 is averaged with per case (default: the partner-mean row when
-    nothing is observed, the roofline ratio otherwise); ``reaches`` the distance from the
-    training jobs beyond which a job gets the baseline alone (default: none). The inner split
-    chooses all three among the candidates ``<baseline>@<setting>`` (:func:`ensemble_candidate`)."""
+    ``ensemble`` method, what the product predicts with (:mod:`gogh_flows.predict.ensemble`):
+    P2 averaged with the partner-mean row when nothing is observed, with the roofline ratio
+    otherwise; ``reaches`` the distance from the training jobs beyond which a job gets the
+    baseline alone (default: none). The inner split chooses both among the candidates
+    ``prior@<setting>`` (P2 and the partner-mean row) and ``ensemble@<setting>`` (P2 and the
+    roofline ratio), settings as :func:`~gogh_flows.predict.ensemble.setting_name` writes them."""
     features = dict(full.jobs)
     truth_train = layout.truth(train, train.names)
     mc = MatrixCompletion(seed=seed).fit(truth_train)
     train_summary = np.stack([job_summary(full.jobs[n]) for n in train.names])
-    train_flops = np.log([full.jobs[n].step_flops for n in train.names])
-    nearest = NearestJob(train_summary, truth_train, train_flops)
+    nearest = NearestJob(train_summary, truth_train, np.log([full.jobs[n].step_flops for n in train.names]))
     test_summary = [job_summary(features[n]) for n in test]
     test_flops = [math.log(features[n].step_flops) for n in test]
     g = len(layout.gpus)
@@ -473,40 +467,34 @@ def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], la
     roof = PriorRow.roofline(truth_train, roofline_log(full, train.names), roofline_log(full, test), g)
     weights = dict.fromkeys(ENSEMBLE_CASES, 0.5) if ensemble is None else dict(ensemble)
     reach = dict(reaches or {})
-    kinds = {**DEFAULT_BASELINE, **dict(baselines or {})}
-    domain = nearest.domain
-    neighbour = PriorRow.nearest(truth_train, domain, train_flops, np.array(test_summary).reshape(len(test), -1),
-                                 np.array(test_flops), g)
+    domain = Domain.fit(train_summary)
     far = [domain.distance(s) for s in test_summary]
-    seen: dict[tuple[int, bytes], dict[str, np.ndarray]] = {}
+    seen: dict[tuple[int, bytes], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
-    def rows(i: int, obs: np.ndarray) -> dict[str, np.ndarray]:
-        """P2's row and every baseline's for one reveal, computed once for every candidate."""
+    def rows(i: int, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """P2's, the roofline's and the partner-mean rows for one reveal, computed once for every
+        candidate weight."""
         key = (i, np.asarray(obs).tobytes())
         if key not in seen:
-            seen[key] = {"p2": p2.refine(p1_test[i], obs)[0], "roofline": roof.complete(i, obs),
-                         "mean": partner_mean.complete(i, obs), "nearest": neighbour.complete(i, obs)}
+            seen[key] = (p2.refine(p1_test[i], obs)[0], roof.complete(i, obs), partner_mean.complete(i, obs))
         return seen[key]
 
-    def mixed(i: int, obs: np.ndarray, baseline: str, weight: float, within: float) -> np.ndarray:
-        """P2 averaged with ``baseline`` at ``weight`` for a job within ``within`` of the training
-        jobs; beyond, the baseline alone (the partner-mean row for the nearest job's)."""
-        r = rows(i, obs)
-        if far[i] > within:
-            weight, baseline = 0.0, ("mean" if baseline == "nearest" else baseline)
-        return blend(r["p2"], r[baseline], weight, weight, g)
+    def w(i: int, case: str) -> float:
+        """P2's weight for test job ``i`` in ``case`` (0 beyond the case's reach)."""
+        return 0.0 if far[i] > reach.get(case, math.inf) else weights[case]
 
     def ensembled(i: int, obs: np.ndarray) -> np.ndarray:
-        measured = bool(np.isfinite(obs).any())
-        iso, co = ("isolated_1obs", "colocated_1obs") if measured else ("isolated", "colocated")
-        out = mixed(i, obs, kinds[iso], weights[iso], reach.get(iso, math.inf))
-        if (kinds[co], weights[co], reach.get(co, math.inf)) != (kinds[iso], weights[iso], reach.get(iso, math.inf)):
-            out[g:] = mixed(i, obs, kinds[co], weights[co], reach.get(co, math.inf))[g:]
-        return out
+        p2_row, roof_row, prior_row = rows(i, obs)
+        if np.isfinite(obs).any():
+            return blend(p2_row, roof_row, w(i, "isolated_1obs"), w(i, "colocated_1obs"), g)
+        return blend(p2_row, prior_row, w(i, "isolated"), w(i, "colocated"), g)
 
-    def candidate(baseline: str, weight: float, within: float) -> Callable[[int, np.ndarray], np.ndarray]:
-        """One inner-split candidate: P2 and ``baseline`` at one setting."""
-        return lambda i, obs: mixed(i, obs, baseline, weight, within)
+    def candidate(kind: int, weight: float, within: float) -> Callable[[int, np.ndarray], np.ndarray]:
+        """One inner-split candidate: P2 and the ``kind``-th row of :func:`rows` at one setting."""
+        def complete(i: int, obs: np.ndarray) -> np.ndarray:
+            x = 0.0 if far[i] > within else weight
+            return blend(rows(i, obs)[0], rows(i, obs)[kind], x, x, g)
+        return complete
 
     return {
         "p1": lambda i, obs: np.where(np.isfinite(obs), obs, p1_test[i]),
@@ -518,8 +506,8 @@ def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], la
         "partner_mean": partner_mean.complete,
         "roofline": roof.complete,
         "ensemble": ensembled,
-        **{ensemble_candidate(case, x, r, b): candidate(b, x, r)
-           for case in ENSEMBLE_CASES for b in CANDIDATE_BASELINES[case] for x, r in baseline_settings(b)},
+        **{f"ensemble@{setting_name(x, r)}": candidate(1, x, r) for x, r in ENSEMBLE_SETTINGS},
+        **{f"prior@{setting_name(x, r)}": candidate(2, x, r) for x, r in ENSEMBLE_SETTINGS},
     }
 
 
@@ -528,69 +516,35 @@ def _capped_mean(abs_errors: np.ndarray) -> float:
     return float(np.mean(np.minimum(abs_errors, math.log(MISS_FACTOR))))
 
 
-def ensemble_candidate(case: str, weight: float, reach: float = math.inf, baseline: str | None = None) -> str:
-    """The inner-split method whose errors are the ensemble's for ``case`` at ``weight`` (and
-    ``reach``) with ``baseline`` (default: the case's :data:`DEFAULT_BASELINE`): ``mean@0.75<4``."""
-    return f"{baseline or DEFAULT_BASELINE[case]}@{setting_name(weight, reach)}"
-
-
+#: the inner-split candidates each ensemble case is chosen among (their name before ``@w``)
+ENSEMBLE_CANDIDATE = {"isolated": "prior", "colocated": "prior", "isolated_1obs": "ensemble",
+                      "colocated_1obs": "ensemble"}
 #: every candidate method the inner split scores for the ensemble's choice
-ENSEMBLE_CANDIDATES = tuple(dict.fromkeys(ensemble_candidate(case, w, r, b) for case in ENSEMBLE_CASES
-                                          for b in CANDIDATE_BASELINES[case] for w, r in baseline_settings(b)))
+ENSEMBLE_CANDIDATES = tuple(f"{kind}@{setting_name(w, r)}" for kind in ("prior", "ensemble") for w, r in ENSEMBLE_SETTINGS)
 
 
-@dataclass(frozen=True)
-class EnsembleChoice:
-    """What the inner split chose per case (:data:`ENSEMBLE_CASES`), and every candidate's error
-    (case -> :func:`ensemble_candidate` name without the case -> mean absolute log error)."""
-
-    weights: dict[str, float]
-    reaches: dict[str, float]
-    baselines: dict[str, str]
-    errors: dict[str, dict[str, float]]
-
-    def candidate(self, case: str) -> str:
-        return ensemble_candidate(case, self.weights[case], self.reaches[case], self.baselines[case])
+def ensemble_candidate(case: str, weight: float, reach: float = math.inf) -> str:
+    """The inner-split method whose errors are the ensemble's for ``case`` at ``weight`` (and ``reach``)."""
+    return f"{ENSEMBLE_CANDIDATE[case]}@{setting_name(weight, reach)}"
 
 
-def choose_ensemble(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]]) -> EnsembleChoice:
-    """P2's weight, reach and baseline per case (:data:`ENSEMBLE_CASES`) with the least error on
-    the inner split, each inner family weighing the same (its mean absolute log error, averaged
-    over the families, as the report averages them; ties to more P2, then to the wider reach,
-    then to the case's default baseline); and every candidate's error. A miss counts log 10, as
-    the report scores it: left infinite, one "does not fit" of P2 (kept at every weight) made
-    every candidate infinite and the tie always chose P2 alone. Candidates ``by_family`` lacks
-    are not candidates; a case with none gets P2 alone."""
+def choose_ensemble(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]]
+                    ) -> tuple[dict[str, float], dict[str, float], dict[str, dict[str, float]]]:
+    """P2's weight and reach per case (:data:`ENSEMBLE_CASES`) with the least error on the inner
+    split, each inner family weighing the same (its mean absolute log error, averaged over the
+    families, as the report averages them; ties to more P2, then to the wider reach); and every
+    candidate's error. A miss counts log 10, as the report scores it: left infinite, one "does
+    not fit" of P2 (kept at every weight) made every candidate infinite and the tie always chose
+    P2 alone. Settings whose candidate ``by_family`` lacks are not candidates."""
     def err(name: str, protocol: str) -> float:
         means = [_capped_mean(e) for e in by_family[name][protocol] if e.size]
         return float(np.mean(means)) if means else math.inf
 
-    options = {case: [(w, r, b) for b in CANDIDATE_BASELINES[case] for w, r in baseline_settings(b)
-                      if case in by_family.get(ensemble_candidate(case, w, r, b), {})] for case in ENSEMBLE_CASES}
-    errors = {case: {f"{b}@{setting_name(w, r)}": err(ensemble_candidate(case, w, r, b), case)
-                     for w, r, b in options[case]} for case in ENSEMBLE_CASES}
-    chosen = {case: min(options[case], key=lambda o, c=case: (
-        errors[c][f"{o[2]}@{setting_name(o[0], o[1])}"], -o[0], -o[1], CANDIDATE_BASELINES[c].index(o[2])))
-        if options[case] else (1.0, math.inf, DEFAULT_BASELINE[case])  # nothing scored: P2 alone
-        for case in ENSEMBLE_CASES}
-    return EnsembleChoice({c: w for c, (w, _, _) in chosen.items()}, {c: r for c, (_, r, _) in chosen.items()},
-                          {c: b for c, (_, _, b) in chosen.items()}, errors)
-
-
-def selected_errors(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]], case: str) -> np.ndarray:
-    """The errors the ensemble's *choice* makes on the inner split, for its intervals: each inner
-    family's errors under the candidate chosen on the other inner families.
-
-    The chosen candidate's own inner errors are optimistic, more so the more candidates there
-    are (it was chosen for being small on exactly them); a held-out family meets the choice as
-    these families meet a choice made without them."""
-    some = next(v[case] for m, v in by_family.items() if m in ENSEMBLE_CANDIDATES)
-    out = []
-    for k in range(len(some)):
-        rest = {m: {p: [e for j, e in enumerate(v) if j != k] for p, v in ps.items()} for m, ps in by_family.items()
-                if m in ENSEMBLE_CANDIDATES}
-        out.append(np.asarray(by_family[choose_ensemble(rest).candidate(case)][case][k]))
-    return np.concatenate(out) if out else np.empty(0)
+    errors = {case: {setting_name(w, r): err(ensemble_candidate(case, w, r), case) for w, r in ENSEMBLE_SETTINGS
+                     if ensemble_candidate(case, w, r) in by_family} for case in ENSEMBLE_CASES}
+    chosen = {case: min(((w, r) for w, r in ENSEMBLE_SETTINGS if setting_name(w, r) in errors[case]),
+                        key=lambda s, c=case: (errors[c][setting_name(*s)], -s[0], -s[1])) for case in ENSEMBLE_CASES}
+    return ({c: w for c, (w, _) in chosen.items()}, {c: r for c, (_, r) in chosen.items()}, errors)
 
 
 def inner_family_errors(full: MeasuredSet, train: MeasuredSet, layout: Layout, oof: np.ndarray,
@@ -693,17 +647,16 @@ def calibrate_refiner(data: MeasuredSet, oof: np.ndarray, config: EvalConfig) ->
     layout = Layout(data.gpus, data.names)
     inner = inner_family_errors(data, data, layout, oof, config, methods=ENSEMBLE_CANDIDATES,
                                 protocols=tuple(INTERVAL_CASES))
-    choice = choose_ensemble(inner)
+    weights, reaches, errors = choose_ensemble(inner)
+    errs = pooled(inner)
     where = (f"{len(data.families)} families left out in turn ({', '.join(data.families)}), {len(data.names)} job "
              f"types, GPU types {', '.join(data.gpus)}")
-    intervals = from_errors({case: selected_errors(inner, case) for case in INTERVAL_CASES},
-                            f"split conformal on {where}, of the ensemble as chosen without each family",
-                            conformal_halfwidth)
-    rows = BaselineRows.fit(layout, layout.truth(data, data.names), [math.log(data.jobs[n].step_flops)
-                                                                     for n in data.names])
+    intervals = from_errors({case: errs[ensemble_candidate(case, weights[case], reaches[case])][case]
+                             for case in INTERVAL_CASES},
+                            f"split conformal on {where}, of the ensemble", conformal_halfwidth)
+    rows = BaselineRows.fit(layout, layout.truth(data, data.names))
     domain = Domain.fit(np.stack([job_summary(data.jobs[n]) for n in data.names]))
-    return intervals, Ensemble(choice.weights, rows, f"baselines, weights and reaches chosen on {where}",
-                               choice.errors, choice.reaches, domain, choice.baselines)
+    return intervals, Ensemble(weights, rows, f"weights and reaches chosen on {where}", errors, reaches, domain)
 
 
 def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalConfig(),
@@ -740,11 +693,10 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
     decay, decay_errors = choose_decay(inner)
     inner = {k: v for k, v in inner.items() if not k.startswith("siblings@")}
     calib = pooled(inner)
-    choice = choose_ensemble(inner)
+    weights, reaches, _ = choose_ensemble(inner)
     if intervals:
-        calib["ensemble"] = {p: selected_errors(inner, p) for p in INTERVAL_PROTOCOLS}
-    methods = build_methods(full, train, test, layout, p1_test, p2, config.seed, ensemble=choice.weights,
-                            reaches=choice.reaches, baselines=choice.baselines)
+        calib["ensemble"] = {p: calib[ensemble_candidate(p, weights[p], reaches[p])][p] for p in INTERVAL_PROTOCOLS}
+    methods = build_methods(full, train, test, layout, p1_test, p2, config.seed, ensemble=weights, reaches=reaches)
     scores = {name: score_all(methods[name], truth_test, layout) for name in METHODS}
     metrics = {name: {**dict(sc.pooled), **dict.fromkeys(INTERVAL_METRICS, math.nan)} for name, sc in scores.items()}
     covered: dict[str, dict[str, tuple[int, int]]] = {name: {} for name in scores}
@@ -795,8 +747,7 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
             for m, v in metrics.items()) + f" (mean absolute log error; {secs:.0f} s)")
     return HoldoutResult(holdout, metrics, secs, p1, p2, jobs=jobs,
                          by_revealed_type={name: sc.by_revealed_type for name, sc in scores.items()},
-                         covered=covered, ensemble_weights=choice.weights, ensemble_reaches=choice.reaches,
-                         ensemble_baselines=choice.baselines, encoder=encoder,
+                         covered=covered, ensemble_weights=weights, ensemble_reaches=reaches, encoder=encoder,
                          encoder_errors=encoder_errors, siblings_decay=decay, siblings_errors=decay_errors,
                          p2_epochs=p2_epochs, p2_epoch_errors=p2_epoch_errors)
 
@@ -851,7 +802,6 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
     holdouts = tuple(full.family_named(h, what="holdout family") for h in holdouts) if holdouts else full.families
     start = time.perf_counter()
     families, jobs, by_type, weights, reaches, encoders, decays, p2_epochs = {}, {}, {}, {}, {}, {}, {}, {}
-    baselines: dict[str, dict[str, str]] = {}
     counts: dict[str, dict[str, list[int]]] = {m: {} for m in METHODS}
     if progress is not None:  # the clock starts now, not when the first family is done
         progress("held-out families", 0, len(holdouts))
@@ -860,7 +810,6 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
         families[h] = result.metrics
         weights[h] = dict(result.ensemble_weights or {})
         reaches[h] = {c: (r if math.isfinite(r) else None) for c, r in (result.ensemble_reaches or {}).items()}
-        baselines[h] = dict(result.ensemble_baselines or {})
         encoders[h] = {"chosen": result.encoder, "inner_male": result.encoder_errors}
         p2_epochs[h] = {"chosen": result.p2_epochs, "inner_male": result.p2_epoch_errors}
         if len(full.of_family(h)) > 1:
@@ -887,7 +836,7 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
     return {
         "families": families, "mean": mean, "mean_over_jobs": mean_over_jobs, "jobs": jobs,
         "coverage_pooled": pooled_coverage, "ensemble_p2_weight": weights,
-        "ensemble_p2_reach": reaches, "ensemble_baseline": baselines, "p1_encoder": encoders,
+        "ensemble_p2_reach": reaches, "p1_encoder": encoders,
         "siblings_decay": decays, "p2_epochs": p2_epochs,
         "isolated_male_1obs_by_revealed_type": revealed,
         "methods": dict(METHOD_NOTES),
@@ -901,13 +850,10 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
                        "absolute percentage error (secondary); 'mean' averages families, 'mean_over_jobs' job types",
             "intervals": "split conformal: halfwidthNN = the NN% quantile (finite-sample corrected) of the method's "
                          "absolute log errors on the inner split (each training family predicted by the method "
-                         "fitted on the other training families; for the ensemble, each training family's errors "
-                         "under the baseline, weight and reach chosen on the other training families, so the "
-                         "choice's optimism is in the interval); coverNN = share of the held-out family's scored "
+                         "fitted on the other training families); coverNN = share of the held-out family's scored "
                          "entries within pred x/÷ exp(halfwidthNN); coverage_pooled pools every held-out entry",
             "selection": "chosen on the inner split (the training families, each predicted by models fitted without "
-                         "it), never on the held-out family: the ensemble's baselines, weights and reaches, the "
-                         "intervals and, when "
+                         "it), never on the held-out family: the ensemble's weights, the intervals and, when "
                          "config.encoders names several, P1's encoder (least mean absolute log error with nothing "
                          "observed, isolated and co-located averaged per family, families equal; p1_encoder); when "
                          "config.p2_epochs names several, P2's epochs (least error with one observation, isolated "
