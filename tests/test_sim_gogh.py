@@ -364,3 +364,20 @@ def test_too_few_families_left_for_the_ensemble_warn_without_a_risk_level_and_st
     assert "ensemble" not in pred.p2.trained_on and "intervals" not in pred.p2.trained_on
     with pytest.raises(ValueError, match="calibrating the intervals on the 2 families left .*a risk level needs"):
         train_holdout(small, "ResNet-50", p1_epochs=2, p2_epochs=2, intervals=True)
+
+
+def test_gogh_simulate_at_a_risk_level_names_its_flag_when_the_intervals_cannot_be_calibrated(monkeypatch, capsys):
+    """The simulator's core says what is missing in its own words; the CLI names the flag to drop."""
+    from gogh_flows import cli
+    from gogh_flows.sim import cli as sim_cli
+    from gogh_flows.truth.synthetic import synthetic_table
+
+    table = synthetic_table(["k80", "v100"])
+    keep = [j for j in table.job_types if j == "A3C" or j.startswith(("ResNet-18", "ResNet-50"))]
+    monkeypatch.setattr(sim_cli, "load_truth", lambda spec: table.restrict(job_types=keep))
+    rc = cli.main(["simulate", "--truth", "synthetic", "--trace", "generate:2", "--cluster", "v100=1,k80=1",
+                   "--policy", "gogh", "--holdout-family", "ResNet-50", "--p1-epochs", "2", "--p2-epochs", "2",
+                   "--risk-level", "0.9"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "--risk-level 0.9: choosing the ensemble's weights" in err and "(drop --risk-level)" in err

@@ -160,16 +160,19 @@ def _predictors(args: argparse.Namespace, truth: ThroughputTable, names: list[st
 
         return load_predictors(args.predictors, truth)
     if args.holdout_family:
-        from gogh_flows.sim.holdout import train_holdout
+        from gogh_flows.sim.holdout import CalibrationError, train_holdout
 
         print(f"training P1 ({args.p1_epochs} epochs) and P2 ({args.p2_epochs} epochs) without "
               f"family {args.holdout_family!r}, and choosing the ensemble's weights and intervals on the "
               "families left ...", file=sys.stderr, flush=True)
         # what `gogh predictors train` ships: the ensemble and its intervals, chosen on the inner split
         with _notes():
-            return train_holdout(truth, args.holdout_family, p1_epochs=args.p1_epochs,
-                                 p2_epochs=args.p2_epochs, seed=args.seed, intervals=True,
-                                 strict=args.risk_level is not None)
+            try:
+                return train_holdout(truth, args.holdout_family, p1_epochs=args.p1_epochs,
+                                     p2_epochs=args.p2_epochs, seed=args.seed, intervals=True,
+                                     strict=args.risk_level is not None)
+            except CalibrationError as exc:
+                raise ValueError(f"--risk-level {args.risk_level:g}: {exc} (drop --risk-level)") from None
     raise ValueError(f"policies {[n for n in names if base_policy(n) in LEARNED_POLICIES]} need predictors: pass "
                      "--predictors DIR (from `gogh predictors train --out DIR`) or --holdout-family F")
 

@@ -19,6 +19,11 @@ from gogh_flows.sim.learned import Predictors, gang_scaling
 from gogh_flows.truth.table import ThroughputTable
 
 
+class CalibrationError(ValueError):
+    """The ensemble's weights and intervals could not be chosen on the families left; a plan at a
+    risk level needs them (a caller can offer planning with the point predictions instead)."""
+
+
 def family_types(truth: ThroughputTable, family: str) -> list[str]:
     """The truth's job types of ``family`` (error naming the families when there are none)."""
     from gogh_flows.predict.data import MeasuredSet
@@ -70,8 +75,8 @@ def train_holdout(truth: ThroughputTable, family: str | None, *, p1_epochs: int 
             what = (f"choosing the ensemble's weights and calibrating the intervals on the {len(data.families)} "
                     f"families left ({', '.join(data.families)}) failed: {exc}")
             if strict:
-                raise ValueError(f"{what}; a risk level needs them: use a truth with more families, or plan "
-                                 "without --risk-level") from None
+                raise CalibrationError(f"{what}; a risk level needs them: use a truth with more families, or plan "
+                                       "with the point predictions (no risk level)") from None
             warnings.warn(f"{what}; the learned policies predict with P2 alone", stacklevel=2)
         else:
             p2.trained_on.update(intervals=bounds.to_dict(), ensemble=ensemble.to_dict())
