@@ -3,7 +3,8 @@ fleet's middle GPU type pay, in the simulator?
 
 Scenario (e) of docs/evaluation.md, as ``benchmarks/risk_tradeoff.py``: Gavel's physical-
 cluster trace on its testbed, every job re-labelled to one model family that P1 and P2 are
-trained here without. ``gogh`` against ``gogh-explore``: the same learned policy, except that
+trained here without (with the ensemble the product predicts with). ``gogh`` against
+``gogh-explore``: the same learned policy, except that
 a job type nothing was measured of is offered only the middle GPU type by FP32 peak (the
 P100 here; ``sim.learned.middle_types``: parameter-free, not chosen on these runs) when it is
 predicted to meet the job's requirement there; once a job of the type has been measured the
@@ -46,7 +47,8 @@ def main() -> None:
     raw = read_trace(data / "traces" / "physical_cluster" / "max_min_fairness.trace")
     rows = []
     for fam in HOLDOUTS:
-        pred = train_holdout(gavel, fam, p1_epochs=P1_EPOCHS, p2_epochs=P2_EPOCHS, seed=SEED)
+        # with the ensemble and intervals, as `gogh predictors train` ships a prior (point predictions here)
+        pred = train_holdout(gavel, fam, p1_epochs=P1_EPOCHS, p2_epochs=P2_EPOCHS, seed=SEED, intervals=True)
         jobs = relabel_to_family(raw, family_types(gavel, fam), reference_throughput(gavel, "v100"), seed=SEED)
         jobs = _prepare(gavel, CLUSTER, jobs, [])
         for noise in (0.0, 0.1):
