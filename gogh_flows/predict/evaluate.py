@@ -493,7 +493,8 @@ def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], la
         """One inner-split candidate: P2 and the ``kind``-th row of :func:`rows` at one setting."""
         def complete(i: int, obs: np.ndarray) -> np.ndarray:
             x = 0.0 if far[i] > within else weight
-            return blend(rows(i, obs)[0], rows(i, obs)[kind], x, x, g)
+            r = rows(i, obs)
+            return blend(r[0], r[kind], x, x, g)
         return complete
 
     return {
