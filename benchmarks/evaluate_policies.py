@@ -88,11 +88,12 @@ class Scenario:
     noise: float = 0.0
 
 
-def _prepare(truth, cluster: str, jobs: list, notes: list[str], q: tuple[float, float] = (0.2, 0.9)) -> list:
+def _prepare(truth, cluster: str, jobs: list, notes: list[str], q: tuple[float, float] = (0.2, 0.9),
+             seed: int = SEED) -> list:
     """Requirements for this fleet; the count of jobs it cannot host goes into the notes."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        ready = prepare_jobs(jobs, truth, parse_cluster(cluster), seed=SEED, q_low=q[0], q_high=q[1])
+        ready = prepare_jobs(jobs, truth, parse_cluster(cluster), seed=seed, q_low=q[0], q_high=q[1])
     notes += [str(w.message) for w in caught]
     return ready
 
@@ -101,15 +102,16 @@ MODERN = "h100=8,a100=16,l4=16,t4=16,v100=8"
 
 
 @functools.cache
-def modern_fleet() -> tuple[object, str, list]:
+def modern_fleet(seed: int = SEED) -> tuple[object, str, list]:
     """Scenario (f)'s truth (synthetic, training and inference job types of the zoo), fleet and
-    generated stream (before requirements); built once for (f) and for (e)'s run on it."""
+    generated stream (before requirements; ``seed`` draws the stream, not the truth); built once
+    for (f) and for (e)'s run on it."""
     features = {job_type_name(f, bs, kind): zoo_features(f, bs, kind)
                 for f in FAMILIES for bs in DEFAULT_BATCH_SIZES[f] for kind in ("training", "inference")}
     mixed = SyntheticFleet(gpu_types=("h100", "a100", "l4", "t4", "v100"), jobs=features, seed=SEED).table()
     dist = load_philly_distribution(gavel_dir() / "traces" / "philly_job_distribution.csv")
     runnable = [j for j in mixed.job_types if mixed.isolated(j, "v100") > 0]
-    gen = generate_arrivals(400, rate_per_hour=2.0, job_types=runnable, distribution=dist, seed=SEED,
+    gen = generate_arrivals(400, rate_per_hour=2.0, job_types=runnable, distribution=dist, seed=seed,
                             throughput_of=reference_throughput(mixed, "v100"))
     return mixed, MODERN, gen
 
@@ -147,7 +149,9 @@ def modern_holdout_section(noise: float) -> list[str]:
     return lines
 
 
-def scenarios() -> list[Scenario]:
+def scenarios(seed: int = SEED) -> list[Scenario]:
+    """Every scenario of the page; ``seed`` draws the generated streams and the requirements (the
+    simulator's ``SimConfig(seed)`` draws the noise)."""
     data = gavel_dir()
     gavel = read_gavel_json(data / "simulation_throughputs.json")
     out = []
@@ -156,16 +160,16 @@ def scenarios() -> list[Scenario]:
     cluster = "h100=4,a100=8,v100=8,t4=12,k80=16"
     dist = load_philly_distribution(data / "traces" / "philly_job_distribution.csv")
     runnable = [j for j in synth.job_types if synth.isolated(j, "v100") > 0]
-    gen = generate_arrivals(300, rate_per_hour=0.3, job_types=runnable, distribution=dist, seed=SEED,
+    gen = generate_arrivals(300, rate_per_hour=0.3, job_types=runnable, distribution=dist, seed=seed,
                             throughput_of=reference_throughput(synth, "v100"))
     notes: list[str] = []
     out.append(Scenario("synthetic", "(a) Synthetic fleet, 300 generated jobs (Poisson, 0.3/h, "
-                        "Philly durations)", synth, cluster, _prepare(synth, cluster, gen, notes), notes))
+                        "Philly durations)", synth, cluster, _prepare(synth, cluster, gen, notes, seed=seed), notes))
 
     cluster = "v100=8,p100=16,k80=24"
     trace = data / "traces" / "physical_cluster" / "max_min_fairness.trace"
     notes = []
-    physical = _prepare(gavel, cluster, read_trace(trace), notes)
+    physical = _prepare(gavel, cluster, read_trace(trace), notes, seed=seed)
     out.append(Scenario("gavel-physical", "(b) Gavel's measured throughputs, physical-cluster trace "
                         "max_min_fairness (96 jobs), Gavel's testbed", gavel, cluster,
                         physical, notes))
@@ -176,7 +180,7 @@ def scenarios() -> list[Scenario]:
         warnings.simplefilter("always")
         raw = read_trace(msr, max_gpus=8)
     notes = [str(w.message).split(": ", 1)[-1] for w in caught]
-    jobs = _prepare(gavel, cluster, raw, notes)
+    jobs = _prepare(gavel, cluster, raw, notes, seed=seed)
     out.append(Scenario("gavel-msr", f"(c) Gavel's measured throughputs, MSR/Philly trace "
                         f"{msr.name} ({len(jobs)} jobs), 300 GPUs of 3 types", gavel, cluster, jobs, notes))
 
@@ -186,10 +190,10 @@ def scenarios() -> list[Scenario]:
     out.append(Scenario("gavel-physical-noise", f"(d) As (b), with measurement noise {NOISE:g}",
                         gavel, "v100=8,p100=16,k80=24", physical, list(noisy), noise=NOISE))
 
-    mixed, modern, gen = modern_fleet()
+    mixed, modern, gen = modern_fleet(seed)
     notes = ["training and inference job types of every zoo family at Gavel's batch sizes; "
              "requirements q ~ U(0.05, 0.3) of the job's best type"]
-    jobs = _prepare(mixed, modern, gen, notes, q=(0.05, 0.3))
+    jobs = _prepare(mixed, modern, gen, notes, q=(0.05, 0.3), seed=seed)
     out.append(Scenario("modern-mixed", "(f) Modern mixed fleet, training and inference, low requirements "
                         f"({len(jobs)} generated jobs, Poisson 2/h)", mixed, modern, jobs, notes))
     # every scenario but (b) again with noise ((d) is (b)'s)
@@ -428,12 +432,23 @@ def table(on: dict, parked: dict, names) -> list[str]:
     return out
 
 
+def seeds_block() -> str:
+    """The seeds 0-2 section `benchmarks/energy_seeds.py` wrote into the page, kept as it is (that
+    script reruns it; this one runs seed 0 only)."""
+    begin, end = "<!-- energy over seeds 0-2, written by", "<!-- energy over seeds 0-2: end -->"
+    text = DOC.read_text() if DOC.exists() else ""
+    if begin not in text or end not in text:
+        return ""
+    return "\n" + begin + text.split(begin, 1)[1].split(end, 1)[0] + end + "\n"
+
+
 def main() -> None:
     IMG.mkdir(parents=True, exist_ok=True)
     lines = [
         "# Evaluation of placement policies",
         "",
-        "Regenerated by `.venv/bin/python benchmarks/evaluate_policies.py` (seed 0, 2 cores).",
+        "Regenerated by `.venv/bin/python benchmarks/evaluate_policies.py` (seed 0, 2 cores); the",
+        "last section, issue 12's bar over seeds 0-2 with its spread, by `benchmarks/energy_seeds.py`.",
         "Every policy runs on the identical job stream, fleet and truth, in one process.",
         "Requirements: `rho = q * best isolated throughput of the job's type on the fleet`,",
         "`q ~ U(0.2, 0.9)`; capacity 2 jobs per GPU; no measurement noise except in (d). `oracle` is the",
@@ -500,7 +515,7 @@ def main() -> None:
         bars.update("scenarios", len(todo), len(todo))
     held, summary = holdout_section(noise=NOISE)
     lines += HOLDOUT_INTRO + summary + ["", *modern_holdout_section(NOISE), "", *HOLDOUT_READING, ""] + held
-    DOC.write_text("\n".join(lines) + "\n")
+    DOC.write_text("\n".join(lines) + "\n" + seeds_block())
     print(f"wrote {DOC}")
 
 
