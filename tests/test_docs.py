@@ -48,3 +48,26 @@ def test_the_predictor_tables_in_the_docs_are_the_committed_reports_own():
     assert inside == bench.render(report).strip(), "run `.venv/bin/python benchmarks/predictors_eval.py docs`"
     # the report was made with the selection the docs describe: P1's encoder chosen on the inner split
     assert len(report["config"]["encoders"]) > 1 and set(report["p1_encoder"]) == set(report["families"])
+
+
+def test_the_seeds_section_of_the_evaluation_is_the_committed_runs_own():
+    """docs/evaluation.md's section over seeds 0-2 is written from benchmarks/results/energy_seeds.json
+    (`benchmarks/energy_seeds.py`, or its `report` to rewrite it from the JSON)."""
+    import importlib.util
+    import json
+    import sys
+
+    sys.path.insert(0, str(REPO / "benchmarks"))  # it imports the scenarios of evaluate_policies.py
+    try:
+        spec = importlib.util.spec_from_file_location("energy_seeds", REPO / "benchmarks" / "energy_seeds.py")
+        bench = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(bench)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    text = (REPO / "docs" / "evaluation.md").read_text()
+    assert bench.BEGIN in text and bench.END in text
+    inside = text.split(bench.BEGIN, 1)[1].split(bench.END, 1)[0].strip()
+    saved = json.loads((bench.OUT / "energy_seeds.json").read_text())
+    lines = bench.report(saved["scenarios"], saved["learned"], saved["wall_s"])
+    assert inside == "\n".join(lines).strip(), "run `.venv/bin/python benchmarks/energy_seeds.py report`"
+    assert saved["seeds"] == [0, 1, 2] and all(len(e["runs"]) == 3 for e in saved["scenarios"].values())
