@@ -372,3 +372,18 @@ def test_checks_do_not_refuse_what_works(gavel_dir, tmp_path, capsys, monkeypatc
     monkeypatch.setenv("HOME", str(gavel_dir))  # a quoted ~ passed the check and then failed to load
     assert main(["simulate", "--truth", str(gavel_dir / "simulation_throughputs.json"), "--cluster", "v100=2,k80=2",
                  "--trace", "~/traces/physical_cluster/max_min_fairness.trace", "--policy", "greedy-fastest"]) == 0
+
+
+def test_simulate_says_when_the_predictors_were_trained_on_another_truth(gavel_dir, tmp_path, capsys):
+    """Shipped synthetic-fleet predictors on Gavel's truth run (a fair question how they transfer),
+    with a note saying so; the Gavel prior on Gavel's truth, without one."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    common = ["simulate", "--truth", str(gavel_dir / "simulation_throughputs.json"), "--cluster", "v100=1,k80=1",
+              "--trace", "generate:3", "--policy", "gogh"]
+    assert main([*common, "--predictors", str(repo / "models" / "synthetic")]) == 0
+    err = capsys.readouterr().err
+    assert "were trained on 'synthetic'" in err and "gogh predictors train --truth" in err
+    assert main([*common, "--predictors", str(repo / "models" / "gavel")]) == 0
+    assert "were trained on" not in capsys.readouterr().err

@@ -158,7 +158,9 @@ def _predictors(args: argparse.Namespace, truth: ThroughputTable, names: list[st
     if args.predictors:
         from gogh_flows.sim.holdout import load_predictors
 
-        return load_predictors(args.predictors, truth)
+        predictors = load_predictors(args.predictors, truth)
+        _note_other_truth(args, predictors)
+        return predictors
     if args.holdout_family:
         from gogh_flows.sim.holdout import CalibrationError, train_holdout
 
@@ -313,6 +315,22 @@ def _check_arguments(args: argparse.Namespace, truth: ThroughputTable, names: li
     check_epochs(args.p1_epochs, args.p2_epochs)
     if args.predictors and args.holdout_family and any(base_policy(n) in LEARNED_POLICIES for n in names):
         _check_holdout_predictors(args.predictors, args.holdout_family)
+
+
+def _truth_name(spec: str) -> str:
+    """The truth a ``--truth`` value (or a model's recorded one) names: ``synthetic``, or a file's name."""
+    return "simulation_throughputs.json" if spec == "gavel" else "synthetic" if spec == "synthetic" else Path(spec).name
+
+
+def _note_other_truth(args: argparse.Namespace, predictors) -> None:
+    """Predictors trained on another truth than the one simulated is allowed (how they transfer is a
+    fair question), but never silent: their figures then measure that too."""
+    trained = (predictors.p1.trained_on or {}).get("truth")
+    if trained and _truth_name(str(trained)) != _truth_name(args.truth):
+        print(f"note: --predictors {args.predictors!r} were trained on {trained!r}, and this simulation's truth is "
+              f"{args.truth!r}: the learned policies' figures include how far one is from the other. Train "
+              f"predictors on the same truth (gogh predictors train --truth {args.truth}) or use --holdout-family "
+              "to train them here", file=sys.stderr)
 
 
 def _check_holdout_predictors(directory: str, family: str) -> None:
