@@ -42,6 +42,8 @@ from gogh_flows.truth.table import ThroughputTable
 
 #: arrivals per hour of ``--trace generate:N`` when ``--rate`` is not given
 DEFAULT_RATE = 6.0
+#: P1's and P2's epochs when --holdout-family trains them here
+HOLDOUT_EPOCHS = (100, 300)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -58,8 +60,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="train P1/P2 in this command without this model family, and draw every "
                         "job from it (generate:N: its job types; a trace file: each job re-labelled "
                         "to one of its types, same duration on the reference GPU type)")
-    p.add_argument("--p1-epochs", type=int, default=100, help="P1 epochs with --holdout-family")
-    p.add_argument("--p2-epochs", type=int, default=300, help="P2 epochs with --holdout-family")
+    p.add_argument("--p1-epochs", type=int, default=None,
+                   help=f"P1 epochs with --holdout-family (default {HOLDOUT_EPOCHS[0]})")
+    p.add_argument("--p2-epochs", type=int, default=None,
+                   help=f"P2 epochs with --holdout-family (default {HOLDOUT_EPOCHS[1]})")
     p.add_argument("--seed", type=int, default=0, help="seeds the requirements, arrivals and noise (default 0)")
     p.add_argument("--seeds", help="comma-separated seeds (e.g. 0,1,2): one run per seed, then each "
                    "policy's spread over them; overrides --seed")
@@ -164,14 +168,16 @@ def _predictors(args: argparse.Namespace, truth: ThroughputTable, names: list[st
     if args.holdout_family:
         from gogh_flows.sim.holdout import CalibrationError, train_holdout
 
-        print(f"training P1 ({args.p1_epochs} epochs) and P2 ({args.p2_epochs} epochs) without "
+        p1_epochs, p2_epochs = (HOLDOUT_EPOCHS[0] if args.p1_epochs is None else args.p1_epochs,
+                                HOLDOUT_EPOCHS[1] if args.p2_epochs is None else args.p2_epochs)
+        print(f"training P1 ({p1_epochs} epochs) and P2 ({p2_epochs} epochs) without "
               f"family {args.holdout_family!r}, and choosing the ensemble's weights and intervals on the "
               "families left ...", file=sys.stderr, flush=True)
         # what `gogh predictors train` ships: the ensemble and its intervals, chosen on the inner split
         with _notes():
             try:
-                return train_holdout(truth, args.holdout_family, p1_epochs=args.p1_epochs,
-                                     p2_epochs=args.p2_epochs, seed=args.seed, intervals=True,
+                return train_holdout(truth, args.holdout_family, p1_epochs=p1_epochs,
+                                     p2_epochs=p2_epochs, seed=args.seed, intervals=True,
                                      strict=args.risk_level is not None)
             except CalibrationError as exc:
                 raise ValueError(f"--risk-level {args.risk_level:g}: {exc} (drop --risk-level)") from None
@@ -313,6 +319,15 @@ def _check_arguments(args: argparse.Namespace, truth: ThroughputTable, names: li
     if args.migration_s < 0 or not math.isfinite(args.migration_s):
         raise ValueError(f"--migration-s must be seconds >= 0, got {args.migration_s:g}")
     check_epochs(args.p1_epochs, args.p2_epochs)
+    if args.risk_level is not None:
+        from gogh_flows.predict.intervals import LEVELS
+
+        if not LEVELS[0] <= args.risk_level <= LEVELS[-1]:
+            raise ValueError(f"--risk-level must be within the calibrated {LEVELS[0]:g}-{LEVELS[-1]:g} (the share of "
+                             f"new jobs' throughputs the plan's lower bound should hold for), got {args.risk_level:g}")
+    if (args.p1_epochs is not None or args.p2_epochs is not None) and not args.holdout_family:
+        raise ValueError("--p1-epochs and --p2-epochs set the training of --holdout-family F; without it nothing is "
+                         "trained here (--predictors DIR loads trained models). Add --holdout-family or drop them")
     if args.predictors and args.holdout_family and any(base_policy(n) in LEARNED_POLICIES for n in names):
         _check_holdout_predictors(args.predictors, args.holdout_family)
 
