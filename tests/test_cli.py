@@ -390,3 +390,16 @@ def test_simulate_says_when_the_predictors_were_trained_on_another_truth(gavel_d
     assert "were trained on 'synthetic'" in err and "gogh predictors train --truth" in err
     assert main([*common, "--predictors", str(repo / "models" / "gavel")]) == 0
     assert "were trained on" not in capsys.readouterr().err
+
+
+def test_generated_jobs_of_a_family_that_runs_on_one_gpu_only_are_drawn_at_that_count(gavel_dir, tmp_path, capsys):
+    """As a trace's jobs at counts no type of the family runs at are dropped with a note, generate:N
+    draws none there (it stopped with the generator's own wording, naming arguments the CLI lacks)."""
+    import json
+
+    out = tmp_path / "a3c.json"
+    assert main(["simulate", "--truth", str(gavel_dir / "simulation_throughputs.json"), "--trace", "generate:12",
+                 "--cluster", "v100=2,p100=2,k80=2", "--policy", "greedy-fastest,oracle", "--holdout-family", "A3C",
+                 "--json", str(out)]) == 0
+    assert "no job type of family 'A3C' runs at 2, 4, 8 GPU(s) here" in capsys.readouterr().err
+    assert json.loads(out.read_text())["policies"]["oracle"]["jobs_completed"] == 12

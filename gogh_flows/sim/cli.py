@@ -117,9 +117,17 @@ def _jobs(args: argparse.Namespace, truth: ThroughputTable, gpus: list):
         dist = load_philly_distribution(gavel_dir() / "traces" / "philly_job_distribution.csv")
         best = best_isolated(truth, gpus)
         runnable = [j for j in (family or truth.job_types) if best(j, 1) > 0]
+        rate = reference_throughput(truth, ref)
+        counts = sorted({int(g) for g in dist["num_gpus"] if g <= 8})
+        served = [g for g in counts if any(rate(j, g) > 0 for j in runnable)]
+        if served != counts:  # as a trace's jobs at those counts are dropped, draw none there
+            print(f"note: no job type {'of family ' + repr(args.holdout_family) + ' ' if family else ''}runs at "
+                  f"{', '.join(str(g) for g in counts if g not in served)} GPU(s) here; generate:N draws only jobs "
+                  f"of {', '.join(str(g) for g in served) or 'no'} GPU(s) from Philly's distribution",
+                  file=sys.stderr)
+            dist = dist.filter(dist["num_gpus"].is_in(served))
         jobs = generate_arrivals(n, rate_per_hour=DEFAULT_RATE if args.rate is None else args.rate,
-                                 job_types=runnable, distribution=dist, seed=args.seed,
-                                 throughput_of=reference_throughput(truth, ref))
+                                 job_types=runnable, distribution=dist, seed=args.seed, throughput_of=rate)
     else:
         jobs = read_trace(args.trace, max_gpus=8)
         if family is not None:
