@@ -216,6 +216,10 @@ def test_problem_validation_errors():
         )
     with pytest.raises(ValueError, match="duplicate job id"):
         PlacementProblem.build([Gpu("g", "h100")], [Job("a", "big", 1, 1), Job("a", "big", 1, 1)], table)
+    # a catalog type the table never measured is not "no memory" for every job: it is said as it is
+    missing = sorted(set(("h100", "a100", "v100", "t4", "k80")) - set(table.gpu_types))[0]
+    with pytest.raises(ValueError, match=rf"\['{missing}'\] of the fleet are not in the throughput table"):
+        PlacementProblem.build([Gpu("g", missing)], [Job("a", "big", 1, 1)], table)
 
 
 def test_unknown_policy_lists_known_ones():

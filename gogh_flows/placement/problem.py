@@ -269,8 +269,16 @@ class PlacementProblem:
         measuring: Iterable[tuple[str, str]] = (),
     ) -> PlacementProblem:
         tp = TableThroughputs(throughputs) if isinstance(throughputs, ThroughputTable) else throughputs
-        return cls(tuple(gpus), tuple(jobs), tp, energy or EnergyModel(), tuple(power_limit_levels),
-                   dict(limit_evidence or {}), limit_trials, frozenset(measuring))  # type: ignore[arg-type]
+        problem = cls(tuple(gpus), tuple(jobs), tp, energy or EnergyModel(), tuple(power_limit_levels),
+                      dict(limit_evidence or {}), limit_trials, frozenset(measuring))  # type: ignore[arg-type]
+        if isinstance(throughputs, ThroughputTable):
+            # a type the table has no column for would read as "does not fit" for every job
+            absent = sorted({g.gpu_type for g in problem.gpus} - set(throughputs.gpu_types))
+            if absent:
+                raise ValueError(f"GPU type(s) {absent} of the fleet are not in the throughput table "
+                                 f"({throughputs.source}; it covers {list(throughputs.gpu_types)}): give a table "
+                                 "that measures them, or leave those GPUs out")
+        return problem
 
     def rate_bound(self, job: Job, gpu_type: str, limit_w: float | None) -> float:
         """The most ``job`` can run at on ``gpu_type`` at ``limit_w`` by what its type's runs
