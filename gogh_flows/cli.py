@@ -38,13 +38,23 @@ def cmd_bench_placement(args: argparse.Namespace) -> int:
     return 0
 
 
+#: the full demo's waves and flow runs per wave
+DEMO_WAVES = (3, 8)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     if not args.wave_only:
         from gogh_flows.demo import run_product_demo
 
-        run_product_demo(seed=args.seed, out=Path(args.out) if args.out else None, waves=args.waves,
-                         wave_size=args.wave_size)
+        run_product_demo(seed=args.seed, out=Path(args.out) if args.out else None,
+                         waves=DEMO_WAVES[0] if args.waves is None else args.waves,
+                         wave_size=DEMO_WAVES[1] if args.wave_size is None else args.wave_size)
         return 0
+    given = [flag for flag, v in (("--waves", args.waves), ("--wave-size", args.wave_size), ("--out", args.out))
+             if v is not None]
+    if given:
+        raise ValueError(f"--wave-only places one fixed wave of zoo jobs and writes nothing; {', '.join(given)} "
+                         "apply to the full demo. Drop them, or drop --wave-only")
     import polars as pl
 
     from gogh_flows.placement_demo import run_demo
@@ -156,8 +166,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--out", default=None, help="folder for summary.json and the plot (default: "
                       "$GOGH_HOME/demo, else .gogh/demo)")
-    demo.add_argument("--waves", type=int, default=3)
-    demo.add_argument("--wave-size", type=int, default=8)
+    demo.add_argument("--waves", type=int, default=None, help=f"waves of flow runs (default {DEMO_WAVES[0]})")
+    demo.add_argument("--wave-size", type=int, default=None, help=f"flow runs per wave (default {DEMO_WAVES[1]})")
     demo.add_argument("--wave-only", action="store_true",
                       help="only place one wave with the optimiser and every baseline (no Prefect)")
     demo.set_defaults(func=cmd_demo)

@@ -43,6 +43,10 @@ def test_demo_prints_explanations_and_every_policy(capsys):
     for name in ("optimizer", "first-fit", "random", "greedy-fastest", "greedy-min-power", "greedy-efficiency"):
         assert name in out
     assert "runner_up" in out
+    # the full demo's options do nothing with --wave-only: refused, not ignored
+    assert main(["demo", "--wave-only", "--wave-size", "6", "--out", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "--wave-size, --out apply to the full demo" in err and "Traceback" not in err
 
 
 def test_cli_reports_bad_input_without_a_traceback(capsys):
