@@ -328,6 +328,12 @@ def test_rltune_train_command_refuses_bad_settings_in_one_line(tmp_path, capsys,
     assert main(["rltune", "train", "--out", str(tmp_path / "a"), "--truth", str(tmp_path / "none.json")]) == 2
     assert "none.json" in capsys.readouterr().err
     assert not (tmp_path / "a").exists()
+    # an agent already there (the shipped one, say) is not replaced unless asked
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "config.json").write_text("{}")
+    assert main(["rltune", "train", "--out", str(tmp_path / "b"), "--episodes", "1"]) == 2
+    assert "already holds an agent" in capsys.readouterr().err
+    assert (tmp_path / "b" / "config.json").read_text() == "{}"
 
 
 def test_gogh_simulate_runs_the_peers_beside_ours(tmp_path, gavel_dir):

@@ -207,12 +207,17 @@ def add_parser(sub) -> None:
     t.add_argument("--cluster", default=d.cluster)
     t.add_argument("--rate", type=float, default=d.rate_per_hour, help="arrivals per hour")
     t.add_argument("--plot", help="write the training curve here (PNG)")
+    t.add_argument("--overwrite", action="store_true",
+                   help="replace an agent already in --out (the shipped one too); without it that is refused")
     t.set_defaults(func=cmd_train)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from gogh_flows.truth.gavel import gavel_dir, read_gavel_json
 
+    if (Path(args.out) / "config.json").exists() and not args.overwrite:  # before the minutes of training
+        raise ValueError(f"--out {args.out!r} already holds an agent; give another directory (and `gogh simulate "
+                         "--rltune-model DIR` to use it), or --overwrite to replace it")
     data = Path(args.data) if args.data else gavel_dir()
     truth_path = data / "simulation_throughputs.json" if args.truth == "gavel" else Path(args.truth)
     truth = read_gavel_json(truth_path)
