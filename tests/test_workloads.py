@@ -241,8 +241,20 @@ def test_failing_forward_says_so_and_chains_the_cause():
 def test_batch_size_needs_a_batched_tensor():
     with pytest.raises(ValueError, match="batch_size"):
         extract_features(nn.Identity(), torch.tensor(1.0))
-    feats = extract_features(nn.Linear(2, 2), torch.randn(6, 2), batch_size=3)
+    # features are traced on the example batch: one of another size would be labelled wrongly
+    with pytest.raises(ValueError, match=r"no dimension of batch_size=3 \(shapes \[\(6, 2\)\]\).*\(6\?\)"):
+        extract_features(nn.Linear(2, 2), torch.randn(6, 2), batch_size=3)
+    # a sequence-first model takes its batch second: that is the batch the label names
+    feats = extract_features(nn.LSTM(4, 8), torch.randn(10, 3, 4), batch_size=3)
     assert feats.batch_size == 3
+
+
+def test_gogh_placed_refuses_example_inputs_of_another_batch_size():
+    from gogh_flows import gogh_placed
+
+    with pytest.raises(ValueError, match=r"@gogh_placed\(example_inputs=\.\.\., batch_size=4\): .*batch of 4 inputs"):
+        gogh_placed(model=nn.Sequential(nn.Linear(8, 4)), example_inputs=torch.randn(16, 8), batch_size=4,
+                    min_throughput=1.0, work_steps=10)
 
 
 def test_invalid_feature_records_are_rejected():

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from torch import nn
 
 from gogh_flows.runtime.telemetry import DEFAULT_WARMUP_STEPS
-from gogh_flows.workloads.features import WorkloadFeatures, check_kind, extract_features
+from gogh_flows.workloads.features import WorkloadFeatures, check_example_batch, check_kind, extract_features
 from gogh_flows.workloads.job import JobSpec
 from gogh_flows.workloads.zoo import (
     _BUILDERS, FAMILIES, canonical_family, job_type_name, parse_job_kind, zoo_features,
@@ -80,6 +80,10 @@ def _features_of(model: Any, batch_size: int, kind: str, example_inputs: Any,
             raise ValueError(f"@gogh_placed(model=...) callable returned {type(module).__name__}, "
                              "not a torch.nn.Module")
         name = job_name or f"{type(module).__name__} (batch size {batch_size})"
+        try:
+            check_example_batch(example_inputs, batch_size)
+        except ValueError as exc:
+            raise ValueError(f"@gogh_placed(example_inputs=..., batch_size={batch_size}): {exc}") from None
         try:
             feats = extract_features(module, example_inputs, kind=kind, batch_size=batch_size)
         except ValueError:

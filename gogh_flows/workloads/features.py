@@ -228,6 +228,8 @@ def extract_features(
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     bs = _batch_size(example_inputs) if batch_size is None else check_batch_size(batch_size)
+    if batch_size is not None:
+        check_example_batch(example_inputs, bs)
     run_model, run_inputs = _on_device(model, example_inputs, device)
     args, kwargs = _as_call(run_inputs)
     on_meta = device is not None and torch.device(device).type == "meta"
@@ -246,6 +248,19 @@ def check_batch_size(batch_size: object) -> int:
     if isinstance(batch_size, bool) or not isinstance(batch_size, numbers.Integral) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
     return int(batch_size)
+
+
+def check_example_batch(example_inputs: Any, batch_size: int) -> None:
+    """ValueError unless some tensor of ``example_inputs`` has a dimension of ``batch_size``.
+
+    Features are traced on the example batch and labelled with ``batch_size``: a batch of
+    another size would be predicted as if it were this one. (Any dimension, not only the
+    first: sequence-first models take their batch second.)"""
+    shapes = [tuple(t.shape) for t in _tensors(example_inputs) if t.dim() >= 1]
+    if shapes and not any(batch_size in shape for shape in shapes):
+        raise ValueError(f"example_inputs hold no dimension of batch_size={batch_size} (shapes {shapes[:3]}): features "
+                         f"are traced on that batch and labelled batch size {batch_size}; give one batch of "
+                         f"{batch_size} inputs, or set batch_size to the examples' batch ({shapes[0][0]}?)")
 
 
 def _tensors(obj: Any) -> Iterator[torch.Tensor]:
@@ -517,6 +532,6 @@ def _trace_layers(
 
 
 __all__ = [
-    "OP_KINDS", "KINDS", "LayerFeature", "WorkloadFeatures", "check_batch_size", "check_kind",
+    "OP_KINDS", "KINDS", "LayerFeature", "WorkloadFeatures", "check_batch_size", "check_example_batch", "check_kind",
     "extract_features", "op_kind",
 ]
