@@ -331,12 +331,13 @@ def _fmt(value: float | None, spec: str) -> str:
 def print_what_if(result: WhatIf, console: Any = None) -> None:
     """The rows as a rich table (the house style of ``gogh pool status``), with what they came from."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     first = result.rows[0] if result.rows else None
     partner = first.partner if first is not None else None
     title = (f"{first.job_type} " + (f"next to {partner}" if partner else "alone")) if first else "no GPU type"
-    table = Table(title=title)
+    table = Table(title=escape(title))  # "[inference]" in a job type is text, not markup
     table.add_column("GPU")
     table.add_column("steps/s", justify="right")
     if partner:
@@ -357,7 +358,7 @@ def print_what_if(result: WhatIf, console: Any = None) -> None:
             if partner:
                 cells.append("0")
             cells += ["-", "-", r.note]
-        table.add_row(*cells)
+        table.add_row(*(escape(c) for c in cells))
     console = console or Console()
     console.print(table)
     p = result.predictors

@@ -187,6 +187,12 @@ def test_cli_defaults_to_every_catalog_type(predictor, tmp_path, capsys):
     assert [r["gpu_type"] for r in json.loads(out.read_text())["predictions"]] == list(ALL_TYPES)
 
 
+def test_an_inference_job_is_titled_as_one(predictor, capsys):
+    """"[inference]" in a job type is text: read as rich markup it vanished from the title."""
+    assert main(["predict", "--job", "LM (batch size 20) [inference]", "--gpu", "v100"]) == 0
+    assert "LM (batch size 20) [inference] alone" in capsys.readouterr().out
+
+
 def test_cli_reads_the_measurement_log(placement_home, tmp_path, capsys):
     """A run logged under $GOGH_HOME is an observation of this prediction, as it is of a placement's."""
     import shutil
