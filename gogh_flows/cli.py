@@ -25,12 +25,19 @@ def cmd_bench_placement(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag} must be a whole number >= {least}, got {value}")
     if not args.time_limit > 0:
         raise ValueError(f"--time-limit must be a number of seconds > 0, got {args.time_limit:g}")
+    if args.running >= 2 * args.gpus:  # two runs per GPU at most
+        raise ValueError(f"--running {args.running} fills every slot of {args.gpus} GPUs (2 runs each): no arrival "
+                         f"could be placed and the time would be that of a decision with nothing to decide; "
+                         f"use --running below {2 * args.gpus}")
 
     result = bench_placement(
         load_truth(args.truth), gpus=args.gpus, running=args.running, arrivals=args.arrivals,
         repeat=args.repeat, seed=args.seed, time_limit_s=args.time_limit,
     )
     text = json.dumps(result, indent=2)
+    if result["mean_placed"] == 0:
+        print("note: no arrival was placed in any repeat (the running jobs left no slot that meets a "
+              "requirement): the times are those of decisions that placed nothing", file=sys.stderr)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(text + "\n")

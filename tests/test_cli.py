@@ -54,6 +54,8 @@ def test_cli_reports_bad_input_without_a_traceback(capsys):
     assert "--gpus must be a whole number >= 1, got 0" in capsys.readouterr().err
     assert main(["bench", "placement", "--gpus", "4", "--arrivals", "-1"]) == 2
     assert "--arrivals must be a whole number >= 1, got -1" in capsys.readouterr().err
+    assert main(["bench", "placement", "--gpus", "8", "--running", "100"]) == 2
+    assert "--running 100 fills every slot of 8 GPUs" in capsys.readouterr().err
 
 
 def test_simulate_refuses_an_empty_trace(gavel_dir, tmp_path, capsys):
