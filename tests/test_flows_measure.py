@@ -72,8 +72,8 @@ def test_whole_run_and_shared_figures_reach_the_table_as_measured():
 
     job = JobSpec.from_zoo("ResNet-50", 64, required_throughput=10.0, work_steps=300)
     placement = SimpleNamespace(run_id="r1", policy="optimizer", predicted_energy_j=1.0, waited_s=0.0,
-                                predictor_versions={}, partner_runs=(), partners=("b",), gpu_id="h100-0",
-                                gpu_type="h100", predicted_throughput=20.0, limit_trial=False)
+                                predictor_versions={}, partner_runs=(), partners=("LM (batch size 10)",),
+                                gpu_id="h100-0", gpu_type="h100", predicted_throughput=20.0, limit_trial=False)
 
     def row(reading: TelemetryReading, run_id: str) -> dict:
         outcome = RunOutcome(value=None, telemetry=reading, partners=("LM (batch size 10)",), error=None,
@@ -202,3 +202,52 @@ def test_a_run_whose_partners_changed_after_placement_has_no_prediction_error():
     # its own 250 W): nothing was tried, and the prediction is scored
     kept, metrics = measured((), (), trial=True, board_limit_w=250.0)
     assert "limit_trial_w" not in kept.extra and "prediction_rel_error" in metrics
+
+
+def test_a_run_whose_company_changed_while_it_ran_is_not_learned_as_a_pair_or_alone():
+    """Placed next to a partner that left half-way, or alone and joined: its rate mixes two
+    figures. Learned as the pair's, it made sharing a V100 look 45% faster than it is (review)."""
+    import polars as pl
+    from types import SimpleNamespace
+
+    from gogh_flows.flows.measure import build_measurement
+    from gogh_flows.flows.observations import observations_from_measurements
+    from gogh_flows.runtime.outcome import RunOutcome
+    from gogh_flows.runtime.telemetry import TelemetryReading
+    from gogh_flows.runtime.worker import Occupancy
+    from gogh_flows.tracking.measurements import empty_table
+    from gogh_flows.workloads.job import JobSpec
+
+    # the worker's ledger: a run's company changes when a partner joins or leaves while it runs
+    occ = Occupancy()
+    meter = SimpleNamespace(set_partners=lambda partners: None)  # what the ledger tells a run's meter
+    occ.join("v100-0", "a", "ResNet-50 (batch size 64)", meter)
+    occ.join("v100-0", "b", "ResNet-50 (batch size 64)", meter)  # b finds a there
+    assert occ.leave_with_company("v100-0", "b") == (("ResNet-50 (batch size 64)",), False)  # a there all along
+    assert occ.leave_with_company("v100-0", "a") == (("ResNet-50 (batch size 64)",), True)  # b came and went
+    occ.join("v100-0", "c", "LM (batch size 10)", meter)
+    assert occ.leave("v100-0", "c") == ()
+
+    job = JobSpec.from_zoo("ResNet-50", 64, required_throughput=1.0, work_steps=300)
+    partner = "LM (batch size 10)"
+    reading = TelemetryReading(source="emulated", duration_s=10.0, steps=300, throughput=30.0, mean_power_w=60.0,
+                               energy_j=600.0, max_memory_bytes=None, mean_utilisation=None, wall_s=0.01,
+                               attributed_energy_j=600.0, energy_method="model", window="emulated",
+                               window_steps=300, run_energy_j=600.0, board_run_energy_j=600.0)
+
+    def row(run_id: str, changed: bool) -> dict:
+        placement = SimpleNamespace(run_id=run_id, policy="optimizer", predicted_energy_j=1.0, waited_s=0.0,
+                                    predictor_versions={}, partner_runs=(), partners=(partner,), gpu_id="v100-0",
+                                    gpu_type="v100", predicted_throughput=30.0, limit_trial=False)
+        outcome = RunOutcome(value=None, telemetry=reading, partners=(partner,), error=None, gpu_id="v100-0",
+                             gpu_type="v100", job_type=job.job_type, run_id=run_id, company_changed=changed)
+        return build_measurement(job, placement, outcome, None, started=1.0, wall_s=1.0, flow_run=None,
+                                 flow_name="f", device="local").to_row()
+
+    steady, mixed = row("r1", False), row("r2", True)
+    assert "partners_changed" not in steady["extra"]
+    assert "a partner came or went during the run" in mixed["extra"]
+    table = pl.concat([empty_table(), pl.DataFrame([{**r, "logged_at": float(i)} for i, r in enumerate((steady, mixed))],
+                                                  schema=empty_table().schema)])
+    obs = observations_from_measurements(table)
+    assert obs.height == 1 and obs["partner"].to_list() == [partner]  # the pair figure of the steady run only

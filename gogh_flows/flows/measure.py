@@ -80,6 +80,10 @@ def build_measurement(job: JobSpec, placement: RunPlacement, outcome: Any, error
         # a partner came (or the placed-with one never showed) after the decision: the placement's
         # prediction was for other conditions, so its error says nothing about the predictor
         extra[PARTNERS_CHANGED] = f"placed {_company(placement.partners)}, ran {_company(partners)}"
+    elif outcome is not None and outcome.company_changed:
+        # the same company at both ends, not all along: a partner left (or came and went)
+        extra[PARTNERS_CHANGED] = (f"placed {_company(placement.partners)}, ran {_company(partners)} part of "
+                                   "the time: a partner came or went during the run")
     return Measurement(
         run_id=run_id, flow_name=flow_name, job_type=job.job_type, family=job.family,
         batch_size=job.batch_size, gpu_id=placement.gpu_id, gpu_type=placement.gpu_type, device=device,

@@ -11,7 +11,7 @@ import polars as pl
 
 from gogh_flows.placement.problem import LimitEvidence
 from gogh_flows.predict.service import observations_frame
-from gogh_flows.tracking.measurements import MeasurementLog
+from gogh_flows.tracking.measurements import PARTNERS_CHANGED, MeasurementLog
 
 
 class ObservationCache:
@@ -45,6 +45,9 @@ def observations_from_measurements(frame: pl.DataFrame) -> pl.DataFrame:
 
     A run that saw two different partners over its life measured neither pair cleanly,
     so it is left out of the observations (it stays in the measurement table). So is a run
+    whose company changed while it ran (``partners_changed``: placed alone and joined, or a
+    partner that left before it ended): its rate mixes its alone and its pair figure, and
+    learned as the pair's it made sharing look up to 45% faster than it is. So is a run
     measured over its whole life rather than its steady state (a body that reported too
     little): its throughput includes start-up, and learning it taught the refiner that a
     fresh worker's GPU is 2.5x slower than it is. On an emulated fleet only emulated time
@@ -60,7 +63,8 @@ def _observations(steady: list[dict]) -> pl.DataFrame:
     rows = []
     for r in steady:
         partners = [p for p in (r.get("partners") or []) if p]
-        if len(set(partners)) > 1:
+        # two partners, or one for part of the run only: the rate is neither an alone nor a pair figure
+        if len(set(partners)) > 1 or PARTNERS_CHANGED in r["extra"]:
             continue
         slowdown = _extra_float(r.get("extra"), "limit_slowdown") or 1.0
         rows.append({"job_type": r["job_type"], "gpu_type": r["gpu_type"],

@@ -44,6 +44,8 @@ class RunOutcome:
     exception: BaseException | None = field(default=None, repr=False, compare=False)
     started_at: float | None = None  # the body's wall-clock start and end on the worker (Unix s)
     ended_at: float | None = None
+    #: a partner came or went while the body ran: its rate mixes two companies on the board
+    company_changed: bool = False
 
     @property
     def ok(self) -> bool:

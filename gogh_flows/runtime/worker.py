@@ -90,6 +90,8 @@ class _Occupant:
     job_type: str
     meter: Meter
     seen: dict[str, str]
+    #: a partner came or went while it ran: its rate mixes two companies
+    company_changed: bool = False
 
 
 class Occupancy:
@@ -115,6 +117,7 @@ class Occupancy:
             new = _Occupant(run_key, job_type, meter, {})
             for other in runs.values():
                 other.seen[run_key] = job_type
+                other.company_changed = True
                 new.seen[other.run_key] = other.job_type
             runs[run_key] = new
             if enact is not None:
@@ -125,9 +128,17 @@ class Occupancy:
             self._notify(runs, in_force)
 
     def leave(self, gpu_id: str, run_key: str) -> tuple[str, ...]:
+        """The run leaves the board: the job types it met there."""
+        return self.leave_with_company(gpu_id, run_key)[0]
+
+    def leave_with_company(self, gpu_id: str, run_key: str) -> tuple[tuple[str, ...], bool]:
+        """The run leaves the board: the job types it met there, and whether a partner came or
+        went while it ran (then its rate is neither its alone nor its pair figure)."""
         with self._lock:
             runs = self._by_gpu.get(gpu_id, {})
             gone = runs.pop(run_key, None)
+            for other in runs.values():
+                other.company_changed = True
             self._notify(runs, self._limits.get(gpu_id))
             if not runs:
                 self._by_gpu.pop(gpu_id, None)
@@ -135,7 +146,7 @@ class Occupancy:
                 self._chosen.pop(gpu_id, None)
                 self._enact_limit(gpu_id, None)
                 self._enact.pop(gpu_id, None)
-            return tuple(gone.seen.values()) if gone else ()
+            return (tuple(gone.seen.values()), gone.company_changed) if gone else ((), False)
 
     def lift_limit(self, gpu_id: str, expected: float) -> float | None:
         """Put a board limited at ``expected`` back to its full limit (its runs' meters are told);
@@ -378,6 +389,7 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
                                          on_lift=lease.lift if lease is not None else None)
     occupancy.join(device.id, spec.run_key, job_label, meter, board_limit if limits_enacted else None, enact=enact)
     seen: tuple[str, ...] = ()
+    changed = False
     body_start = time.time()
     placer_lost = False
     try:
@@ -390,7 +402,7 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
         exc_out = _shippable(exc)
     finally:
         body_end = time.time()
-        seen = occupancy.leave(device.id, spec.run_key)
+        seen, changed = occupancy.leave_with_company(device.id, spec.run_key)
         reading: TelemetryReading = meter.stop()
         if guard is not None and guard.lifted:
             reading = dataclasses.replace(reading, limit_lifted_from_w=guard.lifted[0][0],
@@ -402,7 +414,7 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
     outcome = RunOutcome(
         value=value, telemetry=reading, partners=seen, error=error, gpu_id=device.id,
         gpu_type=device.gpu_type, job_type=spec.job_type, run_id=spec.run_id, worker=worker_name,
-        traceback=tb, exception=exc_out, started_at=body_start, ended_at=body_end,
+        traceback=tb, exception=exc_out, started_at=body_start, ended_at=body_end, company_changed=changed,
     )
     if placer_lost and lease is not None and spec.record_if_placer_lost is not None:
         _hand_in(lease, spec, outcome)
