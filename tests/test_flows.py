@@ -117,6 +117,20 @@ def test_stacked_on_flow_keeps_name_signature_validation_and_with_options(gogh_h
     assert _env().measurements.read().height == 2  # the invalid call never ran or placed
 
 
+def test_a_zoo_model_for_inference_runs_on_the_emulated_fleet(gogh_home):
+    """Its job type is not in the fleet's truth table (training runs are): the worker learns it from
+    the run's layer features, as it does a user's own model (it was placed, then failed in the body)."""
+    @gogh_placed(model="ResNet-50", batch_size=64, kind="inference", min_throughput=1.0, work_steps=20)
+    @flow
+    def serve() -> str:
+        return current_placement().gpu_type
+
+    assert serve() in ("k80", "v100", "t4", "a100")
+    row = _env().measurements.read().row(0, named=True)
+    assert row["job_type"] == "ResNet-50 (batch size 64) [inference]"
+    assert row["status"] == "completed" and row["steps"] == 20 and row["throughput"] > 0
+
+
 def test_async_flow_is_placed(gogh_home):
     @gogh_placed(model="A3C", batch_size=20, min_throughput=0.5, work_steps=50)
     async def agent(x: int) -> str:

@@ -463,8 +463,10 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
             where = {"gpu_id": placement.gpu_id, "job_type": job.job_type, "run_id": ledger_id, "hold_lease": True,
                      "warmup_steps": settings.warmup_steps, "power_limit_w": placement.power_limit_w,
                      "required_throughput": placement.required_throughput,
-                     # a user's own model: the emulated fleet computes its figures from these
-                     "features": job.features if job.family is None else None}
+                     # a job type the emulated fleet's truth may lack (a user's own model, a zoo model
+                     # for inference): the worker computes its figures from these
+                     "features": job.features if (job.family is None or session.truth is None
+                                                  or not session.truth.knows(job.job_type)) else None}
             if in_process:
                 token = uuid.uuid4().hex
                 _LOCAL_BODIES[token] = (fn, args, kwargs, serialize_context())
