@@ -579,6 +579,10 @@ def test_waiting_for_efficiency_must_end_before_the_wait_timeout():
 
     with pytest.raises(ValidationError, match="must be below wait_timeout_s"):
         PlacementPolicy(wait_for_efficiency_s=600.0)  # the default wait_timeout_s is 600 s
+    # the headroom wait is at most half the timeout: said when given, not cut silently
+    with pytest.raises(ValidationError, match="headroom_wait_s=400 s is at most half of wait_timeout_s=600 s"):
+        PlacementPolicy(headroom_wait_s=400.0)
+    assert PlacementPolicy(wait_timeout_s=10.0).headroom_wait_s == 30.0  # the default is cut to fit, as before
     with pytest.raises(ValidationError, match="efficiency_min_saving"):
         PlacementPolicy(efficiency_min_saving=1.0)
     with pytest.raises(ValueError, match="must be below the decorator's wait_timeout_s"):  # its override too
