@@ -296,6 +296,15 @@ def test_unknown_block_name_is_a_clear_error_before_anything_runs(gogh_home):
 
     with pytest.raises(ValueError, match="no GpuCluster block named 'no-such-fleet'.*gogh blocks apply"):
         lost()
+    # a policy's name where a cluster goes: said as it is, not "no such block, save one"
+    PlacementPolicy(policy="greedy-fastest").save("a-policy", overwrite=True)
+
+    @gogh_placed(model="LM", batch_size=20, min_throughput=1, work_steps=10, cluster="a-policy")
+    def mixed_up() -> None:
+        raise AssertionError("must not run")
+
+    with pytest.raises(ValueError, match="'a-policy' is the name of a saved PlacementPolicy block, and a GpuCluster"):
+        mixed_up()
 
 
 def test_requirement_no_gpu_type_can_meet_fails_at_once_with_best_throughput(gogh_home):

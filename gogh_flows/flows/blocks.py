@@ -351,6 +351,11 @@ def load_block(kind: type[Block], value: Any, default: Block) -> Block:
             # an async context, and would hand back a coroutine instead of the block
             return kind.load(value, _sync=True)
         except ValueError as exc:
+            other = _saved_as_other_kind(kind, value)
+            if other is not None:  # e.g. cluster="energy-first", the name of a saved PlacementPolicy
+                raise ValueError(
+                    f"{value!r} is the name of a saved {other} block, and a {kind.__name__} is wanted here: "
+                    f"pass it where a {other} goes, or give a {kind.__name__}'s name") from exc
             raise ValueError(
                 f"no {kind.__name__} block named {value!r} on the Prefect server ({exc}). Save one "
                 f"with `gogh blocks apply blocks/` or {kind.__name__}(...).save({value!r})"
@@ -367,6 +372,19 @@ def load_block(kind: type[Block], value: Any, default: Block) -> Block:
                 f".save({value!r}, overwrite=True)"
             ) from exc
     raise TypeError(f"expected a {kind.__name__}, the name of a saved one, or None; got {value!r}")
+
+
+def _saved_as_other_kind(kind: type[Block], name: str) -> str | None:
+    """The other gogh block type saved under ``name``, if any (only to word an error)."""
+    for other in BLOCK_TYPES.values():
+        if other is kind:
+            continue
+        try:
+            other.load(name, _sync=True)
+        except Exception:  # noqa: BLE001 - not saved as that type (or unreadable): keep looking
+            continue
+        return other.__name__
+    return None
 
 
 __all__ = [
