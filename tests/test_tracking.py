@@ -310,6 +310,11 @@ def test_emulated_runs_say_their_times_are_emulated(mlog: MeasurementLog, uri: s
     assert "wall time on the machine that ran it" in reported.data.tags["mlflow.note.content"]
     board = MlflowClient(uri).get_run(mlog.log(measurement(8, telemetry="nvml")))
     assert "gogh.emulated_time" not in board.data.tags and "mlflow.note.content" not in board.data.tags
+    # a body that raised before its first step reported nothing: its description does not say it did
+    none = MlflowClient(uri).get_run(mlog.log(measurement(10, telemetry="emulated", window="whole_run", steps=0.0,
+                                                          throughput=0.0, status="failed")))
+    assert "did no step" in none.data.tags["mlflow.note.content"]
+    assert "reported its own steps" not in none.data.tags["mlflow.note.content"]
 
 
 def test_failed_run_and_missing_optionals(mlog: MeasurementLog, uri: str):

@@ -578,6 +578,11 @@ def _tags(m: Measurement) -> list[RunTag]:
         values["mlflow.note.content"] = (
             "Emulated fleet: this run's start, end and duration (and `duration_s`, `throughput`) are in the "
             "emulated GPU's time, not the wall time the flow run took. Energy is the emulator's.")
+    elif m.telemetry == "emulated" and m.steps <= 0:
+        # nothing ran: a body that raised (or was stopped) before its first step
+        values["mlflow.note.content"] = (
+            "Emulated fleet: the flow's body did no step (it ended before its first .advance() or "
+            "report()); `duration_s` is the wall time it took on the machine that ran it.")
     elif m.telemetry == "emulated":
         # the body reported its own steps instead of running them on the emulated GPU: its rate
         # is this machine's, which no GPU type's figures describe
