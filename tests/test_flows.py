@@ -285,6 +285,10 @@ def test_inference_runs_of_a_zoo_model_are_a_job_type_of_their_own(tmp_path):
 def test_fleet_with_unknown_gpu_type_is_refused():
     with pytest.raises(ValueError, match="x9000"):
         GpuCluster(fleet={"x9000": 2})
+    # the text form emulated_pool and `gogh simulate --cluster` take
+    assert GpuCluster(fleet="v100=2, t4=1").fleet == {"v100": 2, "t4": 1}
+    with pytest.raises(ValueError, match="write TYPE=COUNT entries"):
+        GpuCluster(fleet="v100:2")
     with pytest.raises(ValueError, match="address"):
         GpuCluster(mode="remote")
 

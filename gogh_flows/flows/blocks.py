@@ -87,6 +87,16 @@ class GpuCluster(Block):
                                    "Needs root, as `nvidia-smi -pl` does (checked when the pool starts); without it "
                                    "chosen limits are logged and not applied")
 
+    @field_validator("fleet", mode="before")
+    @classmethod
+    def _fleet_text(cls, fleet: Any) -> Any:
+        """``"v100=2,t4=1"``, as ``emulated_pool`` and ``gogh simulate --cluster`` take it."""
+        if isinstance(fleet, str):
+            from gogh_flows.runtime.devices import parse_fleet
+
+            return parse_fleet(fleet)
+        return fleet
+
     @field_validator("fleet")
     @classmethod
     def _known_types(cls, fleet: dict[str, int]) -> dict[str, int]:
