@@ -251,3 +251,23 @@ def test_a_run_whose_company_changed_while_it_ran_is_not_learned_as_a_pair_or_al
                                                   schema=empty_table().schema)])
     obs = observations_from_measurements(table)
     assert obs.height == 1 and obs["partner"].to_list() == [partner]  # the pair figure of the steady run only
+
+
+def test_an_interrupted_run_says_it_was_interrupted():
+    """str(KeyboardInterrupt()) is empty: the row's error named nothing (review)."""
+    from types import SimpleNamespace
+
+    from gogh_flows.flows.measure import build_measurement
+    from gogh_flows.workloads.job import JobSpec
+
+    job = JobSpec.from_zoo("ResNet-50", 64, required_throughput=1.0, work_steps=300)
+    placement = SimpleNamespace(run_id="r1", policy="optimizer", predicted_energy_j=1.0, waited_s=0.0,
+                                predictor_versions={}, partner_runs=(), partners=(), gpu_id="v100-0",
+                                gpu_type="v100", predicted_throughput=30.0, limit_trial=False)
+
+    def error_of(exc: BaseException) -> str:
+        return build_measurement(job, placement, None, exc, started=1.0, wall_s=1.0, flow_run=None,
+                                 flow_name="f", device="local").extra["error"]
+
+    assert error_of(KeyboardInterrupt()) == "KeyboardInterrupt"
+    assert error_of(RuntimeError("the pool is gone")) == "RuntimeError: the pool is gone"

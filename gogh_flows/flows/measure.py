@@ -43,7 +43,9 @@ def build_measurement(job: JobSpec, placement: RunPlacement, outcome: Any, error
     run_id = placement.run_id  # the one run key: ledger, pool and measurement
     tel = getattr(outcome, "telemetry", None)
     failed = error is not None or (outcome is not None and not outcome.ok)
-    reason = str(error) if error is not None else (outcome.error if outcome is not None else None)
+    # an interrupt's str() is empty: its type says what happened ("KeyboardInterrupt")
+    reason = ((f"{type(error).__name__}: {error}" if str(error) else type(error).__name__) if error is not None
+              else (outcome.error if outcome is not None else None))
     # the run's own share of the board's energy: a board shared by two runs must not be
     # counted twice in the table (the board's figure is kept apart, in ``device_energy_j``)
     energy = tel.attributed_energy_j if tel is not None else None
