@@ -641,6 +641,30 @@ def test_a_run_whose_scheduler_stops_answering_is_lost_with_the_reason():
         await_run(Ledger(TimeoutError()), never_done, placement, start_within_s=60, check_s=0.01)
 
 
+def test_a_placed_run_waiting_for_its_worker_says_so_once(monkeypatch, caplog):
+    """A fresh worker builds a zoo model's features before its first run of the type (about 10 s on a
+    remote pool): the placing process said nothing meanwhile (review)."""
+    import types
+
+    from gogh_flows.flows import decorator
+    from gogh_flows.flows.decorator import await_run
+
+    monkeypatch.setattr(decorator, "_SAY_WAITING_S", 0.05)
+
+    class Ledger:
+        lease_timeout_s = 1.0
+
+        def get(self, run_id: str, *, timeout_s: float | None = None):
+            return types.SimpleNamespace(started_at=None)
+
+    never_done = types.SimpleNamespace(status="pending", add_done_callback=lambda callback: None)
+    placement = types.SimpleNamespace(run_id="r1", gpu_id="a100-0")
+    with caplog.at_level(logging.INFO, logger=decorator.log.name), pytest.raises(PlacementTimeout):
+        await_run(Ledger(), never_done, placement, start_within_s=0.3, check_s=0.01)
+    said = [r.getMessage() for r in caplog.records if "waits for its worker to start it" in r.getMessage()]
+    assert len(said) == 1 and "r1 is placed on a100-0" in said[0]
+
+
 def test_a_dropped_connection_to_the_scheduler_logs_the_workers_record_of_the_run(gogh_home, monkeypatch):
     """Dask cancels a disconnected client's runs even when it reconnects at once: the body is
     stopped on its worker, whose record (the steps it did) must be the one logged, not this

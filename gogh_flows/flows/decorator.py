@@ -20,6 +20,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import math
 import re
 import sys
 import threading
@@ -363,6 +364,7 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
     done = _done_event(future)
     next_prefect_check = time.monotonic() + prefect_check_s
     stop_asked = False
+    say_waiting_at = time.monotonic() + _SAY_WAITING_S
 
     def outcome() -> Any:
         if future.status == "cancelled":
@@ -412,6 +414,11 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
                             "body on %s to stop", run_id, placement.gpu_id)
                 _quietly(ledger.cancel, run_id, "its flow run was cancelled in Prefect",
                          timeout_s=_CLEANUP_TIMEOUT_S)
+        if lease.started_at is None and time.monotonic() > say_waiting_at:
+            # not silent: a fresh worker builds a zoo model's features before its first run of the type
+            say_waiting_at = math.inf
+            log.info("gogh: run %s is placed on %s and waits for its worker to start it (a worker's first run of "
+                     "a job type builds the model's layer features first, about 10 s)", run_id, placement.gpu_id)
         if lease.started_at is None and time.monotonic() > start_by:
             raise PlacementTimeout(
                 f"run {run_id} was placed on {placement.gpu_id} but its body did not start within "
@@ -519,6 +526,8 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
 
 #: extra time a placed body may take to start in Dask beyond the run's remaining wait
 _START_GRACE_S = 10.0
+#: a placed body not started after this long is said to be waiting for its worker (once)
+_SAY_WAITING_S = 3.0
 
 #: how long a run's way out waits for the pool's scheduler (a hung one must not hang the run;
 #: what it did not hear of lapses there on its own)
