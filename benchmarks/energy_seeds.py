@@ -30,8 +30,8 @@ from pathlib import Path
 from gogh_flows.progress import Progress
 from gogh_flows.sim.account import energy_accounts
 from gogh_flows.sim.engine import SimConfig
-from gogh_flows.sim.holdout import family_types, relabel_to_family, train_holdout
-from gogh_flows.sim.run import parse_cluster, reference_throughput, run_policies
+from gogh_flows.sim.holdout import train_holdout
+from gogh_flows.sim.run import parse_cluster, run_policies
 from gogh_flows.sim.traces import read_trace
 from gogh_flows.truth.gavel import gavel_dir, read_gavel_json
 
@@ -44,7 +44,9 @@ from evaluate_policies import (  # noqa: E402 - one definition of every scenario
     P1_EPOCHS,
     P2_EPOCHS,
     SEED,
-    _prepare,
+    SEEDS_BEGIN,
+    SEEDS_END,
+    holdout_jobs,
     scenarios,
 )
 
@@ -56,8 +58,7 @@ POLICIES = ("greedy-fastest", "first-fit", "greedy-efficiency", "oracle", "oracl
 #: the learned runs of (e): greedy-fastest as the reference, the learned policies, oracle's best variant
 LEARNED = ("greedy-fastest", *LEARNED_BAR, "oracle+limits+fleet+wait")
 ORACLES = tuple(p for p in POLICIES if p.startswith("oracle"))
-BEGIN = "<!-- energy over seeds 0-2, written by `benchmarks/energy_seeds.py`: begin -->"
-END = "<!-- energy over seeds 0-2: end -->"
+BEGIN, END = SEEDS_BEGIN, SEEDS_END
 
 
 def figures(results: dict) -> dict[str, dict[str, float]]:
@@ -100,8 +101,7 @@ def learned_runs(bars: Progress) -> dict[str, dict]:
     for k, fam in enumerate(HOLDOUTS):
         pred = train_holdout(gavel, fam, p1_epochs=P1_EPOCHS, p2_epochs=P2_EPOCHS, seed=SEED, intervals=True)
         for seed in SEEDS:
-            jobs = relabel_to_family(raw, family_types(gavel, fam), reference_throughput(gavel, "v100"), seed=seed)
-            jobs = _prepare(gavel, cluster, jobs, [], seed=seed)
+            jobs = holdout_jobs(gavel, raw, fam, cluster, [], seed=seed)
             for nz in (0.0, NOISE):
                 t0 = time.perf_counter()
                 on = run_policies(jobs, gpus, gavel, LEARNED, config=SimConfig(seed=seed, noise=nz), predictors=pred)

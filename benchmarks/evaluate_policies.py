@@ -98,6 +98,17 @@ def _prepare(truth, cluster: str, jobs: list, notes: list[str], q: tuple[float, 
     return ready
 
 
+def holdout_jobs(truth, raw: list, fam: str, cluster: str, notes: list[str], seed: int = SEED) -> list:
+    """Scenario (e)'s jobs: the trace ``raw`` re-labelled to job types of family ``fam`` (same
+    duration on a V100), with requirements for ``cluster``; the trace jobs no type of the family
+    runs (at their GPU count) are counted in the notes."""
+    jobs = relabel_to_family(raw, family_types(truth, fam), reference_throughput(truth, "v100"), seed=seed)
+    if len(jobs) < len(raw):
+        notes.append(f"{len(raw) - len(jobs)} of {len(raw)} trace jobs dropped: no {fam} job "
+                     "type runs at their GPU count")
+    return _prepare(truth, cluster, jobs, notes, seed=seed)
+
+
 MODERN = "h100=8,a100=16,l4=16,t4=16,v100=8"
 
 
@@ -368,12 +379,7 @@ def holdout_section(noise: float = 0.0) -> tuple[list[str], list[str]]:
         pred = train_holdout(gavel, fam, p1_epochs=P1_EPOCHS, p2_epochs=P2_EPOCHS, seed=SEED, intervals=True)
         train_s = time.perf_counter() - t0
         notes: list[str] = []
-        jobs = relabel_to_family(raw, family_types(gavel, fam), reference_throughput(gavel, "v100"),
-                                 seed=SEED)
-        if len(jobs) < len(raw):
-            notes.append(f"{len(raw) - len(jobs)} of {len(raw)} trace jobs dropped: no {fam} job "
-                         "type runs at their GPU count")
-        jobs = _prepare(gavel, cluster, jobs, notes)
+        jobs = holdout_jobs(gavel, raw, fam, cluster, notes)
         for nz in (0.0, noise) if noise else (0.0,):
             t1 = time.perf_counter()
             on = run_policies(jobs, gpus, gavel, LEARNED_RUN,
@@ -432,14 +438,18 @@ def table(on: dict, parked: dict, names) -> list[str]:
     return out
 
 
+#: the markers around the page's last section, which `benchmarks/energy_seeds.py` writes
+SEEDS_BEGIN = "<!-- energy over seeds 0-2, written by `benchmarks/energy_seeds.py`: begin -->"
+SEEDS_END = "<!-- energy over seeds 0-2: end -->"
+
+
 def seeds_block() -> str:
     """The seeds 0-2 section `benchmarks/energy_seeds.py` wrote into the page, kept as it is (that
     script reruns it; this one runs seed 0 only)."""
-    begin, end = "<!-- energy over seeds 0-2, written by", "<!-- energy over seeds 0-2: end -->"
     text = DOC.read_text() if DOC.exists() else ""
-    if begin not in text or end not in text:
+    if SEEDS_BEGIN not in text or SEEDS_END not in text:
         return ""
-    return "\n" + begin + text.split(begin, 1)[1].split(end, 1)[0] + end + "\n"
+    return "\n" + SEEDS_BEGIN + text.split(SEEDS_BEGIN, 1)[1].split(SEEDS_END, 1)[0] + SEEDS_END + "\n"
 
 
 def main() -> None:

@@ -24,14 +24,14 @@ from pathlib import Path
 from gogh_flows.placement import GoghOptimizer
 from gogh_flows.sim.account import energy_accounts
 from gogh_flows.sim.engine import SimConfig, simulate
-from gogh_flows.sim.holdout import family_types, relabel_to_family, train_holdout
+from gogh_flows.sim.holdout import train_holdout
 from gogh_flows.sim.learned import LearnedThroughputs, middle_types
-from gogh_flows.sim.run import parse_cluster, reference_throughput, run_policies
+from gogh_flows.sim.run import parse_cluster, run_policies
 from gogh_flows.sim.traces import read_trace
 from gogh_flows.truth.gavel import gavel_dir, read_gavel_json
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from evaluate_policies import HOLDOUTS, P1_EPOCHS, P2_EPOCHS, SEED, _prepare  # noqa: E402 - one definition
+from evaluate_policies import HOLDOUTS, P1_EPOCHS, P2_EPOCHS, SEED, holdout_jobs  # noqa: E402 - one definition
 
 OUT = Path(__file__).resolve().parent / "results"
 CLUSTER = "v100=8,p100=16,k80=24"
@@ -49,8 +49,7 @@ def main() -> None:
     for fam in HOLDOUTS:
         # with the ensemble and intervals, as `gogh predictors train` ships a prior (point predictions here)
         pred = train_holdout(gavel, fam, p1_epochs=P1_EPOCHS, p2_epochs=P2_EPOCHS, seed=SEED, intervals=True)
-        jobs = relabel_to_family(raw, family_types(gavel, fam), reference_throughput(gavel, "v100"), seed=SEED)
-        jobs = _prepare(gavel, CLUSTER, jobs, [])
+        jobs = holdout_jobs(gavel, raw, fam, CLUSTER, [])
         for noise in (0.0, 0.1):
             config = SimConfig(seed=SEED, noise=noise)
             results = run_policies(jobs, gpus, gavel, ["oracle", "gogh"], config=config, predictors=pred)

@@ -29,14 +29,14 @@ from pathlib import Path
 from gogh_flows.progress import Progress
 from gogh_flows.sim.account import energy_accounts
 from gogh_flows.sim.engine import SimConfig
-from gogh_flows.sim.holdout import family_types, relabel_to_family, train_holdout
-from gogh_flows.sim.run import parse_cluster, reference_throughput, run_policies
+from gogh_flows.sim.holdout import train_holdout
+from gogh_flows.sim.run import parse_cluster, run_policies
 from gogh_flows.sim.traces import read_trace
 from gogh_flows.truth.gavel import gavel_dir, read_gavel_json
 from gogh_flows.truth.synthetic import synthetic_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from evaluate_policies import HOLDOUTS, P1_EPOCHS, P2_EPOCHS, SEED, _prepare  # noqa: E402 - one definition
+from evaluate_policies import HOLDOUTS, P1_EPOCHS, P2_EPOCHS, SEED, holdout_jobs  # noqa: E402 - one definition
 
 OUT = Path(__file__).resolve().parent / "results"
 CLUSTERS = {"gavel": "v100=8,p100=16,k80=24", "synthetic": "h100=4,a100=8,v100=8,t4=12,k80=16"}
@@ -72,8 +72,7 @@ def main(truth_name: str = "gavel") -> None:
             t0 = time.perf_counter()
             pred = train_holdout(truth, fam, p1_epochs=P1_EPOCHS, p2_epochs=P2_EPOCHS, seed=SEED, intervals=True)
             train_s = time.perf_counter() - t0
-            jobs = relabel_to_family(raw, family_types(truth, fam), reference_throughput(truth, "v100"), seed=SEED)
-            jobs = _prepare(truth, cluster, jobs, [])
+            jobs = holdout_jobs(truth, raw, fam, cluster, [])
             for noise in NOISES:
                 config = SimConfig(seed=SEED, noise=noise)
                 results = run_policies(jobs, gpus, truth, ["oracle"], config=config)
