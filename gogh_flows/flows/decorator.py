@@ -436,7 +436,8 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
     policy = load_block(PlacementPolicy, settings.policy, PlacementPolicy())
     session = shared_session(cluster, registry.resolved_tracking_uri())
     # a job type the truth lacks runs from its layer features (the worker's _learn_job)
-    if session.truth is not None and not session.truth.knows(job.job_type) and job.features is None:
+    unknown = session.truth is None or not session.truth.knows(job.job_type)
+    if session.truth is not None and unknown and job.features is None:
         raise ValueError(
             f"the emulated fleet runs at the throughputs of its truth table ({session.truth.source}), which "
             f"has no entry for {job.job_type!r}; emulated fleets run the job types of that table, e.g. "
@@ -472,8 +473,7 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
                      "required_throughput": placement.required_throughput,
                      # a job type the emulated fleet's truth may lack (a user's own model, a zoo model
                      # for inference): the worker computes its figures from these
-                     "features": job.features if (job.family is None or session.truth is None
-                                                  or not session.truth.knows(job.job_type)) else None}
+                     "features": job.features if (job.family is None or unknown) else None}
             if in_process:
                 token = uuid.uuid4().hex
                 _LOCAL_BODIES[token] = (fn, args, kwargs, serialize_context())
