@@ -71,3 +71,15 @@ def test_the_seeds_section_of_the_evaluation_is_the_committed_runs_own():
     lines = bench.report(saved["scenarios"], saved["learned"], saved["wall_s"])
     assert inside == "\n".join(lines).strip(), "run `.venv/bin/python benchmarks/energy_seeds.py report`"
     assert saved["seeds"] == [0, 1, 2] and all(len(e["runs"]) == 3 for e in saved["scenarios"].values())
+
+
+def test_the_simulators_patience_is_the_one_chosen_on_the_selection_seeds():
+    """``sim.run.WAIT_S`` (the ``+wait`` policies) is what `benchmarks/wait_tradeoff.py` chose on
+    seeds 10-12, which no report uses; the evaluation's seeds never took part."""
+    import json
+
+    from gogh_flows.sim.run import WAIT_S
+
+    saved = json.loads((REPO / "benchmarks" / "results" / "wait_tradeoff.json").read_text())
+    assert WAIT_S == saved["chosen_hours"] * 3600.0, "set sim.run.WAIT_S to benchmarks/wait_tradeoff.py's choice"
+    assert not set(saved["seeds"]) & {0, 1, 2} and {r["seed"] for r in saved["rows"]} == set(saved["seeds"])
