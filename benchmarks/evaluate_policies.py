@@ -481,8 +481,9 @@ def main() -> None:
         "for >= 20% less predicted time; first-fit, its interleaved variant, random and",
         "greedy-min-power never do (docs/simulation.md).",
         "",
-        "`oracle+limits` is the optimiser choosing each GPU's power limit too (levels 0, 0.25, 0.5,",
-        "0.75, 1 of each type's range; the truth's response to a limit is the power-limit model",
+        "`oracle+limits` is the optimiser choosing each GPU's power limit too (levels "
+        + ", ".join(f"{x:g}" for x in (*DEFAULT_LIMIT_LEVELS, 1)) + " of each type's range, chosen by",
+        "`benchmarks/limit_levels.py` on seeds 10-12; the truth's response to a limit is the power-limit model",
         "fitted on Zeus's measured curves, docs/energy.md); `+fleet` adds the fleet-level",
         "re-optimisation every 30 minutes and when GPUs free up (docs/optimizer.md); `+wait` lets a",
         f"new job wait up to {WAIT_S / 3600:g} hours after it arrives for a GPU type that would run it for at least",

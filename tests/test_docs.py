@@ -83,3 +83,15 @@ def test_the_simulators_patience_is_the_one_chosen_on_the_selection_seeds():
     saved = json.loads((REPO / "benchmarks" / "results" / "wait_tradeoff.json").read_text())
     assert WAIT_S == saved["chosen_hours"] * 3600.0, "set sim.run.WAIT_S to benchmarks/wait_tradeoff.py's choice"
     assert not set(saved["seeds"]) & {0, 1, 2} and {r["seed"] for r in saved["rows"]} == set(saved["seeds"])
+
+
+def test_the_simulators_limit_levels_are_the_ones_chosen_on_the_selection_seeds():
+    """``sim.run.DEFAULT_LIMIT_LEVELS`` (the ``+limits`` policies) is what `benchmarks/limit_levels.py`
+    chose on seeds 10-12, which no report uses."""
+    import json
+
+    from gogh_flows.sim.run import DEFAULT_LIMIT_LEVELS
+
+    saved = json.loads((REPO / "benchmarks" / "results" / "limit_levels.json").read_text())
+    assert list(DEFAULT_LIMIT_LEVELS) == saved["chosen_levels"], "set sim.run.DEFAULT_LIMIT_LEVELS to the choice"
+    assert not set(saved["seeds"]) & {0, 1, 2}
