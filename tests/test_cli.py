@@ -4,6 +4,7 @@ import re
 import pytest
 
 from gogh_flows.cli import main
+from gogh_flows.sim.run import DEFAULT_LIMIT_LEVELS
 
 
 def test_a_command_imports_only_its_own_parser_and_an_unknown_one_lists_every_command(capsys):
@@ -195,7 +196,7 @@ def test_simulate_floor_sits_below_every_policy_that_met_its_requirements(gavel_
                "--seeds", "0,1", "--floor", "--json", str(out)])
     assert rc == 0
     data = json.loads(out.read_text())
-    assert data["floor"]["limit_levels"] == [0.0, 0.25, 0.5, 0.75]
+    assert data["floor"]["limit_levels"] == list(DEFAULT_LIMIT_LEVELS)  # the +limits policies' levels
     for figures in data["per_seed"].values():
         wait, due = figures["floor, may wait"], figures["floor, by greedy-fastest"]
         assert wait["energy_kwh_on"] <= due["energy_kwh_on"] * (1 + 1e-9)
