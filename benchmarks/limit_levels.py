@@ -31,13 +31,10 @@ from gogh_flows.sim.run import parse_cluster, run_policies
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evaluate_policies import scenarios  # noqa: E402 - the scenarios are defined once, there
+from wait_tradeoff import KEYS, OUT, SELECTION_SEEDS, TIE  # noqa: E402 - one set of selection runs
 
-OUT = Path(__file__).resolve().parent / "results"
-KEYS = ("gavel-physical", "gavel-physical-noise", "modern-mixed", "modern-mixed-noise")
-SELECTION_SEEDS = (10, 11, 12)
 POLICY = "oracle+limits+fleet+wait"
 CANDIDATES = {"4 levels": (0.0, 0.25, 0.5, 0.75), "8 levels": tuple(i / 8 for i in range(8))}
-TIE = 0.002
 
 
 def _run_with(levels: tuple[float, ...], *args, **kwargs):
