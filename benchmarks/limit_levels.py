@@ -24,27 +24,16 @@ import sys
 import time
 from pathlib import Path
 
-from gogh_flows.sim import run as sim_run
 from gogh_flows.sim.account import energy_accounts
 from gogh_flows.sim.engine import SimConfig
 from gogh_flows.sim.run import parse_cluster, run_policies
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evaluate_policies import scenarios  # noqa: E402 - the scenarios are defined once, there
-from wait_tradeoff import KEYS, OUT, SELECTION_SEEDS, TIE  # noqa: E402 - one set of selection runs
+from wait_tradeoff import KEYS, OUT, SELECTION_SEEDS, TIE, least  # noqa: E402 - one set of selection runs
 
 POLICY = "oracle+limits+fleet+wait"
 CANDIDATES = {"4 levels": (0.0, 0.25, 0.5, 0.75), "8 levels": tuple(i / 8 for i in range(8))}
-
-
-def _run_with(levels: tuple[float, ...], *args, **kwargs):
-    """``run_policies`` with the ``+limits`` policies choosing among ``levels``."""
-    saved = sim_run.DEFAULT_LIMIT_LEVELS
-    sim_run.DEFAULT_LIMIT_LEVELS = levels
-    try:
-        return run_policies(*args, **kwargs)
-    finally:
-        sim_run.DEFAULT_LIMIT_LEVELS = saved
 
 
 def main() -> None:
@@ -56,11 +45,9 @@ def main() -> None:
             gpus = parse_cluster(sc.cluster)
             config = SimConfig(seed=seed, noise=sc.noise)
             results = run_policies(sc.jobs, gpus, sc.truth, ["greedy-fastest"], config=config)
-            p99 = {}
             for name, levels in CANDIDATES.items():
-                r = _run_with(levels, sc.jobs, gpus, sc.truth, [POLICY], config=config)[POLICY]
-                results[name] = r
-                p99[name] = r.summary().get("decision_p99_ms")
+                results[name] = run_policies(sc.jobs, gpus, sc.truth, [POLICY], config=config,
+                                             limit_levels=levels)[POLICY]
             acc = energy_accounts(results)
             for name in CANDIDATES:
                 s = results[name].summary()
@@ -68,11 +55,10 @@ def main() -> None:
                              "always_on_vs_greedy": acc[name].always_on_vs["greedy-fastest"],
                              "parked_vs_greedy": acc[name].parked_vs["greedy-fastest"],
                              "sla_attainment": s["sla_attainment"], "avg_jct_h": s["avg_jct_s"] / 3600,
-                             "decision_p99_ms": p99[name]})
+                             "decision_p99_ms": s["decision_p99_ms"]})
             print(f"{sc.key} seed {seed}: {time.perf_counter() - t0:.1f} s", flush=True)
     means = {n: statistics.fmean(r["always_on_vs_greedy"] for r in rows if r["levels"] == n) for n in CANDIDATES}
-    best = min(means.values())
-    chosen = next(n for n in CANDIDATES if means[n] <= best + TIE)  # in order: fewer levels first
+    chosen = least(means)  # in order: fewer levels first
     wall = time.perf_counter() - t_all
     OUT.mkdir(exist_ok=True)
     (OUT / "limit_levels.json").write_text(json.dumps(

@@ -9,7 +9,7 @@ from gogh_flows.placement import GoghOptimizer, Gpu, Job, PlacementProblem, get_
 from gogh_flows.placement.patience import HELD, Patience, hold_for_efficiency
 from gogh_flows.placement.problem import TableThroughputs
 from gogh_flows.sim.engine import SimConfig, simulate
-from gogh_flows.sim.run import WAIT_POLICIES, WAIT_S, make_policy, run_policies
+from gogh_flows.sim.run import DEFAULT_LIMIT_LEVELS, WAIT_POLICIES, WAIT_S, make_policy, run_policies
 from gogh_flows.sim.traces import TraceJob
 from gogh_flows.truth.table import ThroughputTable
 
@@ -102,6 +102,9 @@ def test_wait_policies_build_on_the_optimisers_with_the_fixed_patience():
     assert "oracle+limits+fleet+wait" in WAIT_POLICIES and "greedy-fastest+wait" not in WAIT_POLICIES
     p = make_policy("oracle+limits+fleet+wait", _table())
     assert p.patience == Patience(WAIT_S) and p.reoptimize_s > 0 and p.policy.power_limit_levels
+    assert p.policy.power_limit_levels == DEFAULT_LIMIT_LEVELS
+    # a run may name its own levels (benchmarks/limit_levels.py compares them), through every modifier
+    assert make_policy("oracle+limits+fleet+wait", _table(), limit_levels=(0.0, 0.5)).policy.power_limit_levels == (0.0, 0.5)
     res = run_policies(_stream(), [Gpu("h", "h100", 1), Gpu("t", "t4", 1)], _table(), ["oracle", "oracle+wait"])
     assert res["oracle+wait"].jobs["second"].gpu_type == "h100" and res["oracle"].jobs["second"].gpu_type == "t4"
 

@@ -151,27 +151,30 @@ def make_peer(name: str, seed: int = 0, rltune_model=None):
 
 def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
                 time_limit_s: float = 2.0, predictors=None, gpu_types=None,
-                risk_level: float | None = None, rltune_model=None, patience: Patience | None = None) -> SimPolicy:
+                risk_level: float | None = None, rltune_model=None, patience: Patience | None = None,
+                limit_levels: Sequence[float] | None = None) -> SimPolicy:
     """``predictors`` (a ``sim.learned.Predictors``) is needed by the learned policies only;
-    ``patience``, by the ``+wait`` policies (default ``WAIT_S``, ``WAIT_SAVING``).
+    ``patience``, by the ``+wait`` policies (default ``WAIT_S``, ``WAIT_SAVING``);
+    ``limit_levels``, by the ``+limits`` policies (default ``DEFAULT_LIMIT_LEVELS``).
 
     A learned policy gets a fresh planning view for every simulation: what it learned
     from one run's observations never leaks into another.
     """
     if name in WAIT_POLICIES:
         inner = make_policy(name.removesuffix(WAIT_SUFFIX), truth, seed, time_limit_s, predictors, gpu_types,
-                            risk_level)
+                            risk_level, limit_levels=limit_levels)
         return dataclasses.replace(inner, name=name, policy=dataclasses.replace(inner.policy, name=name),
                                    patience=patience or Patience(WAIT_S, WAIT_SAVING))
     if name in FLEET_POLICIES:
         inner = make_policy(name.removesuffix(FLEET_SUFFIX), truth, seed, time_limit_s, predictors, gpu_types,
-                            risk_level)
+                            risk_level, limit_levels=limit_levels)
         return SimPolicy(name, dataclasses.replace(inner.policy, name=name), inner.planning, FLEET_REOPT_S)
     if name in LIMIT_POLICIES:
         base = make_policy(name[: -len(LIMITS_SUFFIX)], truth, seed, time_limit_s, predictors, gpu_types,
                            risk_level)
         return SimPolicy(name, dataclasses.replace(base.policy, name=name,
-                                                   power_limit_levels=DEFAULT_LIMIT_LEVELS), base.planning)
+                                                   power_limit_levels=tuple(DEFAULT_LIMIT_LEVELS if limit_levels is None
+                                                                            else limit_levels)), base.planning)
     if name in LEARNED_POLICIES:
         if predictors is None:
             raise ValueError(f"policy {name!r} needs trained predictors: pass --predictors DIR "
@@ -213,20 +216,23 @@ def run_policies(
     risk_level: float | None = None,
     rltune_model=None,
     patience: Patience | None = None,
+    limit_levels: Sequence[float] | None = None,
 ) -> dict[str, SimResult]:
     """Simulate each named policy on the identical stream; results keyed by policy name.
 
     ``predictors`` (``sim.learned.Predictors``) serve the learned policies (``gogh``,
     ``gogh-p1``); each of their runs starts from the predictors alone. ``risk_level``: the
     learned policies plan with the lower end of the refiner's interval at that level.
-    ``patience``: how long the ``+wait`` policies let a new job wait, for what saving.
+    ``patience``: how long the ``+wait`` policies let a new job wait, for what saving;
+    ``limit_levels``: the levels the ``+limits`` policies choose among (default ``DEFAULT_LIMIT_LEVELS``).
     """
     if not names:
         raise ValueError(f"name at least one policy: {', '.join(ALL_POLICIES)}")
     config = config or SimConfig()
     types = sorted({g.gpu_type for g in gpus})
     policies = [make_policy(n, truth, config.seed, predictors=predictors, gpu_types=types, risk_level=risk_level,
-                            rltune_model=rltune_model, patience=patience) for n in names]  # validate all first
+                            rltune_model=rltune_model, patience=patience, limit_levels=limit_levels)
+                for n in names]  # validate all first
     out: dict[str, SimResult] = {}
     for p in policies:
         cb = (lambda done, total, name=p.name: progress(name, done, total)) if progress else None
