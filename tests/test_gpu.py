@@ -53,3 +53,35 @@ def test_a_real_board_measures_the_steady_window_and_splits_a_shared_board():
     assert all(o.error is None for o in pair) and all(r.window == "steady" for r in readings)
     overlap = [r for r in readings if r.run_energy_j < r.board_run_energy_j * 0.99]
     assert overlap, "two runs on one board must each carry a part of the shared stretch, not all of it"
+
+
+@pytest.mark.skipif(GPU_REASON is not None, reason=GPU_REASON or "")
+def test_a_real_board_keeps_its_limit_when_the_pool_was_not_asked_to_set_one():
+    """Read-only on the board: a placement's chosen limit without ``run_power_limits`` is recorded,
+    not applied (the board's limit, read through NVML before and after, is unchanged, and the run's
+    measurement carries the limit it really ran at). Never sets a limit: the machine is shared."""
+    from gogh_flows.runtime.pool import local_cuda_pool
+    from gogh_flows.runtime.power_cap import _handle, _init, _load_pynvml, _shutdown, read_limits
+    from gogh_flows.runtime.run_limits import board_of
+
+    nvml = _load_pynvml()
+    with local_cuda_pool(capacity=1) as pool:
+        gid = pool.gpu_ids[0]
+        board = board_of(pool.device(gid))
+        _init(nvml)
+        try:
+            before = read_limits(nvml, _handle(nvml, board))
+        finally:
+            _shutdown(nvml)
+        chosen = max(before.min_w, round(0.6 * before.current_w))
+        assert chosen < before.current_w, f"the board's limit {before.current_w} W leaves nothing below it to choose"
+        out = pool.run(train_zoo, "ResNet-18", 32, seconds=2.0, gpu_id=gid, job_type="ResNet-18 (batch size 32)",
+                       power_limit_w=chosen)
+        _init(nvml)
+        try:
+            after = read_limits(nvml, _handle(nvml, board))
+        finally:
+            _shutdown(nvml)
+    assert out.error is None and out.telemetry.source == "nvml"
+    assert after.current_w == before.current_w, "a pool opened without run_power_limits changed the board's limit"
+    assert out.telemetry.power_limit_w == pytest.approx(before.current_w)

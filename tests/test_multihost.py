@@ -119,6 +119,23 @@ def _started_lease(ledger, deadline_s: float, not_run: str | None = None):
     raise AssertionError("no run started on the pool")
 
 
+def test_a_preloaded_scheduler_has_imported_the_run_path_before_the_first_run(tmp_path):
+    """The scheduler unpickles each task graph on its event loop; a first graph that had to import
+    torch and the decorator there stalled every ledger call meanwhile (2.8 s here, longer than a
+    4 s lease check with PyTorch's CUDA build on an H100 machine, where the first run was lost)."""
+    from distributed import Client
+
+    from gogh_flows.runtime.ledger import RUN_PATH_MODULES
+
+    def imported(names=RUN_PATH_MODULES):
+        import sys as _sys
+
+        return [n for n in names if n in _sys.modules]
+
+    with cli_pool(tmp_path, {}) as pool, Client(pool["address"], timeout=30, set_as_default=False) as client:
+        assert client.run_on_scheduler(imported) == list(RUN_PATH_MODULES)
+
+
 def test_a_ledger_call_after_the_scheduler_died_says_the_connection_was_lost(tmp_path):
     """What a placing process meets when the pool's scheduler dies: a ConnectionError naming the
     scheduler, not Dask's bare CommClosedError("ConnectionPool closing.")."""

@@ -37,10 +37,11 @@ gogh_flows.runtime.ledger``), or let the first client register it (:func:`ensure
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import os
-from time import time
+from time import monotonic, time
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
@@ -67,6 +68,27 @@ def lease_timeout_from_env(value: float | None = None) -> float:
         raise ValueError(f"the ledger's lease timeout must be a number of seconds > 0, got {raw!r} "
                          f"(argument lease_timeout_s or ${LEASE_TIMEOUT_ENV})")
     return timeout
+
+
+#: what a run's task graph names: the scheduler unpickles each graph on its event loop, so the
+#: first graph imports these there (torch with them, seconds with a CUDA build on a cold disk)
+RUN_PATH_MODULES = ("gogh_flows.flows", "gogh_flows.runtime.worker")
+
+
+def warm_run_path() -> float:
+    """Import :data:`RUN_PATH_MODULES` now, before any lease exists; the seconds it took.
+
+    Dask's scheduler deserialises a submitted graph on its event loop, and with it the modules
+    the run's function and body name. Left to the first run, that import stalls every handler of
+    the ledger meanwhile: on an H100 machine (PyTorch with CUDA) the first run's own lease check
+    missed a 4 s lease timeout that way, and the run was lost. Imported while the ledger starts,
+    the cost is paid before anyone holds a slot; a team's own heavy modules can be preloaded the
+    same way (``dask scheduler --preload mypackage``).
+    """
+    began = monotonic()
+    for name in RUN_PATH_MODULES:
+        importlib.import_module(name)
+    return monotonic() - began
 
 
 #: the most measurements of lost placing processes kept while nobody collects them
@@ -111,6 +133,9 @@ class LedgerPlugin(SchedulerPlugin):
 
     # -- lifetime ----------------------------------------------------------------------
     async def start(self, scheduler: Any) -> None:
+        took = warm_run_path()
+        if took > 1.0:
+            log.info("gogh: the ledger imported the run path in %.1f s before taking claims", took)
         self.scheduler = scheduler
         scheduler.handlers.update({
             "gogh_ledger_state": self.state,
