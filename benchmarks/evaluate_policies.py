@@ -133,16 +133,22 @@ def modern_fleet(seed: int = SEED) -> tuple[object, str, list]:
 MODERN_RUN = ("greedy-fastest", "oracle+limits+fleet+wait", *LEARNED_BAR)
 
 
+def modern_holdout_jobs(seed: int = SEED) -> tuple[object, str, list]:
+    """(e, modern)'s truth, fleet and jobs: scenario (f)'s stream for ``seed`` re-labelled to
+    job types of the first held-out family, requirements q ~ U(0.05, 0.3) as in (f)."""
+    mixed, cluster, gen = modern_fleet(seed)
+    jobs = relabel_to_family(gen, family_types(mixed, HOLDOUTS[0]), reference_throughput(mixed, "v100"), seed=seed)
+    return mixed, cluster, _prepare(mixed, cluster, jobs, [], q=(0.05, 0.3), seed=seed)
+
+
 def modern_holdout_section(noise: float) -> list[str]:
     """Scenario (f)'s stream re-labelled to a family the predictors never saw (always on)."""
-    mixed, cluster, gen = modern_fleet()
+    mixed, cluster, jobs = modern_holdout_jobs()
     fam = HOLDOUTS[0]
     gpus = parse_cluster(cluster)
     t0 = time.perf_counter()
     pred = train_holdout(mixed, fam, p1_epochs=P1_EPOCHS, p2_epochs=P2_EPOCHS, seed=SEED, intervals=True)
     train_s = time.perf_counter() - t0
-    jobs = relabel_to_family(gen, family_types(mixed, fam), reference_throughput(mixed, "v100"), seed=SEED)
-    jobs = _prepare(mixed, cluster, jobs, [], q=(0.05, 0.3))
     lines = ["### The learned policies on the modern fleet, a family never seen", "",
              f"Scenario (f)'s fleet (`{cluster}`), truth and arrivals, every job re-labelled to a {fam} "
              f"job type (training or inference) as in (e), requirements q ~ U(0.05, 0.3); P1 and P2 trained "
@@ -481,8 +487,8 @@ def main() -> None:
         "for >= 20% less predicted time; first-fit, its interleaved variant, random and",
         "greedy-min-power never do (docs/simulation.md).",
         "",
-        "`oracle+limits` is the optimiser choosing each GPU's power limit too (levels "
-        + ", ".join(f"{x:g}" for x in (*DEFAULT_LIMIT_LEVELS, 1)) + " of each type's range, chosen by",
+        "`oracle+limits` is the optimiser choosing each GPU's power limit too (levels in steps of "
+        f"{1 / len(DEFAULT_LIMIT_LEVELS):g} of each type's range, 0 to 1, chosen by",
         "`benchmarks/limit_levels.py` on seeds 10-12; the truth's response to a limit is the power-limit model",
         "fitted on Zeus's measured curves, docs/energy.md); `+fleet` adds the fleet-level",
         "re-optimisation every 30 minutes and when GPUs free up (docs/optimizer.md); `+wait` lets a",

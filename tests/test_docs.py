@@ -68,9 +68,10 @@ def test_the_seeds_section_of_the_evaluation_is_the_committed_runs_own():
     assert bench.BEGIN in text and bench.END in text
     inside = text.split(bench.BEGIN, 1)[1].split(bench.END, 1)[0].strip()
     saved = json.loads((bench.OUT / "energy_seeds.json").read_text())
-    lines = bench.report(saved["scenarios"], saved["learned"], saved["wall_s"])
+    lines = bench.tables(saved)
     assert inside == "\n".join(lines).strip(), "run `.venv/bin/python benchmarks/energy_seeds.py report`"
     assert saved["seeds"] == [0, 1, 2] and all(len(e["runs"]) == 3 for e in saved["scenarios"].values())
+    assert saved["learned_modern"] and all(len(e["runs"]) == 3 for e in saved["learned_modern"].values())
 
 
 def test_the_simulators_patience_is_the_one_chosen_on_the_selection_seeds():

@@ -41,9 +41,9 @@ LIMIT_POLICIES = tuple(f"{p}{LIMITS_SUFFIX}" for p in OPTIMIZER_POLICIES)
 FLEET_POLICIES = tuple(f"{p}{m}{FLEET_SUFFIX}" for p in OPTIMIZER_POLICIES for m in ("", LIMITS_SUFFIX))
 WAIT_POLICIES = tuple(f"{p}{WAIT_SUFFIX}" for p in (*OPTIMIZER_POLICIES, *LIMIT_POLICIES, *FLEET_POLICIES))
 #: the limit levels of the ``+limits`` policies (fractions of each type's range; the maximum is
-#: always offered): 8 steps of 0.125, chosen over 4 by ``benchmarks/limit_levels.py`` on seeds no
+#: always offered): 16 steps of 0.0625, chosen over 4 and 8 by ``benchmarks/limit_levels.py`` on seeds no
 #: report uses (tests/test_docs.py checks it)
-DEFAULT_LIMIT_LEVELS = tuple(i / 8 for i in range(8))
+DEFAULT_LIMIT_LEVELS = tuple(i / 16 for i in range(16))
 FLEET_REOPT_S = 1800.0
 #: the patience chosen by ``benchmarks/wait_tradeoff.py`` on seeds no report uses (the least
 #: always-on energy of 0-48 h over (b), (d), (f) and (f, noise); tests/test_docs.py checks it);
