@@ -56,16 +56,29 @@ def test_a_real_board_measures_the_steady_window_and_splits_a_shared_board():
 
 
 @pytest.mark.skipif(GPU_REASON is not None, reason=GPU_REASON or "")
-def test_a_real_board_keeps_its_limit_when_the_pool_was_not_asked_to_set_one():
+def test_a_real_board_keeps_its_limit_when_the_pool_was_not_asked_to_set_one(monkeypatch):
     """Read-only on the board: a placement's chosen limit without ``run_power_limits`` is recorded,
     not applied (the board's limit, read through NVML before and after, is unchanged, and the run's
-    measurement carries the limit it really ran at). Never sets a limit: the machine is shared."""
+    measurement carries the limit it really ran at). The machine is shared, so NVML's setter is
+    replaced in every process of the pool by one that refuses: a regression fails the run instead
+    of changing the board."""
     from gogh_flows.runtime.pool import local_cuda_pool
     from gogh_flows.runtime.power_cap import _handle, _init, _load_pynvml, _shutdown, read_limits
     from gogh_flows.runtime.run_limits import board_of
 
+    def refuse(*args, **kwargs):
+        raise RuntimeError("a pool opened without run_power_limits tried to set a board's power limit")
+
+    def refuse_limit_changes() -> bool:  # nested: pickled by value to the workers
+        import pynvml
+
+        pynvml.nvmlDeviceSetPowerManagementLimit = refuse
+        return True
+
     nvml = _load_pynvml()
+    monkeypatch.setattr(nvml, "nvmlDeviceSetPowerManagementLimit", refuse)  # this process too
     with local_cuda_pool(capacity=1) as pool:
+        assert all(pool.client.run(refuse_limit_changes).values())
         gid = pool.gpu_ids[0]
         board = board_of(pool.device(gid))
         _init(nvml)
@@ -74,7 +87,8 @@ def test_a_real_board_keeps_its_limit_when_the_pool_was_not_asked_to_set_one():
         finally:
             _shutdown(nvml)
         chosen = max(before.min_w, round(0.6 * before.current_w))
-        assert chosen < before.current_w, f"the board's limit {before.current_w} W leaves nothing below it to choose"
+        if chosen >= before.current_w:
+            pytest.skip(f"the board's limit {before.current_w:g} W is its lowest: no lower limit to choose")
         out = pool.run(train_zoo, "ResNet-18", 32, seconds=2.0, gpu_id=gid, job_type="ResNet-18 (batch size 32)",
                        power_limit_w=chosen)
         _init(nvml)
@@ -82,6 +96,6 @@ def test_a_real_board_keeps_its_limit_when_the_pool_was_not_asked_to_set_one():
             after = read_limits(nvml, _handle(nvml, board))
         finally:
             _shutdown(nvml)
-    assert out.error is None and out.telemetry.source == "nvml"
+    assert out.error is None and out.telemetry.source == "nvml", out.error
     assert after.current_w == before.current_w, "a pool opened without run_power_limits changed the board's limit"
     assert out.telemetry.power_limit_w == pytest.approx(before.current_w)

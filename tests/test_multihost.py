@@ -121,8 +121,8 @@ def _started_lease(ledger, deadline_s: float, not_run: str | None = None):
 
 def test_a_preloaded_scheduler_has_imported_the_run_path_before_the_first_run(tmp_path):
     """The scheduler unpickles each task graph on its event loop; a first graph that had to import
-    torch and the decorator there stalled every ledger call meanwhile (2.8 s here, longer than a
-    4 s lease check with PyTorch's CUDA build on an H100 machine, where the first run was lost)."""
+    torch and the decorator there stalled every ledger call meanwhile (2.8 s here; the likely
+    cause of the first runs the 4 s-lease tests lost on a lent H100, not measured there)."""
     from distributed import Client
 
     from gogh_flows.runtime.ledger import RUN_PATH_MODULES

@@ -70,9 +70,10 @@ def lease_timeout_from_env(value: float | None = None) -> float:
     return timeout
 
 
-#: what a run's task graph names: the scheduler unpickles each graph on its event loop, so the
-#: first graph imports these there (torch with them, seconds with a CUDA build on a cold disk)
-RUN_PATH_MODULES = ("gogh_flows.flows", "gogh_flows.runtime.worker")
+#: what a decorated run's task graph names beyond the runtime (which the ledger's own imports
+#: bring): the scheduler unpickles each graph on its event loop, so the first graph imports
+#: these there, torch with them (seconds, more with a CUDA build on a cold disk)
+RUN_PATH_MODULES = ("gogh_flows.flows",)
 
 
 def warm_run_path() -> float:
@@ -80,14 +81,21 @@ def warm_run_path() -> float:
 
     Dask's scheduler deserialises a submitted graph on its event loop, and with it the modules
     the run's function and body name. Left to the first run, that import stalls every handler of
-    the ledger meanwhile: on an H100 machine (PyTorch with CUDA) the first run's own lease check
-    missed a 4 s lease timeout that way, and the run was lost. Imported while the ledger starts,
-    the cost is paid before anyone holds a slot; a team's own heavy modules can be preloaded the
-    same way (``dask scheduler --preload mypackage``).
+    the ledger meanwhile: 2.8 s on the 2-core CI machine, where a 4 s lease check has no margin
+    left (on a lent H100 the multi-host tests with that timeout lost their first run; the stall
+    there was not measured). Imported while the ledger starts, the cost is paid before anyone
+    holds a slot; a team's own heavy modules can be preloaded the same way (``dask scheduler
+    --preload mypackage``). Only a speed-up: an import that fails is logged and the ledger starts
+    without it (the first run then pays the import, or fails with the same error itself).
     """
     began = monotonic()
     for name in RUN_PATH_MODULES:
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - the ledger must start whatever the run path does
+            log.warning("gogh: the ledger could not import %s ahead of the first run (%s: %s); the first "
+                        "run's graph will import it on the scheduler's event loop, stalling the ledger "
+                        "meanwhile", name, type(exc).__name__, exc)
     return monotonic() - began
 
 
@@ -133,6 +141,8 @@ class LedgerPlugin(SchedulerPlugin):
 
     # -- lifetime ----------------------------------------------------------------------
     async def start(self, scheduler: Any) -> None:
+        # no await before the handlers are in: Dask adds a client-registered plugin only after
+        # start returns, so an await here would let a second registration start a second ledger
         took = warm_run_path()
         if took > 1.0:
             log.info("gogh: the ledger imported the run path in %.1f s before taking claims", took)
