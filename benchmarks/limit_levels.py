@@ -7,7 +7,7 @@ levels can save more energy and cost more decision time. This runs ``oracle+limi
 with 4 levels (0, 0.25, 0.5, 0.75, and the maximum), 8 (steps of 0.125) and 16 (steps of
 0.0625; added after 8 was chosen over 4) on scenarios
 (b), (d), (f) and (f, noise) of docs/evaluation.md with the selection seeds 10, 11 and 12 (the
-reports use seeds 0-2), both over one energy window per scenario and seed, and chooses the
+reports use seeds 0-2), all over one energy window per scenario and seed, and chooses the
 levels of least mean always-on energy against greedy-fastest (a difference under 0.002 is a tie,
 to the fewer levels: cheaper decisions). Whether the latency targets still hold with the choice
 is `benchmarks/placement_scaling.py`'s to say (docs/performance.md).
