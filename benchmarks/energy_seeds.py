@@ -52,6 +52,7 @@ from evaluate_policies import (  # noqa: E402 - one definition of every scenario
     SEEDS_BEGIN,
     SEEDS_END,
     holdout_jobs,
+    modern_fleet,
     modern_holdout_jobs,
     scenarios,
 )
@@ -125,7 +126,7 @@ def learned_runs(bars: Progress) -> dict[str, dict]:
 def modern_runs(bars: Progress) -> dict[str, dict]:
     """(e)'s learned policies on the modern fleet (the section of docs/evaluation.md that runs
     seed 0 only), seeds 0-2: P1 and P2 trained once on (f)'s truth without the family."""
-    truth, cluster, _ = modern_holdout_jobs(SEED)
+    truth, cluster, _ = modern_fleet(SEED)  # cached: the truth and fleet every seed's jobs share
     pred = train_holdout(truth, HOLDOUTS[0], p1_epochs=P1_EPOCHS, p2_epochs=P2_EPOCHS, seed=SEED, intervals=True)
     out: dict[str, dict] = {}
     for i, seed in enumerate(SEEDS):

@@ -62,9 +62,10 @@ def test_a_real_board_keeps_its_limit_when_the_pool_was_not_asked_to_set_one(mon
     measurement carries the limit it really ran at). The machine is shared, so NVML's setter is
     replaced in every process of the pool by one that refuses: a regression fails the run instead
     of changing the board."""
+    from gogh_flows.catalog import get_gpu_type
     from gogh_flows.runtime.pool import local_cuda_pool
-    from gogh_flows.runtime.power_cap import _handle, _init, _load_pynvml, _shutdown, read_limits
-    from gogh_flows.runtime.run_limits import board_of
+    from gogh_flows.runtime.power_cap import _load_pynvml
+    from gogh_flows.runtime.run_limits import board_of, plan_run_limits
 
     def refuse(*args, **kwargs):
         raise RuntimeError("a pool opened without run_power_limits tried to set a board's power limit")
@@ -80,22 +81,15 @@ def test_a_real_board_keeps_its_limit_when_the_pool_was_not_asked_to_set_one(mon
     with local_cuda_pool(capacity=1) as pool:
         assert all(pool.client.run(refuse_limit_changes).values())
         gid = pool.gpu_ids[0]
-        board = board_of(pool.device(gid))
-        _init(nvml)
-        try:
-            before = read_limits(nvml, _handle(nvml, board))
-        finally:
-            _shutdown(nvml)
-        chosen = max(before.min_w, round(0.6 * before.current_w))
-        if chosen >= before.current_w:
-            pytest.skip(f"the board's limit {before.current_w:g} W is its lowest: no lower limit to choose")
+        device = pool.device(gid)
+        board = board_of(device)
+        before = plan_run_limits([board], nvml)[board]  # reads, changes nothing
+        chosen = max(get_gpu_type(device.gpu_type).power_limit_range_w[0], round(0.6 * before))
+        if chosen >= before:
+            pytest.skip(f"the board's limit {before:g} W is its lowest: no lower limit to choose")
         out = pool.run(train_zoo, "ResNet-18", 32, seconds=2.0, gpu_id=gid, job_type="ResNet-18 (batch size 32)",
                        power_limit_w=chosen)
-        _init(nvml)
-        try:
-            after = read_limits(nvml, _handle(nvml, board))
-        finally:
-            _shutdown(nvml)
+        after = plan_run_limits([board], nvml)[board]
     assert out.error is None and out.telemetry.source == "nvml", out.error
-    assert after.current_w == before.current_w, "a pool opened without run_power_limits changed the board's limit"
-    assert out.telemetry.power_limit_w == pytest.approx(before.current_w)
+    assert after == before, "a pool opened without run_power_limits changed the board's limit"
+    assert out.telemetry.power_limit_w == pytest.approx(before)
