@@ -172,8 +172,8 @@ def report(scen: dict, learned: dict, wall_s: float) -> list[str]:
         for name in LEARNED[1:]:
             lines.append(f"| {key} | {name} | {spread([r[name]['on'] for r in runs])} | "
                          f"{spread([r[name]['parked'] for r in runs])} | {floor4(min(r[name]['sla'] for r in runs))} |")
-    lines += ["", "Against the bar, seed by seed (always on, at SLA attainment >= 0.98): the variant with the "
-              "lowest mean, and on how many seeds it is at or under the bar; where a learned policy runs, the "
+    lines += ["", "Against the bar, seed by seed (always on, at SLA attainment >= 0.98): the variant that "
+              "meets it on the most seeds (then the lowest mean), and on how many seeds it is at or under the bar; where a learned policy runs, the "
               "oracle's best variant of the same runs beside it (issue 12 asks for both on one scenario).", "",
               "| scenario | bar | variant | always on vs greedy-fastest | seeds at or under the bar |",
               "| --- | ---: | --- | ---: | ---: |"]
@@ -182,8 +182,13 @@ def report(scen: dict, learned: dict, wall_s: float) -> list[str]:
             *(row for key, e in learned.items()
               for row in ((key, list(e["runs"].values()), LEARNED_BAR, 0.85),
                           (key, list(e["runs"].values()), ("oracle+limits+fleet+wait",), 0.80)))):
-        best = min(names, key=lambda n: statistics.fmean(r[n]["on"] for r in runs))
-        ok = sum(r[best]["on"] <= bar and r[best]["sla"] >= 0.98 for r in runs)
+        def met(n: str) -> int:
+            return sum(r[n]["on"] <= bar and r[n]["sla"] >= 0.98 for r in runs)
+
+        # the variant that meets the bar on the most seeds (a lower mean at attainment under 0.98
+        # would not), then the lowest mean
+        best = min(names, key=lambda n: (-met(n), statistics.fmean(r[n]["on"] for r in runs)))
+        ok = met(best)
         lines.append(f"| {title} | {bar:.2f} | {best} | {spread([r[best]['on'] for r in runs])} | "
                      f"{ok} of {len(runs)} |")
     return lines
