@@ -175,3 +175,36 @@ def test_a_row_cut_short_is_left_out_and_said(tmp_path):
     with pytest.warns(UserWarning, match=r"left out 1 of 36 rows .* truncated"):
         trace = read_trace(path, "v100")
     assert trace.frame.height == 35
+
+
+def test_the_bound_over_increasing_rules_is_the_best_such_rule(tmp_path):
+    """benchmarks/power_limit_bound.py's dynamic programme against every increasing assignment
+    of a small trace, with noise so that some choices violate and the 2% budget binds (none)."""
+    import importlib.util
+    import itertools
+
+    spec = importlib.util.spec_from_file_location("power_limit_bound", REPO / "benchmarks" / "power_limit_bound.py")
+    bound = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bound)
+    path = _synthetic_csv(tmp_path / "summary_power_v100.csv", limits=(150.0, 200.0, 250.0, 300.0))
+    f = pl.read_csv(path)
+    rng = np.random.default_rng(3)
+    f = f.with_columns(pl.Series("time_per_epoch", f["time_per_epoch"].to_numpy() * rng.uniform(0.93, 1.07, f.height)))
+    f.write_csv(path)
+    trace = read_trace(path, "v100")
+    configs = sorted(bound._configs(trace), key=lambda c: c[4])
+    for r in REQUIREMENTS:
+        got = bound.best_increasing(trace, r)
+        best = None
+        for choice in itertools.product(range(4), repeat=len(configs)):
+            if list(choice) != sorted(choice):
+                continue
+            regrets, violated = [], 0
+            for (lim, t, p, t0, _), i in zip(configs, choice):
+                b = bound._measured_best(lim, t, p, t0, r)
+                regrets.append(t[i] * p[i] / (t[b] * p[b]) - 1.0)
+                violated += t0 / t[i] < r - 1e-12
+            if violated == 0 and (best is None or np.mean(regrets) < best):
+                best = float(np.mean(regrets))
+        assert got is not None and got["violation_rate"] == 0.0
+        assert got["regret_mean"] == pytest.approx(best, abs=1e-12)
