@@ -275,9 +275,19 @@ def _floor_levels(names: list[str]) -> tuple[float, ...]:
     return DEFAULT_LIMIT_LEVELS if any(LIMITS_SUFFIX in n for n in names) else ()
 
 
+def _levels_text(levels: tuple[float, ...]) -> str:
+    """Evenly spaced levels from 0 said as a range and a step (a list of sixteen reads poorly)."""
+    if not levels:
+        return "none (no +limits policy ran)"
+    n = len(levels)
+    if n > 3 and levels[0] == 0 and all(math.isclose(f, i / n) for i, f in enumerate(levels)):
+        return f"0 to {levels[-1]:g} of each type's range in steps of 1/{n}, and its maximum"
+    return ",".join(f"{f:g}" for f in levels)
+
+
 def _floor_legend(names: list[str]) -> str:
     """What the floor rows mean, for the policies that ran."""
-    levels = ",".join(f"{f:g}" for f in _floor_levels(names)) or "none (no +limits policy ran)"
+    levels = _levels_text(_floor_levels(names))
     due = ("; 'floor, by greedy-fastest': the same, no job done later than greedy-fastest did it"
            if "greedy-fastest" in names else "")
     return ("'floor, may wait': the least any schedule meeting every requirement all the time could spend on "
