@@ -587,6 +587,15 @@ def test_a_run_takes_the_free_gpu_once_its_wait_for_efficiency_runs_out(gogh_hom
     assert "held for an efficient GPU" in why
 
 
+def test_limit_levels_on_a_baseline_policy_are_refused_with_what_to_do():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="policy='greedy-fastest' is a baseline .* Use policy='optimizer'"):
+        PlacementPolicy(policy="greedy-fastest", power_limit_levels=[0, 0.5])
+    assert PlacementPolicy(policy="greedy-fastest").power_limit_levels == []
+    assert PlacementPolicy(power_limit_levels=[0, 0.5]).power_limit_levels == [0, 0.5]
+
+
 def test_waiting_for_efficiency_must_end_before_the_wait_timeout():
     from pydantic import ValidationError
 

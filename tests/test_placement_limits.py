@@ -146,3 +146,17 @@ def test_shipped_model_round_trips_through_json():
     assert again.response(500.0, 70.0, 400.0) == pytest.approx(model.response(500.0, 70.0, 400.0), rel=1e-3)
     with pytest.raises(ValueError, match="need 'form' and 'params'"):
         PowerLimitModel.from_json({"params": {}})
+
+
+@pytest.mark.parametrize("name", BASELINES)
+def test_a_baseline_given_limit_levels_places_as_without_them_at_full_power(name):
+    """The baselines stand for schedulers that choose no limit: levels on the problem change
+    nothing of theirs (with the optimiser's limited options greedy-fastest was slower)."""
+    gpus = [Gpu("h-0", "h100"), Gpu("h-1", "h100")]
+    jobs = [Job("a", "heavy", 5.0, 1e5), Job("b", "light", 4.0, 1e5)]
+    plain = get_policy(name).place(PlacementProblem.build(gpus, jobs, _table()))
+    levels = get_policy(name).place(PlacementProblem.build(gpus, jobs, _table(), power_limit_levels=LEVELS))
+    assert plain.assignments, name
+    assert [(a.job_id, a.gpus, a.partner, a.throughput, a.power_limit_w) for a in levels.assignments] == \
+        [(a.job_id, a.gpus, a.partner, a.throughput, a.power_limit_w) for a in plain.assignments]
+    assert all(a.power_limit_w is None for a in levels.assignments)

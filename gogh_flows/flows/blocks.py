@@ -286,6 +286,11 @@ class PlacementPolicy(Block):
 
     @model_validator(mode="after")
     def _wait_within_timeout(self) -> PlacementPolicy:
+        if self.power_limit_levels and self.policy != "optimizer":
+            raise ValueError(
+                f"power_limit_levels are chosen by the optimiser; policy={self.policy!r} is a baseline that "
+                "places at each GPU's current limit (it stands for a scheduler that does not choose limits). "
+                "Use policy='optimizer' with power_limit_levels, or leave power_limit_levels empty")
         if self.wait_for_efficiency_s > 0 and self.wait_for_efficiency_s >= self.wait_timeout_s:
             raise ValueError(
                 f"wait_for_efficiency_s={self.wait_for_efficiency_s:g} s must be below wait_timeout_s="

@@ -1,8 +1,11 @@
 """Baseline policies: one arriving job at a time, first come first served.
 
 They see the same options as the optimiser (so every one of them respects
-memory, capacity and the requirements of the job and its partner) and differ
-only in the rule that picks one:
+memory, capacity and the requirements of the job and its partner), at the limit
+each GPU has: they stand for schedulers that do not choose power limits, so a
+problem's ``power_limit_levels`` are not theirs to use (with levels, the options
+would be the optimiser's limited ones, and greedy-fastest would no longer be the
+fastest). They differ only in the rule that picks one:
 
 * ``first-fit``: the first GPU in fleet order that can take the job. It never
   compares GPU types, so it stands for a heterogeneity-unaware scheduler; but a
@@ -63,6 +66,8 @@ class SequentialPolicy:
 
     def place(self, problem: PlacementProblem) -> Placement:
         start = time.perf_counter()
+        if problem.power_limit_levels:
+            problem = dataclasses.replace(problem, power_limit_levels=())
         state = FleetState(problem)
         assignments: list[Assignment] = []
         waiting: list[Waiting] = []
