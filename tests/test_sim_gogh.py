@@ -198,6 +198,7 @@ def test_cli_simulate_gogh_with_holdout_family_and_with_a_predictors_dir(tmp_pat
     assert set(figures["policies"]) == {"oracle", "gogh", "gogh-p1"}
     assert figures["holdout_family"] == HELD_OUT and "without family" in figures["predictors"]
     assert figures["policies"]["gogh"]["jobs_completed"] == figures["jobs"]
+    assert figures["risk_level"] is None  # point predictions; a level is recorded with the figures it made
 
     save_model(predictors.p1, tmp_path / "m" / "p1")
     save_model(predictors.p2, tmp_path / "m" / "p2")
@@ -206,6 +207,12 @@ def test_cli_simulate_gogh_with_holdout_family_and_with_a_predictors_dir(tmp_pat
                "--json", str(out)])
     assert rc == 0, capsys.readouterr().err
     assert json.loads(out.read_text())["predictors"].startswith("loaded from")
+    # predictors saved without intervals cannot plan at a risk level: said in the CLI's words
+    assert main(["simulate", "--truth", str(tmp_path / "truth.json"), "--trace", str(trace),
+                 "--cluster", "v100=2,t4=2", "--policy", "gogh", "--predictors", str(tmp_path / "m"),
+                 "--risk-level", "0.9"]) != 0
+    err = capsys.readouterr().err
+    assert f"gogh predictors calibrate --model {tmp_path / 'm'}`, or drop --risk-level" in err, err
     assert main(["simulate", "--truth", str(tmp_path / "truth.json"), "--trace", str(trace),
                  "--cluster", "v100=2,t4=2", "--policy", "gogh"]) != 0
     assert "--predictors" in capsys.readouterr().err

@@ -259,8 +259,9 @@ def _check_truth_covers(truth: ThroughputTable, types: Sequence[str]) -> None:
     if missing:
         raise ValueError(
             f"the truth table ({truth.source}) has no data for GPU type(s) {missing}; it covers "
-            f"{', '.join(truth.gpu_types)}. Pass a truth table that covers the fleet, or leave truth=None "
-            "for the synthetic one."
+            f"{', '.join(truth.gpu_types)}. Pass a truth table that covers the fleet, or use the synthetic "
+            "one, which covers every catalog type (GpuCluster(truth='synthetic'), the default; truth=None for "
+            "emulated_pool)."
         )
 
 

@@ -172,6 +172,13 @@ def _predictors(args: argparse.Namespace, truth: ThroughputTable, names: list[st
 
         predictors = load_predictors(args.predictors, truth)
         _note_other_truth(args, predictors)
+        if args.risk_level is not None:
+            from gogh_flows.predict.service import ThroughputPredictor
+
+            if ThroughputPredictor(predictors.p1, predictors.p2).intervals is None:
+                raise ValueError(f"--risk-level {args.risk_level:g} plans with the refiner's calibrated intervals and "
+                                 f"the predictors in {args.predictors} have none: add them with `gogh predictors "
+                                 f"calibrate --model {args.predictors}`, or drop --risk-level")
         return predictors
     if args.holdout_family:
         from gogh_flows.sim.holdout import CalibrationError, train_holdout
@@ -421,6 +428,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                "noise": args.noise, "rebalance": not args.no_rebalance,
                "rebalance_gain": args.rebalance_gain, "migration_s": args.migration_s,
                "holdout_family": args.holdout_family,
+               # the learned policies plan with the lower end of their intervals at it (None: point predictions)
+               "risk_level": args.risk_level,
                **({"wait_hours": patience.max_wait_s / 3600, "wait_saving": patience.min_saving}
                   if patience is not None else {}),
                "policies_are_for_seed": seeds[0],
@@ -454,6 +463,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             print(pl.DataFrame(rows))
     print("energy_kwh: each policy's own run; energy_kwh_on / _parked: one common window for every "
           "policy, always on / idle GPUs parked; on_vs_X, parked_vs_X: ratios to policy X", file=sys.stderr)
+    if args.risk_level is not None:
+        print(f"learned policies planned at risk level {args.risk_level:g} (the lower end of the predictors' "
+              "calibrated interval at that level); their completion times change the common window, so every "
+              "policy's ratios depend on it", file=sys.stderr)
     if args.floor:
         print(_floor_legend(names), file=sys.stderr)
         for seed in seeds:
