@@ -96,7 +96,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_pool_status(args: argparse.Namespace) -> int:
     from distributed import Client
-    from rich.console import Console
+    from gogh_flows.progress import report_console
     from rich.table import Table
 
     from gogh_flows.runtime.leases import PoolLedger
@@ -137,7 +137,7 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
                 body += " (stop asked)"
             table.add_row(gpu_id, lease.run_id, lease.job_type, f"{lease.required_throughput:g}",
                           f"{state.now - lease.claimed_at:.0f} s ago", body, f"{state.now - lease.seen_at:.1f} s ago")
-    console = Console()
+    console = report_console()
     console.print(table)
     idle = sorted(state.workers - {lease.worker for lease in state.leases})
     console.print(f"workers: {len(state.workers)} ({len(idle)} idle: {', '.join(idle) or '-'}); "

@@ -700,7 +700,7 @@ def fit_all(traces: Mapping[str, TraceSet]) -> dict[str, Any]:
 
 # -- the command ----------------------------------------------------------------------------
 def print_evaluation(result: Mapping[str, Any], console: Any = None) -> None:
-    from rich.console import Console
+    from gogh_flows.progress import report_console
     from rich.table import Table
 
     m = result["model"]
@@ -719,7 +719,7 @@ def print_evaluation(result: Mapping[str, Any], console: Any = None) -> None:
                           f"{100 * s['regret_max']:.1f}%", f"{100 * s['saving_vs_max']:.1f}%",
                           f"{100 * s['trial_rate']:.1f}% ({100 * s['trial_violation_rate']:.1f}%)"
                           if s.get("trial_rate") else "")
-    console = console or Console()
+    console = console or report_console()
     console.print(table)
     params = ", ".join(f"{k} = {v:g}" for k, v in m["params"].items())
     sel = "; ".join(f"{k} {v:.4f}" for k, v in m["selection"].items()) or "one training GPU: dvfs"

@@ -15,6 +15,17 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 
+def report_console() -> Any:
+    """A rich console for a report's tables: a terminal's own width, else 200 columns.
+
+    Printed into a file or a pipe, rich assumes 80 columns and squeezes a wide table until its
+    headers read "violatio..." and "median-f..."; a log or a saved report should keep them whole.
+    """
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
 def _clock(seconds: float) -> str:
     seconds = max(0, int(round(seconds)))
     h, rest = divmod(seconds, 3600)

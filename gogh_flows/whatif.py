@@ -330,7 +330,7 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def print_what_if(result: WhatIf, console: Any = None) -> None:
     """The rows as a rich table (the house style of ``gogh pool status``), with what they came from."""
-    from rich.console import Console
+    from gogh_flows.progress import report_console
     from rich.markup import escape
     from rich.table import Table
 
@@ -359,7 +359,7 @@ def print_what_if(result: WhatIf, console: Any = None) -> None:
                 cells.append("0")
             cells += ["-", "-", r.note]
         table.add_row(*(escape(c) for c in cells))
-    console = console or Console()
+    console = console or report_console()
     console.print(table)
     p = result.predictors
     console.print(f"predictors: {p.get('p1')} v{p.get('p1_version')} + {p.get('p2')} v{p.get('p2_version')} "

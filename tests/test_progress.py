@@ -38,3 +38,16 @@ def test_a_terminal_gets_rich_bars():
         for done in range(0, 51):
             bars.update("families", done, 50)
     assert "families" in out.getvalue() and "50/50" in out.getvalue()
+
+
+def test_a_report_printed_into_a_pipe_keeps_its_full_width(capsys):
+    """rich would squeeze a table to 80 columns outside a terminal ("violatio..."); reports keep theirs."""
+    from rich.table import Table
+
+    from gogh_flows.progress import report_console
+
+    table = Table(*(f"a rather long header number {i}" for i in range(5)))
+    table.add_row(*("x" for _ in range(5)))
+    report_console().print(table)
+    out = capsys.readouterr().out
+    assert "a rather long header number 4" in out and max(len(line) for line in out.splitlines()) > 80
