@@ -351,7 +351,7 @@ def _env_ready() -> bool:
     return len(open_sessions()) == 1
 
 
-def test_block_documents_are_validated_saved_and_used_by_name(gogh_home, tmp_path):
+def test_block_documents_are_validated_saved_and_used_by_name(gogh_home, tmp_path, capsys):
     import json
     import shutil
 
@@ -374,6 +374,9 @@ def test_block_documents_are_validated_saved_and_used_by_name(gogh_home, tmp_pat
     (bad / "zz-broken.json").write_text(json.dumps(
         {"type": "gpu-cluster", "name": "broken", "data": {"fleet": {"v100": 1, "x9000": 1}}}))
     assert main(["blocks", "apply", str(bad)]) == 2  # nothing saved: validated first
+    # a good folder says which server has them (the test server, through PREFECT_API_URL)
+    assert main(["blocks", "apply", str(REPO_BLOCKS)]) == 0
+    assert "to the Prefect server at http" in capsys.readouterr().out
     with pytest.raises(ValueError):
         GpuCluster.load("broken")
 
