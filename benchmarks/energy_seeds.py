@@ -82,7 +82,7 @@ def label(title: str) -> str:
 
 def floor4(sla: float) -> str:
     """Attainment to 4 places, rounded down: 0.97998 reads 0.9799, under the 0.98 bar it misses."""
-    return f"{math.floor(sla * 1e4) / 1e4:.4f}"
+    return f"{math.floor(round(sla * 1e4, 6)) / 1e4:.4f}"  # 0.57 * 1e4 is 5699.999...
 
 
 def spread(values: list[float]) -> str:

@@ -83,14 +83,15 @@ def cmd_blocks_apply(args: argparse.Namespace) -> int:
 
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME
 
-    for kind, name in apply_block_documents(Path(args.folder)):
+    saved = apply_block_documents(Path(args.folder))
+    for kind, name in saved:
         print(f"saved {kind}/{name}")
     # where they went matters to a flow run on another machine, which reads its own server's
     api = PREFECT_API_URL.value()
     print(f"to the Prefect server at {api}" if api else
-          f"to the local Prefect database under {PREFECT_HOME.value()} (no PREFECT_API_URL: a temporary server "
-          "was started on it); flow runs on other machines see them only through a shared server: set "
-          "PREFECT_API_URL there and here, and apply them again")
+          f"to the database of a temporary Prefect server this process started (no PREFECT_API_URL; "
+          f"PREFECT_HOME is {PREFECT_HOME.value()}); flow runs on other machines see them only through a "
+          "shared server: set PREFECT_API_URL there and here, and apply them again")
     return 0
 
 

@@ -279,7 +279,7 @@ def probe_limit(levels: Sequence[float], points: Sequence[tuple[float, ...]], re
     """The one lowered limit worth trying next for a job type whose runs measured ``points``.
 
     One full-power measurement cannot tell jobs that draw alike but slow down differently under
-    a limit apart (docs/energy.md: even tuned with hindsight it leaves 3-12% regret), so the
+    a limit apart (docs/energy.md: even tuned with hindsight it leaves over 3% regret in 6 of 9 cases), so the
     model's first choice is often a level or two above the job's best. What its runs measured
     can: of the limits measured to meet ``required`` (and the full limit, at ``full_rate``), the
     one of least energy per step (board power / rate; the power the run measured, a point's

@@ -124,7 +124,7 @@ def test_a_limit_runs_met_comfortably_leads_to_one_level_lower_and_no_further_th
     assert placed.assignment("j").power_limit_w == probe
     assert violations(met, placed) == []
     assert placement_energy(met, placed) == pytest.approx(placed.assignment("j").energy_j)
-    for name in BASELINES:  # every policy costs the levels alike
+    for name in BASELINES:  # the baselines place at full power and break no requirement either
         assert violations(met, get_policy(name).place(met)) == [], name
     # PlacementPolicy(limit_trials=False): the measured level as measured, nothing lower tried
     assert GoghOptimizer().place(_problem(met.limit_evidence, trials=False)).assignment("j").power_limit_w == first

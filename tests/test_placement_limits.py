@@ -160,3 +160,15 @@ def test_a_baseline_given_limit_levels_places_as_without_them_at_full_power(name
     assert [(a.job_id, a.gpus, a.partner, a.throughput, a.power_limit_w) for a in levels.assignments] == \
         [(a.job_id, a.gpus, a.partner, a.throughput, a.power_limit_w) for a in plain.assignments]
     assert all(a.power_limit_w is None for a in levels.assignments)
+
+
+def test_a_baseline_joining_a_board_at_a_lowered_limit_keeps_that_limit():
+    """A board's limit was chosen for the run on it: a baseline's join neither lowers nor lifts it."""
+    running = Job("r", "heavy", 1.0, 1e5, gpus=("h-0",), power_limit_w=350.0)
+    problem = PlacementProblem.build([Gpu("h-0", "h100")], [running, Job("n", "light", 1.0, 1e4)], _table(),
+                                     power_limit_levels=LEVELS)
+    for name in ("greedy-fastest", "first-fit"):
+        p = get_policy(name).place(problem)
+        a = p.assignment("n")
+        assert a.gpus == ("h-0",) and a.partner == "r" and a.power_limit_w == 350.0, name
+        assert violations(problem, p) == [], name

@@ -177,34 +177,61 @@ def test_a_row_cut_short_is_left_out_and_said(tmp_path):
     assert trace.frame.height == 35
 
 
-def test_the_bound_over_increasing_rules_is_the_best_such_rule(tmp_path):
-    """benchmarks/power_limit_bound.py's dynamic programme against every increasing assignment
-    of a small trace, with noise so that some choices violate and the 2% budget binds (none)."""
+def test_the_bound_over_increasing_rules_is_the_best_such_rule(tmp_path, monkeypatch):
+    """benchmarks/power_limit_bound.py's dynamic programme against every non-decreasing threshold
+    of a small trace, by brute force: with noise so that some choices violate, a budget of one
+    violation (the 2% of a real trace, scaled up), and one configuration measured at fewer limits
+    (it rounds a threshold up to its next measured limit, as the rules and the model do)."""
     import importlib.util
     import itertools
 
     spec = importlib.util.spec_from_file_location("power_limit_bound", REPO / "benchmarks" / "power_limit_bound.py")
     bound = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bound)
+    monkeypatch.setattr(bound, "BAR_VIOLATIONS", 0.2)  # 5 configurations: one violation allowed
     path = _synthetic_csv(tmp_path / "summary_power_v100.csv", limits=(150.0, 200.0, 250.0, 300.0))
     f = pl.read_csv(path)
     rng = np.random.default_rng(3)
     f = f.with_columns(pl.Series("time_per_epoch", f["time_per_epoch"].to_numpy() * rng.uniform(0.93, 1.07, f.height)))
+    f = f.filter(~((pl.col("network") == "net2") & (pl.col("power_limit") == 200)))  # net2: 150, 250, 300 W
     f.write_csv(path)
     trace = read_trace(path, "v100")
     configs = sorted(bound._configs(trace), key=lambda c: c[4])
+    assert sorted({c[0].size for c in configs}) == [3, 4]
+    grid = [150.0, 200.0, 250.0, 300.0]
+    used = set()
     for r in REQUIREMENTS:
         got = bound.best_increasing(trace, r)
         best = None
-        for choice in itertools.product(range(4), repeat=len(configs)):
-            if list(choice) != sorted(choice):
-                continue
+        for thresholds in itertools.combinations_with_replacement(grid, len(configs)):  # non-decreasing
             regrets, violated = [], 0
-            for (lim, t, p, t0, _), i in zip(configs, choice):
+            for (lim, t, p, t0, _), w in zip(configs, thresholds):
+                i = int(np.flatnonzero(lim == lim[lim >= w].min())[0])
                 b = bound._measured_best(lim, t, p, t0, r)
                 regrets.append(t[i] * p[i] / (t[b] * p[b]) - 1.0)
                 violated += t0 / t[i] < r - 1e-12
-            if violated == 0 and (best is None or np.mean(regrets) < best):
-                best = float(np.mean(regrets))
-        assert got is not None and got["violation_rate"] == 0.0
-        assert got["regret_mean"] == pytest.approx(best, abs=1e-12)
+            if violated <= 1 and (best is None or np.mean(regrets) < best[0]):
+                best = (float(np.mean(regrets)), violated)
+        assert got is not None and got["regret_mean"] == pytest.approx(best[0], abs=1e-12)
+        assert got["violation_rate"] <= 0.2
+        used.add(best[1])
+    assert 1 in used, "the violation budget was never used: the test would not check it"
+
+
+def test_limits_chosen_by_a_rising_threshold_are_told_from_ones_that_are_not(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("power_limit_bound", REPO / "benchmarks" / "power_limit_bound.py")
+    bound = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bound)
+    path = _synthetic_csv(tmp_path / "summary_power_v100.csv", limits=(150.0, 175.0, 200.0, 250.0, 300.0))
+    f = pl.read_csv(path).filter(~((pl.col("network") == "net1") & (pl.col("power_limit") == 175)))
+    f.write_csv(path)
+    trace = read_trace(path, "v100")
+    draw = [c[4] for c in bound._configs(trace)]  # net0..net4 draw 290, 250, 210, 160, 120 W
+    assert draw == sorted(draw, reverse=True)
+    # net1 (250 W, measured without 175 W) rounds a 160 W threshold up to 200 W while net2 (210 W)
+    # takes 175 W: one threshold rising with the draw gives both
+    assert bound.chosen_by_increasing_threshold(trace, [250.0, 200.0, 175.0, 150.0, 150.0])
+    # net0, drawing the most, below what net2 got: no threshold rising with the draw gives that
+    assert not bound.chosen_by_increasing_threshold(trace, [150.0, 200.0, 175.0, 150.0, 150.0])

@@ -234,7 +234,7 @@ class PlacementPolicy(Block):
     refine: bool = Field(default=True, description="correct predictions with P2 from the "
                          "measurements logged so far")
     power_limit_levels: list[float] = Field(default_factory=list, description="power limits the "
-                                            "optimiser may set on a GPU with a run, as fractions of its type's "
+                                            "optimiser (policy='optimizer' only) may set on a GPU with a run, as fractions of its type's "
                                             "range (0 = lowest, 1 = maximum; e.g. [0, 0.25, 0.5, 0.75]); empty: "
                                             "every GPU stays at its maximum. The emulated fleet enacts them; real "
                                             "GPUs with GpuCluster(mode='local-cuda', run_power_limits=True), else a "

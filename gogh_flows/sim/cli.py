@@ -275,7 +275,7 @@ def _table(figures: dict[str, dict]):
                 out[key.removesuffix("_s") + "_h" if h else key] = row[key] / 3600 if h else row[key]
         if "sla_attainment" in out:
             # to 4 places, rounded down: 0.99965 must not read 1.000 (every requirement met)
-            out["sla_attainment"] = f"{math.floor(out['sla_attainment'] * 1e4) / 1e4:.4f}"
+            out["sla_attainment"] = f"{math.floor(round(out['sla_attainment'] * 1e4, 6)) / 1e4:.4f}"
         rows.append(out)
     return pl.DataFrame(rows)
 
