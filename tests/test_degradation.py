@@ -339,3 +339,50 @@ def test_the_explanation_says_what_the_headroom_held_the_run_to():
     assert "| planned against | 2.2 steps/s (the policy's headroom of 10%" in text
     placement, problem = decide(job, "r1", devices, [], table, "greedy-fastest", 0.1)
     assert "planned against" not in explain_markdown(job, "r1", placement, problem, "v100-0", 0.0, {})
+
+
+def test_a_record_landing_while_a_run_decides_never_leaves_it_old_evidence_and_no_pending_mark():
+    """The race a full-suite run caught: a run deciding after another of its type tried a lower
+    limit read the evidence, then that run's record landed and its pending mark ended, then the
+    marks were read (empty): old evidence, no mark, and the level just tried was offered again.
+    The marks are read first now; this plays the record landing during the evidence read."""
+    from gogh_flows.flows.placer import place_with_retry
+    from gogh_flows.runtime.devices import GpuDevice
+    from gogh_flows.truth.synthetic import synthetic_table
+
+    table = synthetic_table(["a100"])
+    device = GpuDevice(id="a100-0", gpu_type="a100", worker="a100-0", capacity=1)
+
+    class Ledger:
+        def state(self, *, timeout_s=None):
+            return LedgerState(now=time.time(), lease_timeout_s=30.0, versions={"a100-0": 0}, leases=(),
+                               workers=frozenset({"a100-0"}), counts={})
+
+        def claim(self, run_id, gpu_id, *, timeout_s=None, **kwargs):
+            return Claim(ok=True, version=1)
+
+    job = placed_job(model="ResNet-50", batch_size=64, min_throughput=1.0, work_steps=100)
+    levels = (0.0, 0.25, 0.5, 0.75)
+
+    def place(evidence, measuring):
+        return place_with_retry(job, "r", devices=lambda state: [device], ledger=Ledger(),
+                                predict=lambda feats: table, features=lambda t: job.features, policy="optimizer",
+                                versions={}, time_limit_s=1.0, wait_timeout_s=10.0, poll_s=0.1,
+                                power_limit_levels=levels, limit_evidence=evidence, measuring=measuring)
+
+    first = place({}, frozenset).power_limit_w
+    assert first is not None
+    full_rate = table.isolated(job.job_type, "a100")
+    met = {(job.job_type, "a100"): ((first, full_rate, 0.9 * first),)}  # the first limit met it with room
+    trial = place(met, frozenset)
+    assert trial.limit_trial and trial.power_limit_w < first  # with nothing pending, the level below is tried
+
+    marks = {(job.job_type, "a100")}  # that trial's run: measured, record not yet in
+
+    def evidence_while_the_record_lands():
+        old = dict(met)
+        marks.clear()  # its record lands now and its mark ends
+        return old
+
+    again = place(evidence_while_the_record_lands, lambda: frozenset(marks))
+    assert not again.limit_trial, again.explanation_md  # the mark was read first: no blind second trial

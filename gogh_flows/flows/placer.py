@@ -216,8 +216,12 @@ def place_with_retry(
             # the headroom holds out for a GPU that clears the raised requirement only so long: a GPU
             # that meets the requirement itself is not left idle for the whole wait_timeout_s
             own = headroom if elapsed < headroom_for_s else 0.0
-            evidence = limit_evidence() if callable(limit_evidence) else limit_evidence
+            # the pending marks first: a run's mark ends only after its record is in the table, so
+            # evidence read after an empty mark has that record. Read the other way round, a record
+            # landing between the two reads left old evidence and no mark, and the trial its run
+            # had just measured was offered again
             pending = measuring()
+            evidence = limit_evidence() if callable(limit_evidence) else limit_evidence
             placement, problem = decide(job, run_id, live, running, table, policy, time_limit_s, own,
                                         power_limit_levels, evidence, limit_trials, pending)
             short = next((w for w in placement.waiting if w.job_id == run_id), None)
