@@ -79,9 +79,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_blocks_apply(args: argparse.Namespace) -> int:
-    from gogh_flows.flows.blocks import apply_block_documents
-
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME
+
+    from gogh_flows.flows.blocks import apply_block_documents
 
     saved = apply_block_documents(Path(args.folder))
     for kind, name in saved:
@@ -105,9 +105,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_pool_status(args: argparse.Namespace) -> int:
     from distributed import Client
-    from gogh_flows.progress import report_console
     from rich.table import Table
 
+    from gogh_flows.progress import report_console
     from gogh_flows.runtime.leases import PoolLedger
     from gogh_flows.runtime.probe import SchedulerUnreachable, probe_scheduler
 

@@ -700,8 +700,9 @@ def fit_all(traces: Mapping[str, TraceSet]) -> dict[str, Any]:
 
 # -- the command ----------------------------------------------------------------------------
 def print_evaluation(result: Mapping[str, Any], console: Any = None) -> None:
-    from gogh_flows.progress import report_console
     from rich.table import Table
+
+    from gogh_flows.progress import report_console
 
     m = result["model"]
     table = Table(title=f"Power limits on {result['test_gpu']} held out (fit on {', '.join(result['train_gpus'])}; "

@@ -330,9 +330,10 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def print_what_if(result: WhatIf, console: Any = None) -> None:
     """The rows as a rich table (the house style of ``gogh pool status``), with what they came from."""
-    from gogh_flows.progress import report_console
     from rich.markup import escape
     from rich.table import Table
+
+    from gogh_flows.progress import report_console
 
     first = result.rows[0] if result.rows else None
     partner = first.partner if first is not None else None
