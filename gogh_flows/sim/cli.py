@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from gogh_flows.sim.engine import attainment_text
 from gogh_flows.sim.run import (
     ALL_POLICIES,
     DEFAULT_LIMIT_LEVELS,
@@ -274,8 +275,7 @@ def _table(figures: dict[str, dict]):
                 h = key.endswith("_s")
                 out[key.removesuffix("_s") + "_h" if h else key] = row[key] / 3600 if h else row[key]
         if "sla_attainment" in out:
-            # to 4 places, rounded down: 0.99965 must not read 1.000 (every requirement met)
-            out["sla_attainment"] = f"{math.floor(round(out['sla_attainment'] * 1e4, 6)) / 1e4:.4f}"
+            out["sla_attainment"] = attainment_text(out["sla_attainment"])
         rows.append(out)
     return pl.DataFrame(rows)
 

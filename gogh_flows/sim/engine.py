@@ -247,6 +247,13 @@ class ObservedThroughputs:
         return True if knows is None else knows(job_type)
 
 
+def attainment_text(share: float) -> str:
+    """SLA attainment to 4 places, rounded down: 0.99965 must not read 1.000 (every requirement
+    met), nor 0.97998 read 0.9800 (the 0.98 bar it misses). Rounded to 6 places first, since
+    0.57 * 1e4 is 5699.999..."""
+    return f"{math.floor(round(share * 1e4, 6)) / 1e4:.4f}"
+
+
 def simulate(
     jobs: Sequence[SimJob],
     gpus: Sequence[Gpu],
@@ -796,5 +803,5 @@ def _gpu_power(energy: EnergyModel, gpu: Gpu, occ: list[_Running], rates: TrueRa
 
 __all__ = [
     "REBALANCE_OBJECTIVES", "JobRecord", "ObservedThroughputs", "SimConfig", "SimJob", "SimResult",
-    "TrueRates", "rebalance_objective", "simulate",
+    "TrueRates", "attainment_text", "rebalance_objective", "simulate",
 ]
