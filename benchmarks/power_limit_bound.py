@@ -37,9 +37,9 @@ from gogh_flows.power_limits import (
     REQUIREMENTS,
     LimitMeasurement,
     TraceSet,
-    _choose,
     _configs,
     _measured_best,
+    choose_limit,
     fit_power_limit_model,
     read_traces,
 )
@@ -116,12 +116,6 @@ def chosen_by_increasing_threshold(trace: TraceSet, chosen: list[float]) -> bool
     return True
 
 
-def _predicted(model, trace: TraceSet, lim: np.ndarray, t0: float, p0: float) -> tuple[np.ndarray, np.ndarray]:
-    """(time, energy) the model predicts at ``lim`` from the full-power measurement alone."""
-    t, p = model.predict(LimitMeasurement(t0, p0, trace.full_limit), trace.gpu, lim)
-    return t, t * p
-
-
 def best_setting(rows: list[tuple]) -> dict | None:
     feasible = [row for row in rows if row[-2] <= BAR_VIOLATIONS]
     if not feasible:
@@ -157,7 +151,7 @@ def main() -> int:
         # the model `gogh power evaluate --test-gpu name` fits (on the other GPUs) and its first choices
         model = fit_power_limit_model([traces[g] for g in sorted(traces) if g != name])
         for r in REQUIREMENTS:
-            first = [float(lim[_choose(*_predicted(model, trace, lim, t0, p0), t0, r)])
+            first = [choose_limit(model, LimitMeasurement(t0, p0, trace.full_limit), trace.gpu, r, lim)
                      for lim, _, _, t0, p0 in _configs(trace)]
             in_class = chosen_by_increasing_threshold(trace, first)
             k_rows = [(k, *score_threshold(trace, lambda p0, k=k: k * p0, r)) for k in ks]

@@ -177,17 +177,24 @@ def test_a_row_cut_short_is_left_out_and_said(tmp_path):
     assert trace.frame.height == 35
 
 
+def _bound_script():
+    """benchmarks/power_limit_bound.py as a module (benchmarks are scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("power_limit_bound", REPO / "benchmarks" / "power_limit_bound.py")
+    bound = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bound)
+    return bound
+
+
 def test_the_bound_over_increasing_rules_is_the_best_such_rule(tmp_path, monkeypatch):
     """benchmarks/power_limit_bound.py's dynamic programme against every non-decreasing threshold
     of a small trace, by brute force: with noise so that some choices violate, a budget of one
     violation (the 2% of a real trace, scaled up), and one configuration measured at fewer limits
     (it rounds a threshold up to its next measured limit, as the rules and the model do)."""
-    import importlib.util
     import itertools
 
-    spec = importlib.util.spec_from_file_location("power_limit_bound", REPO / "benchmarks" / "power_limit_bound.py")
-    bound = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bound)
+    bound = _bound_script()
     monkeypatch.setattr(bound, "BAR_VIOLATIONS", 0.2)  # 5 configurations: one violation allowed
     path = _synthetic_csv(tmp_path / "summary_power_v100.csv", limits=(150.0, 200.0, 250.0, 300.0))
     f = pl.read_csv(path)
@@ -219,11 +226,7 @@ def test_the_bound_over_increasing_rules_is_the_best_such_rule(tmp_path, monkeyp
 
 
 def test_limits_chosen_by_a_rising_threshold_are_told_from_ones_that_are_not(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("power_limit_bound", REPO / "benchmarks" / "power_limit_bound.py")
-    bound = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bound)
+    bound = _bound_script()
     path = _synthetic_csv(tmp_path / "summary_power_v100.csv", limits=(150.0, 175.0, 200.0, 250.0, 300.0))
     f = pl.read_csv(path).filter(~((pl.col("network") == "net1") & (pl.col("power_limit") == 175)))
     f.write_csv(path)
