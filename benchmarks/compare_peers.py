@@ -23,7 +23,7 @@ from pathlib import Path
 
 from gogh_flows.progress import Progress
 from gogh_flows.sim.account import energy_accounts
-from gogh_flows.sim.engine import SimConfig
+from gogh_flows.sim.engine import SimConfig, attainment_text
 from gogh_flows.sim.holdout import load_predictors
 from gogh_flows.sim.run import PEER_POLICIES, parse_cluster, run_policies
 
@@ -62,7 +62,7 @@ def _table(rows: list[dict]) -> list[str]:
         out.append(
             f"| {r['policy']} | {r['energy_kwh_on']:.1f} | {r['on_vs_greedy_fastest']:.3f} | "
             f"{r['on_vs_oracle']:.3f} | {r['energy_kwh_parked']:.1f} | {r['parked_vs_greedy_fastest']:.3f} | "
-            f"{r['parked_vs_oracle']:.3f} | {r['sla_attainment']:.3f} | {r['met_on_average']:.3f} | "
+            f"{r['parked_vs_oracle']:.3f} | {attainment_text(r['sla_attainment'])} | {r['met_on_average']:.3f} | "
             f"{r['avg_jct_h']:.2f} | {r['makespan_h']:.1f} | {r['avg_queue_h']:.2f} | {r['unfinished']} | "
             f"{r['decision_p99_ms']:.1f} |")
     return out

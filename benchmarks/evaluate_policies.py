@@ -37,7 +37,7 @@ from pathlib import Path
 
 from gogh_flows.predict.p1 import P1Config
 from gogh_flows.progress import Progress
-from gogh_flows.sim.engine import SimConfig, TrueRates
+from gogh_flows.sim.engine import SimConfig, TrueRates, attainment_text
 from gogh_flows.sim.plots import plot_comparison
 from gogh_flows.sim.holdout import family_types, relabel_to_family, train_holdout
 from gogh_flows.sim.account import energy_accounts
@@ -163,7 +163,7 @@ def modern_holdout_section(noise: float) -> list[str]:
         for name in MODERN_RUN:
             s = on[name].summary()
             lines.append(f"| {nz:g} | {name} | {acc[name].always_on_vs['greedy-fastest']:.3f} | "
-                         f"{fmt(s['sla_attainment'], 4)} | {s['avg_jct_s'] / 3600:.1f} | {s['jobs_unfinished']} |")
+                         f"{attainment_text(s['sla_attainment'])} | {s['avg_jct_s'] / 3600:.1f} | {s['jobs_unfinished']} |")
         print(f"modern holdout {fam} noise {nz:g}: {time.perf_counter() - t1:.1f} s", flush=True)
     return lines
 
@@ -313,7 +313,7 @@ def acceptance(on: dict, parked: dict, gpus: list, names: tuple[str, ...] = ENER
         a, s = acc_on[name], on[name].summary()
         above = (a.always_on_kwh - a.idle_floor_kwh) / (g.always_on_kwh - g.idle_floor_kwh)
         out.append(f"| {name} | {a.always_on_vs['greedy-fastest']:.3f} | "
-                   f"{acc_p[name].parked_vs['greedy-fastest']:.3f} | {fmt(s['sla_attainment'], 4)} | {above:.3f} |")
+                   f"{acc_p[name].parked_vs['greedy-fastest']:.3f} | {attainment_text(s['sla_attainment'])} | {above:.3f} |")
     if sc is not None:
         out += floors(sc, on, parked, acc_on)
     out += ["", f"The idle floor is {floor:.1%} of greedy-fastest's always-on energy: with GPUs always on, "
@@ -414,8 +414,8 @@ def holdout_section(noise: float = 0.0) -> tuple[list[str], list[str]]:
                 f"{g_on['energy_kwh'] / ro['energy_kwh'] - 1:+.1%} | "
                 f"{q_p['energy_kwh'] / rp['energy_kwh'] - 1:+.1%} | "
                 f"{q_on['energy_kwh'] / ro['energy_kwh'] - 1:+.1%} | "
-                f"{fmt(ro['sla_attainment'], 4)} / {fmt(g_on['sla_attainment'], 4)} / "
-                f"{fmt(q_on['sla_attainment'], 4)} | {ro['migrations']} / {g_on['migrations']} / "
+                f"{attainment_text(ro['sla_attainment'])} / {attainment_text(g_on['sla_attainment'])} / "
+                f"{attainment_text(q_on['sla_attainment'])} | {ro['migrations']} / {g_on['migrations']} / "
                 f"{q_on['migrations']} | {ro['jobs_unfinished']} / {g_on['jobs_unfinished']} / "
                 f"{q_on['jobs_unfinished']} |")
             acc = energy_accounts(on)
@@ -423,7 +423,7 @@ def holdout_section(noise: float = 0.0) -> tuple[list[str], list[str]]:
             bar.append(f"| {fam} | {nz:g} | "
                        + " | ".join(f"{acc[n].always_on_vs['greedy-fastest']:.3f}"
                                     for n in (*LEARNED_BAR, "oracle+limits+fleet+wait")) + " | "
-                       + " / ".join(fmt(on[n].summary()["sla_attainment"], 4) for n in LEARNED_BAR) + " | "
+                       + " / ".join(attainment_text(on[n].summary()["sla_attainment"]) for n in LEARNED_BAR) + " | "
                        + " / ".join(f"{x:.2f}" for x in jct) + " |")
             print(f"holdout {fam} noise {nz:g}: {wall:.1f} s (training {train_s:.1f} s)", flush=True)
     return lines, summary + bar
@@ -439,7 +439,7 @@ def table(on: dict, parked: dict, names) -> list[str]:
         s, p = on[name].summary(), parked[name].summary()
         out.append(
             f"| {name} | {fmt(s['energy_kwh'], 1)} | {fmt(p['energy_kwh'], 1)} | "
-            f"{p['energy_kwh'] / ref - 1:+.1%} | {fmt(s['sla_attainment'])} | "
+            f"{p['energy_kwh'] / ref - 1:+.1%} | {attainment_text(s['sla_attainment'])} | "
             f"{fmt(s['avg_jct_s'] / 3600, 2)} | {fmt(s['makespan_s'] / 3600, 1)} | "
             f"{fmt(s['avg_queue_s'] / 3600, 2)} | {s['migrations']} | {s['rebalances']} | "
             f"{s['jobs_completed']} | {s['jobs_unfinished']} | {fmt(s['decision_p99_ms'], 1)} |")

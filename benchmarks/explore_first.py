@@ -23,7 +23,7 @@ from pathlib import Path
 
 from gogh_flows.placement import GoghOptimizer
 from gogh_flows.sim.account import energy_accounts
-from gogh_flows.sim.engine import SimConfig, simulate
+from gogh_flows.sim.engine import SimConfig, attainment_text, simulate
 from gogh_flows.sim.holdout import train_holdout
 from gogh_flows.sim.learned import LearnedThroughputs, middle_types
 from gogh_flows.sim.run import parse_cluster, run_policies
@@ -71,7 +71,7 @@ def main() -> None:
              "energy always on vs oracle | avg JCT h | avg queue h | migrations | unfinished |",
              "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
-        lines.append(f"| {r['family']} | {r['noise']:g} | {r['policy']} | {r['sla_attainment']:.4f} | "
+        lines.append(f"| {r['family']} | {r['noise']:g} | {r['policy']} | {attainment_text(r['sla_attainment'])} | "
                      f"{r['parked_vs_oracle']:.3f} | {r['on_vs_oracle']:.3f} | {r['avg_jct_h']:.2f} | "
                      f"{r['avg_queue_h']:.2f} | {r['migrations']} | {r['unfinished']} |")
     lines += ["", "| noise | policy | worst SLA | mean SLA | mean parked vs oracle | worst parked vs oracle | "
@@ -86,7 +86,7 @@ def main() -> None:
                    "worst_parked_vs_oracle": max(r["parked_vs_oracle"] for r in sel),
                    "migrations": sum(r["migrations"] for r in sel)}
             summary.append(row)
-            lines.append(f"| {noise:g} | {name} | {row['worst_sla']:.4f} | {row['mean_sla']:.4f} | "
+            lines.append(f"| {noise:g} | {name} | {attainment_text(row['worst_sla'])} | {attainment_text(row['mean_sla'])} | "
                          f"{row['mean_parked_vs_oracle']:.3f} | {row['worst_parked_vs_oracle']:.3f} | "
                          f"{row['migrations']} |")
     wall = time.perf_counter() - t_all

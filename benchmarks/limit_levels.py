@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from gogh_flows.sim.account import energy_accounts
-from gogh_flows.sim.engine import SimConfig
+from gogh_flows.sim.engine import SimConfig, attainment_text
 from gogh_flows.sim.run import parse_cluster, run_policies
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -79,7 +79,7 @@ def main() -> None:
             on, pk = [r["always_on_vs_greedy"] for r in rs], [r["parked_vs_greedy"] for r in rs]
             lines.append(f"| {key} | {name} | {statistics.fmean(on):.3f} [{min(on):.3f}, {max(on):.3f}] | "
                          f"{statistics.fmean(pk):.3f} [{min(pk):.3f}, {max(pk):.3f}] | "
-                         f"{min(r['sla_attainment'] for r in rs):.4f} | {statistics.fmean(r['avg_jct_h'] for r in rs):.2f} | "
+                         f"{attainment_text(min(r['sla_attainment'] for r in rs))} | {statistics.fmean(r['avg_jct_h'] for r in rs):.2f} | "
                          f"{max(r['decision_p99_ms'] or 0 for r in rs):.1f} |")
     lines += ["", "Mean over the scenarios and seeds: " + ", ".join(f"{n} {m:.3f}" for n, m in means.items())
               + f". Chosen: **{chosen}** (a difference under {TIE} is a tie, to the fewer levels).", "",

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from gogh_flows.progress import Progress
 from gogh_flows.sim.account import energy_accounts
-from gogh_flows.sim.engine import SimConfig
+from gogh_flows.sim.engine import SimConfig, attainment_text
 from gogh_flows.sim.holdout import train_holdout
 from gogh_flows.sim.run import parse_cluster, run_policies
 from gogh_flows.sim.traces import read_trace
@@ -95,7 +95,7 @@ def main(truth_name: str = "gavel") -> None:
              "energy always on vs oracle | avg JCT h | migrations | unfinished |",
              "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
-        lines.append(f"| {r['family']} | {r['noise']:g} | {r['policy']} | {r['sla_attainment']:.4f} | "
+        lines.append(f"| {r['family']} | {r['noise']:g} | {r['policy']} | {attainment_text(r['sla_attainment'])} | "
                      f"{r['met_on_average']:.3f} | {r['parked_vs_oracle']:.3f} | {r['on_vs_oracle']:.3f} | "
                      f"{r['avg_jct_h']:.2f} | {r['migrations']} | {r['unfinished']} |")
     # per policy and noise, over the families: the worst SLA attainment and the worst energy
@@ -111,7 +111,7 @@ def main(truth_name: str = "gavel") -> None:
             row = {"noise": noise, "policy": name, "worst_sla": min(sla), "mean_sla": sum(sla) / len(sla),
                    "worst_parked_vs_oracle": max(en), "mean_parked_vs_oracle": sum(en) / len(en)}
             summary.append(row)
-            lines.append(f"| {noise:g} | {name} | {row['worst_sla']:.4f} | {row['mean_sla']:.4f} | "
+            lines.append(f"| {noise:g} | {name} | {attainment_text(row['worst_sla'])} | {attainment_text(row['mean_sla'])} | "
                          f"{row['worst_parked_vs_oracle']:.3f} | {row['mean_parked_vs_oracle']:.3f} |")
     stem = "risk_tradeoff" if truth_name == "gavel" else f"risk_tradeoff_{truth_name}"
     chosen = None
@@ -120,13 +120,13 @@ def main(truth_name: str = "gavel") -> None:
         chosen = choose_level(summary)
         lines += ["", f"Chosen by the rule (`choose_level`): risk level {chosen['risk_level']:g} "
                   f"({'meets' if chosen['meets_bars'] else 'no level meets'} the bars here: worst SLA "
-                  f"{chosen['worst_sla']:.4f}, worst parked energy {chosen['worst_parked_vs_oracle']:.3f} of oracle)."]
+                  f"{attainment_text(chosen['worst_sla'])}, worst parked energy {chosen['worst_parked_vs_oracle']:.3f} of oracle)."]
     elif picked.exists():
         level = json.loads(picked.read_text())["chosen"]["risk_level"]
         row = next(r for r in summary if r["noise"] == 0.1 and r["policy"] == f"gogh@{level:g}")
         verdict = row["worst_sla"] >= SLA_BAR and row["worst_parked_vs_oracle"] <= ENERGY_BAR
         lines += ["", f"Level chosen on the synthetic fleet (`risk_tradeoff_synthetic.md`): {level:g}. Here, at noise "
-                  f"0.1: worst family's SLA attainment {row['worst_sla']:.4f}, worst parked energy "
+                  f"0.1: worst family's SLA attainment {attainment_text(row['worst_sla'])}, worst parked energy "
                   f"{row['worst_parked_vs_oracle']:.3f} of oracle: the issue's bar (>= {SLA_BAR} and <= "
                   f"{ENERGY_BAR:g} on every held-out family) is {'met' if verdict else 'not met'}."]
         chosen = {"risk_level": level, "chosen_on": "synthetic", "meets_bars": verdict, **row}

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from gogh_flows.placement.patience import Patience
 from gogh_flows.sim.account import energy_accounts
-from gogh_flows.sim.engine import SimConfig
+from gogh_flows.sim.engine import SimConfig, attainment_text
 from gogh_flows.sim.run import WAIT_SAVING, WAIT_SUFFIX, parse_cluster, run_policies
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -166,7 +166,7 @@ def report(rows: list[dict], titles: dict[str, str], chosen: float, wall: float,
         for name in ["greedy-fastest", *(f"{h} h" for h in HOURS)]:
             rs = [r for r in rows if r["scenario"] == key and r["patience"] == name]
             lines.append(f"| {name} | {_spread([r['always_on_vs_greedy'] for r in rs])} | "
-                         f"{_spread([r['parked_vs_greedy'] for r in rs])} | {min(r['sla_attainment'] for r in rs):.4f} | "
+                         f"{_spread([r['parked_vs_greedy'] for r in rs])} | {attainment_text(min(r['sla_attainment'] for r in rs))} | "
                          f"{statistics.fmean(r['avg_jct_h'] for r in rs):.2f} | "
                          f"{statistics.fmean(r['avg_queue_h'] for r in rs):.2f} | "
                          f"{statistics.fmean(r['makespan_h'] for r in rs):.1f} |")
@@ -188,7 +188,7 @@ def report(rows: list[dict], titles: dict[str, str], chosen: float, wall: float,
                 rs = [r for r in saving_rows if r["scenario"] == key and r["saving"] == f"{x:g}"]
                 lines.append(f"| {title} | {x:.0%} | {_spread([r['always_on_vs_greedy'] for r in rs])} | "
                              f"{_spread([r['parked_vs_greedy'] for r in rs])} | "
-                             f"{min(r['sla_attainment'] for r in rs):.4f} | "
+                             f"{attainment_text(min(r['sla_attainment'] for r in rs))} | "
                              f"{statistics.fmean(r['avg_jct_h'] for r in rs):.2f} |")
         means = saving_means(saving_rows)
         best_saving = min(means, key=means.__getitem__)
