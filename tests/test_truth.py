@@ -186,3 +186,34 @@ def test_a_relative_gavel_path_that_is_missing_says_where_it_was_looked_for(tmp_
     with pytest.raises(FileNotFoundError, match="from the working directory") as info:
         read_gavel_json("data/nope.json")
     assert str(tmp_path / "data" / "nope.json") in str(info.value)
+
+
+def test_the_default_data_folder_is_found_beside_the_checkout_from_any_working_directory(tmp_path, monkeypatch):
+    """A user running `gogh simulate --truth gavel` from their own folder got "not found" for data
+    that sat beside the checkout: ../shared/data was only looked for from the working directory."""
+    from gogh_flows import datapaths
+    from gogh_flows.power_model import data_dir
+    from gogh_flows.truth.gavel import gavel_dir
+
+    beside = tmp_path / "checkout-side" / "shared" / "data"
+    (beside / "gavel").mkdir(parents=True)
+    monkeypatch.setattr(datapaths, "BESIDE_CHECKOUT", beside)
+    monkeypatch.delenv("GOGH_GAVEL_DIR", raising=False)
+    monkeypatch.delenv("GOGH_DATA_DIR", raising=False)
+    elsewhere = tmp_path / "work" / "project"
+    elsewhere.mkdir(parents=True)
+    monkeypatch.chdir(elsewhere)
+    assert gavel_dir() == beside / "gavel"
+    assert data_dir() == beside
+    # from the working directory first, as the docs always said
+    (tmp_path / "work" / "shared" / "data" / "gavel").mkdir(parents=True)
+    assert gavel_dir().resolve() == (tmp_path / "work" / "shared" / "data" / "gavel").resolve()
+    # the variable wins, and with nothing anywhere the error names both places
+    monkeypatch.setenv("GOGH_GAVEL_DIR", str(tmp_path / "mine"))
+    assert gavel_dir() == tmp_path / "mine"
+    monkeypatch.delenv("GOGH_GAVEL_DIR")
+    monkeypatch.setattr(datapaths, "BESIDE_CHECKOUT", tmp_path / "none")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match="beside the checkout") as info:
+        read_gavel_json(None)
+    assert str(tmp_path / "none" / "gavel") in str(info.value)

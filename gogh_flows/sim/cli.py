@@ -37,6 +37,7 @@ from gogh_flows.sim.traces import (
     read_trace,
 )
 from gogh_flows.truth import TRUTH_HELP, load_truth
+from gogh_flows.datapaths import where_looked
 from gogh_flows.truth.gavel import gavel_dir
 from gogh_flows.truth.table import ThroughputTable
 
@@ -50,7 +51,7 @@ HOLDOUT_EPOCHS = (100, 300)
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="compare placement policies on a trace")
     p.add_argument("--truth", default="synthetic", help=TRUTH_HELP)
-    p.add_argument("--trace", required=True, help="a .trace file, or generate:N for N Poisson arrivals")
+    p.add_argument("--trace", required=True, help="a .trace file, or generate:N for N Poisson arrivals (their durations and GPU counts are drawn from Gavel's traces/philly_job_distribution.csv, so this needs Gavel's data too)")
     p.add_argument("--cluster", required=True, help="e.g. v100=8,p100=16,k80=24")
     p.add_argument("--policy", default=",".join(SIM_POLICIES),
                    help=f"comma-separated policy names, from: {', '.join(ALL_POLICIES)} "
@@ -336,8 +337,10 @@ def _check_arguments(args: argparse.Namespace, truth: ThroughputTable, names: li
             raise ValueError(f"--trace {args.trace!r} is a folder; give a .trace file in it (e.g. "
                              f"{next(iter(sorted(trace.rglob('*.trace'))), trace / 'NAME.trace')}) or generate:N")
         if not trace.is_file():
-            raise ValueError(f"--trace {args.trace!r} not found; give a .trace file (Gavel's are in "
-                             f"{(gavel_dir() / 'traces').resolve()}) or generate:N")
+            traces = gavel_dir() / "traces"
+            where = (f"Gavel's are in {traces.resolve()}" if traces.is_dir() else
+                     f"Gavel's traces were not found: set GOGH_GAVEL_DIR, by default {where_looked('gavel')}")
+            raise ValueError(f"--trace {args.trace!r} not found; give a .trace file ({where}) or generate:N")
         args.trace = str(trace)  # as checked, ~ expanded
         if args.rate is not None:
             raise ValueError(f"--rate sets the arrivals of --trace generate:N; the trace {args.trace!r} has its "

@@ -40,6 +40,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from gogh_flows.datapaths import where_looked
+
 __all__ = [
     "TraceFormatError",
     "TraceJob",
@@ -211,7 +213,7 @@ def load_philly_distribution(path: str | Path) -> pl.DataFrame:
         raise FileNotFoundError(
             f"{path}: no Philly job distribution here; generated traces (generate:N) draw durations and GPU "
             "counts from Gavel's traces/philly_job_distribution.csv: set GOGH_GAVEL_DIR to the folder holding "
-            "Gavel's data (default ../shared/data/gavel, relative to where you run)")
+            "Gavel's data (by default " + where_looked("gavel") + ")")
     try:
         frame = pl.read_csv(path)
     except pl.exceptions.PolarsError as exc:

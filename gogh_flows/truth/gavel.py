@@ -15,9 +15,11 @@ import json
 import os
 from pathlib import Path
 
+from gogh_flows.datapaths import RELATIVE, default_data, where_looked
 from gogh_flows.truth.table import SCHEMA, ThroughputTable
 
-DEFAULT_GAVEL_DIR = Path("../shared/data/gavel")
+#: the default, relative to the working directory (see :mod:`gogh_flows.datapaths` for where else it is looked for)
+DEFAULT_GAVEL_DIR = RELATIVE / "gavel"
 GAVEL_FILES = {
     "simulation": "simulation_throughputs.json",
     "physical_cluster": "physical_cluster_throughputs.json",
@@ -29,11 +31,12 @@ class GavelFormatError(ValueError):
 
 
 def gavel_dir(path: str | os.PathLike[str] | None = None) -> Path:
-    """Where the Gavel data lives: the argument, else ``$GOGH_GAVEL_DIR``, else ``../shared/data/gavel``."""
+    """Where the Gavel data lives: the argument, else ``$GOGH_GAVEL_DIR``, else ``../shared/data/gavel``
+    from the working directory or beside the checkout (:func:`gogh_flows.datapaths.default_data`)."""
     if path is not None:
         return Path(path)
     env = os.environ.get("GOGH_GAVEL_DIR")
-    return Path(env) if env else DEFAULT_GAVEL_DIR
+    return Path(env) if env else default_data("gavel")
 
 
 def gavel_throughputs_path(
@@ -141,7 +144,7 @@ def read_gavel_json(
             f"Gavel throughput file not found: {p}"
             + (f" ({p.resolve()}, from the working directory {Path.cwd()})" if not p.is_absolute() else "")
             + f". Give a truth of 'synthetic', 'gavel' (the file in "
-            f"GOGH_GAVEL_DIR, default ../shared/data/gavel, relative to the working directory) or the path of a Gavel throughput JSON "
+            f"GOGH_GAVEL_DIR, by default {where_looked('gavel')}) or the path of a Gavel throughput JSON "
             f"(a GpuCluster block's truth, or --truth on the command line); GOGH_GAVEL_DIR must be the "
             f"folder holding {GAVEL_FILES[which]}."
         )

@@ -1,0 +1,38 @@
+"""Where the measured data sets live when the user names no folder.
+
+The project reads Gavel's, Zeus's and the H100 zoo's data from a ``shared/data`` folder kept
+beside the checkout, never from a copy in the repository. A path relative to the working
+directory (``../shared/data``) only works from the checkout's root, so a user who runs
+``gogh simulate --truth gavel`` from their own project folder got "file not found" for data
+that was on the machine. The default is therefore looked for in two places: relative to the
+working directory (what the docs always said, and what an explicit ``cd`` relies on), then
+beside the checkout the package was installed from (an editable install:
+``<checkout>/../shared/data``). An environment variable or an argument always wins.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+#: the default, relative to the working directory
+RELATIVE = Path("../shared/data")
+#: the same folder beside the checkout this package was installed from (editable installs)
+BESIDE_CHECKOUT = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+def default_data(sub: str = "") -> Path:
+    """``../shared/data/<sub>`` if it exists from the working directory, else the folder beside
+    the checkout if that exists, else the relative path (so an error names where it looked)."""
+    for root in (RELATIVE, BESIDE_CHECKOUT):
+        if (root / sub).exists():
+            return root / sub
+    return RELATIVE / sub
+
+
+def where_looked(sub: str = "") -> str:
+    """The default's two places, for error messages."""
+    return (f"{RELATIVE / sub} from the working directory ({(RELATIVE / sub).resolve()}), "
+            f"then {BESIDE_CHECKOUT / sub} beside the checkout")
+
+
+__all__ = ["BESIDE_CHECKOUT", "RELATIVE", "default_data", "where_looked"]
