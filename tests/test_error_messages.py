@@ -100,3 +100,22 @@ def test_a_saved_block_that_does_not_validate_says_what_is_wrong_without_its_sav
     monkeypatch.setattr(PredictorRegistry, "load", classmethod(broken))
     with pytest.raises(RuntimeError, match="unreachable"):
         load_block(PredictorRegistry, "prod", PredictorRegistry())
+
+
+def test_a_pool_in_other_processes_needs_a_prefect_server_the_workers_can_reach():
+    """Without PREFECT_API_URL a remote worker started a temporary Prefect server of its own and the
+    start-up was timed as the body's first steps (a new user's run logged 3.6 steps/s for a body
+    that did 50 at once): refused before anything is placed, saying what to set."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from gogh_flows.flows.decorator import _check_workers_reach_prefect
+
+    run = object()
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        with pytest.raises(RuntimeError, match="PREFECT_API_URL is not set") as info:
+            _check_workers_reach_prefect("tcp://10.0.0.5:8786", run)
+        assert "prefect server start" in str(info.value) and "tcp://10.0.0.5:8786" in str(info.value)
+        _check_workers_reach_prefect("inproc://10.0.0.5/1/2", run)  # workers in this process: no need
+        _check_workers_reach_prefect("tcp://10.0.0.5:8786", None)  # not in a flow run: nothing reports
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
+        _check_workers_reach_prefect("tcp://10.0.0.5:8786", run)

@@ -193,6 +193,25 @@ def test_missing_pynvml_module_falls_back(monkeypatch, caplog, fresh_warning):
     assert "install nvidia-ml-py" in caplog.text
 
 
+def test_a_gpu_worker_where_pytorch_sees_no_gpu_says_so(monkeypatch, caplog, fresh_warning):
+    """A remote worker on a host without CUDA gave bodies device 'cuda:0' without a word beyond the
+    NVML fallback: the warning now says that bodies using it will fail and what runs is measured on
+    the CPU under the GPU's name."""
+    import torch
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with caplog.at_level(logging.WARNING, logger="gogh_flows.runtime"):
+        telemetry_for(V100, "remote")
+    assert "PyTorch sees no CUDA device" in caplog.text and "mode='emulated'" in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(telemetry_mod, "_warned", False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with caplog.at_level(logging.WARNING, logger="gogh_flows.runtime"):
+        telemetry_for(V100, "remote")
+    assert "NVML unavailable" in caplog.text and "PyTorch sees no CUDA" not in caplog.text
+
+
 def test_working_nvml_gives_a_sampler_and_emulated_mode_never_touches_it(monkeypatch, fresh_warning):
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml())
     assert isinstance(telemetry_for(V100, "local-cuda"), NvmlSampler)

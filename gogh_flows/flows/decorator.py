@@ -426,6 +426,24 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
                 "raise wait_timeout_s, or check the worker's slot resource")
 
 
+def _check_workers_reach_prefect(pool_address: str, flow_run: Any) -> None:
+    """A body on another process's worker reports to the flow run's Prefect server, so that
+    server must be one the worker can reach. With no ``PREFECT_API_URL`` this process talks to a
+    temporary server of its own, which no other process can reach: each worker then quietly
+    started a temporary server of its own, the run's logs went there and were lost, and the
+    start-up (about 10 s) was timed as the body's first steps, so the measurement that trains
+    the refiner was wrong. Refused before anything is placed."""
+    from prefect.settings import PREFECT_API_URL
+
+    if flow_run is None or pool_address.startswith("inproc://") or PREFECT_API_URL.value():
+        return
+    raise RuntimeError(
+        f"this flow run's GPU pool ({pool_address}) runs bodies in other processes, which report to the "
+        "flow run's Prefect server, but PREFECT_API_URL is not set: this process uses a temporary Prefect "
+        "server that the workers cannot reach. Start a server (`prefect server start`) and set "
+        "PREFECT_API_URL to it here and in the workers' environment (docs/user-guide.md, remote pools)")
+
+
 def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwargs: dict) -> Any:
     ctx = FlowRunContext.get()
     flow_run = ctx.flow_run if ctx else None
@@ -435,6 +453,7 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
     registry = load_block(PredictorRegistry, settings.registry, PredictorRegistry())
     policy = load_block(PlacementPolicy, settings.policy, PlacementPolicy())
     session = shared_session(cluster, registry.resolved_tracking_uri())
+    _check_workers_reach_prefect(session.pool.address, flow_run)
     # a job type the truth lacks runs from its layer features (the worker's _learn_job)
     unknown = session.truth is None or not session.truth.knows(job.job_type)
     if session.truth is not None and unknown and job.features is None:

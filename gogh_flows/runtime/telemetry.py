@@ -330,7 +330,24 @@ def _warn_fallback(reason: str) -> None:
         _warned = True
     log.warning("NVML unavailable (%s): runs on this GPU are timed by the wall clock; their power "
                 "and energy are not measured (install nvidia-ml-py and the NVIDIA driver to measure "
-                "them)", reason)
+                "them)%s", reason, _no_cuda_note())
+
+
+def _no_cuda_note() -> str:
+    """A worker declared as a GPU on a host where PyTorch sees none: a body that puts its tensors
+    on ``current_placement().device`` (``cuda:0``) will fail, and one that does not is measured
+    on the CPU as if on the GPU. Said with the NVML warning, once, rather than hidden by a
+    ``cpu`` device that would make such measurements look valid."""
+    try:
+        import torch
+    except ImportError:
+        return ""
+    if torch.cuda.is_available():
+        return ""
+    return ("; PyTorch sees no CUDA device in this process either: bodies using current_placement().device "
+            "('cuda:0') will fail, and what runs here is measured on the CPU under this GPU's name. Run GPU "
+            "workers where CUDA is visible (CUDA_VISIBLE_DEVICES), or use GpuCluster(mode='emulated') to try "
+            "the pool without GPUs")
 
 
 def telemetry_for(
