@@ -71,6 +71,17 @@ def _setup_env(home: Path, prefect_home: Path) -> None:
     os.environ["GOGH_HOME"] = str(home)
 
 
+def _retraining_line(r: dict) -> str:
+    """One retraining's outcome, or why nothing was retrained (a small demo has too few measurements
+    for a held-out quarter: it printed "challenger vNone MAPE nan%")."""
+    if r.get("challenger_version") is None:
+        return f"not retrained: {r.get('reason', 'no challenger was trained')}; kept the champion"
+    trust = "in full" if r.get("trust_scale") is None else f"up to P1 error {r['trust_scale']:g}"
+    return (f"({r.get('seconds', 0):.0f} s) challenger v{r['challenger_version']} MAPE "
+            f"{r['challenger_mape']:.1%} (corrections {trust}) vs champion {r['champion_mape']:.1%}, "
+            f"P1 alone {r['p1_mape']:.1%}: " + ("promoted" if r.get("promoted") else "kept the champion"))
+
+
 def plan_waves(truth: Any, waves: int, wave_size: int, seed: int) -> list[list[DemoJob]]:
     """Seeded jobs: requirement = q x best isolated throughput on the fleet, q ~ U(0.3, 0.8)."""
     from gogh_flows.workloads.zoo import job_type_name
@@ -213,12 +224,7 @@ def run_product_demo(seed: int = 0, out: Path | None = None, waves: int = 3, wav
                 r = refine_predictors(registry=None, min_measurements=4, holdout_fraction=0.25, epochs=150,
                                       seed=seed)
                 retrains.append(r)
-                nan = float("nan")
-                trust = "in full" if r.get("trust_scale") is None else f"up to P1 error {r['trust_scale']:g}"
-                say(f"  ({r.get('seconds', 0):.0f} s) challenger v{r.get('challenger_version')} MAPE "
-                    f"{r.get('challenger_mape', nan):.1%} (corrections {trust}) vs champion "
-                    f"{r.get('champion_mape', nan):.1%}, P1 alone {r.get('p1_mape', nan):.1%}: "
-                    + ("promoted" if r.get("promoted") else "kept the champion"))
+                say("  " + _retraining_line(r))
         gogh_rows = _measurements(run_home / "gogh", registry.resolved_tracking_uri())
         source = predictor_source(registry)
         final = source.get(force=True, bounded=False)

@@ -674,7 +674,11 @@ def _log_error(model: PowerLimitModel, trace: TraceSet) -> float:
     return float(np.sqrt(np.mean(np.log(t / d["time"]) ** 2 + np.log(p / d["power"]) ** 2)))
 
 
-def fit_all(traces: Mapping[str, TraceSet]) -> dict[str, Any]:
+#: the command that regenerates the packaged model (its provenance)
+REGENERATE = "gogh power fit --data ../shared/data/zeus --out gogh_flows/power_limit_model.json"
+
+
+def fit_all(traces: Mapping[str, TraceSet], command: str = REGENERATE) -> dict[str, Any]:
     """The model placements plan with: fitted on every GPU, as JSON.
 
     Unlike :func:`fit_power_limit_model`, which aims at one decision from one measurement and
@@ -694,7 +698,7 @@ def fit_all(traces: Mapping[str, TraceSet]) -> dict[str, Any]:
     model = PowerLimitModel(form, _fit_form(form, [traces[g] for g in names]), trained_on=tuple(names),
                             selection={f"{f} (leave-one-GPU-out RMS log error)": v for f, v in scores.items()})
     return {**model.to_json(), "source": "Zeus NSDI'23 power traces (summary_power_<gpu>.csv)",
-            "command": "gogh power fit --data ../shared/data/zeus --out gogh_flows/power_limit_model.json",
+            "command": command,
             "configurations": {g: int(traces[g].frame["config"].n_unique()) for g in names}}
 
 
@@ -747,7 +751,9 @@ def cmd_power_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_power_fit(args: argparse.Namespace) -> int:
-    fitted = fit_all(read_traces(args.data))
+    # the provenance is the command that was run, not the one that made the packaged file
+    command = f"gogh power fit --data {args.data}" + (f" --out {args.out}" if args.out else "")
+    fitted = fit_all(read_traces(args.data), command=command)
     text = json.dumps(fitted, indent=2) + "\n"
     if args.out:
         out = Path(args.out)

@@ -93,3 +93,18 @@ def test_the_placement_error_leaves_out_runs_in_other_company_and_runs_at_a_tria
     extras = [{}, {"partners_changed": "placed alone, ran next to LM"}, {"limit_trial_w": "250"},
               {"power_limit_w": "325"}, {"limit_trial_w": "250", "partners_changed": "placed alone, ran next to LM"}]
     assert _as_predicted(extras) == ([True, False, False, True, False], 2, 2)  # the last counted for both
+
+
+def test_a_retraining_with_too_few_measurements_is_reported_with_its_reason():
+    """`gogh demo --waves 2 --wave-size 3` printed "challenger vNone MAPE nan%": the flow had not
+    retrained (too few measurements) and the demo formatted the missing figures."""
+    from gogh_flows.demo import _retraining_line
+
+    skipped = {"promoted": False, "reason": "only 3 usable measurements in /x (need 4); nothing retrained",
+               "measurements": 3, "champion_version": 1}
+    line = _retraining_line(skipped)
+    assert line.startswith("not retrained: only 3 usable measurements") and "nan" not in line and "None" not in line
+    done = {"promoted": True, "challenger_version": 3, "challenger_mape": 0.037, "champion_mape": 0.045,
+            "p1_mape": 0.037, "trust_scale": 0.05, "seconds": 4.2}
+    assert _retraining_line(done) == ("(4 s) challenger v3 MAPE 3.7% (corrections up to P1 error 0.05) vs "
+                                      "champion 4.5%, P1 alone 3.7%: promoted")

@@ -238,3 +238,16 @@ def test_limits_chosen_by_a_rising_threshold_are_told_from_ones_that_are_not(tmp
     assert bound.chosen_by_increasing_threshold(trace, [250.0, 200.0, 175.0, 150.0, 150.0])
     # net0, drawing the most, below what net2 got: no threshold rising with the draw gives that
     assert not bound.chosen_by_increasing_threshold(trace, [150.0, 200.0, 175.0, 150.0, 150.0])
+
+
+def test_power_fit_records_the_command_that_was_run(tmp_path, capsys):
+    """The fitted model's provenance named the packaged file's command whatever was run."""
+    from gogh_flows.power_limits import REGENERATE
+
+    data = zeus_dir()
+    out = tmp_path / "model.json"
+    assert main(["power", "fit", "--data", str(data), "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["command"] == f"gogh power fit --data {data} --out {out}"
+    packaged = json.loads((REPO / "gogh_flows" / "power_limit_model.json").read_text())
+    assert packaged["command"] == REGENERATE

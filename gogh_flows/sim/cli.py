@@ -81,12 +81,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "refiner's calibrated interval at this level (0.5-0.95; default: point predictions)")
     p.add_argument("--wait-hours", type=float, default=None,
                    help="how long the +wait policies let a new job wait for a busy GPU type that runs it "
-                        "for less energy (default 6; docs/optimizer.md has the trade against completion time)")
+                        f"for less energy (default {WAIT_S / 3600:g}; docs/optimizer.md has the trade against completion time)")
     p.add_argument("--wait-saving", type=float, default=None,
                    help="the share of energy that GPU type must save for a +wait policy to hold a job "
-                        "(default 0.1)")
+                        f"(default {WAIT_SAVING:g})")
     p.add_argument("--requirement-q", default="0.2,0.9",
-                   help="LOW,HIGH: requirement = q * best isolated throughput, q ~ U(LOW, HIGH)")
+                   help="LOW,HIGH: requirement = q * best isolated throughput, q ~ U(LOW, HIGH) (default 0.2,0.9)")
     p.add_argument("--no-rebalance", action="store_true",
                    help="never move a running job to a freed, clearly better GPU")
     p.add_argument("--rebalance-gain", type=float, default=0.2,
