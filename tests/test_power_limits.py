@@ -240,11 +240,11 @@ def test_limits_chosen_by_a_rising_threshold_are_told_from_ones_that_are_not(tmp
     assert not bound.chosen_by_increasing_threshold(trace, [150.0, 200.0, 175.0, 150.0, 150.0])
 
 
-def test_power_fit_records_the_command_that_was_run(tmp_path, capsys):
+def test_power_fit_records_the_command_that_was_run(tmp_path, capsys, zeus_dir):
     """The fitted model's provenance named the packaged file's command whatever was run."""
     from gogh_flows.power_limits import REGENERATE
 
-    data = zeus_dir()
+    data = zeus_dir
     out = tmp_path / "model.json"
     assert main(["power", "fit", "--data", str(data), "--out", str(out)]) == 0
     written = json.loads(out.read_text())
