@@ -392,7 +392,7 @@ def test_misspelt_block_fields_and_bad_registry_settings_are_refused(tmp_path):
         read_block_document(doc)  # not saved silently with the default fleet
     with pytest.raises(ValueError, match="not an MLflow tracking URI"):
         PredictorRegistry(tracking_uri="localhost:5000")
-    with pytest.raises(ValueError, match="not a shipped prior; choose one of"):
+    with pytest.raises(ValueError, match="neither a shipped prior .* nor a folder holding p1"):
         PredictorRegistry(prior="synthetc")
     assert PredictorRegistry(tracking_uri="postgresql+psycopg://db/mlflow").tracking_uri.startswith("postgresql")
     with pytest.raises(ValueError, match="lease_timeout_s"):

@@ -171,3 +171,26 @@ def test_a_challenger_keeps_the_champions_ensemble_and_intervals(gogh_home, gogh
     from gogh_flows.predict.service import ThroughputPredictor
 
     assert ThroughputPredictor(p1, p2).ensemble is not None
+
+
+def test_a_teams_own_trained_predictors_serve_flow_runs(gogh_home, gogh_models, tmp_path, monkeypatch):
+    """`gogh predictors train --out DIR` wrote predictors nothing could use in flow runs:
+    PredictorRegistry(prior=...) took only the shipped names. A folder holding p1/ and p2/ is now
+    registered on first use (and is what a run falls back to); a folder without p1/ is refused."""
+    import shutil
+
+    from gogh_flows.flows.blocks import PredictorRegistry
+    from gogh_flows.flows.predictors import PredictorSource
+
+    mine = tmp_path / "ours"
+    shutil.copytree(gogh_models / "synthetic", mine)
+    monkeypatch.setenv("GOGH_MODELS_DIR", str(tmp_path / "no-shipped-models"))  # only ours is there
+    block = PredictorRegistry(prior=str(mine))
+    source = PredictorSource(block)
+    source.ensure_prior()
+    for name in (block.p1_name, block.p2_name):
+        assert source.registry.version_for(name, block.alias) == 1, name
+    assert source.get(force=True, bounded=False) is not None
+    monkeypatch.setenv("GOGH_MODELS_DIR", str(gogh_models))
+    with pytest.raises(ValueError, match="nor a folder holding p1"):
+        PredictorRegistry(prior=str(tmp_path / "not-a-model"))

@@ -310,3 +310,14 @@ def test_zoo_reference_features_are_kept_on_disk_and_equal_a_fresh_extraction(tm
     feature_cache.cached_features("A3C-4-training", extract, batch_size=4, kind="training")
     assert len(calls) == 4 and (tmp_path / "zoo-features-another-zoo" / "A3C-4-training.json").exists()
     zoo._zoo_reference.cache_clear()
+
+
+def test_a_negative_batch_size_in_a_job_type_is_named_as_such():
+    """`gogh predict --job "ResNet-50 (batch size -4)"` said "unknown model family 'ResNet-50 (batch
+    size -4)'" while batch size 0 said what was wrong."""
+    from gogh_flows.workloads.zoo import parse_job_kind
+
+    for bad in ("ResNet-50 (batch size -4)", "ResNet-50 (batch size 0)"):
+        with pytest.raises(ValueError, match="batch_size must be a positive int"):
+            parse_job_kind(bad)
+    assert parse_job_kind("ResNet-50 (batch size 64)") == ("ResNet-50", 64, "training")

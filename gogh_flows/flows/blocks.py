@@ -158,9 +158,10 @@ class PredictorRegistry(Block):
     p1_name: str = "gogh-p1"
     p2_name: str = "gogh-p2"
     alias: str = "champion"
-    prior: str | None = Field(default="synthetic", description="shipped prior under models/ to "
-                              "register on first use when the registry is empty ('synthetic' or "
-                              "'gavel'); None = the models must already be registered")
+    prior: str | None = Field(default="synthetic", description="predictors to register on first use "
+                              "when the registry is empty: a shipped prior under models/ ('synthetic' or "
+                              "'gavel') or the folder `gogh predictors train --out DIR` wrote; None = the "
+                              "models must already be registered")
     refresh_s: float = Field(default=30.0, ge=0.0, description="how long a loaded alias is trusted "
                              "before the registry is asked again")
     timeout_s: float = Field(default=10.0, gt=0.0, description="how long a placement waits for the "
@@ -187,9 +188,12 @@ class PredictorRegistry(Block):
         from gogh_flows.flows.predictors import models_dir
 
         shipped = sorted(p.name for p in models_dir().glob("*") if (p / "p1").is_dir())
-        if shipped and value not in shipped:  # no models folder here: said when a run needs it
-            raise ValueError(f"prior {value!r} is not a shipped prior; choose one of {shipped} (folders of "
-                             f"{models_dir()}), or None when the models are already registered")
+        if value in shipped or (Path(value).expanduser() / "p1").is_dir():
+            return value
+        if shipped:  # no models folder here: said when a run needs it
+            raise ValueError(f"prior {value!r} is neither a shipped prior ({', '.join(shipped)}: folders of "
+                             f"{models_dir()}) nor a folder holding p1/ (and p2/) as `gogh predictors train "
+                             "--out DIR` writes them; or None when the models are already registered")
         return value
 
     def resolved_tracking_uri(self) -> str:

@@ -24,7 +24,7 @@ from mlflow.exceptions import MlflowException
 
 from gogh_flows.flows.blocks import PredictorRegistry, state_dir
 from gogh_flows.flows.startup import starting
-from gogh_flows.predict.io import ModelFormatError, load_p1, load_p2, models_dir
+from gogh_flows.predict.io import ModelFormatError, load_p1, load_p2, models_dir, prior_dir
 from gogh_flows.predict.service import ThroughputPredictor
 from gogh_flows.tracking.backend import check_reachable, is_http
 from gogh_flows.tracking.errors import TrackingUnavailableError, UnsafeArtifactError, short_error
@@ -62,7 +62,7 @@ class PredictorSource:
         """Register the shipped prior under the alias if the registry has nothing there yet."""
         if not self.block.prior:
             return
-        base = models_dir() / self.block.prior
+        base = prior_dir(self.block.prior)
         pending = [(name, sub) for name, sub in ((self.block.p1_name, "p1"), (self.block.p2_name, "p2"))
                    if self.registry.version_for(name, self.block.alias) is None]
         if not pending:
@@ -76,8 +76,8 @@ class PredictorSource:
             for name, sub in pending:
                 if not (base / sub).is_dir():
                     raise FileNotFoundError(
-                        f"shipped prior {base / sub} not found; set GOGH_MODELS_DIR to the models/ folder "
-                        "of gogh-flows, or register the predictors yourself (gogh predictors train)")
+                        f"prior {base / sub} not found; set GOGH_MODELS_DIR to the models/ folder of "
+                        "gogh-flows, or give the folder `gogh predictors train --out DIR` wrote")
                 self.registry.ensure_registered(name, base / sub, alias=self.block.alias,
                                                 p1_uri=f"models:/{self.block.p1_name}@{self.block.alias}")
 
@@ -213,7 +213,7 @@ class PredictorSource:
             (d1, v1), (d2, v2) = cached
             return (ThroughputPredictor(load_p1(d1), load_p2(d2) if d2 is not None else None), (v1, v2),
                     f"the versions cached locally (P1 v{v1}, P2 v{v2})")
-        base = models_dir() / (self.block.prior or "synthetic")
+        base = prior_dir(self.block.prior or "synthetic")
         if not (base / "p1").is_dir():
             raise RuntimeError(f"{reason}, and there is no cached version nor built-in prior at "
                                f"{base} to place with; set GOGH_MODELS_DIR to gogh-flows' models/")

@@ -40,6 +40,13 @@ def models_dir() -> Path:
     return Path(os.environ.get("GOGH_MODELS_DIR", Path(__file__).resolve().parents[2] / "models"))
 
 
+def prior_dir(prior: str) -> Path:
+    """A shipped prior's folder under :func:`models_dir`, else ``prior`` read as a path (the folder
+    `gogh predictors train --out DIR` wrote), so a team's own predictors can serve flow runs."""
+    shipped = models_dir() / prior
+    return shipped if (shipped / "p1").is_dir() else Path(prior).expanduser()
+
+
 class ModelFormatError(ValueError):
     """A model directory that is incomplete or does not describe the model it claims to."""
 
@@ -228,5 +235,5 @@ def _plain(x):
 
 __all__ = [
     "CARD", "CONFIG", "WEIGHTS", "ModelFormatError", "UnsafeModelError", "load_model", "load_p1",
-    "load_p2", "read_card", "record_trained_on", "save_model",
+    "load_p2", "models_dir", "prior_dir", "read_card", "record_trained_on", "save_model",
 ]

@@ -72,7 +72,7 @@ ATARI_FRAMES = 4  # stacked grey frames
 ATARI_ACTIONS = 6  # Pong
 CYCLEGAN_SIZE = 256
 
-_JOB_TYPE = re.compile(r"^\s*(?P<family>.+?)\s*\(batch size (?P<bs>\d+)\)\s*$")
+_JOB_TYPE = re.compile(r"^\s*(?P<family>.+?)\s*\(batch size (?P<bs>[-+]?\d+)\)\s*$")
 
 
 @dataclass(frozen=True)
