@@ -218,8 +218,10 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
                               description=f"Options for {job.job_type}: the chosen GPU and the runner-ups")
     except Exception as exc:  # the explanation is a convenience; the run must go on
         logger.warning("could not publish the placement artifacts: %s", exc)
-    logger.info("placed %s on %s (%s): predicted %.4g steps/s, required %.4g", job.job_type,
-                placement.gpu_id, placement.gpu_type, placement.predicted_throughput, job.required_throughput)
+    # the power limit chosen with the GPU is part of the decision: said where the GPU is
+    limit = "" if placement.power_limit_w is None else f" at a {placement.power_limit_w:g} W power limit"
+    logger.info("placed %s on %s (%s)%s: predicted %.4g steps/s, required %.4g", job.job_type,
+                placement.gpu_id, placement.gpu_type, limit, placement.predicted_throughput, job.required_throughput)
     return placement
 
 
