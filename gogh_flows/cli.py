@@ -179,7 +179,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="the whole loop: placed flow runs on an emulated fleet, "
                           "measurements, retraining, and the energy against greedy-fastest")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=int, default=0, help="seeds the jobs, their requirements and the emulated fleet (default 0; one seed's figures still move from run to run: the emulated GPUs run in wall-clock time)")
     demo.add_argument("--out", default=None, help="folder for summary.json and the plot (default: "
                       "$GOGH_HOME/demo, else .gogh/demo)")
     demo.add_argument("--waves", type=int, default=None, help=f"waves of flow runs (default {DEMO_WAVES[0]})")
@@ -219,11 +219,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench", required=True)
     bp = bench_sub.add_parser("placement", help="decision time of the optimiser")
-    bp.add_argument("--gpus", type=int, required=True)
-    bp.add_argument("--running", type=int, default=0)
-    bp.add_argument("--arrivals", type=int, default=1)
-    bp.add_argument("--repeat", type=int, default=10)
-    bp.add_argument("--seed", type=int, default=0)
+    bp.add_argument("--gpus", type=int, required=True, help="GPUs in the fleet (a mix of the truth's types)")
+    bp.add_argument("--running", type=int, default=0, help="jobs already running on it (default 0)")
+    bp.add_argument("--arrivals", type=int, default=1, help="jobs placed in one decision (default 1); mean_placed says how many found a GPU that meets their requirement")
+    bp.add_argument("--repeat", type=int, default=10, help="decisions timed (default 10)")
+    bp.add_argument("--seed", type=int, default=0, help="seeds the fleet, the jobs and their requirements (default 0)")
     bp.add_argument("--time-limit", type=float, default=2.0, help="CP-SAT time limit, seconds")
     bp.add_argument("--truth", default="synthetic", help=TRUTH_HELP)
     bp.add_argument("--json", help="write the figures to this file")

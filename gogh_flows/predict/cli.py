@@ -34,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         else:
             x.add_argument("--encoder", default="transformer", choices=("gru", "ff", "transformer"),
                            help="P1 job encoder")
-        x.add_argument("--seed", type=int, default=0)
+        x.add_argument("--seed", type=int, default=0, help="seeds training (default 0)")
         x.add_argument("--gpu-types", help="comma-separated GPU types to keep (default: all in the truth)")
         x.add_argument("--p1-epochs", type=int, help=f"P1 epochs (default {P1_EPOCHS})")
         x.add_argument("--p2-epochs", type=int,

@@ -201,10 +201,10 @@ def add_parser(sub) -> None:
     t.add_argument("--truth", default="gavel", help="'gavel' (simulation_throughputs.json) or a Gavel JSON")
     t.add_argument("--data", help="Gavel data folder (default: ../shared/data/gavel or $GOGH_GAVEL_DIR)")
     d = TrainConfig()
-    t.add_argument("--episodes", type=int, default=d.episodes)
+    t.add_argument("--episodes", type=int, default=d.episodes, help=f"training episodes (default {d.episodes})")
     t.add_argument("--jobs", type=int, default=d.jobs_per_episode, help="jobs per episode")
-    t.add_argument("--seed", type=int, default=d.seed)
-    t.add_argument("--cluster", default=d.cluster)
+    t.add_argument("--seed", type=int, default=d.seed, help=f"seeds the episodes and the agent (default {d.seed})")
+    t.add_argument("--cluster", default=d.cluster, help=f"TYPE=COUNT,... the agent is trained on (default {d.cluster})")
     t.add_argument("--rate", type=float, default=d.rate_per_hour, help="arrivals per hour")
     t.add_argument("--plot", help="write the training curve here (PNG)")
     t.add_argument("--overwrite", action="store_true",
