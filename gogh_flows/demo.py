@@ -51,7 +51,7 @@ class DemoJob:
 
 
 def _setup_env(home: Path, prefect_home: Path) -> None:
-    from gogh_flows.localenv import OFFLINE, THROWAWAY_SERVER, set_defaults, sqlite_server
+    from gogh_flows.localenv import MEMORY_DATABASE, OFFLINE, THROWAWAY_SERVER, set_defaults, sqlite_server
 
     set_defaults({
         **OFFLINE,
@@ -63,6 +63,8 @@ def _setup_env(home: Path, prefect_home: Path) -> None:
         **sqlite_server(20),
         # the temporary server is thrown away at the end (localenv.THROWAWAY_SERVER says why)
         **THROWAWAY_SERVER,
+        # ... and its records are not kept: in memory, one connection, no minute-long lock stalls
+        **MEMORY_DATABASE,
     })
     # Prefect creates its home without parents: a fresh GOGH_HOME would leave the temporary
     # server without a database folder (it then times out starting)
