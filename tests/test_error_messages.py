@@ -102,20 +102,36 @@ def test_a_saved_block_that_does_not_validate_says_what_is_wrong_without_its_sav
         load_block(PredictorRegistry, "prod", PredictorRegistry())
 
 
-def test_a_pool_in_other_processes_needs_a_prefect_server_the_workers_can_reach():
+def test_a_pool_in_other_processes_needs_a_prefect_server_the_workers_can_reach(monkeypatch):
     """Without PREFECT_API_URL a remote worker started a temporary Prefect server of its own and the
     start-up was timed as the body's first steps (a new user's run logged 3.6 steps/s for a body
-    that did 50 at once): refused before anything is placed, saying what to set."""
+    that did 50 at once). Workers on this machine are given this process's temporary server;
+    workers elsewhere cannot reach it, and the run is refused before anything is placed."""
+    import prefect.server.api.server as server_mod
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from gogh_flows.flows.decorator import _check_workers_reach_prefect
+    from gogh_flows.flows.decorator import _context_for_workers, _workers_prefect_url
 
+    class TemporaryServer:  # this process's temporary server, as Prefect keeps it (one per process)
+        running = True
+        api_url = "http://127.0.0.1:8765/api"
+
+    monkeypatch.setattr(server_mod, "SubprocessASGIServer", TemporaryServer)
     run = object()
     with temporary_settings(restore_defaults={PREFECT_API_URL}):
         with pytest.raises(RuntimeError, match="PREFECT_API_URL is not set") as info:
-            _check_workers_reach_prefect("tcp://10.0.0.5:8786", run)
+            _workers_prefect_url("tcp://10.0.0.5:8786", run)
         assert "prefect server start" in str(info.value) and "tcp://10.0.0.5:8786" in str(info.value)
-        _check_workers_reach_prefect("inproc://10.0.0.5/1/2", run)  # workers in this process: no need
-        _check_workers_reach_prefect("tcp://10.0.0.5:8786", None)  # not in a flow run: nothing reports
-    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
-        _check_workers_reach_prefect("tcp://10.0.0.5:8786", run)
+        # a scheduler on loopback (a local-cuda pool): its workers can reach this process's server
+        url = _workers_prefect_url("tcp://127.0.0.1:41234", run)
+        assert url == TemporaryServer.api_url
+        shipped = _context_for_workers(url)["settings_context"]
+        assert TemporaryServer.api_url in str(shipped)
+        assert PREFECT_API_URL.value() is None  # named for the workers only
+        TemporaryServer.running = False
+        with pytest.raises(RuntimeError, match="PREFECT_API_URL is not set"):
+            _workers_prefect_url("tcp://127.0.0.1:41234", run)
+        assert _workers_prefect_url("inproc://10.0.0.5/1/2", run) is None  # workers in this process
+        assert _workers_prefect_url("tcp://10.0.0.5:8786", None) is None  # not in a flow run
+    with temporary_settings({PREFECT_API_URL: "http://10.0.0.9:4200/api"}):
+        assert _workers_prefect_url("tcp://10.0.0.5:8786", run) is None  # the workers get this one

@@ -428,22 +428,44 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
                 "raise wait_timeout_s, or check the worker's slot resource")
 
 
-def _check_workers_reach_prefect(pool_address: str, flow_run: Any) -> None:
-    """A body on another process's worker reports to the flow run's Prefect server, so that
-    server must be one the worker can reach. With no ``PREFECT_API_URL`` this process talks to a
-    temporary server of its own, which no other process can reach: each worker then quietly
-    started a temporary server of its own, the run's logs went there and were lost, and the
-    start-up (about 10 s) was timed as the body's first steps, so the measurement that trains
-    the refiner was wrong. Refused before anything is placed."""
+def _workers_prefect_url(pool_address: str, flow_run: Any) -> str | None:
+    """The Prefect API a body on this pool's workers must be told to report to, or None.
+
+    A body on another process's worker reports to the flow run's Prefect server through the
+    settings shipped with its context. With no ``PREFECT_API_URL`` this process talks to a
+    temporary server of its own, and those settings name none: each worker then quietly started a
+    temporary server of its own, the run's logs went there and were lost, and the start-up (about
+    10 s) was timed as the body's first steps, so the measurement that trains the refiner was
+    wrong. Workers on this machine (a scheduler on loopback: a local-cuda pool) are given this
+    process's temporary server, which they can reach; workers elsewhere cannot reach it, and the
+    run is refused before anything is placed.
+    """
+    from urllib.parse import urlparse
+
     from prefect.settings import PREFECT_API_URL
 
     if flow_run is None or pool_address.startswith("inproc://") or PREFECT_API_URL.value():
-        return
+        return None
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()  # this process's temporary server (one per process)
+    if server.running and urlparse(pool_address).hostname in ("127.0.0.1", "localhost", "::1"):
+        return server.api_url
     raise RuntimeError(
-        f"this flow run's GPU pool ({pool_address}) runs bodies in other processes, which report to the "
-        "flow run's Prefect server, but PREFECT_API_URL is not set: this process uses a temporary Prefect "
-        "server that the workers cannot reach. Start a server (`prefect server start`) and set "
+        f"this flow run's GPU pool ({pool_address}) runs bodies in processes on other machines, which report "
+        "to the flow run's Prefect server, but PREFECT_API_URL is not set: this process uses a temporary "
+        "Prefect server that they cannot reach. Start a server (`prefect server start`) and set "
         "PREFECT_API_URL to it here and in the workers' environment (docs/user-guide.md, remote pools)")
+
+
+def _context_for_workers(api_url: str | None) -> dict:
+    """Prefect's serialised context, naming ``api_url`` (see :func:`_workers_prefect_url`) if given."""
+    if api_url is None:
+        return serialize_context()
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings({PREFECT_API_URL: api_url}):
+        return serialize_context()
 
 
 def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwargs: dict) -> Any:
@@ -455,7 +477,7 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
     registry = load_block(PredictorRegistry, settings.registry, PredictorRegistry())
     policy = load_block(PlacementPolicy, settings.policy, PlacementPolicy())
     session = shared_session(cluster, registry.resolved_tracking_uri())
-    _check_workers_reach_prefect(session.pool.address, flow_run)
+    workers_api = _workers_prefect_url(session.pool.address, flow_run)
     # a job type the truth lacks runs from its layer features (the worker's _learn_job)
     unknown = session.truth is None or not session.truth.knows(job.job_type)
     if session.truth is not None and unknown and job.features is None:
@@ -503,8 +525,9 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
                 # a shared pool outlives this process: if it is lost, the worker hands in the measurement
                 lost = functools.partial(record_if_placer_lost, job, placement, started, flow_run, flow_name,
                                          session.pool.device(placement.gpu_id).where, session.measurements.store)
-                future = session.pool.submit(_execute_body, fn, args, kwargs, serialize_context(), placement,
-                                         job.work_steps, record_if_placer_lost=lost, **where)
+                context = _context_for_workers(workers_api)
+                future = session.pool.submit(_execute_body, fn, args, kwargs, context, placement,
+                                             job.work_steps, record_if_placer_lost=lost, **where)
             left = max(0.0, wait_s - placement.waited_s)
             outcome = await_run(ledger, future, placement, start_within_s=left + _START_GRACE_S,
                                 cancelled_in_prefect=cancellation)
