@@ -59,7 +59,8 @@ def _setup_env(home: Path, prefect_home: Path) -> None:
         "PREFECT_LOGGING_LEVEL": "WARNING",
         # a first start migrates a fresh database: slow on a busy 2-core machine
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
-        # eight concurrent flow runs write to the temporary server's SQLite
+        # eight concurrent flow runs write to the temporary server (its pool settings apply if the
+        # user points it at a database file; in memory, below, Prefect uses one connection)
         **sqlite_server(20),
         # the temporary server is thrown away at the end (localenv.THROWAWAY_SERVER says why)
         **THROWAWAY_SERVER,

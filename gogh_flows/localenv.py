@@ -45,7 +45,7 @@ THROWAWAY_SERVER = {
 # A server whose records are not kept after use can hold them in memory. Prefect gives an
 # in-memory SQLite database one connection (its pool for ':memory:' URLs), so concurrent requests
 # queue in that pool instead of waiting on SQLite's file lock. On a file, `gogh demo`'s flow runs
-# stalled a minute in about half of its runs (2026-11-27: 7 of 13; later 2 of 13): every write
+# stalled a minute in about half of its runs (2026-11-27: 7 of 13; later that day 2 of 14): every write
 # waiting on the lock ran into Prefect's hard-coded 60 s busy timeout while the server's event
 # loop stood still (docs/performance.md has the traces). With one connection nothing waits on
 # the lock: 0 "database is locked" answers in a demo, against 11-63 on a file.

@@ -173,24 +173,37 @@ def test_a_challenger_keeps_the_champions_ensemble_and_intervals(gogh_home, gogh
     assert ThroughputPredictor(p1, p2).ensemble is not None
 
 
-def test_a_teams_own_trained_predictors_serve_flow_runs(gogh_home, gogh_models, tmp_path, monkeypatch):
+def test_a_teams_own_trained_predictors_serve_flow_runs_and_retrain(gogh_home, gogh_models, tmp_path, monkeypatch):
     """`gogh predictors train --out DIR` wrote predictors nothing could use in flow runs:
-    PredictorRegistry(prior=...) took only the shipped names. A folder holding p1/ and p2/ is now
-    registered on first use (and is what a run falls back to); a folder without p1/ is refused."""
+    PredictorRegistry(prior=...) took only the shipped names. A folder holding p1/ and p2/, given
+    relative to where the block is made, is stored absolute (a block is loaded by processes started
+    elsewhere), registered on first use, and retraining learns from the truth its refiner was
+    trained on; a folder without p2/ is refused, and a shipped name wins over a folder of that name."""
     import shutil
 
     from gogh_flows.flows.blocks import PredictorRegistry
     from gogh_flows.flows.predictors import PredictorSource
+    from gogh_flows.flows.retrain import base_measurements
 
-    mine = tmp_path / "ours"
-    shutil.copytree(gogh_models / "synthetic", mine)
-    monkeypatch.setenv("GOGH_MODELS_DIR", str(tmp_path / "no-shipped-models"))  # only ours is there
-    block = PredictorRegistry(prior=str(mine))
+    monkeypatch.setenv("GOGH_MODELS_DIR", str(gogh_models))  # the shipped priors are there too
+    shutil.copytree(gogh_models / "synthetic", tmp_path / "ours")
+    monkeypatch.chdir(tmp_path)
+    block = PredictorRegistry(prior="ours")
+    assert block.prior == str((tmp_path / "ours").resolve())
+    monkeypatch.chdir(gogh_home.parent)  # another working directory: the stored block still loads
+    assert PredictorRegistry.model_validate(block.model_dump()).prior == block.prior
     source = PredictorSource(block)
     source.ensure_prior()
     for name in (block.p1_name, block.p2_name):
         assert source.registry.version_for(name, block.alias) == 1, name
     assert source.get(force=True, bounded=False) is not None
-    monkeypatch.setenv("GOGH_MODELS_DIR", str(gogh_models))
-    with pytest.raises(ValueError, match="nor a folder holding p1"):
-        PredictorRegistry(prior=str(tmp_path / "not-a-model"))
+    # the copy's refiner was trained on the synthetic truth: retraining keeps learning from it
+    base = base_measurements("prior", block.prior, ["v100", "k80"])
+    assert base is not None and base.iso.height > 0
+    shutil.rmtree(tmp_path / "ours" / "p2")
+    with pytest.raises(ValueError, match="nor a folder holding p1/ and p2/"):
+        PredictorRegistry(prior=str(tmp_path / "ours"))
+    (tmp_path / "synthetic" / "p1").mkdir(parents=True)
+    (tmp_path / "synthetic" / "p2").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert PredictorRegistry(prior="synthetic").prior == "synthetic"  # the shipped one; ./synthetic for the folder

@@ -188,11 +188,15 @@ class PredictorRegistry(Block):
         from gogh_flows.flows.predictors import models_dir
 
         shipped = sorted(p.name for p in models_dir().glob("*") if (p / "p1").is_dir())
-        if value in shipped or (Path(value).expanduser() / "p1").is_dir():
+        if value in shipped:  # a shipped name wins over a folder of that name here (give ./NAME for that)
             return value
+        folder = Path(value).expanduser()
+        if (folder / "p1").is_dir() and (folder / "p2").is_dir():
+            # stored absolute: a block is loaded by processes started elsewhere (a Prefect worker)
+            return str(folder.resolve())
         if shipped:  # no models folder here: said when a run needs it
             raise ValueError(f"prior {value!r} is neither a shipped prior ({', '.join(shipped)}: folders of "
-                             f"{models_dir()}) nor a folder holding p1/ (and p2/) as `gogh predictors train "
+                             f"{models_dir()}) nor a folder holding p1/ and p2/ as `gogh predictors train "
                              "--out DIR` writes them; or None when the models are already registered")
         return value
 

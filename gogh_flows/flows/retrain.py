@@ -56,15 +56,35 @@ def base_measurements(base_data: str, prior: str | None, gpu_types: list[str]) -
     if base_data not in BASE_DATA:
         raise ValueError(f"base_data must be one of {BASE_DATA}, got {base_data!r}")
     source = (prior or "none") if base_data == "prior" else base_data
+    if source not in BASE_DATA:  # a team's own prior: the truth its refiner was trained on
+        source = _folder_prior_truth(source)
     if source == "none":
         return None
     if source == "synthetic":
         from gogh_flows.truth.synthetic import synthetic_table
 
         return MeasuredSet.from_table(synthetic_table(gpu_types))
-    if source == "gavel":
-        return MeasuredSet.from_table(load_truth("gavel"))
-    raise ValueError(f"unknown base data {source!r}; expected one of {BASE_DATA}")
+    try:
+        return MeasuredSet.from_table(load_truth(source))
+    except (OSError, ValueError) as exc:
+        if base_data != "prior" or source == "gavel":
+            raise
+        log.warning("gogh: the truth %s that the prior %s was trained on cannot be read (%s); the challenger "
+                    "learns from the logged runs alone", source, prior, exc)
+        return None
+
+
+def _folder_prior_truth(prior: str) -> str:
+    """What a prior folder's refiner was trained on (``trained_on.truth`` in its config: 'synthetic',
+    'gavel' or a Gavel JSON's path), so a challenger keeps learning from it; 'none' if unrecorded."""
+    from gogh_flows.predict.io import prior_dir
+
+    try:
+        config = json.loads((prior_dir(prior) / "p2" / "config.json").read_text())
+    except (OSError, ValueError):
+        return "none"
+    truth = config.get("trained_on", {}).get("truth")
+    return str(truth) if truth else "none"
 
 
 #: what a challenger keeps of the champion's record: the ensemble's weights, reaches, baseline

@@ -338,11 +338,12 @@ def _no_cuda_note() -> str:
     on ``current_placement().device`` (``cuda:0``) will fail, and one that does not is measured
     on the CPU as if on the GPU. Said with the NVML warning, once, rather than hidden by a
     ``cpu`` device that would make such measurements look valid."""
-    try:
+    try:  # a note on a warning: a torch that cannot load (broken CUDA libraries) must not fail the run
         import torch
-    except ImportError:
-        return ""
-    if torch.cuda.is_available():
+
+        if torch.cuda.is_available():
+            return ""
+    except Exception:  # noqa: BLE001
         return ""
     return ("; PyTorch sees no CUDA device in this process either: bodies using current_placement().device "
             "('cuda:0') will fail, and what runs here is measured on the CPU under this GPU's name. Run GPU "

@@ -199,7 +199,7 @@ def add_parser(sub) -> None:
     t.add_argument("--out", required=True, help="directory for weights.safetensors + config.json (the "
                    "shipped agent is models/rltune; use another directory and `gogh simulate --rltune-model`)")
     t.add_argument("--truth", default="gavel", help="'gavel' (simulation_throughputs.json) or a Gavel JSON")
-    t.add_argument("--data", help="Gavel data folder (default: ../shared/data/gavel or $GOGH_GAVEL_DIR)")
+    t.add_argument("--data", help="Gavel data folder (default: $GOGH_GAVEL_DIR, else ../shared/data/gavel here or beside the checkout)")
     d = TrainConfig()
     t.add_argument("--episodes", type=int, default=d.episodes, help=f"training episodes (default {d.episodes})")
     t.add_argument("--jobs", type=int, default=d.jobs_per_episode, help="jobs per episode")

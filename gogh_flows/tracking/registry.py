@@ -410,7 +410,8 @@ class ModelRegistry:
         if existing is not None:
             return existing
         return self.register(
-            name, directory, alias=alias, tags={"gogh.origin": "shipped-prior"}, description=f"shipped prior from {Path(directory).name}",
+            name, directory, alias=alias, tags={"gogh.origin": "prior", "gogh.prior_dir": str(Path(directory).parent)},
+            description=f"prior from {Path(directory)}",
             p1_uri=p1_uri,
         )
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from gogh_flows.truth.table import ThroughputTable
 
 TRUTH_HELP = ("'synthetic' (the built-in fleet), 'gavel' (simulation_throughputs.json in $GOGH_GAVEL_DIR, "
-              "default ../shared/data/gavel) or the path of a Gavel throughput JSON")
+              "default ../shared/data/gavel here or beside the checkout) or the path of a Gavel throughput JSON")
 
 
 def load_truth(spec: str) -> ThroughputTable:
     """``"synthetic"`` (the built-in fleet), ``"gavel"`` (Gavel's measured
-    ``simulation_throughputs.json`` in ``$GOGH_GAVEL_DIR``, default ../shared/data/gavel)
+    ``simulation_throughputs.json`` in ``$GOGH_GAVEL_DIR``, default ../shared/data/gavel here or beside the checkout)
     or the path of a Gavel throughput JSON file.
 
     The one place the CLI's ``--truth`` option is interpreted.
