@@ -54,7 +54,7 @@ import numpy as np
 import polars as pl
 
 from gogh_flows import catalog
-from gogh_flows.datapaths import RELATIVE, default_data
+from gogh_flows.datapaths import default_data
 from gogh_flows.workloads import WorkloadFeatures, parse_job_kind, zoo_features
 
 log = logging.getLogger("gogh_flows")
@@ -65,8 +65,6 @@ ACTIVITY_MIN, ACTIVITY_MAX = 0.02, 1.0
 #: logit targets are taken of activities clipped to this range: a board measured at (or
 #: above) its TDP or at idle would otherwise give an infinite target
 _TARGET_RANGE = (0.02, 0.98)
-#: the default, relative to the working directory (see :mod:`gogh_flows.datapaths` for where else it is looked for)
-DEFAULT_DATA_DIR = RELATIVE
 PACKAGED = Path(__file__).with_name("power_model.json")
 REGENERATE = "python -m gogh_flows.power_model fit --data ../shared/data --out gogh_flows/power_model.json"
 BOARD_FILE = "alone.csv"

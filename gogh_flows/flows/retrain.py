@@ -77,13 +77,12 @@ def base_measurements(base_data: str, prior: str | None, gpu_types: list[str]) -
 def _folder_prior_truth(prior: str) -> str:
     """What a prior folder's refiner was trained on (``trained_on.truth`` in its config: 'synthetic',
     'gavel' or a Gavel JSON's path), so a challenger keeps learning from it; 'none' if unrecorded."""
-    from gogh_flows.predict.io import prior_dir
+    from gogh_flows.predict.io import load_p2, prior_dir
 
     try:
-        config = json.loads((prior_dir(prior) / "p2" / "config.json").read_text())
-    except (OSError, ValueError):
+        truth = load_p2(prior_dir(prior) / "p2").trained_on.get("truth")
+    except (OSError, ValueError):  # ModelFormatError is a ValueError
         return "none"
-    truth = config.get("trained_on", {}).get("truth")
     return str(truth) if truth else "none"
 
 

@@ -15,11 +15,9 @@ import json
 import os
 from pathlib import Path
 
-from gogh_flows.datapaths import RELATIVE, default_data, where_looked
+from gogh_flows.datapaths import default_data, where_looked
 from gogh_flows.truth.table import SCHEMA, ThroughputTable
 
-#: the default, relative to the working directory (see :mod:`gogh_flows.datapaths` for where else it is looked for)
-DEFAULT_GAVEL_DIR = RELATIVE / "gavel"
 GAVEL_FILES = {
     "simulation": "simulation_throughputs.json",
     "physical_cluster": "physical_cluster_throughputs.json",
@@ -156,6 +154,6 @@ def read_gavel_json(
 
 
 __all__ = [
-    "DEFAULT_GAVEL_DIR", "GAVEL_FILES", "GavelFormatError", "SCHEMA", "gavel_dir",
+    "GAVEL_FILES", "GavelFormatError", "SCHEMA", "gavel_dir",
     "gavel_throughputs_path", "parse_gavel_throughputs", "read_gavel_json",
 ]
