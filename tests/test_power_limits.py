@@ -18,6 +18,7 @@ from gogh_flows.power_limits import (
     PowerLimitModel,
     _predict_arrays,
     choose_limit,
+    evaluate_held_out,
     fit_power_limit_model,
     read_trace,
     read_traces,
@@ -251,3 +252,50 @@ def test_power_fit_records_the_command_that_was_run(tmp_path, capsys, zeus_dir):
     assert written["command"] == f"gogh power fit --data {data} --out {out}"
     packaged = json.loads((REPO / "gogh_flows" / "power_limit_model.json").read_text())
     assert packaged["command"] == REGENERATE
+
+
+def _transfer_script():
+    """benchmarks/power_limit_transfer.py as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("power_limit_transfer", REPO / "benchmarks" / "power_limit_transfer.py")
+    transfer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(transfer)
+    return transfer
+
+
+def test_a_configurations_own_beta_is_recovered_from_its_curve(tmp_path):
+    """The transfer study's per-configuration fit finds the clock-bound share that generated a
+    curve, whatever the shared parameters' beta, so its figures test transfer, not the fit."""
+    transfer = _transfer_script()
+    checked = 0
+    for beta in (0.2, 0.55, 0.9):
+        path = _synthetic_csv(tmp_path / "summary_power_v100.csv", params={**TRUE, "beta": beta})
+        trace = read_trace(path, "v100")
+        for key, c in transfer.curves(trace).items():
+            if not TRUE["eta"] * c[0].min() < c[4] < TRUE["eta"] * c[0].max() - 1e-6:
+                continue  # no limit binds (any beta fits), or even the top one does (t0 is slowed)
+            got = transfer.own_beta({**TRUE, "beta": 0.5}, c, trace.gpu.idle_w, 16.0)
+            assert got == pytest.approx(beta, abs=0.011), key
+            checked += 1
+    assert checked >= 6
+
+
+def test_the_transfer_study_scores_the_model_as_the_evaluation_does(zeus_dir):
+    """Its reference column is `gogh power evaluate`'s first run on the held-out GPU."""
+    transfer = _transfer_script()
+    traces = read_traces(zeus_dir)
+    model = fit_power_limit_model([traces["a40"], traces["v100"]])
+    test = traces["p100"]
+
+    def by_model(key, c):
+        n = c[0].shape
+        return _predict_arrays(model.form, model.params, np.full(n, c[3]), np.full(n, c[4]),
+                               np.full(n, test.gpu.idle_w), c[0])
+
+    evaluated = evaluate_held_out(traces, "p100")["requirements"]
+    for r in REQUIREMENTS:
+        got = transfer.score(test, by_model, r)
+        want = evaluated[f"{r:g}"]["model"]
+        assert got["violation_rate"] == pytest.approx(want["violation_rate"], abs=1e-12)
+        assert got["regret_mean"] == pytest.approx(want["regret_mean"], abs=1e-12)
