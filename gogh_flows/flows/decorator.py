@@ -46,7 +46,7 @@ from gogh_flows.flows.session import Session, shared_session
 from gogh_flows.flows.lost_runs import handling, take_workers_record
 from gogh_flows.flows.measure import record_if_placer_lost, record_run
 from gogh_flows.placement.patience import Patience
-from gogh_flows.flows.placer import PlacementTimeout, RunLost, RunPlacement, place_with_retry
+from gogh_flows.flows.placer import PlacementTimeout, RunLost, RunPlacement, place_with_retry, with_point_prediction
 from gogh_flows.flows.spec import check_wait_timeout, check_warmup_steps, placed_job
 from gogh_flows.runtime.context import RunCancelled, current_gpu, use_gpu
 from gogh_flows.runtime.leases import PoolLedger
@@ -196,11 +196,22 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
         raise NoIntervalsError(
             f"PlacementPolicy(risk_level={policy.risk_level:g}) plans with the refiner's calibrated intervals, and "
             f"the predictors in use (P1 v{source.versions().get('p1')}, P2 v{source.versions().get('p2')}) have none: "
-            "add them with `gogh predictors calibrate --model DIR ...` and register the result, or set "
-            "risk_level=None")
+            "add them with `gogh predictors calibrate --model DIR` (DIR as `gogh predictors train --out` wrote it) "
+            "and use it as PredictorRegistry(prior=DIR) under new p1_name/p2_name (or a new tracking store: a "
+            "registry that has a champion keeps it), or set risk_level=None")
+    risk = policy.risk_level
+    tables: dict[str, Any] = {}  # at a risk level, the last decision's tables with and without it
+
+    def predict(feats: dict) -> Any:
+        seen = observations()
+        planned = predictor.predict_table(feats, gpu_types, seen, risk=risk)
+        if risk is not None:
+            tables.update(point=predictor.predict_table(feats, gpu_types, seen), planned=planned)
+        return planned
+
     placement = place_with_retry(
         job, run_id, devices=lambda state: session.pool.live_devices(state.workers), ledger=session.pool.ledger,
-        predict=lambda feats: predictor.predict_table(feats, gpu_types, observations(), risk=policy.risk_level),
+        predict=predict,
         features=session.features.get, policy=policy.policy, time_limit_s=policy.solver_time_limit_s,
         wait_timeout_s=wait_timeout_s, poll_s=policy.poll_s, versions=source.versions(),
         on_wait=logger.info, sleep=session.wait_for_release, headroom=policy.headroom,
@@ -210,6 +221,8 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
         patience=Patience(min(policy.wait_for_efficiency_s, wait_timeout_s), policy.efficiency_min_saving)
         if policy.wait_for_efficiency_s > 0 else None,
     )
+    if risk is not None and tables:
+        placement = with_point_prediction(placement, tables["point"], tables["planned"], risk)
     key = artifact_key(flow_name)
     try:
         create_markdown_artifact(markdown=placement.explanation_md, key=key,
@@ -220,8 +233,14 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
         logger.warning("could not publish the placement artifacts: %s", exc)
     # the power limit chosen with the GPU is part of the decision: said where the GPU is
     limit = "" if placement.power_limit_w is None else f" at a {placement.power_limit_w:g} W power limit"
-    logger.info("placed %s on %s (%s)%s: predicted %.4g steps/s, required %.4g", job.job_type,
-                placement.gpu_id, placement.gpu_type, limit, placement.predicted_throughput, job.required_throughput)
+    if placement.risk_level is None:
+        predicted = f"predicted {placement.predicted_throughput:.4g} steps/s"
+    else:  # the decision's figure is a bound: say so, beside the point prediction
+        point = "n/a" if placement.point_throughput is None else f"{placement.point_throughput:.4g}"
+        predicted = (f"predicted {point} steps/s (planned at {placement.predicted_throughput:.4g}, the lower end "
+                     f"of its {placement.risk_level:.0%} interval)")
+    logger.info("placed %s on %s (%s)%s: %s, required %.4g", job.job_type,
+                placement.gpu_id, placement.gpu_type, limit, predicted, job.required_throughput)
     return placement
 
 

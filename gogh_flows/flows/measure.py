@@ -77,6 +77,12 @@ def build_measurement(job: JobSpec, placement: RunPlacement, outcome: Any, error
         extra["error"] = reason[:500]
     if logged_by != "placer":
         extra["logged_by"] = logged_by
+    # planned at a bound: which, and what it was (getattr: a placement record of an older version,
+    # handed over by a worker's ledger, has neither field)
+    risk, point = getattr(placement, "risk_level", None), getattr(placement, "point_throughput", None)
+    if risk is not None:
+        extra["risk_level"] = _fmt(risk)
+        extra["planned_throughput"] = _fmt(placement.predicted_throughput)
     partners = tuple(outcome.partners) if outcome is not None else placement.partners
     if set(partners) != set(placement.partners):
         # a partner came (or the placed-with one never showed) after the decision: the placement's
@@ -90,7 +96,8 @@ def build_measurement(job: JobSpec, placement: RunPlacement, outcome: Any, error
         run_id=run_id, flow_name=flow_name, job_type=job.job_type, family=job.family,
         batch_size=job.batch_size, gpu_id=placement.gpu_id, gpu_type=placement.gpu_type, device=device,
         partners=partners, required_throughput=job.required_throughput,
-        predicted_throughput=placement.predicted_throughput,
+        # at a risk level the decision's figure is a bound: the error is the point prediction's
+        predicted_throughput=placement.predicted_throughput if point is None else point,
         steps=float(tel.steps) if tel is not None else 0.0,
         duration_s=float(tel.duration_s) if tel is not None else float(wall_s),
         throughput=float(tel.throughput) if tel is not None else 0.0,

@@ -10,6 +10,7 @@ the decision is taken again on the new state.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -94,6 +95,39 @@ class RunPlacement:
     limit_saving_j: float = 0.0  # predicted energy saved by that limit against the board's previous one
     #: the chosen option and the runner-ups as rows (the Prefect table artifact)
     options: tuple[dict, ...] = ()
+    #: the policy's risk level: slots were compared at the lower end of the refiner's interval at
+    #: it, so ``predicted_throughput`` is that bound; ``point_throughput`` is the point prediction
+    #: of the same slot (None: no risk level, the two are one)
+    risk_level: float | None = None
+    point_throughput: float | None = None
+
+
+def with_point_prediction(placement: RunPlacement, point: ThroughputTable, planned: ThroughputTable,
+                          risk_level: float) -> RunPlacement:
+    """``placement`` decided on ``planned`` (the lower ends at ``risk_level``), with the point
+    prediction of its slot from ``point`` (the same predictions without the risk level).
+
+    The bound is what the decision was held to; the point is what the predictors expect, the
+    figure a measurement is scored against (else every error at a risk level is biased low by
+    the margin). The ratio of the two tables' entries for the chosen slot carries over the power
+    limit's slowdown and a trial's measured rate, which both scale alike; a measured entry is
+    its measurement in both.
+    """
+    job, gpu = placement.job_type, placement.gpu_type
+    try:
+        if len(placement.partners) == 1:
+            ratio = point.pair(job, placement.partners[0], gpu)[0] / planned.pair(job, placement.partners[0], gpu)[0]
+        else:
+            ratio = point.isolated(job, gpu) / planned.isolated(job, gpu)
+    except (KeyError, ValueError, ZeroDivisionError):  # no such entry: say so rather than guess
+        ratio = math.nan
+    expected = placement.predicted_throughput * ratio if math.isfinite(ratio) and ratio > 0 else None
+    note = (f"\n\n**Risk level {risk_level:g}:** slots were compared at the lower end of the refiner's "
+            f"{risk_level:.0%} interval (a measured entry at its measurement), so the predicted throughput above "
+            "is that bound" + (f"; the point prediction for this slot is {expected:.4g} steps/s." if expected
+                               else "."))
+    return dataclasses.replace(placement, risk_level=risk_level, point_throughput=expected,
+                               explanation_md=placement.explanation_md + note)
 
 
 def running_jobs(state: LedgerState, gpu_ids: set[str], headroom: float = 0.0) -> list[Job]:
@@ -393,4 +427,4 @@ def explain_markdown(job: JobSpec, run_id: str, placement: Placement, problem: P
 
 
 __all__ = ["InfeasibleRequirement", "Ledger", "PlacementError", "PlacementTimeout", "RunLost", "RunPlacement",
-           "decide", "explain_markdown", "explain_rows", "place_with_retry", "running_jobs"]
+           "decide", "explain_markdown", "explain_rows", "place_with_retry", "running_jobs", "with_point_prediction"]
