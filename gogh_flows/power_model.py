@@ -213,6 +213,11 @@ def measurement_points(measurements: pl.DataFrame | str | os.PathLike[str]) -> l
         & ((pl.col("window") == "steady") | pl.col("window").is_null() if "window" in measurements.columns
            else pl.lit(True))
     )
+    if measurements.height and alone.height < measurements.height:
+        # emulated runs, failed ones, shared boards and whole-run windows say nothing of a board's draw
+        log.warning("power model: %d of %d measured runs in %s are usable (a job alone on a board, completed, "
+                    "with NVML telemetry and a steady window); the rest are left out",
+                    alone.height, measurements.height, where)
     grouped = alone.group_by("job_type", "gpu_type").agg(pl.col("mean_power_w").median(), pl.len().alias("runs"))
     points, skipped = [], []
     for r in grouped.sort("job_type", "gpu_type").iter_rows(named=True):
@@ -479,7 +484,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if name == "fit":
             cmd.add_argument("--out", default=str(PACKAGED), help="where to write the fitted model (JSON)")
     args = parser.parse_args(argv)
-    points = load_measured_points(args.data, args.measurements)
+    try:
+        points = load_measured_points(args.data, args.measurements)
+    except (OSError, ValueError) as exc:  # a missing or foreign table: say so, as for every other input
+        parser.error(str(exc))
     if not points:
         parser.error(f"no measured points under {data_dir(args.data)} (expected <gpu type>/{BOARD_FILE})")
     lofo = leave_one_family_out(points)

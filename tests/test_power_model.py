@@ -141,7 +141,7 @@ def _measurement(job_type: str, gpu_type: str, power: float | None, *, n: int, p
     )
 
 
-def test_user_logged_measurements_are_picked_up(tmp_path):
+def test_user_logged_measurements_are_picked_up(tmp_path, caplog):
     from gogh_flows.tracking.measurements import LEGACY_TABLE, SCHEMA
 
     rows = [
@@ -158,7 +158,10 @@ def test_user_logged_measurements_are_picked_up(tmp_path):
     ]
     table = pl.DataFrame([{**m.to_row(), "logged_at": 0.0} for m in rows], schema=SCHEMA)
     table.write_parquet(tmp_path / LEGACY_TABLE)  # a one-file table of an earlier version
-    points = measurement_points(tmp_path)
+    with caplog.at_level("WARNING", logger="gogh_flows"):
+        points = measurement_points(tmp_path)
+    # the runs that say nothing of a board's draw are counted, not dropped silently
+    assert "6 of 10 measured runs" in caplog.text and "usable" in caplog.text
     got = {(p.job_type, p.gpu_type): p.power_w for p in points}
     assert got == {("LM (batch size 20)", "a100"): 200.0, ("ResNet-50 (batch size 64)", "a100"): 320.0,
                    ("Transformer (batch size 64)", "a100"): 250.0}
@@ -172,7 +175,7 @@ def test_user_logged_measurements_are_picked_up(tmp_path):
     assert model.applies("a100") and not model.applies("h100")
 
 
-def test_bad_input_names_what_is_wrong(tmp_path):
+def test_bad_input_names_what_is_wrong(tmp_path, capsys):
     board = tmp_path / "h100"
     board.mkdir()
     (board / "alone.csv").write_text("job_type,throughput_steps_per_s\nResNet-50 (batch size 64),25.0\n")
@@ -188,6 +191,13 @@ def test_bad_input_names_what_is_wrong(tmp_path):
                                          "status": ["completed"], "mean_power_w": [200.0]}))
     with pytest.raises(FileNotFoundError, match="measurements.parquet"):
         measurement_points(tmp_path / "nowhere")
+    # ... and on the command line, an error that says so, not a traceback
+    from gogh_flows.power_model import main as power_model_main
+
+    with pytest.raises(SystemExit) as stop:
+        power_model_main(["fit", "--data", str(tmp_path / "data-none"), "--measurements", str(tmp_path / "nowhere"),
+                          "--out", str(tmp_path / "m.json")])
+    assert stop.value.code == 2 and "no measurement table" in capsys.readouterr().err
     with pytest.raises(UnknownGpuTypeError, match="h200"):
         MeasuredPoint("LM (batch size 20)", "h200", 200.0, source="test")
     with pytest.raises(ValueError, match="power_w"):

@@ -51,7 +51,7 @@ def pool():
 
 # -- fleets and devices --------------------------------------------------------------
 def test_parse_fleet_accepts_strings_and_mappings():
-    assert parse_fleet("v100=2, T4=1,t4=1") == {"v100": 2, "t4": 2}
+    assert parse_fleet("v100=2, T4=2") == {"v100": 2, "t4": 2}
     assert parse_fleet({"k80": 1, "a100": 0}) == {"k80": 1}
     ids = [d.id for d in fleet_devices("v100=2,t4=1", capacity=1)]
     assert ids == ["v100-0", "v100-1", "t4-0"]
@@ -60,6 +60,9 @@ def test_parse_fleet_accepts_strings_and_mappings():
 @pytest.mark.parametrize("spec, match", [
     ("v100", "TYPE=COUNT"), ("v100=two", "whole numbers"), ("v100=0", "declares no GPUs"),
     ({"v100": -1}, ">= 0"), ("", "declares no GPUs"),
+    # named twice (case aside): refused, as `gogh simulate --cluster` refuses it, not added up
+    ("v100=1,v100=2", r"'v100' appears twice .* total count \(e.g. 'v100=3'\)"),
+    ({"T4": 1, "t4": 1}, "'t4' appears twice"),
 ])
 def test_parse_fleet_rejects_bad_specs(spec, match):
     with pytest.raises(ValueError, match=match):
@@ -449,3 +452,25 @@ def test_the_scheduler_probe_works_from_async_code_too():
 
         with pytest.raises(SchedulerUnreachable, match="within 1 s"):
             asyncio.run(place())
+
+
+@pytest.mark.parametrize("source, warned", [("simulation_throughputs.json", True), ("synthetic(seed=0)", False)])
+def test_a_job_type_the_emulated_table_lacks_is_learned_and_a_mixed_truth_is_said(source, warned, caplog):
+    """A job type outside the emulated fleet's table runs on synthetic-fleet figures; on a
+    measured (Gavel) table that mixes two truths, which a user must be told (docs/user-guide.md)."""
+    from gogh_flows.predict.data import zoo_jobs
+    from gogh_flows.runtime.worker import _learn_job
+    from gogh_flows.truth.table import ThroughputTable
+
+    known = "ResNet-50 (batch size 64)"
+    truth = ThroughputTable.from_rows([{"job_type": known, "gpu_type": g, "scale_factor": 1, "throughput": t}
+                                       for g, t in (("v100", 10.0), ("k80", 2.0))], source=source)
+    new = "ResNet-50 (batch size 48)"
+    with caplog.at_level("INFO", logger="gogh_flows"):
+        _learn_job(truth, new, zoo_jobs([new])[new])
+    assert truth.isolated(new, "v100") > 0 and truth.pair(new, known, "v100")[0] > 0
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert bool(warnings) is warned
+    if warned:
+        assert "not in the emulated fleet's table" in warnings[0].getMessage()
+        assert source in warnings[0].getMessage()

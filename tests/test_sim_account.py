@@ -45,3 +45,24 @@ def test_parked_account_of_an_always_on_run_equals_a_parked_run():
         assert a_on[n].always_on_kwh == pytest.approx(a_off[n].always_on_kwh, rel=1e-9)
         assert a_on[n].always_on_vs["oracle"] == pytest.approx(a_on[n].always_on_kwh / a_on["oracle"].always_on_kwh)
     assert a_on["oracle"].always_on_vs["oracle"] == 1.0 and a_on["oracle"].parked_vs["greedy-fastest"] > 0
+
+
+def test_the_plot_shows_the_common_window_not_each_runs_own_energy(tmp_path):
+    """`gogh simulate --plot` ranked policies by each run's own energy, which can reverse the
+    table's common-window ranking (a new user's report); it now plots the table's figures."""
+    from gogh_flows.sim.plots import energy_points, plot_comparison
+
+    gpus = [Gpu("v", "v100"), Gpu("t", "t4")]
+    fast = simulate([J("x", "a", 1000.0, 0.0, 8.0)], gpus, _table(), get_policy("greedy-fastest"))
+    # first-fit on the T4 listed first: slower, so it sets the window's end
+    slow = simulate([J("x", "a", 1000.0, 0.0, 2.0)], gpus[::-1], _table(), get_policy("first-fit"))
+    assert slow.end_s > fast.end_s
+    results = {"greedy-fastest": fast, "first-fit": slow}
+    acc = energy_accounts(results)
+    points = energy_points(results)
+    for name, res in results.items():
+        assert points[name] == (res.summary()["sla_attainment"], acc[name].always_on_kwh, acc[name].parked_kwh)
+    # the early finisher is charged its idle tail: own-run energy would have favoured it
+    assert points["greedy-fastest"][1] * 3.6e6 > fast.energy_j
+    png = plot_comparison(results, tmp_path / "p.png", seed=3)
+    assert png.stat().st_size > 0

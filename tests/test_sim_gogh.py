@@ -337,6 +337,16 @@ def test_a_risk_level_plans_unmeasured_entries_at_their_lower_bound(predictors):
     assert careful.isolated(job, "t4") == pytest.approx(point.isolated(job, "t4") * math.exp(-0.27))
     with pytest.raises(NoIntervalsError, match="intervals"):
         LearnedThroughputs(predictors, TYPES, risk_level=0.9)
+    # gogh-p1 keeps its point predictions: the widths are the refiner's errors, not P1 alone's
+    from gogh_flows.sim.run import make_policy
+    from gogh_flows.truth.synthetic import synthetic_table
+
+    truth = synthetic_table(list(TYPES))
+    assert make_policy("gogh", truth, predictors=pred, gpu_types=TYPES, risk_level=0.9).planning.risk_level == 0.9
+    p1_view = make_policy("gogh-p1", truth, predictors=pred, gpu_types=TYPES, risk_level=0.9).planning
+    assert p1_view.risk_level is None
+    assert p1_view.isolated(job, "t4") == pytest.approx(
+        LearnedThroughputs(pred, TYPES, refine=False).isolated(job, "t4"))
 
 
 def test_a_new_job_type_is_first_offered_only_the_type_chosen_to_measure_it_on(predictors):

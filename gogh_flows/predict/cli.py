@@ -24,9 +24,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     P1_EPOCHS, P2_EPOCHS = P1Config.epochs, P2Config.epochs  # noqa: N806 - the help's defaults
 
-    def common(x: argparse.ArgumentParser, choose_encoder: bool = False) -> None:
-        x.add_argument("--truth", default="synthetic", help=TRUTH_HELP)
-        if choose_encoder:
+    def common(x: argparse.ArgumentParser, choose_encoder: bool = False, own_model: bool = False) -> None:
+        """``own_model``: defaults are the trained model's own (``calibrate``), not training's."""
+        own = " (default: the model's own, as its config.json records)"
+        x.add_argument("--truth", default=None if own_model else "synthetic",
+                       help=TRUTH_HELP + (own if own_model else ""))
+        if own_model:
+            x.add_argument("--encoder", default=None, choices=("gru", "ff", "transformer"),
+                           help="P1 job encoder of the inner split's P1s" + own)
+        elif choose_encoder:
             x.add_argument("--encoder", default="inner",
                            help="P1 job encoder: 'inner' (default) chooses among gru, ff and transformer per held-out "
                                 "family on the inner split (the training families only); one name fixes it; a "
@@ -36,10 +42,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                            help="P1 job encoder")
         x.add_argument("--seed", type=int, default=0, help="seeds training (default 0)")
         x.add_argument("--gpu-types", help="comma-separated GPU types to keep (default: all in the truth)")
-        x.add_argument("--p1-epochs", type=int, help=f"P1 epochs (default {P1_EPOCHS})")
+        x.add_argument("--p1-epochs", type=int, help="P1 epochs" + (own if own_model else f" (default {P1_EPOCHS})"))
         x.add_argument("--p2-epochs", type=int,
                        help="P2 epochs, fixed (default: chosen among 150, 300, 600 and 1200 per held-out family on the "
-                            "inner split)" if choose_encoder else f"P2 epochs (default {P2_EPOCHS})")
+                            "inner split)" if choose_encoder else "P2 epochs" + (own if own_model else f" (default {P2_EPOCHS})"))
 
     t = ps.add_parser("train", help="train P1 and P2 on all data and write DIR/p1 and DIR/p2")
     common(t)
@@ -50,12 +56,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     c = ps.add_parser("calibrate", help="choose the ensemble's weights for a trained refiner (DIR/p2) and "
                                         "calibrate its intervals, on the data it was trained on")
-    common(c)
+    common(c, own_model=True)
     c.add_argument("--model", required=True, help="directory holding p1/ and p2/ (as `train --out` wrote it)")
     c.add_argument("--exclude-family", action="append", default=[],
                    help="the families the model was trained without (default: as its config.json records)")
-    # --truth, --encoder: the model's own unless given
-    c.set_defaults(func=cmd_calibrate, truth=None, encoder=None)
+    c.set_defaults(func=cmd_calibrate)
 
     e = ps.add_parser("evaluate", help="leave-one-family-out errors of P1, P2 and the baselines")
     common(e, choose_encoder=True)

@@ -75,8 +75,9 @@ def split_device_id(name: str) -> tuple[str, int] | None:
 def parse_fleet(spec: str | Mapping[str, int]) -> dict[str, int]:
     """GPU counts per catalog type, from ``"v100=2,t4=1"`` or ``{"v100": 2, "t4": 1}``.
 
-    Types are validated against the catalog (case-insensitive) and repeated
-    types are added up, so ``"t4=1, T4=1"`` means two T4s.
+    Types are validated against the catalog (case-insensitive). A type named twice is refused,
+    as ``gogh simulate --cluster`` refuses it: ``"v100=1,v100=2"`` is more likely a typo than
+    three V100s.
     """
     if isinstance(spec, str):
         items: list[tuple[str, object]] = []
@@ -102,12 +103,17 @@ def parse_fleet(spec: str | Mapping[str, int]) -> dict[str, int]:
     else:
         raise TypeError(f"a fleet is a 'v100=2,t4=1' string or a mapping, got {type(spec).__name__}")
     fleet: dict[str, int] = {}
+    named: set[str] = set()
     for name, n in items:
         gpu = get_gpu_type(str(name))  # unknown -> UnknownGpuTypeError listing known types
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"GPU count for {name!r} must be a whole number >= 0, got {n!r}")
+        if gpu.name in named:
+            raise ValueError(f"GPU type {gpu.name!r} appears twice in the fleet {spec!r}; name each type once, "
+                             f"with its total count (e.g. '{gpu.name}=3')")
+        named.add(gpu.name)
         if n:
-            fleet[gpu.name] = fleet.get(gpu.name, 0) + n
+            fleet[gpu.name] = n
     if not fleet:
         raise ValueError(f"the fleet {spec!r} declares no GPUs; give at least one, e.g. 'v100=1'")
     return fleet

@@ -448,9 +448,15 @@ def _learn_job(truth: ThroughputTable, job_type: str, features: Any) -> None:
             except UnknownJobFeaturesError:
                 continue  # a Gavel type without zoo features: no pair with it is computed
         fleet = SyntheticFleet(gpu_types=truth.gpu_types, jobs={**known, job_type: features})
+        source = truth.source
         truth.absorb(ThroughputTable.from_rows(fleet.rows_for(job_type), source=f"synthetic({job_type})"))
         _learned[job_type] = features
-        log.info("gogh: the emulated fleet learned %r from its layer features (synthetic fleet)", job_type)
+        if source.startswith("synthetic"):
+            log.info("gogh: the emulated fleet learned %r from its layer features (synthetic fleet)", job_type)
+        else:  # two truths in one fleet: its figures are not comparable with the table's own
+            log.warning("gogh: %r is not in the emulated fleet's table (%s); its figures come from the synthetic "
+                        "fleet (from its layer features), which the table's own job types do not follow: "
+                        "compare its runs with the others' with care", job_type, source)
 
 
 def _hand_in(lease: WorkerLease, spec: RunSpec, outcome: RunOutcome) -> None:

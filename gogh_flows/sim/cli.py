@@ -211,6 +211,9 @@ def _seeds(args: argparse.Namespace) -> list[int]:
         raise ValueError(f"--seeds must be comma-separated integers such as 0,1,2, got {args.seeds!r}") from None
     if not seeds:
         raise ValueError("--seeds names no seed; e.g. --seeds 0,1,2")
+    negative = [s for s in seeds if s < 0]
+    if negative:
+        raise ValueError(f"--seeds must be integers >= 0, got {', '.join(map(str, negative))}")
     return seeds
 
 
@@ -349,6 +352,15 @@ def _check_arguments(args: argparse.Namespace, truth: ThroughputTable, names: li
         raise ValueError(f"--rate must be arrivals per hour > 0, got {args.rate:g}")
     if args.migration_s < 0 or not math.isfinite(args.migration_s):
         raise ValueError(f"--migration-s must be seconds >= 0, got {args.migration_s:g}")
+    # SimConfig checks these too, but only once jobs are read and models trained (a minute)
+    if not 0 <= args.noise < 1:
+        raise ValueError(f"--noise must be a log-normal sigma in [0, 1) (0.1: about 10% run-to-run spread), "
+                         f"got {args.noise:g}")
+    if not 0 <= args.rebalance_gain < 1:
+        raise ValueError(f"--rebalance-gain must be a fraction in [0, 1) (the share of a job's predicted "
+                         f"remaining time, or energy, that a move must save), got {args.rebalance_gain:g}")
+    if args.seed < 0:
+        raise ValueError(f"--seed must be an integer >= 0, got {args.seed}")
     check_epochs(args.p1_epochs, args.p2_epochs)
     if args.risk_level is not None:
         from gogh_flows.predict.intervals import LEVELS
@@ -469,6 +481,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             print(pl.DataFrame(rows))
     print("energy_kwh: each policy's own run; energy_kwh_on / _parked: one common window for every "
           "policy, always on / idle GPUs parked; on_vs_X, parked_vs_X: ratios to policy X", file=sys.stderr)
+    if args.risk_level is not None and any(base_policy(n) == "gogh-p1" for n in names):
+        print("gogh-p1 planned with P1's point predictions: the intervals are calibrated on the refiner's errors, "
+              "not on P1 alone's, so --risk-level applies to gogh only", file=sys.stderr)
     if args.risk_level is not None:
         print(f"learned policies planned at risk level {args.risk_level:g} (the lower end of the predictors' "
               "calibrated interval at that level); their completion times change the common window, so every "
@@ -485,7 +500,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.plot:
         from gogh_flows.sim.plots import plot_comparison
 
-        plot_comparison(results, args.plot)
+        plot_comparison(results, args.plot, seed=seeds[0])  # the seed the JSON's "policies" are for
     return 0
 
 

@@ -182,8 +182,11 @@ def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
         from gogh_flows.sim.learned import LearnedThroughputs
 
         types = list(gpu_types) if gpu_types is not None else list(truth.gpu_types)
+        refine = name == "gogh"
+        # the intervals are calibrated on the refiner's (the ensemble's) errors; P1 alone errs far
+        # more, so for gogh-p1 they would not be intervals at any level: it plans with its points
         return SimPolicy(name, GoghOptimizer(time_limit_s=time_limit_s, name=name),
-                         LearnedThroughputs(predictors, types, refine=(name == "gogh"), risk_level=risk_level))
+                         LearnedThroughputs(predictors, types, refine=refine, risk_level=risk_level if refine else None))
     if name in PEER_POLICIES:
         return SimPolicy(name, make_peer(name, seed, rltune_model), TableThroughputs(truth), rounds=True)
     if name == "oracle":
