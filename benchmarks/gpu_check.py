@@ -36,6 +36,9 @@ from typing import Any
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
+# the first flow run starts Prefect's temporary server, which migrates a fresh database first:
+# on a fresh machine that outlasted Prefect's default wait (2026-11-27, an H100 machine)
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "180")
 
 CASES = {
     "alone": ("ResNet-50", 64),

@@ -383,8 +383,10 @@ def test_too_few_families_left_for_the_ensemble_warn_without_a_risk_level_and_st
         train_holdout(small, "ResNet-50", p1_epochs=2, p2_epochs=2, intervals=True)
 
 
-def test_gogh_simulate_at_a_risk_level_names_its_flag_when_the_intervals_cannot_be_calibrated(monkeypatch, capsys):
-    """The simulator's core says what is missing in its own words; the CLI names the flag to drop."""
+def test_gogh_simulate_at_a_risk_level_names_its_flag_when_the_intervals_cannot_be_calibrated(gavel_dir, monkeypatch,
+                                                                                           capsys):
+    """The simulator's core says what is missing in its own words; the CLI names the flag to drop.
+    (``gavel_dir``: ``generate:N`` draws its jobs from Gavel's Philly distribution.)"""
     from gogh_flows import cli
     from gogh_flows.sim import cli as sim_cli
     from gogh_flows.truth.synthetic import synthetic_table
