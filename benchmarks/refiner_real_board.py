@@ -14,6 +14,8 @@ only. Its H100 rate is then predicted by
 * a ``challenger`` retrained as ``refine_predictors`` retrains (``fit_refiner`` on the
   synthetic fleet's table plus the 28 measurements, the champion's ensemble and intervals
   kept), with the job's A100 run;
+* both again given all the fleet's runs, as a placement is (the other jobs' H100 runs move a
+  job through its measured siblings);
 * the baselines: the ``synthetic fleet``'s own figure, and the ``ratio`` of the fleet's runs
   (the job's A100 rate x the geometric mean over the other 14 of H100 / A100).
 
@@ -79,7 +81,11 @@ def main() -> int:
                "P1 alone": on_h100(p1_alone, job, None),
                "champion, nothing measured": on_h100(champion, job, None),
                "champion, A100 run": on_h100(champion, job, own),
-               "challenger, A100 run": on_h100(challenger, job, own)}
+               "challenger, A100 run": on_h100(challenger, job, own),
+               # what a placement passes: every logged run, the other jobs' H100 runs among them
+               # (the siblings step moves a job by its measured siblings)
+               "champion, all the fleet's runs": on_h100(champion, job, pl.concat([seen, own])),
+               "challenger, all the fleet's runs": on_h100(challenger, job, pl.concat([seen, own]))}
         rows.append(row)
         print(f"{job}: measured {row['measured']:.1f}, " + ", ".join(
             f"{k} {v:.1f}" for k, v in row.items() if k not in ("job_type", "measured")), flush=True)

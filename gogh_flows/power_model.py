@@ -216,7 +216,7 @@ def measurement_points(measurements: pl.DataFrame | str | os.PathLike[str]) -> l
     if measurements.height and alone.height < measurements.height:
         # emulated runs, failed ones, shared boards and whole-run windows say nothing of a board's draw
         log.warning("power model: %d of %d measured runs in %s are usable (a job alone on a board, completed, "
-                    "with NVML telemetry and a steady window); the rest are left out",
+                    "with NVML telemetry and a steady window, or none recorded); the rest are left out",
                     alone.height, measurements.height, where)
     grouped = alone.group_by("job_type", "gpu_type").agg(pl.col("mean_power_w").median(), pl.len().alias("runs"))
     points, skipped = [], []

@@ -289,6 +289,11 @@ def test_fleet_with_unknown_gpu_type_is_refused():
     assert GpuCluster(fleet="v100=2, t4=1").fleet == {"v100": 2, "t4": 1}
     with pytest.raises(ValueError, match="write TYPE=COUNT entries"):
         GpuCluster(fleet="v100:2")
+    # a type named twice, in either form, is refused rather than added up
+    with pytest.raises(ValueError, match=r"'t4' appears twice .*'t4': 2"):
+        GpuCluster(fleet={"T4": 1, "t4": 1})
+    with pytest.raises(ValueError, match=r"'v100' appears twice .*'v100=3'"):
+        GpuCluster(fleet="v100=1,v100=2")
     with pytest.raises(ValueError, match="address"):
         GpuCluster(mode="remote")
 
@@ -518,7 +523,11 @@ def test_a_risk_level_plans_with_the_lower_end_of_the_interval(gogh_home):
     fleet = GpuCluster(fleet={"v100": 1})
 
     def body() -> tuple:
-        p = current_placement().placement
+        where = current_placement()
+        p = where.placement
+        # the body reads the point prediction as "predicted", the bound as "planned"
+        assert where.predicted_throughput == (p.point_throughput or p.predicted_throughput)
+        assert where.planned_throughput == p.predicted_throughput and where.risk_level == p.risk_level
         return p.predicted_throughput, p.point_throughput, p.explanation_md
 
     point, none, _ = gogh_placed(model="Transformer", batch_size=64, min_throughput=0.5, work_steps=50, cluster=fleet,

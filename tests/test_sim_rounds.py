@@ -372,4 +372,7 @@ def test_gogh_simulate_takes_an_rltune_agent_trained_elsewhere_and_refuses_a_str
     assert main([*base, "--policy", "rltune", "--rltune-model", str(tmp_path / "none")]) == 2
     assert "gogh rltune train" in capsys.readouterr().err
     assert main([*base, "--policy", "oracle", "--risk-level", "0.9"]) == 2
-    assert "--risk-level applies to the learned policies" in capsys.readouterr().err
+    assert "--risk-level applies to the learned policies' refiner (gogh" in capsys.readouterr().err
+    # gogh-p1 alone: it plans with P1's points, so a level would be recorded and never used
+    assert main([*base, "--policy", "gogh-p1", "--risk-level", "0.9"]) == 2
+    assert "gogh is not among ['gogh-p1']" in capsys.readouterr().err

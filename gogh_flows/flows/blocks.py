@@ -105,7 +105,10 @@ class GpuCluster(Block):
             gpu = get_gpu_type(name)  # unknown type -> error listing the catalog
             if isinstance(count, bool) or not isinstance(count, int) or count < 1:
                 raise ValueError(f"fleet count for {name!r} must be an integer >= 1, got {count!r}")
-            out[gpu.name] = out.get(gpu.name, 0) + count
+            if gpu.name in out:  # {"T4": 1, "t4": 1}: refused, as the string form is (parse_fleet)
+                raise ValueError(f"GPU type {gpu.name!r} appears twice in the fleet; name each type once, with "
+                                 f"its total count (e.g. '{gpu.name}': {out[gpu.name] + count})")
+            out[gpu.name] = count
         return out
 
     @field_validator("truth")

@@ -38,7 +38,21 @@ class CurrentPlacement:
 
     @property
     def predicted_throughput(self) -> float:
+        """What the predictors expect here (steps/s): at a policy's risk level, the point
+        prediction, as the run's measurement records it; :attr:`planned_throughput` is the bound."""
+        point = self.placement.point_throughput
+        return self.placement.predicted_throughput if point is None else point
+
+    @property
+    def planned_throughput(self) -> float:
+        """The figure the decision held this run to (steps/s): the lower end of the interval at
+        :attr:`risk_level`, else the prediction itself."""
         return self.placement.predicted_throughput
+
+    @property
+    def risk_level(self) -> float | None:
+        """The policy's risk level the run was planned at (None: point predictions)."""
+        return self.placement.risk_level
 
     @property
     def required_throughput(self) -> float:

@@ -97,7 +97,8 @@ def build_measurement(job: JobSpec, placement: RunPlacement, outcome: Any, error
         batch_size=job.batch_size, gpu_id=placement.gpu_id, gpu_type=placement.gpu_type, device=device,
         partners=partners, required_throughput=job.required_throughput,
         # at a risk level the decision's figure is a bound: the error is the point prediction's
-        predicted_throughput=placement.predicted_throughput if point is None else point,
+        # (none known: no figure, rather than the bound passed off as one)
+        predicted_throughput=placement.predicted_throughput if risk is None else point,
         steps=float(tel.steps) if tel is not None else 0.0,
         duration_s=float(tel.duration_s) if tel is not None else float(wall_s),
         throughput=float(tel.throughput) if tel is not None else 0.0,

@@ -110,12 +110,14 @@ def with_point_prediction(placement: RunPlacement, point: ThroughputTable, plann
     The bound is what the decision was held to; the point is what the predictors expect, the
     figure a measurement is scored against (else every error at a risk level is biased low by
     the margin). The ratio of the two tables' entries for the chosen slot carries over the power
-    limit's slowdown and a trial's measured rate, which both scale alike; a measured entry is
-    its measurement in both.
+    limit's slowdown, which scales both alike; a measured entry is its measurement in both. A
+    trial's rate is a measurement (the rate its type measured one level up), so it stays as it is.
     """
     job, gpu = placement.job_type, placement.gpu_type
     try:
-        if len(placement.partners) == 1:
+        if placement.limit_trial:
+            ratio = 1.0
+        elif len(placement.partners) == 1:
             ratio = point.pair(job, placement.partners[0], gpu)[0] / planned.pair(job, placement.partners[0], gpu)[0]
         else:
             ratio = point.isolated(job, gpu) / planned.isolated(job, gpu)

@@ -41,7 +41,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
             x.add_argument("--encoder", default="transformer", choices=("gru", "ff", "transformer"),
                            help="P1 job encoder")
         x.add_argument("--seed", type=int, default=0, help="seeds training (default 0)")
-        x.add_argument("--gpu-types", help="comma-separated GPU types to keep (default: all in the truth)")
+        x.add_argument("--gpu-types", help="comma-separated GPU types to keep (default: "
+                       + ("the types the refiner was trained on)" if own_model else "all in the truth)"))
         x.add_argument("--p1-epochs", type=int, help="P1 epochs" + (own if own_model else f" (default {P1_EPOCHS})"))
         x.add_argument("--p2-epochs", type=int,
                        help="P2 epochs, fixed (default: chosen among 150, 300, 600 and 1200 per held-out family on the "

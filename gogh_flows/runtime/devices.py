@@ -109,8 +109,9 @@ def parse_fleet(spec: str | Mapping[str, int]) -> dict[str, int]:
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"GPU count for {name!r} must be a whole number >= 0, got {n!r}")
         if gpu.name in named:
+            total = sum(c for m, c in items if isinstance(c, int) and get_gpu_type(str(m)).name == gpu.name)
             raise ValueError(f"GPU type {gpu.name!r} appears twice in the fleet {spec!r}; name each type once, "
-                             f"with its total count (e.g. '{gpu.name}=3')")
+                             f"with its total count (e.g. '{gpu.name}={total}')")
         named.add(gpu.name)
         if n:
             fleet[gpu.name] = n

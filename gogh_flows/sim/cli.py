@@ -77,8 +77,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="the rltune peer's trained agent (a directory written by `gogh rltune train --out`; "
                         "default: the shipped models/rltune)")
     p.add_argument("--risk-level", type=float, default=None,
-                   help="the learned policies plan unmeasured entries at the lower end of the "
-                        "refiner's calibrated interval at this level (0.5-0.95; default: point predictions)")
+                   help="gogh plans unmeasured entries at the lower end of the refiner's calibrated "
+                        "interval at this level (0.5-0.95; default: point predictions; gogh-p1 always plans "
+                        "with P1's point predictions)")
     p.add_argument("--wait-hours", type=float, default=None,
                    help="how long the +wait policies let a new job wait for a busy GPU type that runs it "
                         f"for less energy (default {WAIT_S / 3600:g}; docs/optimizer.md has the trade against completion time)")
@@ -359,7 +360,7 @@ def _check_arguments(args: argparse.Namespace, truth: ThroughputTable, names: li
     if not 0 <= args.rebalance_gain < 1:
         raise ValueError(f"--rebalance-gain must be a fraction in [0, 1) (the share of a job's predicted "
                          f"remaining time, or energy, that a move must save), got {args.rebalance_gain:g}")
-    if args.seed < 0:
+    if args.seed < 0 and not args.seeds:  # --seeds, when given, replaces --seed
         raise ValueError(f"--seed must be an integer >= 0, got {args.seed}")
     check_epochs(args.p1_epochs, args.p2_epochs)
     if args.risk_level is not None:
@@ -427,9 +428,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.policy.split(",") if n.strip()]
     _check_arguments(args, truth, names)
     seeds = _seeds(args)
-    if args.risk_level is not None and not any(base_policy(n) in LEARNED_POLICIES for n in names):
-        raise ValueError(f"--risk-level applies to the learned policies ({', '.join(LEARNED_POLICIES)}) and "
-                         f"none is among {names}; drop it or add one of them")
+    if args.risk_level is not None and not any(base_policy(n) == "gogh" for n in names):
+        raise ValueError(f"--risk-level applies to the learned policies' refiner (gogh; gogh-p1 plans with P1's "
+                         f"point predictions, which its intervals do not describe) and gogh is not among {names}; "
+                         "drop it or add gogh")
     waits = any(n.endswith(WAIT_SUFFIX) for n in names)
     if (args.wait_hours is not None or args.wait_saving is not None) and not waits:
         raise ValueError(f"--wait-hours and --wait-saving apply to the +wait policies (e.g. oracle+limits+wait) and "
@@ -485,7 +487,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print("gogh-p1 planned with P1's point predictions: the intervals are calibrated on the refiner's errors, "
               "not on P1 alone's, so --risk-level applies to gogh only", file=sys.stderr)
     if args.risk_level is not None:
-        print(f"learned policies planned at risk level {args.risk_level:g} (the lower end of the predictors' "
+        print(f"gogh planned at risk level {args.risk_level:g} (the lower end of the predictors' "
               "calibrated interval at that level); their completion times change the common window, so every "
               "policy's ratios depend on it", file=sys.stderr)
     if args.floor:

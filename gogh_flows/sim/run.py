@@ -224,8 +224,8 @@ def run_policies(
     """Simulate each named policy on the identical stream; results keyed by policy name.
 
     ``predictors`` (``sim.learned.Predictors``) serve the learned policies (``gogh``,
-    ``gogh-p1``); each of their runs starts from the predictors alone. ``risk_level``: the
-    learned policies plan with the lower end of the refiner's interval at that level.
+    ``gogh-p1``); each of their runs starts from the predictors alone. ``risk_level``: ``gogh``
+    plans with the lower end of the refiner's interval at that level (``gogh-p1`` with P1's points).
     ``patience``: how long the ``+wait`` policies let a new job wait, for what saving;
     ``limit_levels``: the levels the ``+limits`` policies choose among (default ``DEFAULT_LIMIT_LEVELS``).
     """
