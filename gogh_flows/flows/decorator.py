@@ -200,13 +200,11 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
             "and use it as PredictorRegistry(prior=DIR) under new p1_name/p2_name (or a new tracking store: a "
             "registry that has a champion keeps it), or set risk_level=None")
     risk = policy.risk_level
-    tables: dict[str, Any] = {}  # at a risk level, the last decision's tables with and without it
+    tables: dict[str, Any] = {}  # the last decision's tables without and with the risk level
 
     def predict(feats: dict) -> Any:
-        seen = observations()
-        planned = predictor.predict_table(feats, gpu_types, seen, risk=risk)
-        if risk is not None:
-            tables.update(point=predictor.predict_table(feats, gpu_types, seen), planned=planned)
+        point, planned = predictor.predict_tables(feats, gpu_types, observations(), risk=risk)
+        tables.update(point=point, planned=planned)
         return planned
 
     placement = place_with_retry(

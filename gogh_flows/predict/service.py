@@ -150,6 +150,14 @@ class ThroughputPredictor:
         prediction (:mod:`gogh_flows.predict.intervals`): wide for a job with nothing measured,
         narrower once any of its entries has been; a measured entry stays its measurement.
         """
+        return self.predict_tables(jobs, gpu_types, observations, risk)[1]
+
+    def predict_tables(self, jobs: Mapping[str, WorkloadFeatures], gpu_types: Sequence[str],
+                       observations: pl.DataFrame | None = None,
+                       risk: float | None = None) -> tuple[ThroughputTable, ThroughputTable]:
+        """(point predictions, what :meth:`predict_table` plans with at ``risk``) from one
+        prediction: a placement at a risk level decides on the bounds and records the point
+        prediction of the slot it chose. Without ``risk`` both are the same table."""
         names = tuple(jobs)
         if not names:
             raise ValueError("predict_table needs at least one job")
@@ -160,9 +168,11 @@ class ThroughputPredictor:
             get_gpu_type(g)  # unknown type -> error naming it
         obs = _aggregate(observations_frame(observations) if observations is not None else observations_frame())
         iso, pair = self._predict(dict(jobs), gpus, obs)
-        if risk is not None:
-            iso, pair = self._lower_bounds(names, gpus, obs, iso, pair, risk)
-        return _table(names, gpus, iso, pair, _activities(jobs, names, gpus))
+        activities = _activities(jobs, names, gpus)
+        point = _table(names, gpus, iso, pair, activities)
+        if risk is None:
+            return point, point
+        return point, _table(names, gpus, *self._lower_bounds(names, gpus, obs, iso, pair, risk), activities)
 
     def _lower_bounds(self, names: tuple[str, ...], gpus: tuple[str, ...], obs: _Observed, iso: np.ndarray,
                       pair: np.ndarray, risk: float) -> tuple[np.ndarray, np.ndarray]:
