@@ -234,15 +234,14 @@ def test_a_refiner_without_an_ensemble_predicts_as_before_and_a_broken_one_says_
 
 
 def test_the_intervals_are_the_ensembles_own(trained):
-    """Calibrated on the errors of the ensemble so chosen, case by case: the intervals are of what
-    the product predicts, not of P2 alone."""
+    """Calibrated on the errors of the ensemble's choice, case by case: the intervals are of what
+    the product predicts, chosen as it was, not of P2 alone."""
     data, layout, _, _, intervals, ensemble, oof = trained
     assert "of the ensemble" in intervals.calibration
     inner = ev.inner_family_errors(data, data, layout, oof, CFG, methods=ev.ENSEMBLE_CANDIDATES,
                                    protocols=CASES)
-    pooled = ev.pooled(inner)
     for case in CASES:
-        errs = pooled[ev.ensemble_candidate(case, ensemble.weights[case], ensemble.reaches[case])][case]
+        errs = ev.choice_aware_errors(inner, case)
         errs = errs[np.isfinite(errs)]
         assert intervals.halfwidth(case, 0.9) == pytest.approx(min(ev.conformal_halfwidth(errs, 0.9), errs.max()))
 

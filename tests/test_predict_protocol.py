@@ -315,6 +315,19 @@ def test_the_inner_split_chooses_a_reach_with_the_weight_and_ties_go_to_the_wide
     assert len(errors["isolated"]) == len(ev.ENSEMBLE_SETTINGS)
 
 
+def test_intervals_calibrate_on_the_choice_made_without_each_inner_family():
+    """The setting that wins on every inner family is flattered by them; each family's calibration
+    errors are those of the setting chosen on the others, as the held-out family's will be."""
+    by_family = {"prior@1": {"isolated": [np.full(2, 0.1), np.full(2, 0.1), np.full(2, 1.0)]},
+                 "prior@0.5": {"isolated": [np.full(2, 0.5), np.full(2, 0.5), np.full(2, 0.3)]}}
+    (w, r), _ = ev._choose_case(by_family, "isolated")
+    assert (w, r) == (1.0, math.inf)  # 0.4 against 0.433 on all three
+    # without family 0 (or 1) weight 0.5 wins (0.4 against 0.55); without family 2, weight 1
+    assert ev.choice_aware_errors(by_family, "isolated") == pytest.approx([0.5, 0.5, 0.5, 0.5, 1.0, 1.0])
+    one = {k: {"isolated": v["isolated"][:1]} for k, v in by_family.items()}
+    assert ev.choice_aware_errors(one, "isolated") == pytest.approx([0.1, 0.1])  # nothing to leave out of
+
+
 def test_a_miss_counts_log_ten_when_the_ensemble_weight_is_chosen():
     """One "does not fit" of P2 on an inner family is kept at every weight; left infinite it made
     every candidate infinite and the tie chose P2 alone whatever the other entries said."""
