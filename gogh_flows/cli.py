@@ -109,6 +109,7 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
 
     from gogh_flows.progress import report_console
     from gogh_flows.runtime.leases import PoolLedger
+    from gogh_flows.runtime.pool import _discover
     from gogh_flows.runtime.probe import SchedulerUnreachable, probe_scheduler
 
     if args.timeout <= 0:
@@ -130,9 +131,16 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
         ledger = PoolLedger(client, register=False)
         state = ledger.state()
         ledger.close()
+        # what a placement would make of each worker: one that advertises no usable GPU is
+        # left out of every pool (a warning above says why), so it is not an idle GPU
+        try:
+            usable = {d.worker for d in _discover(client, args.address)[0]}
+        except ValueError:  # none usable: _discover's warnings named each
+            usable = set()
+    left_out = sorted(set(state.workers) - usable)
     if args.json:
         print(json.dumps({"now": state.now, "lease_timeout_s": state.lease_timeout_s,
-                          "workers": sorted(state.workers), "counts": state.counts,
+                          "workers": sorted(state.workers), "left_out_workers": left_out, "counts": state.counts,
                           "lost_placer_runs_waiting": state.undelivered,
                           "leases": [lease.__dict__ for lease in state.leases]}, indent=2))
         return 0
@@ -148,9 +156,10 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
                           f"{state.now - lease.claimed_at:.0f} s ago", body, f"{state.now - lease.seen_at:.1f} s ago")
     console = report_console()
     console.print(table)
-    idle = sorted(state.workers - {lease.worker for lease in state.leases})
-    console.print(f"workers: {len(state.workers)} ({len(idle)} idle: {', '.join(idle) or '-'}); "
-                  + ", ".join(f"{k} {v}" for k, v in sorted(state.counts.items())))
+    idle = sorted(usable - {lease.worker for lease in state.leases})
+    console.print(f"workers: {len(state.workers)} ({len(idle)} idle: {', '.join(idle) or '-'}"
+                  + (f"; {len(left_out)} left out of the pool, misconfigured: {', '.join(left_out)}" if left_out else "")
+                  + "); " + ", ".join(f"{k} {v}" for k, v in sorted(state.counts.items())))
     if state.undelivered:
         console.print(f"{state.undelivered} run(s) whose placing process was lost wait for a placing process "
                       "logging to their tracking store to log their measurements and mark their flow runs Crashed")

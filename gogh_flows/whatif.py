@@ -311,8 +311,8 @@ def _placement_predictors(registry_name: str | None, use_measurements: bool):
         predictor = source.get()
     except RuntimeError as exc:  # no registry, no cache and no shipped prior
         raise ValueError(str(exc)) from None
-    if source.degraded:
-        print(source.degraded, file=sys.stderr)
+    # a fall-back is logged once by the source (gogh's log handler writes it to stderr) and named
+    # again under the table: printing it here too said it twice
     observations = None
     if use_measurements:
         log = MeasurementLog(registry.resolved_tracking_uri(), state_dir() / "measurements")
@@ -320,7 +320,7 @@ def _placement_predictors(registry_name: str | None, use_measurements: bool):
     versions = source.versions()
     info = {"p1": registry.p1_name, "p1_version": versions["p1"], "p2": registry.p2_name,
             "p2_version": versions["p2"], "alias": registry.alias,
-            "tracking_uri": registry.resolved_tracking_uri(), "degraded": source.degraded}
+            "tracking_uri": registry.resolved_tracking_uri(), "degraded": source.degraded, "using": source.using}
     return predictor, observations, info
 
 
@@ -363,9 +363,13 @@ def print_what_if(result: WhatIf, console: Any = None) -> None:
     console = console or report_console()
     console.print(table)
     p = result.predictors
-    console.print(f"predictors: {p.get('p1')} v{p.get('p1_version')} + {p.get('p2')} v{p.get('p2_version')} "
-                  f"({p.get('alias')} at {p.get('tracking_uri')}); {result.measurements} logged measurement(s) "
-                  "refine them", soft_wrap=True, highlight=False)
+    if p.get("degraded"):  # not the champion: say what was used instead, and why
+        which = f"{p.get('using')}, not the {p.get('alias')} at {p.get('tracking_uri')} (unavailable)"
+    else:
+        which = f"{p.get('p1')} v{p.get('p1_version')} + {p.get('p2')} v{p.get('p2_version')} " \
+                f"({p.get('alias')} at {p.get('tracking_uri')})"
+    console.print(f"predictors: {which}; {result.measurements} logged measurement(s) refine them",
+                  soft_wrap=True, highlight=False)
     split = "J/step: board power / throughput" if not partner else ENERGY_SPLIT[0].upper() + ENERGY_SPLIT[1:]
     console.print(f"{split}. {NO_INTERVAL}", soft_wrap=True, highlight=False)
 

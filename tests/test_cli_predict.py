@@ -237,3 +237,27 @@ def test_bad_names_give_one_line_naming_the_valid_ones(argv, names, capsys):
     assert err.startswith("gogh: error: ") and "\n" not in err and "Traceback" not in captured.err
     for name in names:
         assert name in err
+
+
+def test_the_footer_names_the_fallback_when_the_registry_is_down(tmp_path, gogh_models, monkeypatch, capsys):
+    """With MLflow unreachable the table comes from the cached versions or the built-in prior; the
+    footer said "gogh-p1 vNone + gogh-p2 vNone (champion at ...)", as if the champion answered."""
+    import socket
+
+    from gogh_flows.flows.predictors import forget_predictor_sources
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("GOGH_HOME", str(tmp_path))
+    monkeypatch.setenv("GOGH_MODELS_DIR", str(gogh_models))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{port}")
+    forget_predictor_sources()
+    try:
+        assert main(["predict", "--job", "LM (batch size 20)", "--gpu", "t4"]) == 0
+    finally:
+        forget_predictor_sources()
+    out = capsys.readouterr().out
+    assert (f"predictors: the built-in prior 'synthetic', not the champion at http://127.0.0.1:{port} "
+            "(unavailable)") in " ".join(out.split())
+    assert "vNone" not in out

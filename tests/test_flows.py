@@ -430,6 +430,13 @@ def test_serve_needs_exactly_one_schedule():
         serve_refiner(cron="0 * * * *", interval_s=60)
     with pytest.raises(ValueError, match="exactly one schedule"):
         serve_refiner()
+    # refused before anything is served: Prefect took 0 for "no schedule" and answered the rest
+    # with a wall of its schedule model's validation errors
+    for bad in (0, -5, float("nan")):
+        with pytest.raises(ValueError, match="must be a positive number of seconds"):
+            serve_refiner(interval_s=bad)
+    with pytest.raises(ValueError, match="'not a cron' is not a valid cron expression: five fields"):
+        serve_refiner(cron="not a cron")
 
 
 def test_serve_checks_the_server_and_the_registry_before_serving():

@@ -114,7 +114,8 @@ def test_an_equal_challenger_is_registered_but_not_promoted(gogh_home, tmp_path)
     second = refine_predictors(base_data="none", epochs=120)
     assert second["challenger_version"] == first["challenger_version"] + 1
     assert second["champion_mape"] == pytest.approx(first["challenger_mape"])
-    assert second["promoted"] is False
+    assert second["promoted"] is False and second["reason"] == "not promoted: not 1% better than the champion"
+    assert first["reason"] == "promoted to champion"
     registry = predictor_source(PredictorRegistry()).registry
     assert registry.version_for("gogh-p2", "champion") == first["challenger_version"]
     assert registry.version_for("gogh-p2", "challenger") == second["challenger_version"]

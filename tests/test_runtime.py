@@ -278,13 +278,25 @@ def test_remote_pool_discovers_gpus_from_worker_names_and_resources(monkeypatch)
         assert len(cluster.scheduler_info["workers"]) == 2
 
 
-def test_misconfigured_remote_worker_is_left_out_with_a_warning_naming_it(monkeypatch, caplog):
+def test_misconfigured_remote_worker_is_left_out_with_a_warning_naming_it(monkeypatch, caplog, capsys):
     monkeypatch.setenv("GOGH_EMULATED", "1")
     with _cluster({"x100-0": {"resources": {"slot": 2}}, "v100-0": {"resources": {"slot": 2}},
                    "box": {"resources": {"slot": 2}}}) as cluster:
         with caplog.at_level("WARNING", logger="gogh_flows.runtime"):
             with remote_pool(cluster.scheduler_address, min_workers=3) as p:
                 assert p.gpu_ids == ("v100-0",)  # the others are left out, the pool still serves
+                # the workers left out were looked at once: a placement does not re-read the pool
+                # for them (and warn again), as it did on every call
+                members = {"x100-0", "v100-0", "box"}
+                assert [d.id for d in p.live_devices(members)] == ["v100-0"]
+                assert caplog.text.count("worker 'box'") == 1
+                # `gogh pool status` does not count them as idle GPUs
+                from gogh_flows.cli import main
+
+                p.ledger.state()  # the ledger plugin, as the first placement registers it
+                assert main(["pool", "status", cluster.scheduler_address]) == 0
+                out = " ".join(capsys.readouterr().out.split())
+                assert "1 idle: v100-0; 2 left out of the pool, misconfigured: box, x100-0" in out
         assert "worker 'x100-0'" in caplog.text and "unknown GPU type 'x100'" in caplog.text
         assert "worker 'box'" in caplog.text and "advertises no GPU type" in caplog.text
     with _cluster({"x100-0": {"resources": {"slot": 2}}}) as cluster:
@@ -474,3 +486,15 @@ def test_a_job_type_the_emulated_table_lacks_is_learned_and_a_mixed_truth_is_sai
     if warned:
         assert "not in the emulated fleet's table" in warnings[0].getMessage()
         assert source in warnings[0].getMessage()
+
+
+def test_a_tls_address_without_tls_settings_says_what_to_set(monkeypatch):
+    """Dask refuses it locally with a TypeError, which the probe reported as a server answering
+    in another protocol ("check the address")."""
+    from gogh_flows.runtime.probe import SchedulerUnreachable, probe_scheduler
+
+    for var in ("CA_FILE", "CLIENT__CERT", "CLIENT__KEY"):
+        monkeypatch.delenv(f"DASK_DISTRIBUTED__COMM__TLS__{var}", raising=False)
+    with pytest.raises(SchedulerUnreachable, match="TLS address, but this process has no TLS client settings.*"
+                                                   "DASK_DISTRIBUTED__COMM__TLS__CA_FILE"):
+        probe_scheduler("tls://127.0.0.1:1", 1)

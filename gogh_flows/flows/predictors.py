@@ -105,6 +105,12 @@ class PredictorSource:
     def versions(self) -> dict[str, int | None]:
         return {"p1": self._loaded[0], "p2": self._loaded[1]}
 
+    @property
+    def using(self) -> str:
+        """What the predictors in hand are, in words: the champion's versions, the versions cached
+        locally or the built-in prior (say it rather than "champion" when the registry is down)."""
+        return self._using
+
     def get(self, *, force: bool = False, bounded: bool = True) -> ThroughputPredictor:
         """The champion, reloaded when its alias moved; never a stall, never a failed placement.
 

@@ -212,6 +212,7 @@ def refine_predictors(
     verdict = "promoted to champion" if promoted else (
         f"not promoted: not {min_improvement:.0%} better than the champion" if not better
         else "not promoted (promote=False)")
+    result["reason"] = verdict  # every outcome says why, as the too-little-data one does
     create_markdown_artifact(key="gogh-refiner-comparison", markdown="\n".join([
         f"### Refiner retraining: challenger v{version} {verdict}", "",
         "| model | holdout MAPE | measurements |", "| --- | ---: | ---: |",
@@ -242,6 +243,19 @@ def serve_refiner(name: str = "gogh-refine", *, cron: str | None = None, interva
 
     if (cron is None) == (interval_s is None):
         raise ValueError("give exactly one schedule: cron='0 * * * *' or interval_s=3600")
+    if interval_s is not None and not (isinstance(interval_s, (int, float)) and math.isfinite(interval_s)
+                                       and interval_s > 0):
+        raise ValueError(f"the interval (interval_s=, gogh serve --interval) must be a positive number of seconds, "
+                         f"e.g. 3600 for hourly; got {interval_s!r}")
+    if cron is not None:  # checked by Prefect's own schedule model, before anything is served
+        from prefect.client.schemas.schedules import CronSchedule
+        from pydantic import ValidationError
+
+        try:
+            CronSchedule(cron=cron)
+        except ValidationError:
+            raise ValueError(f"cron {cron!r} is not a valid cron expression: five fields, minute hour day month "
+                             "weekday, e.g. '0 * * * *' for hourly or '30 2 * * *' for 02:30 every day") from None
     if not PREFECT_API_URL.value():
         raise ValueError(
             "serving on a schedule needs a running Prefect server, and PREFECT_API_URL is not set: this "

@@ -116,7 +116,7 @@ class GpuPool:
         self._lease_timeout_s = lease_timeout_s
         self._ledger: PoolLedger | None = None
         self._ledger_lock = threading.Lock()
-        self._rediscover: Callable[[], tuple[list[GpuDevice], dict[str, Any], set[str]]] | None = None
+        self._rediscover: Callable[[], tuple[list[GpuDevice], dict[str, Any], set[str], set[str]]] | None = None
         self._seen_workers = {d.worker for d in self.devices}
 
     @property
@@ -135,12 +135,12 @@ class GpuPool:
         """
         if self._rediscover is not None and not set(workers) <= self._seen_workers:
             with self._ledger_lock:
-                devices, pins, emulated = self._rediscover()
+                devices, pins, emulated, names = self._rediscover()
                 self.devices = tuple(devices)
                 self._by_id = {d.id: d for d in self.devices}
                 self._pins = dict(pins)
                 self._emulated = frozenset(emulated)
-                self._seen_workers = set(workers)
+                self._seen_workers = set(workers) | names
         return tuple(d for d in self.devices if d.worker in workers)
 
     # -- lookups ---------------------------------------------------------------------
@@ -615,8 +615,10 @@ def _remote_device(address: str, name: Any, info: Mapping[str, Any], env: Mappin
     )
 
 
-def _discover(client: Client, address: str) -> tuple[list[GpuDevice], dict[str, Any], set[str]]:
-    """The GPUs the scheduler's workers advertise now; a misconfigured worker is left out, named."""
+def _discover(client: Client, address: str) -> tuple[list[GpuDevice], dict[str, Any], set[str], set[str]]:
+    """The GPUs the scheduler's workers advertise now, and every worker name looked at; a
+    misconfigured worker is left out, named (and, being looked at, not looked at again until a
+    worker the pool does not know joins: else every placement re-read the pool and warned again)."""
     info = client.scheduler_info(n_workers=-1)["workers"]
     envs = client.run(describe_worker)
     devices, pins, emulated, skipped = [], {}, set(), []
@@ -636,7 +638,7 @@ def _discover(client: Client, address: str) -> tuple[list[GpuDevice], dict[str, 
     if not devices:
         raise ValueError(f"no worker of the scheduler at {address!r} advertises a usable GPU: "
                          + "; ".join(skipped))
-    return devices, pins, emulated
+    return devices, pins, emulated, {str(w["name"]) for w in info.values()}
 
 
 def remote_pool(address: str, *, timeout: float = 10.0, min_workers: int = 1,
@@ -668,10 +670,11 @@ def remote_pool(address: str, *, timeout: float = 10.0, min_workers: int = 1,
                 f"the scheduler at {address!r} has fewer than {min_workers} worker(s) after {timeout:g}s; "
                 "start one per GPU (see docs/runtime.md)"
             ) from None
-        devices, pins, emulated = _discover(client, address)
+        devices, pins, emulated, names = _discover(client, address)
         pool = GpuPool(mode="remote", devices=devices, client=client, pins=pins, emulated=frozenset(emulated),
                        lease_timeout_s=lease_timeout_s)
         pool._rediscover = lambda: _discover(client, address)
+        pool._seen_workers |= names  # the workers left out were looked at: not a reason to look again
         if truth is not None or time_scale is not None or energy is not None:
             if truth is not None:
                 _check_truth_covers(truth, sorted({d.gpu_type for d in devices if d.id in emulated}))

@@ -30,8 +30,17 @@ def probe_scheduler(address: str, timeout: float) -> None:
     from distributed.core import rpc
     from distributed.security import Security
 
+    args = Security().get_connection_args("client")
+    if str(address).startswith("tls://") and args.get("ssl_context") is None:
+        # Dask refuses this before connecting, with a TypeError that reads as a wrong answer
+        raise SchedulerUnreachable(
+            f"{address!r} is a TLS address, but this process has no TLS client settings: set "
+            "DASK_DISTRIBUTED__COMM__TLS__CA_FILE, DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT and "
+            "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY (or distributed.comm.tls.* in Dask's configuration) "
+            "to the team CA's files, as docs/runtime.md ('A pool that is safe to expose') shows")
+
     async def identity() -> object:
-        remote = rpc(address, timeout=timeout, connection_args=Security().get_connection_args("client"))
+        remote = rpc(address, timeout=timeout, connection_args=args)
         try:
             return await asyncio.wait_for(remote.identity(), timeout)
         finally:
@@ -47,15 +56,17 @@ def probe_scheduler(address: str, timeout: float) -> None:
                 who = pool.submit(lambda: asyncio.run(identity())).result()
     except (asyncio.TimeoutError, TimeoutError):
         raise SchedulerUnreachable(f"nothing at {address!r} answered as a Dask scheduler within {timeout:g} s "
-                                   f"(a scheduler that is down or hung, or another service); {HINT}") from None
+                                   f"(a scheduler that is down or hung, another service, or a scheduler that "
+                                   f"speaks TLS: its address starts with tls://); {HINT}") from None
     except OSError as exc:
-        raise SchedulerUnreachable(f"cannot reach the Dask scheduler at {address!r} ({exc}); is it running? "
+        tls = "" if str(address).startswith("tls://") else " (a scheduler started with TLS needs a tls:// address)"
+        raise SchedulerUnreachable(f"cannot reach the Dask scheduler at {address!r} ({exc}); is it running?{tls} "
                                    f"{HINT}") from None
     except ValueError as exc:  # a malformed address: Dask's own message says what is wrong with it
         raise ValueError(f"{address!r} is not a Dask scheduler address ({exc}); {HINT}") from None
     except Exception as exc:  # noqa: BLE001 - another protocol's reply surfaces as anything from MemoryError down
-        raise SchedulerUnreachable(f"{address!r} answered, but not as a Dask scheduler ({type(exc).__name__}); "
-                                   f"{HINT}") from None
+        raise SchedulerUnreachable(f"{address!r} answered, but not as a Dask scheduler ({type(exc).__name__}: "
+                                   f"{str(exc)[:200]}); {HINT}") from None
     if not isinstance(who, dict) or who.get("type") != "Scheduler":
         kind = who.get("type") if isinstance(who, dict) else type(who).__name__
         raise SchedulerUnreachable(f"{address!r} is a Dask {kind}, not the scheduler; {HINT}")
