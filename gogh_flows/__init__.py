@@ -8,11 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gogh_flows.localenv import patient_ephemeral_server
 from gogh_flows.logs import quiet_by_default
 
 quiet_by_default()  # MLflow's INFO lines off unless GOGH_VERBOSE=1 (gogh_flows/logs.py)
-patient_ephemeral_server()  # Prefect's temporary server gets 180 s to start, unless set (localenv.py)
 
 _LAZY = {
     "gogh_placed": "gogh_flows.flows.decorator",

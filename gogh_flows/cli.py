@@ -156,7 +156,7 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
                           f"{state.now - lease.claimed_at:.0f} s ago", body, f"{state.now - lease.seen_at:.1f} s ago")
     console = report_console()
     console.print(table)
-    idle = sorted(usable - {lease.worker for lease in state.leases})
+    idle = sorted((usable & set(state.workers)) - {lease.worker for lease in state.leases})
     console.print(f"workers: {len(state.workers)} ({len(idle)} idle: {', '.join(idle) or '-'}"
                   + (f"; {len(left_out)} left out of the pool, misconfigured: {', '.join(left_out)}" if left_out else "")
                   + "); " + ", ".join(f"{k} {v}" for k, v in sorted(state.counts.items())))

@@ -52,36 +52,10 @@ THROWAWAY_SERVER = {
 MEMORY_DATABASE = {"PREFECT_SERVER_DATABASE_CONNECTION_URL": "sqlite+aiosqlite:///:memory:"}
 
 
-# With no PREFECT_API_URL, a flow's first call starts Prefect's temporary server and waits 20 s
-# for it; the first start on a fresh PREFECT_HOME also creates its database, which on a busy
-# 2-core machine takes longer, so the README's first example failed on its first run ("Timed out
-# while attempting to connect to ephemeral Prefect API server") and passed on the second.
-EPHEMERAL_SERVER = {"PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180"}
-
-
-def patient_ephemeral_server() -> None:
-    """Give Prefect's temporary server :data:`EPHEMERAL_SERVER`'s wait unless the user set one.
-
-    Prefect reads its settings into a global context when it is imported; when it was imported
-    before gogh_flows (``from prefect import flow`` first), that context is refreshed so the new
-    default is seen. Nothing changes when the variable was set already."""
-    import sys
-
-    missing = {k: v for k, v in EPHEMERAL_SERVER.items() if k not in os.environ}
-    if not missing:
-        return
-    set_defaults(missing)
-    context = sys.modules.get("prefect.context")
-    refresh = getattr(context, "refresh_global_settings_context", None)
-    if callable(refresh):
-        refresh()
-
-
 def set_defaults(values: Mapping[str, str]) -> None:
     """``os.environ.setdefault`` for each of ``values``."""
     for key, value in values.items():
         os.environ.setdefault(key, value)
 
 
-__all__ = ["EPHEMERAL_SERVER", "MEMORY_DATABASE", "OFFLINE", "THROWAWAY_SERVER", "patient_ephemeral_server",
-           "set_defaults", "sqlite_server"]
+__all__ = ["MEMORY_DATABASE", "OFFLINE", "THROWAWAY_SERVER", "set_defaults", "sqlite_server"]

@@ -172,6 +172,7 @@ def test_a_registry_that_stalls_after_its_health_check_delays_one_placement_by_i
         assert first is not None and second is not None
         assert 0.9 <= first_s < 5.0 and second_s < 0.5, (first_s, second_s)
         assert "did not answer within 1 s" in src.degraded and "built-in prior 'synthetic'" in src.degraded
+        assert src.using == "the built-in prior 'synthetic'"  # what `gogh predict` names under its table
         assert sum("did not answer" in r.getMessage() for r in caplog.records) == 1
     finally:
         release.set()

@@ -437,6 +437,16 @@ def test_serve_needs_exactly_one_schedule():
             serve_refiner(interval_s=bad)
     with pytest.raises(ValueError, match="'not a cron' is not a valid cron expression: five fields"):
         serve_refiner(cron="not a cron")
+    # what Prefect's serve() accepts passes the check (and stops at the next one: no server here)
+    import datetime
+
+    import numpy as np
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        for good in (np.int64(3600), datetime.timedelta(hours=1), 0.5):
+            with pytest.raises(ValueError, match="needs a running Prefect server"):
+                serve_refiner(interval_s=good)
 
 
 def test_serve_checks_the_server_and_the_registry_before_serving():
@@ -877,3 +887,39 @@ def test_a_saved_block_that_no_longer_validates_says_which_and_how_to_save_it_ag
     with pytest.raises(ValueError, match=r"saved PlacementPolicy block 'drifted' does not validate.*limit_trials"
                                          r".*gogh blocks apply"):
         run()
+
+
+def test_a_placed_flows_call_gives_prefects_temporary_server_time_to_start(monkeypatch):
+    """The README's first example timed out on a busy machine's first run: Prefect waits 20 s for
+    its temporary server, whose first start also creates its database. A placed flow's call waits
+    180 s unless the wait was set (here as a profile or environment would: an update), and only
+    within the call."""
+    import asyncio
+
+    from prefect import Flow
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as WAIT
+    from prefect.settings import temporary_settings
+
+    seen = []
+
+    def fake_call(self, *args, **kwargs):
+        if self.isasync:
+            async def later():
+                seen.append(WAIT.value())
+            return later()
+        seen.append(WAIT.value())
+
+    monkeypatch.setattr(Flow, "__call__", fake_call)
+
+    @gogh_placed(model="LM", batch_size=20, min_throughput=1.0, work_steps=10)
+    def sync_body() -> None: ...
+
+    @gogh_placed(model="LM", batch_size=20, min_throughput=1.0, work_steps=10)
+    async def async_body() -> None: ...
+
+    sync_body()
+    asyncio.run(async_body())
+    with temporary_settings(updates={WAIT: 33}):
+        sync_body()
+    assert seen == [180, 180, 33]
+    assert WAIT.value() == WAIT.default()  # nothing outside the call changed

@@ -61,27 +61,3 @@ def test_dask_info_lines_are_quiet_by_default_and_back_with_gogh_verbose():
     assert loud.returncode == 0, loud.stderr
     assert "INFO:distributed" in loud.stderr
 
-
-PREFECT_FIRST = """
-from prefect.settings import get_current_settings
-before = get_current_settings().server.ephemeral.startup_timeout_seconds
-import gogh_flows
-print(before, get_current_settings().server.ephemeral.startup_timeout_seconds)
-"""
-
-
-def test_prefects_temporary_server_gets_time_to_start_unless_the_user_said(tmp_path):
-    """The README's first example timed out on a busy machine's first run: Prefect waits 20 s for
-    its temporary server, whose first start also creates its database. gogh raises the default,
-    also when Prefect was imported (and its settings read) first; a value the user set stays."""
-    var = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"
-    clean = {k: v for k, v in os.environ.items() if k != var}
-
-    def run(**env: str) -> str:
-        out = subprocess.run([sys.executable, "-c", PREFECT_FIRST], capture_output=True, text=True, timeout=120,
-                             env={**clean, "PREFECT_HOME": str(tmp_path), **env})
-        assert out.returncode == 0, out.stderr
-        return out.stdout.split()
-
-    assert run()[1] == "180"  # Prefect's own default is 20 s
-    assert run(**{var: "33"}) == ["33", "33"]

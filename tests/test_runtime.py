@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -297,6 +298,16 @@ def test_misconfigured_remote_worker_is_left_out_with_a_warning_naming_it(monkey
                 assert main(["pool", "status", cluster.scheduler_address]) == 0
                 out = " ".join(capsys.readouterr().out.split())
                 assert "1 idle: v100-0; 2 left out of the pool, misconfigured: box, x100-0" in out
+                # ... but looked at again once a while has passed: 'box' fixed and restarted
+                # under the same name is found, and nothing is warned twice meanwhile
+                from gogh_flows.runtime import pool as pool_mod
+
+                fixed = _remote_device("tcp://h:1", "v100-1", {"resources": {"slot": 2}}, {})
+                box = dataclasses.replace(fixed, id="box", worker="box")
+                p._rediscover = lambda: ([*p.devices, box], {**p._pins, "box": "box"}, set(), members, {"x100-0"})
+                assert [d.id for d in p.live_devices(members)] == ["v100-0"]  # not yet: too soon
+                p._discovered_at -= pool_mod.RECHECK_LEFT_OUT_S
+                assert sorted(d.id for d in p.live_devices(members)) == ["box", "v100-0"]
         assert "worker 'x100-0'" in caplog.text and "unknown GPU type 'x100'" in caplog.text
         assert "worker 'box'" in caplog.text and "advertises no GPU type" in caplog.text
     with _cluster({"x100-0": {"resources": {"slot": 2}}}) as cluster:
@@ -488,13 +499,21 @@ def test_a_job_type_the_emulated_table_lacks_is_learned_and_a_mixed_truth_is_sai
         assert source in warnings[0].getMessage()
 
 
-def test_a_tls_address_without_tls_settings_says_what_to_set(monkeypatch):
+def test_a_tls_address_without_tls_settings_says_what_to_set():
     """Dask refuses it locally with a TypeError, which the probe reported as a server answering
     in another protocol ("check the address")."""
     from gogh_flows.runtime.probe import SchedulerUnreachable, probe_scheduler
 
-    for var in ("CA_FILE", "CLIENT__CERT", "CLIENT__KEY"):
-        monkeypatch.delenv(f"DASK_DISTRIBUTED__COMM__TLS__{var}", raising=False)
-    with pytest.raises(SchedulerUnreachable, match="TLS address, but this process has no TLS client settings.*"
-                                                   "DASK_DISTRIBUTED__COMM__TLS__CA_FILE"):
-        probe_scheduler("tls://127.0.0.1:1", 1)
+    import dask
+
+    # Dask read its environment at import: its configuration is what a Client would use
+    with dask.config.set({"distributed.comm.tls.ca-file": None, "distributed.comm.tls.client.cert": None,
+                          "distributed.comm.tls.client.key": None}):
+        with pytest.raises(SchedulerUnreachable, match="TLS address, but this process has no TLS client settings.*"
+                                                       "DASK_DISTRIBUTED__COMM__TLS__CA_FILE"):
+            probe_scheduler("tls://127.0.0.1:1", 1)
+    # settings naming a file that is not there: said as such, not a raw error
+    with dask.config.set({"distributed.comm.tls.ca-file": "/nonexistent/ca.pem",
+                          "distributed.comm.tls.client.cert": "/nonexistent/c.pem"}):
+        with pytest.raises(SchedulerUnreachable, match="TLS client settings cannot be used"):
+            probe_scheduler("tls://127.0.0.1:1", 1)

@@ -127,6 +127,24 @@ def gogh_placed(
     return decorate(__fn) if __fn is not None else decorate
 
 
+#: how long a placed flow's first call waits for Prefect's temporary server, unless set
+EPHEMERAL_STARTUP_S = 180
+
+
+def _patient_ephemeral_server() -> Any:
+    """Prefect's settings with :data:`EPHEMERAL_STARTUP_S` as the temporary server's startup wait,
+    unless it was set (environment, profile, prefect.toml: Prefect's ``set_defaults`` keeps those).
+
+    With no ``PREFECT_API_URL`` the first flow call starts Prefect's temporary server and waits
+    20 s for it; a first start also creates its database, which on a busy 2-core machine takes
+    longer, so the README's first example failed on its first run ("Timed out while attempting
+    to connect to ephemeral Prefect API server") and passed on the second. Scoped to the call:
+    nothing else in the process sees the change."""
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
+
+    return temporary_settings(set_defaults={PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: EPHEMERAL_STARTUP_S})
+
+
 class PlacedFlow(Flow):
     """What ``@gogh_placed`` returns: a Prefect ``Flow``, which refuses to be wrapped by ``@flow``.
 
@@ -136,6 +154,16 @@ class PlacedFlow(Flow):
     "module, class, method, function ... expected, got Flow". So when Prefect's ``Flow``
     constructor inspects this flow as its function, the decoration stops with what to do.
     """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # the call starts Prefect's temporary server when no server is configured: give it time
+        if self.isasync:
+            async def call() -> Any:
+                with _patient_ephemeral_server():
+                    return await super(PlacedFlow, self).__call__(*args, **kwargs)
+            return call()
+        with _patient_ephemeral_server():
+            return super().__call__(*args, **kwargs)
 
     @property
     def __signature__(self) -> Any:

@@ -46,6 +46,7 @@ class PredictorSource:
     #: why the predictors in use are not the registry's current champion (None when they are)
     degraded: str | None = None
     _using: str = ""
+    _fell_back_to: str = ""
     #: champion versions (P1, P2) that could not be loaded, and why: not downloaded again
     #: while the alias stays on them, and said once, not at every refresh
     _refused: dict[tuple[int | None, int | None], str] = field(default_factory=dict)
@@ -107,9 +108,10 @@ class PredictorSource:
 
     @property
     def using(self) -> str:
-        """What the predictors in hand are, in words: the champion's versions, the versions cached
-        locally or the built-in prior (say it rather than "champion" when the registry is down)."""
-        return self._using
+        """What the last placement's predictors were, in words: the champion's versions, the
+        versions cached locally or the built-in prior (say it rather than "champion" when the
+        registry is down or stalled)."""
+        return self._fell_back_to if self.degraded else self._using
 
     def get(self, *, force: bool = False, bounded: bool = True) -> ThroughputPredictor:
         """The champion, reloaded when its alias moved; never a stall, never a failed placement.
@@ -227,6 +229,7 @@ class PredictorSource:
         return ThroughputPredictor(load_p1(base / "p1"), p2), (None, None), f"the built-in prior {base.name!r}"
 
     def _fall_back_to(self, predictor: ThroughputPredictor, using: str, reason: str) -> ThroughputPredictor:
+        self._fell_back_to = using
         message = (f"gogh: {reason}; placing with {using} until it is back (asked again every "
                    f"{self.block.refresh_s:g} s)")
         if message != self.degraded:

@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import numbers
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -230,8 +232,8 @@ def refine_predictors(
     return result
 
 
-def serve_refiner(name: str = "gogh-refine", *, cron: str | None = None, interval_s: float | None = None,
-                  parameters: dict | None = None) -> None:
+def serve_refiner(name: str = "gogh-refine", *, cron: str | None = None,
+                  interval_s: float | timedelta | None = None, parameters: dict | None = None) -> None:
     """Serve ``refine_predictors`` as a scheduled Prefect deployment (blocks until stopped).
 
     Checked before serving, since a served deployment that cannot run only shows at its first
@@ -243,8 +245,14 @@ def serve_refiner(name: str = "gogh-refine", *, cron: str | None = None, interva
 
     if (cron is None) == (interval_s is None):
         raise ValueError("give exactly one schedule: cron='0 * * * *' or interval_s=3600")
-    if interval_s is not None and not (isinstance(interval_s, (int, float)) and math.isfinite(interval_s)
-                                       and interval_s > 0):
+    if interval_s is not None:
+        if isinstance(interval_s, timedelta):
+            seconds = interval_s.total_seconds()
+        elif isinstance(interval_s, numbers.Real) and not isinstance(interval_s, bool):
+            seconds = float(interval_s)
+        else:
+            seconds = math.nan
+    if interval_s is not None and not (math.isfinite(seconds) and seconds > 0):
         raise ValueError(f"the interval (interval_s=, gogh serve --interval) must be a positive number of seconds, "
                          f"e.g. 3600 for hourly; got {interval_s!r}")
     if cron is not None:  # checked by Prefect's own schedule model, before anything is served

@@ -116,8 +116,10 @@ class GpuPool:
         self._lease_timeout_s = lease_timeout_s
         self._ledger: PoolLedger | None = None
         self._ledger_lock = threading.Lock()
-        self._rediscover: Callable[[], tuple[list[GpuDevice], dict[str, Any], set[str], set[str]]] | None = None
+        self._rediscover: Callable[[], Discovery] | None = None
         self._seen_workers = {d.worker for d in self.devices}
+        self._left_out: set[str] = set()  # workers seen that advertise no usable GPU
+        self._discovered_at = time.monotonic()
 
     @property
     def ledger(self) -> PoolLedger:
@@ -133,15 +135,32 @@ class GpuPool:
         A remote pool first re-reads what the workers advertise when a worker it does not
         know has joined, so a long-lived process follows the pool as it changes.
         """
-        if self._rediscover is not None and not set(workers) <= self._seen_workers:
+        if self._stale(workers):
             with self._ledger_lock:
-                devices, pins, emulated, names = self._rediscover()
-                self.devices = tuple(devices)
-                self._by_id = {d.id: d for d in self.devices}
-                self._pins = dict(pins)
-                self._emulated = frozenset(emulated)
-                self._seen_workers = set(workers) | names
+                if self._stale(workers):  # another placement may have re-read it meanwhile
+                    self._learn(self._rediscover())  # type: ignore[misc]
+                    self._seen_workers |= set(workers)
         return tuple(d for d in self.devices if d.worker in workers)
+
+    def _stale(self, workers: frozenset[str] | set[str]) -> bool:
+        """A worker joined that was never looked at, or one left out (misconfigured) is still
+        there and :data:`RECHECK_LEFT_OUT_S` have passed: it may have been fixed and restarted
+        under the same name, which the scheduler's membership alone does not show."""
+        if self._rediscover is None:
+            return False
+        if not set(workers) <= self._seen_workers:
+            return True
+        return bool(self._left_out & set(workers)) and time.monotonic() - self._discovered_at >= RECHECK_LEFT_OUT_S
+
+    def _learn(self, found: Discovery) -> None:
+        devices, pins, emulated, names, left_out = found
+        self.devices = tuple(devices)
+        self._by_id = {d.id: d for d in self.devices}
+        self._pins = dict(pins)
+        self._emulated = frozenset(emulated)
+        self._seen_workers = set(names)
+        self._left_out = set(left_out)
+        self._discovered_at = time.monotonic()
 
     # -- lookups ---------------------------------------------------------------------
     @property
@@ -615,13 +634,20 @@ def _remote_device(address: str, name: Any, info: Mapping[str, Any], env: Mappin
     )
 
 
-def _discover(client: Client, address: str) -> tuple[list[GpuDevice], dict[str, Any], set[str], set[str]]:
-    """The GPUs the scheduler's workers advertise now, and every worker name looked at; a
-    misconfigured worker is left out, named (and, being looked at, not looked at again until a
-    worker the pool does not know joins: else every placement re-read the pool and warned again)."""
+#: (devices, pins, emulated device ids, every worker name looked at, the names left out)
+Discovery = tuple[list[GpuDevice], dict[str, Any], set[str], set[str], set[str]]
+#: how often a pool looks again at a worker it left out (misconfigured) while it stays: a worker
+#: fixed and restarted under the same name is found within this; looking at every placement
+#: re-read every worker and repeated the warning each time
+RECHECK_LEFT_OUT_S = 60.0
+
+
+def _discover(client: Client, address: str, warned: set[str] | None = None) -> Discovery:
+    """The GPUs the scheduler's workers advertise now; a misconfigured worker is left out, named
+    in a warning (once per distinct reason when ``warned`` keeps the reasons said before)."""
     info = client.scheduler_info(n_workers=-1)["workers"]
     envs = client.run(describe_worker)
-    devices, pins, emulated, skipped = [], {}, set(), []
+    devices, pins, emulated, skipped, left_out = [], {}, set(), [], set()
     for addr, w in sorted(info.items(), key=lambda aw: str(aw[1]["name"])):
         try:
             d = _remote_device(addr, w["name"], w, envs.get(addr, {}))
@@ -629,7 +655,11 @@ def _discover(client: Client, address: str) -> tuple[list[GpuDevice], dict[str, 
                 raise ValueError(f"worker {str(w['name'])!r} ({addr}) uses a GPU id another worker has")
         except (ValueError, UnknownGpuTypeError) as exc:
             skipped.append(str(exc))
-            log.warning("gogh: left out of the pool: %s", exc)
+            left_out.add(str(w["name"]))
+            if warned is None or str(exc) not in warned:
+                log.warning("gogh: left out of the pool: %s", exc)
+                if warned is not None:
+                    warned.add(str(exc))
             continue
         devices.append(d)
         pins[d.id] = w["name"]
@@ -638,7 +668,7 @@ def _discover(client: Client, address: str) -> tuple[list[GpuDevice], dict[str, 
     if not devices:
         raise ValueError(f"no worker of the scheduler at {address!r} advertises a usable GPU: "
                          + "; ".join(skipped))
-    return devices, pins, emulated, {str(w["name"]) for w in info.values()}
+    return devices, pins, emulated, {str(w["name"]) for w in info.values()}, left_out
 
 
 def remote_pool(address: str, *, timeout: float = 10.0, min_workers: int = 1,
@@ -670,11 +700,13 @@ def remote_pool(address: str, *, timeout: float = 10.0, min_workers: int = 1,
                 f"the scheduler at {address!r} has fewer than {min_workers} worker(s) after {timeout:g}s; "
                 "start one per GPU (see docs/runtime.md)"
             ) from None
-        devices, pins, emulated, names = _discover(client, address)
+        warned: set[str] = set()
+        found = _discover(client, address, warned)
+        devices, pins, emulated = found[:3]
         pool = GpuPool(mode="remote", devices=devices, client=client, pins=pins, emulated=frozenset(emulated),
                        lease_timeout_s=lease_timeout_s)
-        pool._rediscover = lambda: _discover(client, address)
-        pool._seen_workers |= names  # the workers left out were looked at: not a reason to look again
+        pool._rediscover = lambda: _discover(client, address, warned)
+        pool._learn(found)
         if truth is not None or time_scale is not None or energy is not None:
             if truth is not None:
                 _check_truth_covers(truth, sorted({d.gpu_type for d in devices if d.id in emulated}))

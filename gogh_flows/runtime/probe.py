@@ -30,7 +30,13 @@ def probe_scheduler(address: str, timeout: float) -> None:
     from distributed.core import rpc
     from distributed.security import Security
 
-    args = Security().get_connection_args("client")
+    try:
+        args = Security().get_connection_args("client")
+    except (OSError, ValueError) as exc:  # a TLS file missing or unreadable (ssl.SSLError is an OSError)
+        raise SchedulerUnreachable(
+            f"this process's Dask TLS client settings cannot be used ({type(exc).__name__}: {exc}); check the "
+            "files that DASK_DISTRIBUTED__COMM__TLS__CA_FILE / __CLIENT__CERT / __CLIENT__KEY (or "
+            "distributed.comm.tls.* in Dask's configuration) name") from None
     if str(address).startswith("tls://") and args.get("ssl_context") is None:
         # Dask refuses this before connecting, with a TypeError that reads as a wrong answer
         raise SchedulerUnreachable(
