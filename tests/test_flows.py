@@ -897,8 +897,8 @@ def test_a_placed_flows_call_gives_prefects_temporary_server_time_to_start(monke
     import asyncio
 
     from prefect import Flow
+    from prefect.settings import PREFECT_API_URL, temporary_settings
     from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS as WAIT
-    from prefect.settings import temporary_settings
 
     seen = []
 
@@ -917,9 +917,11 @@ def test_a_placed_flows_call_gives_prefects_temporary_server_time_to_start(monke
     @gogh_placed(model="LM", batch_size=20, min_throughput=1.0, work_steps=10)
     async def async_body() -> None: ...
 
-    sync_body()
-    asyncio.run(async_body())
-    with temporary_settings(updates={WAIT: 33}):
+    sync_body()  # the test server is configured: no temporary server, nothing to wait for
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):  # none configured, as in the README
         sync_body()
-    assert seen == [180, 180, 33]
+        asyncio.run(async_body())
+        with temporary_settings(updates={WAIT: 33}):
+            sync_body()
+    assert seen == [WAIT.default(), 180, 180, 33]
     assert WAIT.value() == WAIT.default()  # nothing outside the call changed

@@ -60,4 +60,3 @@ def test_dask_info_lines_are_quiet_by_default_and_back_with_gogh_verbose():
     loud = _run_dask(GOGH_VERBOSE="1")
     assert loud.returncode == 0, loud.stderr
     assert "INFO:distributed" in loud.stderr
-

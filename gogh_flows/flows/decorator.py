@@ -17,6 +17,7 @@ validation, retries, ``with_options``, deployments); only its body is wrapped:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
@@ -139,9 +140,12 @@ def _patient_ephemeral_server() -> Any:
     20 s for it; a first start also creates its database, which on a busy 2-core machine takes
     longer, so the README's first example failed on its first run ("Timed out while attempting
     to connect to ephemeral Prefect API server") and passed on the second. Scoped to the call:
-    nothing else in the process sees the change."""
-    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
+    nothing else in the process sees the change. With a server configured nothing is changed:
+    entering Prefect's settings context costs about 40 ms, too much for every call of a flow."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
 
+    if PREFECT_API_URL.value():  # no temporary server to wait for
+        return contextlib.nullcontext()
     return temporary_settings(set_defaults={PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: EPHEMERAL_STARTUP_S})
 
 

@@ -252,9 +252,9 @@ def serve_refiner(name: str = "gogh-refine", *, cron: str | None = None,
             seconds = float(interval_s)
         else:
             seconds = math.nan
-    if interval_s is not None and not (math.isfinite(seconds) and seconds > 0):
-        raise ValueError(f"the interval (interval_s=, gogh serve --interval) must be a positive number of seconds, "
-                         f"e.g. 3600 for hourly; got {interval_s!r}")
+        if not (math.isfinite(seconds) and seconds > 0):
+            raise ValueError(f"the interval (interval_s=, gogh serve --interval) must be a positive number of "
+                             f"seconds, e.g. 3600 for hourly; got {interval_s!r}")
     if cron is not None:  # checked by Prefect's own schedule model, before anything is served
         from prefect.client.schemas.schedules import CronSchedule
         from pydantic import ValidationError

@@ -13,6 +13,9 @@ from __future__ import annotations
 import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
+#: where a client's TLS settings come from (what ``Security()`` reads)
+TLS_SETTINGS = ("DASK_DISTRIBUTED__COMM__TLS__CA_FILE, DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT and "
+                "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY (or distributed.comm.tls.* in Dask's configuration)")
 HINT = ("check the address: the scheduler listens on tcp://HOST:8786 unless started with --port, "
         "and 8787 is its dashboard, not the scheduler")
 
@@ -35,14 +38,11 @@ def probe_scheduler(address: str, timeout: float) -> None:
     except (OSError, ValueError) as exc:  # a TLS file missing or unreadable (ssl.SSLError is an OSError)
         raise SchedulerUnreachable(
             f"this process's Dask TLS client settings cannot be used ({type(exc).__name__}: {exc}); check the "
-            "files that DASK_DISTRIBUTED__COMM__TLS__CA_FILE / __CLIENT__CERT / __CLIENT__KEY (or "
-            "distributed.comm.tls.* in Dask's configuration) name") from None
+            f"files that {TLS_SETTINGS} name") from None
     if str(address).startswith("tls://") and args.get("ssl_context") is None:
         # Dask refuses this before connecting, with a TypeError that reads as a wrong answer
         raise SchedulerUnreachable(
-            f"{address!r} is a TLS address, but this process has no TLS client settings: set "
-            "DASK_DISTRIBUTED__COMM__TLS__CA_FILE, DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT and "
-            "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY (or distributed.comm.tls.* in Dask's configuration) "
+            f"{address!r} is a TLS address, but this process has no TLS client settings: set {TLS_SETTINGS} "
             "to the team CA's files, as docs/runtime.md ('A pool that is safe to expose') shows")
 
     async def identity() -> object:
@@ -78,4 +78,4 @@ def probe_scheduler(address: str, timeout: float) -> None:
         raise SchedulerUnreachable(f"{address!r} is a Dask {kind}, not the scheduler; {HINT}")
 
 
-__all__ = ["HINT", "SchedulerUnreachable", "probe_scheduler"]
+__all__ = ["HINT", "TLS_SETTINGS", "SchedulerUnreachable", "probe_scheduler"]
