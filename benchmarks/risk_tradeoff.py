@@ -91,6 +91,12 @@ def main(truth_name: str = "gavel") -> None:
                                  "unfinished": s["jobs_unfinished"], "train_s": train_s})
             print(f"{fam}: training {train_s:.0f} s, total {time.perf_counter() - t0:.0f} s", flush=True)
         bars.update("families", len(HOLDOUTS), len(HOLDOUTS))
+    report(rows, truth_name, cluster, time.perf_counter() - t_all)
+
+
+def report(rows: list[dict], truth_name: str, cluster: str, wall: float) -> None:
+    """Tables, the level's verdict and the JSON, from the simulated rows (also rebuilt from a
+    saved JSON by ``--from-json``, so a wording or column change needs no new run)."""
     lines = ["| held-out family | noise | policy | SLA attainment | met on average | energy parked vs oracle | "
              "energy always on vs oracle | avg JCT h | migrations | unfinished |",
              "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -98,21 +104,26 @@ def main(truth_name: str = "gavel") -> None:
         lines.append(f"| {r['family']} | {r['noise']:g} | {r['policy']} | {attainment_text(r['sla_attainment'])} | "
                      f"{r['met_on_average']:.3f} | {r['parked_vs_oracle']:.3f} | {r['on_vs_oracle']:.3f} | "
                      f"{r['avg_jct_h']:.2f} | {r['migrations']} | {r['unfinished']} |")
-    # per policy and noise, over the families: the worst SLA attainment and the worst energy
+    # per policy and noise, over the families: the worst SLA attainment and the worst energy,
+    # parked (the bar's reading, fixed with the rule) and always on (issue 12's bar's reading)
     lines += ["", "Over the held-out families (worst family):", "",
               "| noise | policy | worst SLA attainment | mean SLA attainment | worst parked vs oracle | "
-              "mean parked vs oracle |", "| ---: | --- | ---: | ---: | ---: | ---: |"]
+              "mean parked vs oracle | worst always on vs oracle | mean always on vs oracle |",
+              "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     summary = []
     for noise in NOISES:
         for name in ("gogh", *(f"gogh@{r:g}" for r in RISKS if r is not None)):
             sel = [r for r in rows if r["noise"] == noise and r["policy"] == name]
             sla = [r["sla_attainment"] for r in sel]
             en = [r["parked_vs_oracle"] for r in sel]
+            on = [r["on_vs_oracle"] for r in sel]
             row = {"noise": noise, "policy": name, "worst_sla": min(sla), "mean_sla": sum(sla) / len(sla),
-                   "worst_parked_vs_oracle": max(en), "mean_parked_vs_oracle": sum(en) / len(en)}
+                   "worst_parked_vs_oracle": max(en), "mean_parked_vs_oracle": sum(en) / len(en),
+                   "worst_on_vs_oracle": max(on), "mean_on_vs_oracle": sum(on) / len(on)}
             summary.append(row)
             lines.append(f"| {noise:g} | {name} | {attainment_text(row['worst_sla'])} | {attainment_text(row['mean_sla'])} | "
-                         f"{row['worst_parked_vs_oracle']:.3f} | {row['mean_parked_vs_oracle']:.3f} |")
+                         f"{row['worst_parked_vs_oracle']:.3f} | {row['mean_parked_vs_oracle']:.3f} | "
+                         f"{row['worst_on_vs_oracle']:.3f} | {row['mean_on_vs_oracle']:.3f} |")
     stem = "risk_tradeoff" if truth_name == "gavel" else f"risk_tradeoff_{truth_name}"
     chosen = None
     picked = OUT / "risk_tradeoff_synthetic.json"
@@ -125,12 +136,16 @@ def main(truth_name: str = "gavel") -> None:
         level = json.loads(picked.read_text())["chosen"]["risk_level"]
         row = next(r for r in summary if r["noise"] == 0.1 and r["policy"] == f"gogh@{level:g}")
         verdict = row["worst_sla"] >= SLA_BAR and row["worst_parked_vs_oracle"] <= ENERGY_BAR
+        on_verdict = row["worst_sla"] >= SLA_BAR and row["worst_on_vs_oracle"] <= ENERGY_BAR
         lines += ["", f"Level chosen on the synthetic fleet (`risk_tradeoff_synthetic.md`): {level:g}. Here, at noise "
                   f"0.1: worst family's SLA attainment {attainment_text(row['worst_sla'])}, worst parked energy "
                   f"{row['worst_parked_vs_oracle']:.3f} of oracle: the issue's bar (>= {SLA_BAR} and <= "
-                  f"{ENERGY_BAR:g} on every held-out family) is {'met' if verdict else 'not met'}."]
-        chosen = {"risk_level": level, "chosen_on": "synthetic", "meets_bars": verdict, **row}
-    wall = time.perf_counter() - t_all
+                  f"{ENERGY_BAR:g} on every held-out family, parked, as the rule reads it) is "
+                  f"{'met' if verdict else 'not met'}. Read always on (every GPU drawing its idle power over the "
+                  f"common window, as issue 12's bar reads energy), the worst family is at "
+                  f"{row['worst_on_vs_oracle']:.3f}: {'within' if on_verdict else 'not within'} the bar."]
+        chosen = {"risk_level": level, "chosen_on": "synthetic", "meets_bars": verdict,
+                  "meets_bars_always_on": on_verdict, **row}
     (OUT / f"{stem}.json").write_text(json.dumps({"rows": rows, "summary": summary, "wall_s": wall, "truth": truth_name,
                                                   "cluster": cluster, "seed": SEED, "chosen": chosen},
                                                  indent=2) + "\n")
@@ -142,4 +157,12 @@ def main(truth_name: str = "gavel") -> None:
 if __name__ == "__main__":
     cli = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cli.add_argument("--truth", choices=sorted(CLUSTERS), default="gavel")
-    main(cli.parse_args().truth)
+    cli.add_argument("--from-json", action="store_true",
+                     help="rebuild the tables from the saved results/risk_tradeoff*.json instead of simulating")
+    args = cli.parse_args()
+    if args.from_json:
+        saved = json.loads((OUT / ("risk_tradeoff.json" if args.truth == "gavel"
+                                   else f"risk_tradeoff_{args.truth}.json")).read_text())
+        report(saved["rows"], args.truth, saved["cluster"], saved["wall_s"])
+    else:
+        main(args.truth)
