@@ -109,7 +109,7 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
 
     from gogh_flows.progress import report_console
     from gogh_flows.runtime.leases import PoolLedger
-    from gogh_flows.runtime.pool import _discover
+    from gogh_flows.runtime.pool import discover_workers
     from gogh_flows.runtime.probe import SchedulerUnreachable, probe_scheduler
 
     if args.timeout <= 0:
@@ -134,8 +134,8 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
         # what a placement would make of each worker: one that advertises no usable GPU is
         # left out of every pool (a warning above says why), so it is not an idle GPU
         try:
-            usable = {d.worker for d in _discover(client, args.address)[0]}
-        except ValueError:  # none usable: _discover's warnings named each
+            usable = {d.worker for d in discover_workers(client, args.address)[0]}
+        except ValueError:  # none usable: discover_workers' warnings named each
             usable = set()
     left_out = sorted(set(state.workers) - usable)
     if args.json:

@@ -50,6 +50,7 @@ __all__ = [
     "GpuPool",
     "PoolStartTimeout",
     "UnknownDeviceError",
+    "discover_workers",
     "emulated_pool",
     "local_cuda_pool",
     "open_pool",
@@ -642,7 +643,7 @@ Discovery = tuple[list[GpuDevice], dict[str, Any], set[str], set[str], set[str]]
 RECHECK_LEFT_OUT_S = 60.0
 
 
-def _discover(client: Client, address: str, warned: set[str] | None = None) -> Discovery:
+def discover_workers(client: Client, address: str, warned: set[str] | None = None) -> Discovery:
     """The GPUs the scheduler's workers advertise now; a misconfigured worker is left out, named
     in a warning (once per distinct reason when ``warned`` keeps the reasons said before)."""
     info = client.scheduler_info(n_workers=-1)["workers"]
@@ -701,11 +702,11 @@ def remote_pool(address: str, *, timeout: float = 10.0, min_workers: int = 1,
                 "start one per GPU (see docs/runtime.md)"
             ) from None
         warned: set[str] = set()
-        found = _discover(client, address, warned)
+        found = discover_workers(client, address, warned)
         devices, pins, emulated = found[:3]
         pool = GpuPool(mode="remote", devices=devices, client=client, pins=pins, emulated=frozenset(emulated),
                        lease_timeout_s=lease_timeout_s)
-        pool._rediscover = lambda: _discover(client, address, warned)
+        pool._rediscover = lambda: discover_workers(client, address, warned)
         pool._learn(found)
         if truth is not None or time_scale is not None or energy is not None:
             if truth is not None:
