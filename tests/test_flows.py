@@ -531,6 +531,43 @@ def test_a_run_cancelled_in_prefect_without_its_process_being_told_stops_its_bod
     assert [type(e).__name__ for e in ids] == ["RunCancelled"]
 
 
+def test_a_cancelled_async_flow_stops_its_body_frees_its_gpu_and_logs_what_ran(gogh_home):
+    """asyncio.wait_for (as Prefect's timeout_seconds) cancels the coroutine, whose body runs on a
+    worker thread: the body is stopped at its next report, the slot freed and the run logged
+    failed with its steps, all before the cancellation reaches the caller."""
+    started, reported = threading.Event(), []
+
+    @gogh_placed(model="ResNet-18", batch_size=32, min_throughput=1.0, work_steps=1_000,
+                 cluster=GpuCluster(fleet={"v100": 1}))
+    async def long_run() -> None:
+        where = current_placement()
+        for _ in range(1_200):  # 60 s unless stopped
+            where.report(1)
+            reported.append(1)
+            started.set()
+            await asyncio.sleep(0.05)
+
+    async def main() -> float:
+        task_ = asyncio.ensure_future(long_run())
+        while not started.is_set():
+            await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        with pytest.raises((asyncio.TimeoutError, asyncio.CancelledError)):
+            await asyncio.wait_for(task_, timeout=1.0)
+        return time.monotonic() - t0
+
+    waited = asyncio.run(main())
+    steps_then = len(reported)
+    time.sleep(1.0)
+    assert len(reported) == steps_then < 1_200  # stopped, not running on behind the caller's back
+    assert waited < 30
+    env = _env()
+    assert not env.pool.ledger.state().leases  # its GPU is free
+    row = env.measurements.read().row(0, named=True)
+    assert row["status"] == "failed" and 0 < row["steps"] == steps_then
+    assert "CancelledError" in json.loads(row["extra"])["error"]
+
+
 def test_a_risk_level_plans_with_the_lower_end_of_the_interval(gogh_home):
     """The same run on the same one-GPU fleet: with risk_level=0.9 its placement plans below the
     point prediction, by the shipped refiner's calibrated half-width for a job with nothing measured."""

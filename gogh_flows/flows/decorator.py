@@ -188,8 +188,19 @@ def _wrap(fn: Callable, job: JobSpec, settings: _Settings) -> Callable:
     if inspect.iscoroutinefunction(fn):
         @functools.wraps(fn)
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            # asyncio.to_thread copies the context, so the flow run context goes along
-            return await asyncio.to_thread(run_placed, fn, job, settings, args, kwargs)
+            # asyncio.to_thread copies the context, so the flow run context goes along. A
+            # cancellation of this coroutine (Prefect's timeout_seconds, asyncio.wait_for, a
+            # task's cancel) cannot reach that thread by itself: it is told through ``stop``, and
+            # this coroutine waits for it to have stopped the body, freed the slot and logged
+            # what ran, as a sync flow's call does, before the cancellation goes on.
+            stop = threading.Event()
+            work = asyncio.ensure_future(asyncio.to_thread(run_placed, fn, job, settings, args, kwargs, stop))
+            try:
+                return await asyncio.shield(work)
+            except asyncio.CancelledError:
+                stop.set()
+                await _settled(work)
+                raise
 
         async_wrapper.__gogh_placed__ = job  # type: ignore[attr-defined]
         return async_wrapper
@@ -200,6 +211,21 @@ def _wrap(fn: Callable, job: JobSpec, settings: _Settings) -> Callable:
 
     wrapper.__gogh_placed__ = job  # type: ignore[attr-defined]
     return wrapper
+
+
+async def _settled(work: asyncio.Future) -> None:
+    """Wait for a cancelled run's thread to finish its way out (bounded there: the body's stop,
+    the slot, the record), not cancellable again meanwhile; its own error is the run's record's."""
+    while not work.done():
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            if work.done():
+                break
+        except BaseException:  # noqa: BLE001 - the cancellation being raised is what the caller sees
+            break
+    if not work.cancelled():
+        work.exception()  # retrieved: asyncio would otherwise log it as never retrieved
 
 
 @task(name="gogh-place", cache_policy=NO_CACHE, persist_result=False)
@@ -400,7 +426,7 @@ def _lease_held(ledger: PoolLedger, run_id: str) -> bool:
 
 def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start_within_s: float,
               check_s: float = 1.0, cancelled_in_prefect: Callable[[], bool] | None = None,
-              prefect_check_s: float = 5.0) -> Any:
+              prefect_check_s: float = 5.0, stop: threading.Event | None = None) -> Any:
     """The run's outcome, with every wait bounded.
 
     Dask waits forever for a worker that died (the task is pinned to it), so the lease is
@@ -409,6 +435,8 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
     Every ``prefect_check_s``, ``cancelled_in_prefect()`` (which must not block) is asked too: a cancellation
     reaches this process through its Prefect runner or worker, which can miss it (see
     :class:`PrefectCancellation`), and a body left running would hold its GPU to the end.
+    ``stop`` set (an async flow's coroutine was cancelled) ends the wait with ``CancelledError``
+    within ``check_s``: the caller's way out then stops the body and keeps what it measured.
     """
     run_id = placement.run_id
     start_by = time.monotonic() + start_within_s
@@ -439,6 +467,8 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
     while True:
         if done.wait(check_s):
             return outcome()
+        if stop is not None and stop.is_set():
+            raise asyncio.CancelledError(f"run {run_id}'s flow was cancelled while its body ran on {placement.gpu_id}")
         try:
             # bounded: a scheduler that hangs must not hang the run (nor can it keep the lease)
             lease = ledger.get(run_id, timeout_s=ledger.lease_timeout_s)
@@ -517,7 +547,8 @@ def _context_for_workers(api_url: str | None) -> dict:
         return serialize_context()
 
 
-def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwargs: dict) -> Any:
+def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwargs: dict,
+               stop: threading.Event | None = None) -> Any:
     ctx = FlowRunContext.get()
     flow_run = ctx.flow_run if ctx else None
     run_id = str(flow_run.id) if flow_run else f"local-{uuid.uuid4().hex[:12]}"
@@ -559,6 +590,8 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
     # connection) logs it but does not mark the flow run Crashed
     with handling(ledger_id):
         try:
+            if stop is not None and stop.is_set():  # cancelled while it was being placed: nothing starts
+                raise asyncio.CancelledError(f"run {ledger_id}'s flow was cancelled while it was being placed")
             session.begin_measuring(job.job_type, placement.gpu_type)  # ended below, with the record
             where = {"gpu_id": placement.gpu_id, "job_type": job.job_type, "run_id": ledger_id, "hold_lease": True,
                      "warmup_steps": settings.warmup_steps, "power_limit_w": placement.power_limit_w,
@@ -579,7 +612,7 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
                                              job.work_steps, record_if_placer_lost=lost, **where)
             left = max(0.0, wait_s - placement.waited_s)
             outcome = await_run(ledger, future, placement, start_within_s=left + _START_GRACE_S,
-                                cancelled_in_prefect=cancellation)
+                                cancelled_in_prefect=cancellation, stop=stop)
         except BaseException as exc:  # the pool failed, the worker left, or this process is interrupted
             error = exc
             raise
