@@ -673,6 +673,21 @@ def test_limit_levels_on_a_baseline_policy_are_refused_with_what_to_do():
     assert PlacementPolicy(power_limit_levels=[0, 0.5]).power_limit_levels == [0, 0.5]
 
 
+def test_a_saved_policy_with_a_short_wait_timeout_loads_by_name(gogh_home):
+    """Saving writes every field, so the default headroom wait comes back as if given: it must
+    load as saved (a new user's 'fast-policy' with wait_timeout_s=30 could not be used by name)."""
+    PlacementPolicy(policy="greedy-fastest", wait_timeout_s=30).save("short-wait", overwrite=True)
+    loaded = PlacementPolicy.load("short-wait")
+    assert loaded.wait_timeout_s == 30 and loaded.headroom_wait_s == PlacementPolicy().headroom_wait_s
+
+    @gogh_placed(model="A3C", batch_size=20, min_throughput=0.5, work_steps=20, policy="short-wait",
+                 cluster=GpuCluster(fleet={"t4": 1}))
+    def by_name() -> str:
+        return current_placement().gpu_id
+
+    assert by_name() == "t4-0"
+
+
 def test_waiting_for_efficiency_must_end_before_the_wait_timeout():
     from pydantic import ValidationError
 

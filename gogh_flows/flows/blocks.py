@@ -307,8 +307,11 @@ class PlacementPolicy(Block):
                 f"wait_for_efficiency_s={self.wait_for_efficiency_s:g} s must be below wait_timeout_s="
                 f"{self.wait_timeout_s:g} s: no run waits longer than wait_timeout_s, so the rest of that wait "
                 "would never happen. Raise wait_timeout_s, or lower wait_for_efficiency_s")
-        # a headroom wait given outright is checked; the default's is cut to fit a short wait_timeout_s
-        if "headroom_wait_s" in self.model_fields_set and self.headroom_wait_s > self.wait_timeout_s / 2:
+        # a headroom wait given outright is checked; the default's is cut to fit a short wait_timeout_s.
+        # "Given" is a value other than the default: a saved block loads with every field set, and
+        # the default it was saved with must load as it was saved
+        default_headroom = type(self).model_fields["headroom_wait_s"].default
+        if self.headroom_wait_s != default_headroom and self.headroom_wait_s > self.wait_timeout_s / 2:
             raise ValueError(
                 f"headroom_wait_s={self.headroom_wait_s:g} s is at most half of wait_timeout_s={self.wait_timeout_s:g} s "
                 "(the rest is left to wait for any GPU that meets the requirement itself); it would be cut to "
