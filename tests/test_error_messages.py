@@ -135,3 +135,27 @@ def test_a_pool_in_other_processes_needs_a_prefect_server_the_workers_can_reach(
         assert _workers_prefect_url("tcp://10.0.0.5:8786", None) is None  # not in a flow run
     with temporary_settings({PREFECT_API_URL: "http://10.0.0.9:4200/api"}):
         assert _workers_prefect_url("tcp://10.0.0.5:8786", run) is None  # the workers get this one
+
+
+def test_a_served_flow_run_on_a_process_local_pool_is_told_its_runs_do_not_see_each_other(monkeypatch, caplog):
+    """serve/deploy run each flow run in a process of its own: an emulated or local-cuda pool opened
+    there has its own ledger, so overlapping runs of the deployment would not see each other."""
+    import logging
+
+    from gogh_flows import GpuCluster
+    from gogh_flows.flows.session import _say_if_alone
+
+    caplog.set_level(logging.WARNING, logger="gogh_flows")
+    monkeypatch.delenv("PREFECT__FLOW_RUN_ID", raising=False)
+    _say_if_alone(GpuCluster(fleet={"t4": 1}))  # a script's own call: nothing to say
+    assert not caplog.records
+    monkeypatch.setenv("PREFECT__FLOW_RUN_ID", "00000000-0000-0000-0000-000000000001")
+    _say_if_alone(GpuCluster(mode="remote", address="tcp://127.0.0.1:8786"))  # shared: fine
+    assert not caplog.records
+    _say_if_alone(GpuCluster(fleet={"t4": 1}))
+    _say_if_alone(GpuCluster(mode="local-cuda"))
+    emulated, cuda = (r.getMessage() for r in caplog.records)
+    assert "a pool of its own in it (emulated)" in emulated and "emulated fleet of their own" in emulated
+    assert "the same GPUs of this machine" in cuda
+    for said in (emulated, cuda):
+        assert "do not see each other" in said and "GpuCluster(mode='remote'" in said

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import functools
 import logging
+import os
 import re
 import threading
 from collections import Counter
@@ -90,6 +91,7 @@ class Session:
                 else:
                     pool = open_pool("remote", address=cluster.address, lease_timeout_s=lease)
             stack.callback(pool.close)
+            _say_if_alone(cluster)
             with starting("the MLflow measurement store", _safe_uri(tracking_uri)):
                 measurements = MeasurementLog(tracking_uri, root / "measurements")
             stack.callback(measurements.flush_spool)  # what is left at exit, after the mirror stopped
@@ -245,3 +247,21 @@ def open_sessions() -> Mapping[str, Session]:
 
 
 __all__ = ["Session", "close_all", "open_sessions", "shared_session", "starting"]
+
+
+def _say_if_alone(cluster: GpuCluster) -> None:
+    """Warn when a process-local pool opens in a process a Prefect runner or worker started for
+    one flow run (``serve``, ``deploy``): every such run gets a pool and a ledger of its own, so
+    runs of the deployment that overlap do not see each other (on ``local-cuda``, the same real
+    GPUs are placed onto by each), and each is measured as if alone. A shared pool is the fix."""
+    if cluster.mode == "remote" or not os.environ.get("PREFECT__FLOW_RUN_ID"):
+        return
+    same = ("the same GPUs of this machine" if cluster.mode == "local-cuda"
+            else "an emulated fleet of their own")
+    log.warning(
+        "gogh: this flow run was started in a process of its own by a Prefect runner or worker (serve, deploy) "
+        "and opens a pool of its own in it (%s): other runs started the same way each place onto %s with a ledger of "
+        "their own, so runs that overlap do not see each other and are measured as if alone. For a "
+        "deployment that may run more than one flow run at a time, start a shared pool (dask scheduler "
+        "--preload gogh_flows.runtime.ledger, one dask worker per GPU) and use GpuCluster(mode='remote', "
+        "address=...): docs/user-guide.md, 'Modes'", cluster.mode, same)
