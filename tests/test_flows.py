@@ -115,6 +115,10 @@ def test_stacked_on_flow_keeps_name_signature_validation_and_with_options(gogh_h
     renamed = named.with_options(name="renamed")
     assert renamed.name == "renamed" and renamed(epochs=1, lr=0.5) == (1, 0.5)
     assert _env().measurements.read().height == 2  # the invalid call never ran or placed
+    # still a placed flow: @flow on top of the copy is stopped with what to do, as on the original
+    assert type(renamed) is type(named)
+    with pytest.raises(TypeError, match="@flow is applied on top of @gogh_placed"):
+        flow(renamed)
 
 
 def test_a_zoo_model_for_inference_runs_on_the_emulated_fleet(gogh_home):

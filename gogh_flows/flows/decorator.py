@@ -169,6 +169,13 @@ class PlacedFlow(Flow):
         with _patient_ephemeral_server():
             return super().__call__(*args, **kwargs)
 
+    def with_options(self, **options: Any) -> PlacedFlow:
+        """Prefect's ``with_options``, still a placed flow (its copy is a plain ``Flow`` otherwise:
+        it would place its runs, but lose the ``@flow``-on-top guard and the server's start-up wait)."""
+        new = super().with_options(**options)
+        new.__class__ = PlacedFlow  # the same state, this class's behaviour
+        return new
+
     @property
     def __signature__(self) -> Any:
         # Prefect's Flow.__init__ asks inspect.signature(fn) before anything else can go wrong
