@@ -157,6 +157,29 @@ def test_async_flow_given_block_names_loads_them(gogh_home):
     assert asyncio.run(agent()) == "t4-0"
 
 
+class _CodedError(Exception):
+    """An exception pickle cannot rebuild (its __init__ needs two arguments, args holds one)."""
+
+    def __init__(self, msg: str, code: int) -> None:
+        super().__init__(msg)
+        self.code = code
+
+
+def test_a_bodys_own_exception_comes_back_as_it_is_on_the_emulated_pool(gogh_home):
+    """As from a plain flow: the emulated pool's workers are threads of this process, so nothing is
+    pickled in between (a pool in other processes sends back what survives pickling, else RunFailed)."""
+    @gogh_placed(model="ResNet-18", batch_size=32, min_throughput=1.0, work_steps=100)
+    def coded() -> None:
+        raise _CodedError("boom", 7)
+
+    with pytest.raises(_CodedError, match="boom") as raised:
+        coded()
+    assert raised.value.code == 7
+    row = _env().measurements.read().row(0, named=True)
+    assert row["status"] == "failed" and "_CodedError: boom" in row["extra"]
+    assert not _env().pool.ledger.state().leases
+
+
 def test_failing_flow_still_logs_its_measurement_marked_failed(gogh_home):
     @gogh_placed(model="ResNet-18", batch_size=32, min_throughput=1.0, work_steps=100)
     def broken() -> None:

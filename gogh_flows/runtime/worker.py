@@ -399,7 +399,10 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
         # the slot freed, then handed back in the outcome and raised again by unwrap()
         error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         tb = traceback.format_exc()
-        exc_out = _shippable(exc)
+        # a thread worker of the placing process hands the exception over as it is (nothing is
+        # pickled in between, as with a plain flow); one in another process must survive pickling
+        in_process = worker is not None and str(getattr(worker, "address", "")).startswith("inproc://")
+        exc_out = exc if in_process else _shippable(exc)
     finally:
         body_end = time.time()
         seen, changed = occupancy.leave_with_company(device.id, spec.run_key)
