@@ -121,6 +121,32 @@ def test_an_equal_challenger_is_registered_but_not_promoted(gogh_home, tmp_path)
     assert registry.version_for("gogh-p2", "challenger") == second["challenger_version"]
 
 
+def test_retrainings_started_together_take_turns_and_the_second_faces_the_first_ones_champion(
+        gogh_home, tmp_path):
+    """Two retrainings at once (a scheduled run outlasting its interval, a manual one beside it):
+    without a lock both read the weak champion, both beat it and both promote, the second undoing
+    the first unseen. With Prefect's global concurrency limit they take turns."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from prefect.client.orchestration import get_client
+
+    weak = _weak_champion(tmp_path)
+    _log_measurements()
+    with ThreadPoolExecutor(2) as pool:
+        outs = list(pool.map(lambda _: refine_predictors(base_data="none", epochs=120), range(2)))
+    first, second = sorted(outs, key=lambda o: o["challenger_version"])
+    assert first["promoted"] is True and first["previous_champion_version"] == weak
+    # the second was trained after the first had promoted, against its champion: the same data and
+    # seed give the same challenger, so it is not better, and says against which version it lost
+    assert second["previous_champion_version"] == first["challenger_version"]
+    assert second["promoted"] is False and second["reason"] == "not promoted: not 1% better than the champion"
+    registry = predictor_source(PredictorRegistry()).registry
+    assert registry.version_for("gogh-p2", "champion") == first["challenger_version"]
+    with get_client(sync_client=True) as client:
+        limit = client.read_global_concurrency_limit_by_name("gogh-refine-gogh-p2")
+    assert limit.limit == 1 and limit.active_slots == 0  # released by both
+
+
 def test_too_few_measurements_retrain_nothing(gogh_home):
     out = refine_predictors(min_measurements=8)
     assert out["promoted"] is False and "nothing retrained" in out["reason"]

@@ -11,12 +11,14 @@ pick the new champion up on their next registry check, with no restart.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import numbers
 import tempfile
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -127,6 +129,33 @@ def score(predictor: ThroughputPredictor, features: dict, train: pl.DataFrame, t
     return predictor.refine_error(features, train, test)
 
 
+#: Prefect global concurrency limit (one slot) that retrainings of one refiner take in turn
+RETRAIN_LIMIT_PREFIX = "gogh-refine-"
+
+
+@contextlib.contextmanager
+def one_retraining_at_a_time(model_name: str) -> Iterator[None]:
+    """Hold the one slot of the Prefect global concurrency limit ``gogh-refine-<model_name>``
+    (created on first use): Prefect's own lock across flow runs, processes and machines, leased,
+    so a holder that dies frees it when its lease lapses."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.concurrency.sync import concurrency
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    name = f"{RETRAIN_LIMIT_PREFIX}{model_name}"
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_global_concurrency_limit_by_name(name)
+        except ObjectNotFound:
+            try:
+                client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
+            except ObjectAlreadyExists:  # another retraining created it first: the same limit
+                pass
+    with concurrency(name, occupy=1, strict=True):
+        yield
+
+
 @flow(name="gogh-refine-predictors", log_prints=True)
 def refine_predictors(
     registry: str | None = None, measurements_dir: str | None = None, min_measurements: int = 8,
@@ -150,86 +179,96 @@ def refine_predictors(
         raise ValueError(f"min_improvement must be in [0, 1) (a relative MAPE drop), got {min_improvement!r}")
     logger = get_run_logger()
     block = load_block(PredictorRegistry, registry, PredictorRegistry())
-    source = predictor_source(block)
-    champion = source.get(force=True, bounded=False)
-    versions = source.versions()
-    root = Path(measurements_dir) if measurements_dir else state_dir() / "measurements"
-    mlog = MeasurementLog(block.resolved_tracking_uri(), root)
-    frame = mlog.read().sort("started_at")
-    obs = observations_from_measurements(frame)
-    if obs.height < min_measurements:
-        msg = (f"only {obs.height} usable measurements in {root} (need {min_measurements}); "
-               "nothing retrained")
-        logger.info(msg)
-        return {"promoted": False, "reason": msg, "measurements": obs.height,
-                "champion_version": versions["p2"]}
-    train, test = split_recent(obs, holdout_fraction)
-    store = FeatureStore(state_dir() / "jobs")
-    features = {t: store.get(t) for t in sorted(set(obs["job_type"]) | set(obs["partner"].drop_nulls()))}
-    gpu_types = sorted(set(obs["gpu_type"]))
-    started = time.time()
-    # the challenger covers the GPU types this fleet measured; a type added later is served
-    # by P1 (and by the next retraining once it has been measured)
-    base = base_measurements(base_data, block.prior, gpu_types)
-    # never scored on `test` while it is fitted: `test` decides the promotion
-    p2, n_val = fit_challenger(champion.p1, features, train, base=base, config=P2Config(epochs=epochs, seed=seed),
-                               gpu_types=gpu_types, validation_fraction=holdout_fraction,
-                               inherit=champion.p2.trained_on if champion.p2 is not None else None)
-    trust = p2.trust_scale
-    challenger = ThroughputPredictor(champion.p1, p2)
-    champ_score = score(champion, features, train, test)
-    chall_score = score(challenger, features, train, test)
-    # what the measurements would be predicted as with no refiner at all, for reference
-    p1_score = score(ThroughputPredictor(champion.p1, None), features, train, test)
-    better = chall_score["mape"] < champ_score["mape"] * (1 - min_improvement)
-    trust_text = "in full" if trust is None else f"in proportion to P1's error up to {trust:g} (log)"
-    card = (f"# P2 challenger\n\nTrained by the `gogh-refine-predictors` flow on {train.height} logged "
-            f"measurements ({frame.height} runs), {time.strftime('%Y-%m-%d %H:%M:%S')}.\n"
-            f"Held-out recent measurements: {test.height}; MAPE challenger {chall_score['mape']:.4f}, "
-            f"champion (v{versions['p2']}) {champ_score['mape']:.4f}, P1 alone {p1_score['mape']:.4f}.\n"
-            f"Corrections applied {trust_text}, chosen on {n_val} validation measurements.\n")
-    with tempfile.TemporaryDirectory() as tmp:
-        save_model(p2, Path(tmp) / "p2", card=card)
-        version = source.registry.register(
-            block.p2_name, Path(tmp) / "p2", alias=CHALLENGER,
-            metrics={"holdout_mape": chall_score["mape"], "champion_holdout_mape": champ_score["mape"],
-                     "p1_holdout_mape": p1_score["mape"], "train_measurements": float(train.height), "holdout_measurements": float(test.height)},
-            tags={"trained_until": f"{float(frame['started_at'].max()):.3f}", "trained_by": "refine_predictors",
-                  "p1_version": str(versions["p1"]), "trust_scale": "full" if trust is None else f"{trust:g}"},
-            description=f"challenger from {train.height} measurements",
-            p1_uri=f"models:/{block.p1_name}/{versions['p1']}")
-    promoted = bool(promote and better)
-    if promoted:
-        source.registry.set_alias(block.p2_name, block.alias, version)
-        source.get(force=True, bounded=False)
-    result = {
-        "promoted": promoted, "challenger_version": version,
-        "champion_version": version if promoted else versions["p2"],
-        "previous_champion_version": versions["p2"],
-        "challenger_mape": chall_score["mape"], "champion_mape": champ_score["mape"],
-        "p1_mape": p1_score["mape"], "trust_scale": trust,
-        "train_measurements": train.height, "holdout_measurements": test.height,
-        "seconds": round(time.time() - started, 2),
-    }
-    verdict = "promoted to champion" if promoted else (
-        f"not promoted: not {min_improvement:.0%} better than the champion" if not better
-        else "not promoted (promote=False)")
-    result["reason"] = verdict  # every outcome says why, as the too-little-data one does
-    create_markdown_artifact(key="gogh-refiner-comparison", markdown="\n".join([
-        f"### Refiner retraining: challenger v{version} {verdict}", "",
-        "| model | holdout MAPE | measurements |", "| --- | ---: | ---: |",
-        f"| challenger v{version} | {chall_score['mape']:.2%} | {chall_score['n']} |",
-        f"| champion v{versions['p2']} | {champ_score['mape']:.2%} | {champ_score['n']} |",
-        f"| P1 alone (no refiner, for reference) | {p1_score['mape']:.2%} | {p1_score['n']} |", "",
-        f"Trained on {train.height} measurements, scored on the {test.height} most recent, each predicted "
-        "without the earlier measurements of its own entry (job, GPU type, partner), as a placement would. "
-        f"The challenger applies its corrections {trust_text}, chosen on the newest {n_val} of its "
-        "training measurements.",
-    ]))
-    logger.info("refiner challenger v%s: MAPE %.2f%% vs champion v%s %.2f%% -> %s", version,
-                100 * chall_score["mape"], versions["p2"], 100 * champ_score["mape"], verdict)
-    print(json.dumps(result))
-    return result
+    # one retraining of this refiner at a time, across processes and machines: two that overlap
+    # (a scheduled run outlasting its interval, a manual run beside it) would each score against
+    # the champion they read, and the later promotion would undo the earlier one unseen
+    with one_retraining_at_a_time(block.p2_name):
+        source = predictor_source(block)
+        champion = source.get(force=True, bounded=False)
+        versions = source.versions()
+        root = Path(measurements_dir) if measurements_dir else state_dir() / "measurements"
+        mlog = MeasurementLog(block.resolved_tracking_uri(), root)
+        frame = mlog.read().sort("started_at")
+        obs = observations_from_measurements(frame)
+        if obs.height < min_measurements:
+            msg = (f"only {obs.height} usable measurements in {root} (need {min_measurements}); "
+                   "nothing retrained")
+            logger.info(msg)
+            return {"promoted": False, "reason": msg, "measurements": obs.height,
+                    "champion_version": versions["p2"]}
+        train, test = split_recent(obs, holdout_fraction)
+        store = FeatureStore(state_dir() / "jobs")
+        features = {t: store.get(t) for t in sorted(set(obs["job_type"]) | set(obs["partner"].drop_nulls()))}
+        gpu_types = sorted(set(obs["gpu_type"]))
+        started = time.time()
+        # the challenger covers the GPU types this fleet measured; a type added later is served
+        # by P1 (and by the next retraining once it has been measured)
+        base = base_measurements(base_data, block.prior, gpu_types)
+        # never scored on `test` while it is fitted: `test` decides the promotion
+        p2, n_val = fit_challenger(champion.p1, features, train, base=base, config=P2Config(epochs=epochs, seed=seed),
+                                   gpu_types=gpu_types, validation_fraction=holdout_fraction,
+                                   inherit=champion.p2.trained_on if champion.p2 is not None else None)
+        trust = p2.trust_scale
+        challenger = ThroughputPredictor(champion.p1, p2)
+        champ_score = score(champion, features, train, test)
+        chall_score = score(challenger, features, train, test)
+        # what the measurements would be predicted as with no refiner at all, for reference
+        p1_score = score(ThroughputPredictor(champion.p1, None), features, train, test)
+        better = chall_score["mape"] < champ_score["mape"] * (1 - min_improvement)
+        trust_text = "in full" if trust is None else f"in proportion to P1's error up to {trust:g} (log)"
+        card = (f"# P2 challenger\n\nTrained by the `gogh-refine-predictors` flow on {train.height} logged "
+                f"measurements ({frame.height} runs), {time.strftime('%Y-%m-%d %H:%M:%S')}.\n"
+                f"Held-out recent measurements: {test.height}; MAPE challenger {chall_score['mape']:.4f}, "
+                f"champion (v{versions['p2']}) {champ_score['mape']:.4f}, P1 alone {p1_score['mape']:.4f}.\n"
+                f"Corrections applied {trust_text}, chosen on {n_val} validation measurements.\n")
+        with tempfile.TemporaryDirectory() as tmp:
+            save_model(p2, Path(tmp) / "p2", card=card)
+            version = source.registry.register(
+                block.p2_name, Path(tmp) / "p2", alias=CHALLENGER,
+                metrics={"holdout_mape": chall_score["mape"], "champion_holdout_mape": champ_score["mape"],
+                         "p1_holdout_mape": p1_score["mape"], "train_measurements": float(train.height), "holdout_measurements": float(test.height)},
+                tags={"trained_until": f"{float(frame['started_at'].max()):.3f}", "trained_by": "refine_predictors",
+                      "p1_version": str(versions["p1"]), "trust_scale": "full" if trust is None else f"{trust:g}"},
+                description=f"challenger from {train.height} measurements",
+                p1_uri=f"models:/{block.p1_name}/{versions['p1']}")
+        # the champion it beat must still be the champion (the lock keeps other retrainings out,
+        # not a person moving the alias by hand meanwhile)
+        now = source.registry.version_for(block.p2_name, block.alias)
+        moved = now is not None and versions["p2"] is not None and now != versions["p2"]
+        promoted = bool(promote and better and not moved)
+        if promoted:
+            source.registry.set_alias(block.p2_name, block.alias, version)
+            source.get(force=True, bounded=False)
+        result = {
+            "promoted": promoted, "challenger_version": version,
+            "champion_version": version if promoted else versions["p2"],
+            "previous_champion_version": versions["p2"],
+            "challenger_mape": chall_score["mape"], "champion_mape": champ_score["mape"],
+            "p1_mape": p1_score["mape"], "trust_scale": trust,
+            "train_measurements": train.height, "holdout_measurements": test.height,
+            "seconds": round(time.time() - started, 2),
+        }
+        verdict = "promoted to champion" if promoted else (
+            f"not promoted: not {min_improvement:.0%} better than the champion" if not better
+            else "not promoted (promote=False)" if not promote
+            else (f"not promoted: the champion moved from v{versions['p2']} to v{now} while this challenger "
+                  "was trained; the next retraining compares against it"))
+        result["reason"] = verdict  # every outcome says why, as the too-little-data one does
+        create_markdown_artifact(key="gogh-refiner-comparison", markdown="\n".join([
+            f"### Refiner retraining: challenger v{version} {verdict}", "",
+            "| model | holdout MAPE | measurements |", "| --- | ---: | ---: |",
+            f"| challenger v{version} | {chall_score['mape']:.2%} | {chall_score['n']} |",
+            f"| champion v{versions['p2']} | {champ_score['mape']:.2%} | {champ_score['n']} |",
+            f"| P1 alone (no refiner, for reference) | {p1_score['mape']:.2%} | {p1_score['n']} |", "",
+            f"Trained on {train.height} measurements, scored on the {test.height} most recent, each predicted "
+            "without the earlier measurements of its own entry (job, GPU type, partner), as a placement would. "
+            f"The challenger applies its corrections {trust_text}, chosen on the newest {n_val} of its "
+            "training measurements.",
+        ]))
+        logger.info("refiner challenger v%s: MAPE %.2f%% vs champion v%s %.2f%% -> %s", version,
+                    100 * chall_score["mape"], versions["p2"], 100 * champ_score["mape"], verdict)
+        print(json.dumps(result))
+        return result
 
 
 def serve_refiner(name: str = "gogh-refine", *, cron: str | None = None,
