@@ -91,10 +91,10 @@ def main(truth_name: str = "gavel") -> None:
                                  "unfinished": s["jobs_unfinished"], "train_s": train_s})
             print(f"{fam}: training {train_s:.0f} s, total {time.perf_counter() - t0:.0f} s", flush=True)
         bars.update("families", len(HOLDOUTS), len(HOLDOUTS))
-    report(rows, truth_name, cluster, time.perf_counter() - t_all)
+    report(rows, truth_name, cluster, time.perf_counter() - t_all, SEED)
 
 
-def report(rows: list[dict], truth_name: str, cluster: str, wall: float) -> None:
+def report(rows: list[dict], truth_name: str, cluster: str, wall: float, seed: int) -> None:
     """Tables, the level's verdict and the JSON, from the simulated rows (also rebuilt from a
     saved JSON by ``--from-json``, so a wording or column change needs no new run)."""
     lines = ["| held-out family | noise | policy | SLA attainment | met on average | energy parked vs oracle | "
@@ -147,7 +147,7 @@ def report(rows: list[dict], truth_name: str, cluster: str, wall: float) -> None
         chosen = {"risk_level": level, "chosen_on": "synthetic", "meets_bars": verdict,
                   "meets_bars_always_on": on_verdict, **row}
     (OUT / f"{stem}.json").write_text(json.dumps({"rows": rows, "summary": summary, "wall_s": wall, "truth": truth_name,
-                                                  "cluster": cluster, "seed": SEED, "chosen": chosen},
+                                                  "cluster": cluster, "seed": seed, "chosen": chosen},
                                                  indent=2) + "\n")
     (OUT / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -163,6 +163,6 @@ if __name__ == "__main__":
     if args.from_json:
         saved = json.loads((OUT / ("risk_tradeoff.json" if args.truth == "gavel"
                                    else f"risk_tradeoff_{args.truth}.json")).read_text())
-        report(saved["rows"], args.truth, saved["cluster"], saved["wall_s"])
+        report(saved["rows"], args.truth, saved["cluster"], saved["wall_s"], saved["seed"])
     else:
         main(args.truth)

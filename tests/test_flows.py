@@ -595,6 +595,69 @@ def test_a_cancelled_async_flow_stops_its_body_frees_its_gpu_and_logs_what_ran(g
     assert "CancelledError" in json.loads(row["extra"])["error"]
 
 
+def test_an_async_flow_cancelled_while_it_waits_for_a_busy_gpu_returns_at_once_and_holds_nothing(gogh_home):
+    """The cancellation reaches the placement's wait for the fleet (it used to wait out
+    wait_timeout_s, 600 s by default, before the caller saw it); the run holding the GPU goes on."""
+    fleet = GpuCluster(fleet={"v100": 1}, capacity=1)
+    holding, release = threading.Event(), threading.Event()
+
+    @gogh_placed(model="ResNet-18", batch_size=32, min_throughput=1.0, work_steps=100, cluster=fleet)
+    def holder() -> str:
+        holding.set()
+        release.wait(60)
+        return current_placement().gpu_id
+
+    @gogh_placed(model="ResNet-18", batch_size=32, min_throughput=1.0, work_steps=100, cluster=fleet)
+    async def waiter() -> str:
+        return current_placement().gpu_id
+
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(holder)
+        assert holding.wait(60)
+
+        async def main() -> float:
+            t0 = time.monotonic()
+            with pytest.raises((asyncio.TimeoutError, asyncio.CancelledError)):
+                await asyncio.wait_for(waiter(), timeout=3.0)
+            return time.monotonic() - t0
+
+        waited = asyncio.run(main())
+        leases = _env().pool.ledger.state().leases
+        release.set()
+        assert held.result(60) == "v100-0"
+    assert waited < 20  # a poll or two after the 3 s, not the policy's 600 s wait
+    assert len(leases) == 1  # only the holder's: the waiter claimed nothing, or gave it back
+
+
+def test_prefects_timeout_on_an_async_placed_flow_stops_it_without_spinning(gogh_home):
+    """Prefect's timeout_seconds cancels through an anyio scope that cancels again on every turn of
+    the loop: waiting for the body to stop must not spin a core meanwhile."""
+    started, reported = threading.Event(), []
+
+    @gogh_placed(model="ResNet-18", batch_size=32, min_throughput=1.0, work_steps=1_000,
+                 cluster=GpuCluster(fleet={"v100": 1}))
+    @flow(timeout_seconds=2)
+    async def slow() -> None:
+        where = current_placement()
+        for _ in range(1_200):
+            where.report(1)
+            reported.append(1)
+            started.set()
+            await asyncio.sleep(0.05)
+
+    cpu0, t0 = time.process_time(), time.monotonic()
+    with pytest.raises(TimeoutError):
+        asyncio.run(slow())
+    cpu, wall = time.process_time() - cpu0, time.monotonic() - t0
+    steps_then = len(reported)
+    time.sleep(1.0)
+    assert len(reported) == steps_then < 1_200
+    assert not _env().pool.ledger.state().leases
+    row = _env().measurements.read().row(0, named=True)
+    assert row["status"] == "failed" and row["steps"] == steps_then
+    assert cpu < 0.8 * wall + 5, (cpu, wall)  # a spinning wait burns a whole core for the stop's seconds
+
+
 def test_a_risk_level_plans_with_the_lower_end_of_the_interval(gogh_home):
     """The same run on the same one-GPU fleet: with risk_level=0.9 its placement plans below the
     point prediction, by the shipped refiner's calibrated half-width for a job with nothing measured."""

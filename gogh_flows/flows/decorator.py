@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 from prefect import Flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
@@ -47,7 +48,14 @@ from gogh_flows.flows.session import Session, shared_session
 from gogh_flows.flows.lost_runs import handling, take_workers_record
 from gogh_flows.flows.measure import record_if_placer_lost, record_run
 from gogh_flows.placement.patience import Patience
-from gogh_flows.flows.placer import PlacementTimeout, RunLost, RunPlacement, place_with_retry, with_point_prediction
+from gogh_flows.flows.placer import (
+    PlacementCancelled,
+    PlacementTimeout,
+    RunLost,
+    RunPlacement,
+    place_with_retry,
+    with_point_prediction,
+)
 from gogh_flows.flows.spec import check_wait_timeout, check_warmup_steps, placed_job
 from gogh_flows.runtime.context import RunCancelled, current_gpu, use_gpu
 from gogh_flows.runtime.leases import PoolLedger
@@ -222,29 +230,38 @@ def _wrap(fn: Callable, job: JobSpec, settings: _Settings) -> Callable:
 
 async def _settled(work: asyncio.Future) -> None:
     """Wait for a cancelled run's thread to finish its way out (bounded there: the body's stop,
-    the slot, the record), not cancellable again meanwhile; its own error is the run's record's."""
-    while not work.done():
-        try:
-            await asyncio.shield(work)
-        except asyncio.CancelledError:
-            if work.done():
+    the slot, the record), not cancellable again meanwhile; its own error is the run's record's.
+
+    Shielded from anyio's cancel scopes (Prefect's ``timeout_seconds`` is one: it cancels the
+    task again on every turn of the loop, which made this wait spin a core) and, by
+    ``asyncio.shield``, from a plain ``task.cancel()``.
+    """
+    with anyio.CancelScope(shield=True):
+        while not work.done():
+            try:
+                await asyncio.shield(work)
+            except asyncio.CancelledError:
+                if work.done():
+                    break
+            except Exception:  # noqa: BLE001 - the run's own error: recorded; the cancellation goes on
                 break
-        except BaseException:  # noqa: BLE001 - the cancellation being raised is what the caller sees
-            break
-    if not work.cancelled():
+    if work.done() and not work.cancelled():
         work.exception()  # retrieved: asyncio would otherwise log it as never retrieved
 
 
 @task(name="gogh-place", cache_policy=NO_CACHE, persist_result=False)
 def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRegistry,
-              policy: PlacementPolicy, wait_timeout_s: float, flow_name: str = "") -> RunPlacement:
+              policy: PlacementPolicy, wait_timeout_s: float, flow_name: str = "",
+              stop: threading.Event | None = None) -> RunPlacement:
     """Predict, solve, reserve; publish the explanation as a markdown and a table artifact.
 
     The artifacts are keyed per flow (``gogh-placement-<flow>`` and ``...-options``), so each
     flow's page in the Prefect UI keeps the history of its own placements.
 
     Bounded apart from waiting for a busy fleet: the registry by the registry block's
-    ``timeout_s`` (then the last good predictors), deciding by ``placement_timeout_s``.
+    ``timeout_s`` (then the last good predictors), deciding by ``placement_timeout_s``. A
+    ``stop`` set while it waits for the fleet (an async flow's caller was cancelled) ends the
+    wait with :class:`PlacementCancelled` within a poll.
     """
     logger = get_run_logger()
     source = predictor_source(registry)
@@ -277,7 +294,7 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
         predict=predict,
         features=session.features.get, policy=policy.policy, time_limit_s=policy.solver_time_limit_s,
         wait_timeout_s=wait_timeout_s, poll_s=policy.poll_s, versions=source.versions(),
-        on_wait=logger.info, sleep=session.wait_for_release, headroom=policy.headroom,
+        on_wait=logger.info, sleep=_stoppable(session.wait_for_release, stop, run_id), headroom=policy.headroom,
         headroom_wait_s=policy.headroom_wait_s,
         placement_timeout_s=policy.placement_timeout_s, power_limit_levels=tuple(policy.power_limit_levels),
         limit_evidence=evidence, limit_trials=policy.limit_trials, measuring=session.measuring,
@@ -305,6 +322,21 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
     logger.info("placed %s on %s (%s)%s: %s, required %.4g", job.job_type,
                 placement.gpu_id, placement.gpu_type, limit, predicted, job.required_throughput)
     return placement
+
+
+def _stoppable(sleep: Callable[[float], object], stop: threading.Event | None, run_id: str) -> Callable[[float], object]:
+    """``sleep`` that raises :class:`PlacementCancelled` once ``stop`` is set (after waking)."""
+    if stop is None:
+        return sleep
+
+    def wait(seconds: float) -> object:
+        if not stop.is_set():
+            out = sleep(seconds)
+            if not stop.is_set():
+                return out
+        raise PlacementCancelled(f"run {run_id}'s flow was cancelled while it waited for a GPU; nothing ran")
+
+    return wait
 
 
 def artifact_key(flow_name: str) -> str:
@@ -474,7 +506,7 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
     while True:
         if done.wait(check_s):
             return outcome()
-        if stop is not None and stop.is_set():
+        if stop is not None and stop.is_set() and not done.is_set():
             raise asyncio.CancelledError(f"run {run_id}'s flow was cancelled while its body ran on {placement.gpu_id}")
         try:
             # bounded: a scheduler that hangs must not hang the run (nor can it keep the lease)
@@ -556,6 +588,8 @@ def _context_for_workers(api_url: str | None) -> dict:
 
 def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwargs: dict,
                stop: threading.Event | None = None) -> Any:
+    if stop is not None and stop.is_set():  # cancelled before this thread began: nothing to undo
+        raise PlacementCancelled("the flow was cancelled before its run was placed; nothing ran")
     ctx = FlowRunContext.get()
     flow_run = ctx.flow_run if ctx else None
     run_id = str(flow_run.id) if flow_run else f"local-{uuid.uuid4().hex[:12]}"
@@ -581,7 +615,7 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
     flow_name = ctx.flow.name if ctx else fn.__name__
     try:
         placement = place_run(quote(job), ledger_id, quote(session), quote(registry), quote(policy), wait_s,
-                              flow_name)
+                              flow_name, quote(stop))
     except BaseException:
         # the claim may have been made before the task failed to report to Prefect (an API
         # error, an interrupt): free it, or this process would keep refreshing it for good
@@ -597,9 +631,10 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
     # connection) logs it but does not mark the flow run Crashed
     with handling(ledger_id):
         try:
-            if stop is not None and stop.is_set():  # cancelled while it was being placed: nothing starts
-                raise asyncio.CancelledError(f"run {ledger_id}'s flow was cancelled while it was being placed")
             session.begin_measuring(job.job_type, placement.gpu_type)  # ended below, with the record
+            if stop is not None and stop.is_set():  # cancelled as it was placed: nothing starts
+                raise PlacementCancelled(f"run {ledger_id}'s flow was cancelled as it was placed on "
+                                         f"{placement.gpu_id}; nothing ran")
             where = {"gpu_id": placement.gpu_id, "job_type": job.job_type, "run_id": ledger_id, "hold_lease": True,
                      "warmup_steps": settings.warmup_steps, "power_limit_w": placement.power_limit_w,
                      "required_throughput": placement.required_throughput,
@@ -671,6 +706,8 @@ def _stopped_outcome(ledger: PoolLedger, run_id: str, future: Any) -> Any:
     """The outcome of a body asked to stop, if it stops in time; ``None`` if it never started,
     its worker is gone, or it does not stop within a refresh of its lease (plus a grace)."""
     try:
+        if future.done() and future.status == "finished":  # it ended as it was being stopped
+            return future.result()
         lease = ledger.get(run_id, timeout_s=_CLEANUP_TIMEOUT_S)
         if lease is None or lease.started_at is None:
             return None

@@ -41,6 +41,10 @@ class InfeasibleRequirement(PlacementError):
     """No GPU type of the fleet can meet the run's requirement, even empty: waiting would not help."""
 
 
+class PlacementCancelled(PlacementError):
+    """The run's caller was cancelled (an async flow's timeout or cancel) while it was being placed."""
+
+
 class RunLost(RuntimeError):
     """A placed run lost its GPU while it ran or waited to start (its worker left the pool).
 
