@@ -658,6 +658,22 @@ def test_prefects_timeout_on_an_async_placed_flow_stops_it_without_spinning(gogh
     assert cpu < 0.8 * wall + 5, (cpu, wall)  # a spinning wait burns a whole core for the stop's seconds
 
 
+def test_a_run_in_a_process_a_prefect_runner_started_is_told_its_local_pool_is_its_own(gogh_home, monkeypatch,
+                                                                                          caplog):
+    """serve/deploy start each flow run in a process of its own (PREFECT__FLOW_RUN_ID set): the session
+    that opens its emulated pool there says that overlapping runs will not see each other."""
+    caplog.set_level(logging.WARNING, logger="gogh_flows")
+    monkeypatch.setenv("PREFECT__FLOW_RUN_ID", "00000000-0000-0000-0000-000000000002")
+
+    @gogh_placed(model="A3C", batch_size=20, min_throughput=0.5, work_steps=20, cluster=GpuCluster(fleet={"t4": 1}))
+    def served() -> str:
+        return current_placement().gpu_id
+
+    assert served() == "t4-0"
+    said = [r.getMessage() for r in caplog.records if "do not see each other" in r.getMessage()]
+    assert len(said) == 1 and "GpuCluster(mode='remote'" in said[0]
+
+
 def test_a_risk_level_plans_with_the_lower_end_of_the_interval(gogh_home):
     """The same run on the same one-GPU fleet: with risk_level=0.9 its placement plans below the
     point prediction, by the shipped refiner's calibrated half-width for a job with nothing measured."""
