@@ -147,6 +147,36 @@ def test_retrainings_started_together_take_turns_and_the_second_faces_the_first_
     assert limit.limit == 1 and limit.active_slots == 0  # released by both
 
 
+def test_a_retraining_slot_left_taken_is_said_with_how_to_free_it_and_a_changed_limit_is_put_back(gogh_home):
+    """A holder killed without cleaning up leaves the slot taken (the temporary server frees no
+    lapsed lease): the next retraining waits lock_wait_s, then says what to run; a limit someone
+    widened is put back to one slot, or two retrainings would overlap."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
+
+    from gogh_flows.flows.retrain import RetrainingBusy
+
+    from prefect.exceptions import ObjectAlreadyExists
+
+    name = "gogh-refine-gogh-p2"
+    with get_client(sync_client=True) as client:  # the server outlives a test: the limit may exist
+        try:
+            client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1, active_slots=1))
+        except ObjectAlreadyExists:
+            client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(limit=1, active_slots=1))
+    with pytest.raises(RetrainingBusy, match=f"prefect gcl update {name} --active-slots 0"):
+        refine_predictors(min_measurements=8, lock_wait_s=2)
+    with get_client(sync_client=True) as client:
+        client.update_global_concurrency_limit(name, GlobalConcurrencyLimitUpdate(limit=3, active_slots=0))
+    out = refine_predictors(min_measurements=8, lock_wait_s=30)
+    assert "nothing retrained" in out["reason"]
+    with get_client(sync_client=True) as client:
+        limit = client.read_global_concurrency_limit_by_name(name)
+    assert limit.limit == 1 and limit.active and limit.active_slots == 0
+    with pytest.raises(ValueError, match="lock_wait_s must be"):
+        refine_predictors(lock_wait_s=0)
+
+
 def test_too_few_measurements_retrain_nothing(gogh_home):
     out = refine_predictors(min_measurements=8)
     assert out["promoted"] is False and "nothing retrained" in out["reason"]

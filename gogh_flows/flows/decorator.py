@@ -294,7 +294,7 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
         predict=predict,
         features=session.features.get, policy=policy.policy, time_limit_s=policy.solver_time_limit_s,
         wait_timeout_s=wait_timeout_s, poll_s=policy.poll_s, versions=source.versions(),
-        on_wait=logger.info, sleep=_stoppable(session.wait_for_release, stop, run_id), headroom=policy.headroom,
+        on_wait=logger.info, sleep=_stoppable(session.wait_for_release, stop, run_id, session.notify_released), headroom=policy.headroom,
         headroom_wait_s=policy.headroom_wait_s,
         placement_timeout_s=policy.placement_timeout_s, power_limit_levels=tuple(policy.power_limit_levels),
         limit_evidence=evidence, limit_trials=policy.limit_trials, measuring=session.measuring,
@@ -324,8 +324,10 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
     return placement
 
 
-def _stoppable(sleep: Callable[[float], object], stop: threading.Event | None, run_id: str) -> Callable[[float], object]:
-    """``sleep`` that raises :class:`PlacementCancelled` once ``stop`` is set (after waking)."""
+def _stoppable(sleep: Callable[[float], object], stop: threading.Event | None, run_id: str,
+               pass_on: Callable[[], object] = lambda: None) -> Callable[[float], object]:
+    """``sleep`` that raises :class:`PlacementCancelled` once ``stop`` is set (after waking). A
+    wake-up it took (a slot freed) is passed on first, to another waiting run."""
     if stop is None:
         return sleep
 
@@ -334,6 +336,7 @@ def _stoppable(sleep: Callable[[float], object], stop: threading.Event | None, r
             out = sleep(seconds)
             if not stop.is_set():
                 return out
+            pass_on()
         raise PlacementCancelled(f"run {run_id}'s flow was cancelled while it waited for a GPU; nothing ran")
 
     return wait
@@ -683,8 +686,9 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
                     # the worker's record has the steps the body did; this process's would have none
                     take_workers_record(ledger, session.measurements, f"{ledger_id}:{placement.gpu_id}",
                                         wait_s=ledger.lease_timeout_s / 4 + 5.0)
-                record_run(session, job, placement, outcome, error, started=started, flow_run=flow_run,
-                           flow_name=flow_name)
+                if not (isinstance(error, PlacementCancelled) and future is None):  # nothing ran: nothing to log
+                    record_run(session, job, placement, outcome, error, started=started, flow_run=flow_run,
+                               flow_name=flow_name)
             finally:
                 session.end_measuring(job.job_type, placement.gpu_type)
             if cancellation is not None and cancellation.seen:

@@ -133,34 +133,60 @@ def score(predictor: ThroughputPredictor, features: dict, train: pl.DataFrame, t
 RETRAIN_LIMIT_PREFIX = "gogh-refine-"
 
 
+class RetrainingBusy(TimeoutError):
+    """Another retraining of the same refiner held its slot for longer than this one would wait."""
+
+
 @contextlib.contextmanager
-def one_retraining_at_a_time(model_name: str) -> Iterator[None]:
-    """Hold the one slot of the Prefect global concurrency limit ``gogh-refine-<model_name>``
-    (created on first use): Prefect's own lock across flow runs, processes and machines, leased,
-    so a holder that dies frees it when its lease lapses."""
+def one_retraining_at_a_time(model_name: str, wait_s: float) -> Iterator[None]:
+    """Hold the one slot of the Prefect global concurrency limit ``gogh-refine-<model_name>``:
+    Prefect's own lock across flow runs and processes that share a Prefect server (machines too,
+    when they share one). Created on first use, and put back to one active slot without decay if
+    someone changed it. A holder killed without cleaning up (SIGKILL) can leave the slot taken
+    (temporary servers do not free lapsed leases; a restarted server forgets them), so the wait
+    is bounded by ``wait_s`` and its error says how to free the slot."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate
+    from prefect.client.schemas.actions import GlobalConcurrencyLimitCreate, GlobalConcurrencyLimitUpdate
     from prefect.concurrency.sync import concurrency
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
 
     name = f"{RETRAIN_LIMIT_PREFIX}{model_name}"
     with get_client(sync_client=True) as client:
         try:
-            client.read_global_concurrency_limit_by_name(name)
+            limit = client.read_global_concurrency_limit_by_name(name)
         except ObjectNotFound:
+            limit = None
             try:
                 client.create_global_concurrency_limit(GlobalConcurrencyLimitCreate(name=name, limit=1))
             except ObjectAlreadyExists:  # another retraining created it first: the same limit
                 pass
-    with concurrency(name, occupy=1, strict=True):
-        yield
+        if limit is not None and (limit.limit != 1 or not limit.active or limit.slot_decay_per_second):
+            log.warning("gogh: the concurrency limit %s was changed (limit %s, active %s, decay %s/s); put back to one "
+                        "active slot without decay, or retrainings would overlap", name, limit.limit,
+                        limit.active, limit.slot_decay_per_second)
+            client.update_global_concurrency_limit(
+                name, GlobalConcurrencyLimitUpdate(limit=1, active=True, slot_decay_per_second=0.0))
+        elif limit is not None and limit.active_slots:
+            log.info("gogh: another retraining of %s holds %s; waiting up to %g s for it", model_name, name, wait_s)
+    try:
+        # a lapsed lease renewal must not cancel the retraining mid-registration: the alias
+        # check before promoting covers a champion moved meanwhile
+        with concurrency(name, occupy=1, timeout_seconds=wait_s, strict=True, raise_on_lease_renewal_failure=False):
+            yield
+    except TimeoutError as exc:
+        if isinstance(exc, RetrainingBusy):
+            raise
+        raise RetrainingBusy(
+            f"another retraining of {model_name} held the Prefect concurrency limit {name} for more than {wait_s:g} s. "
+            f"If none is running (one killed without cleaning up leaves its slot taken), free it with "
+            f"`prefect gcl update {name} --active-slots 0`; or raise lock_wait_s") from exc
 
 
 @flow(name="gogh-refine-predictors", log_prints=True)
 def refine_predictors(
     registry: str | None = None, measurements_dir: str | None = None, min_measurements: int = 8,
     holdout_fraction: float = 0.25, epochs: int = 300, seed: int = 0, promote: bool = True,
-    base_data: str = "prior", min_improvement: float = 0.01,
+    base_data: str = "prior", min_improvement: float = 0.01, lock_wait_s: float = 3600.0,
 ) -> dict[str, Any]:
     """Train a challenger P2 on logged measurements; promote it to champion only if it is better.
 
@@ -171,7 +197,8 @@ def refine_predictors(
     prior was trained on), "synthetic", "gavel", or "none". ``min_improvement`` is the
     relative drop in holdout MAPE the challenger must show to be promoted (default 1%): a
     champion is not replaced for a difference in the last digits, which retraining on the
-    same data can produce.
+    same data can produce. ``lock_wait_s``: how long it waits for another retraining of the same
+    refiner to finish (they take turns); then it fails with :class:`RetrainingBusy`.
     """
     if not 0 < holdout_fraction < 1:
         raise ValueError(f"holdout_fraction must be in (0, 1), got {holdout_fraction!r}")
@@ -182,10 +209,15 @@ def refine_predictors(
     # one retraining of this refiner at a time, across processes and machines: two that overlap
     # (a scheduled run outlasting its interval, a manual run beside it) would each score against
     # the champion they read, and the later promotion would undo the earlier one unseen
-    with one_retraining_at_a_time(block.p2_name):
+    if not lock_wait_s > 0:
+        raise ValueError(f"lock_wait_s must be a number of seconds > 0, got {lock_wait_s!r}")
+    with one_retraining_at_a_time(block.p2_name, lock_wait_s):
         source = predictor_source(block)
         champion = source.get(force=True, bounded=False)
         versions = source.versions()
+        # what the alias named when this retraining began (the loaded version can differ: a champion
+        # that cannot be loaded is served by the last good one)
+        alias_before = source.registry.version_for(block.p2_name, block.alias)
         root = Path(measurements_dir) if measurements_dir else state_dir() / "measurements"
         mlog = MeasurementLog(block.resolved_tracking_uri(), root)
         frame = mlog.read().sort("started_at")
@@ -234,7 +266,7 @@ def refine_predictors(
         # the champion it beat must still be the champion (the lock keeps other retrainings out,
         # not a person moving the alias by hand meanwhile)
         now = source.registry.version_for(block.p2_name, block.alias)
-        moved = now is not None and versions["p2"] is not None and now != versions["p2"]
+        moved = now != alias_before
         promoted = bool(promote and better and not moved)
         if promoted:
             source.registry.set_alias(block.p2_name, block.alias, version)
@@ -251,7 +283,7 @@ def refine_predictors(
         verdict = "promoted to champion" if promoted else (
             f"not promoted: not {min_improvement:.0%} better than the champion" if not better
             else "not promoted (promote=False)" if not promote
-            else (f"not promoted: the champion moved from v{versions['p2']} to v{now} while this challenger "
+            else (f"not promoted: the champion moved from v{alias_before} to v{now} while this challenger "
                   "was trained; the next retraining compares against it"))
         result["reason"] = verdict  # every outcome says why, as the too-little-data one does
         create_markdown_artifact(key="gogh-refiner-comparison", markdown="\n".join([
