@@ -294,8 +294,8 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
         predict=predict,
         features=session.features.get, policy=policy.policy, time_limit_s=policy.solver_time_limit_s,
         wait_timeout_s=wait_timeout_s, poll_s=policy.poll_s, versions=source.versions(),
-        on_wait=logger.info, sleep=_stoppable(session.wait_for_release, stop, run_id, session.notify_released), headroom=policy.headroom,
-        headroom_wait_s=policy.headroom_wait_s,
+        on_wait=logger.info, sleep=_stoppable(session.wait_for_release, stop, run_id, session.notify_released),
+        headroom=policy.headroom, headroom_wait_s=policy.headroom_wait_s,
         placement_timeout_s=policy.placement_timeout_s, power_limit_levels=tuple(policy.power_limit_levels),
         limit_evidence=evidence, limit_trials=policy.limit_trials, measuring=session.measuring,
         patience=Patience(min(policy.wait_for_efficiency_s, wait_timeout_s), policy.efficiency_min_saving)
