@@ -177,6 +177,24 @@ def test_a_retraining_slot_left_taken_is_said_with_how_to_free_it_and_a_changed_
         refine_predictors(lock_wait_s=0)
 
 
+def test_a_timeout_inside_a_retraining_is_not_taken_for_the_lock(gogh_home, monkeypatch):
+    """Only the wait for the slot is the lock's: a TimeoutError the retraining itself raises (an
+    MLflow call, say) goes on as it is, the slot freed, not reported as another retraining's."""
+    from prefect.client.orchestration import get_client
+
+    from gogh_flows.flows import retrain
+
+    def stalls(*_a, **_k):
+        raise TimeoutError("the tracking server did not answer")
+
+    monkeypatch.setattr(retrain, "observations_from_measurements", stalls)
+    with pytest.raises(TimeoutError, match="the tracking server did not answer") as raised:
+        refine_predictors(min_measurements=8, lock_wait_s=30)
+    assert not isinstance(raised.value, retrain.RetrainingBusy)
+    with get_client(sync_client=True) as client:
+        assert client.read_global_concurrency_limit_by_name("gogh-refine-gogh-p2").active_slots == 0
+
+
 def test_too_few_measurements_retrain_nothing(gogh_home):
     out = refine_predictors(min_measurements=8)
     assert out["promoted"] is False and "nothing retrained" in out["reason"]

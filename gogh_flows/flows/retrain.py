@@ -168,18 +168,19 @@ def one_retraining_at_a_time(model_name: str, wait_s: float) -> Iterator[None]:
                 name, GlobalConcurrencyLimitUpdate(limit=1, active=True, slot_decay_per_second=0.0))
         elif limit is not None and limit.active_slots:
             log.info("gogh: another retraining of %s holds %s; waiting up to %g s for it", model_name, name, wait_s)
-    try:
-        # a lapsed lease renewal must not cancel the retraining mid-registration: the alias
-        # check before promoting covers a champion moved meanwhile
-        with concurrency(name, occupy=1, timeout_seconds=wait_s, strict=True, raise_on_lease_renewal_failure=False):
-            yield
-    except TimeoutError as exc:
-        if isinstance(exc, RetrainingBusy):
-            raise
-        raise RetrainingBusy(
-            f"another retraining of {model_name} held the Prefect concurrency limit {name} for more than {wait_s:g} s. "
-            f"If none is running (one killed without cleaning up leaves its slot taken), free it with "
-            f"`prefect gcl update {name} --active-slots 0`; or raise lock_wait_s") from exc
+    with contextlib.ExitStack() as held:
+        try:
+            # only the wait for the slot is this lock's timeout: one raised by the retraining it
+            # guards goes on as it is. A lapsed lease renewal must not cancel the retraining
+            # mid-registration: the alias check before promoting covers a champion moved meanwhile
+            held.enter_context(concurrency(name, occupy=1, timeout_seconds=wait_s, strict=True,
+                                           raise_on_lease_renewal_failure=False))
+        except TimeoutError as exc:
+            raise RetrainingBusy(
+                f"another retraining of {model_name} held the Prefect concurrency limit {name} for more than "
+                f"{wait_s:g} s. If none is running (one killed without cleaning up leaves its slot taken), free it "
+                f"with `prefect gcl update {name} --active-slots 0`; or raise lock_wait_s") from exc
+        yield
 
 
 @flow(name="gogh-refine-predictors", log_prints=True)
@@ -204,13 +205,13 @@ def refine_predictors(
         raise ValueError(f"holdout_fraction must be in (0, 1), got {holdout_fraction!r}")
     if not 0 <= min_improvement < 1:
         raise ValueError(f"min_improvement must be in [0, 1) (a relative MAPE drop), got {min_improvement!r}")
+    if not lock_wait_s > 0:
+        raise ValueError(f"lock_wait_s must be a number of seconds > 0, got {lock_wait_s!r}")
     logger = get_run_logger()
     block = load_block(PredictorRegistry, registry, PredictorRegistry())
     # one retraining of this refiner at a time, across processes and machines: two that overlap
     # (a scheduled run outlasting its interval, a manual run beside it) would each score against
     # the champion they read, and the later promotion would undo the earlier one unseen
-    if not lock_wait_s > 0:
-        raise ValueError(f"lock_wait_s must be a number of seconds > 0, got {lock_wait_s!r}")
     with one_retraining_at_a_time(block.p2_name, lock_wait_s):
         source = predictor_source(block)
         champion = source.get(force=True, bounded=False)
