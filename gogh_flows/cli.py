@@ -158,7 +158,7 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
     console.print(table)
     idle = sorted((usable & set(state.workers)) - {lease.worker for lease in state.leases})
     console.print(f"workers: {len(state.workers)} ({len(idle)} idle: {', '.join(idle) or '-'}"
-                  + (f"; {len(left_out)} left out of the pool, misconfigured: {', '.join(left_out)}" if left_out else "")
+                  + (f"; {len(left_out)} left out of the pool (misconfigured or not answering): {', '.join(left_out)}" if left_out else "")
                   + "); " + ", ".join(f"{k} {v}" for k, v in sorted(state.counts.items())))
     if state.undelivered:
         console.print(f"{state.undelivered} run(s) whose placing process was lost wait for a placing process "

@@ -377,3 +377,48 @@ def test_placing_onto_a_tls_secured_pool(tmp_path):
     assert [r["status"] for r in runs] == ["completed", "completed"], runs
     assert status.returncode == 0, status.stderr
     assert json.loads(status.stdout)["counts"]["released"] == 2
+
+
+def test_a_stopped_worker_does_not_hold_the_pools_discovery_or_its_status(tmp_path, caplog, capsys, monkeypatch):
+    """Dask's `Client.run` waits for every worker: one `dask worker` whose process is stopped
+    (SIGSTOP: a hung host) held every placement's re-reading of the pool, and `gogh pool status`,
+    until the scheduler dropped it (its 5-minute worker TTL). Now a worker that does not answer
+    within DESCRIBE_TIMEOUT_S is left out (never heard from) or keeps what it said before."""
+    from gogh_flows.cli import main
+    from gogh_flows.runtime import pool as pool_mod
+    from gogh_flows.runtime.pool import discover_workers, remote_pool
+
+    monkeypatch.setattr(pool_mod, "DESCRIBE_TIMEOUT_S", 2.0)
+    with cli_pool(tmp_path, {"v100-0": 2, "t4-0": 1}) as c:
+        stopped = c["procs"]["t4-0"]
+        os.kill(stopped.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            with caplog.at_level("WARNING", logger="gogh_flows.runtime"):
+                with remote_pool(c["address"], timeout=30, min_workers=2) as p:
+                    took = time.monotonic() - t0
+                    assert p.gpu_ids == ("v100-0",)  # the one that answered serves at once
+                    assert took < 4 * pool_mod.DESCRIBE_TIMEOUT_S + 15, took
+                    assert "worker 't4-0'" in caplog.text and "did not say what it is within" in caplog.text
+                    t0 = time.monotonic()
+                    assert main(["pool", "status", c["address"], "--timeout", "10"]) == 0
+                    assert time.monotonic() - t0 < 4 * pool_mod.DESCRIBE_TIMEOUT_S + 15
+                    out = " ".join(capsys.readouterr().out.split())
+                    assert "left out of the pool" in out and "t4-0" in out
+                    # it answers again: the next look, a while later, takes it in
+                    os.kill(stopped.pid, signal.SIGCONT)
+                    p._discovered_at -= pool_mod.RECHECK_LEFT_OUT_S
+                    assert sorted(d.id for d in p.live_devices({"v100-0", "t4-0"})) == ["t4-0", "v100-0"]
+                    # a known worker that stops answering keeps what it said: no GPU drops out
+                    # of the pool (and out from under a run on it) because its loop is busy
+                    os.kill(stopped.pid, signal.SIGSTOP)
+                    t0 = time.monotonic()
+                    found = p._rediscover()
+                    assert sorted(d.id for d in found[0]) == ["t4-0", "v100-0"]
+                    assert time.monotonic() - t0 < 4 * pool_mod.DESCRIBE_TIMEOUT_S
+                    # without what it said before, it is left out, with the reason
+                    devices, _, _, names, left_out = discover_workers(p.client, c["address"])
+                    assert [d.id for d in devices] == ["v100-0"] and left_out == {"t4-0"}
+                    assert names == {"v100-0", "t4-0"}
+        finally:
+            os.kill(stopped.pid, signal.SIGCONT)

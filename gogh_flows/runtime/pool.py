@@ -641,17 +641,82 @@ Discovery = tuple[list[GpuDevice], dict[str, Any], set[str], set[str], set[str]]
 #: fixed and restarted under the same name is found within this; looking at every placement
 #: re-read every worker and repeated the warning each time
 RECHECK_LEFT_OUT_S = 60.0
+#: how long a worker has to say what it is. A worker whose event loop is blocked (a hung or
+#: stopped process, a task holding its loop) answers nothing, and Dask's ``Client.run`` waits for
+#: every worker: one such worker held every placement's re-reading of the pool (and ``gogh pool
+#: status``) until it came back or the scheduler dropped it, five minutes by Dask's default
+DESCRIBE_TIMEOUT_S = 5.0
 
 
-def discover_workers(client: Client, address: str, warned: set[str] | None = None) -> Discovery:
+def _describe_workers(client: Client, addresses: Sequence[str], timeout_s: float) -> dict[str, Any]:
+    """Each worker's :func:`describe_worker`, or why it gave none (a string).
+
+    All workers are asked at once first (one broadcast); only when that does not finish in
+    ``timeout_s`` is each asked apart, so that the ones that answer are not held by the one
+    that does not.
+    """
+    import asyncio
+
+    async def one(addr: str) -> Any:
+        try:
+            got = await asyncio.wait_for(client._run(describe_worker, workers=[addr], on_error="return"), timeout_s)
+        except asyncio.TimeoutError:
+            return (f"did not say what it is within {timeout_s:g} s (its event loop is blocked: a hung "
+                    "or stopped process, or a task holding it)")
+        except Exception as exc:  # it left meanwhile, or the call failed on its way
+            return f"could not be asked what it is ({type(exc).__name__}: {exc})"
+        return got.get(addr, "gave no answer")
+
+    async def every() -> dict[str, Any]:
+        try:
+            got = await asyncio.wait_for(
+                client._run(describe_worker, workers=list(addresses), on_error="return"), timeout_s)
+            if all(isinstance(got.get(a), dict) for a in addresses):
+                return dict(got)
+        except asyncio.TimeoutError:
+            pass
+        except Exception:  # a worker left between the membership read and the call: ask each
+            pass
+        answers = await asyncio.gather(*(one(a) for a in addresses))
+        return dict(zip(addresses, answers))
+
+    if not addresses:
+        return {}
+    answers = client.sync(every)
+    return {a: (e if isinstance(e, (dict, str)) else f"failed to say what it is ({type(e).__name__}: {e})")
+            for a, e in answers.items()}
+
+
+def discover_workers(client: Client, address: str, warned: set[str] | None = None,
+                     described: dict[str, dict[str, Any]] | None = None, *,
+                     timeout_s: float | None = None) -> Discovery:
     """The GPUs the scheduler's workers advertise now; a misconfigured worker is left out, named
-    in a warning (once per distinct reason when ``warned`` keeps the reasons said before)."""
+    in a warning (once per distinct reason when ``warned`` keeps the reasons said before).
+
+    A worker that does not answer within ``timeout_s`` (:data:`DESCRIBE_TIMEOUT_S`) does not hold the others: if
+    ``described`` (kept by the caller between calls, by worker address) has what it said
+    before, that stands (a process's environment does not change while it runs); a worker
+    never heard from is left out and looked at again later, like a misconfigured one.
+    """
     info = client.scheduler_info(n_workers=-1)["workers"]
-    envs = client.run(describe_worker)
+    answers = _describe_workers(client, sorted(info), DESCRIBE_TIMEOUT_S if timeout_s is None else timeout_s)
+    envs: dict[str, dict[str, Any]] = {}
+    for addr, answer in answers.items():
+        if isinstance(answer, dict):
+            envs[addr] = answer
+        elif described is not None and addr in described:
+            envs[addr] = described[addr]
+    if described is not None:
+        for addr in set(described) - set(info):  # gone: its address is not reused by another
+            described.pop(addr, None)
+        described.update(envs)
     devices, pins, emulated, skipped, left_out = [], {}, set(), [], set()
     for addr, w in sorted(info.items(), key=lambda aw: str(aw[1]["name"])):
         try:
-            d = _remote_device(addr, w["name"], w, envs.get(addr, {}))
+            if addr not in envs:
+                raise ValueError(f"worker {str(w['name'])!r} ({addr}) {answers.get(addr, 'gave no answer')}; "
+                                 f"left out until it answers (looked at again within {RECHECK_LEFT_OUT_S:g} s)")
+            d = _remote_device(addr, w["name"], w, envs[addr])
             if d.id in pins:
                 raise ValueError(f"worker {str(w['name'])!r} ({addr}) uses a GPU id another worker has")
         except (ValueError, UnknownGpuTypeError) as exc:
@@ -664,7 +729,7 @@ def discover_workers(client: Client, address: str, warned: set[str] | None = Non
             continue
         devices.append(d)
         pins[d.id] = w["name"]
-        if envs.get(addr, {}).get("emulated"):
+        if envs[addr].get("emulated"):
             emulated.add(d.id)
     if not devices:
         raise ValueError(f"no worker of the scheduler at {address!r} advertises a usable GPU: "
@@ -702,11 +767,12 @@ def remote_pool(address: str, *, timeout: float = 10.0, min_workers: int = 1,
                 "start one per GPU (see docs/runtime.md)"
             ) from None
         warned: set[str] = set()
-        found = discover_workers(client, address, warned)
+        described: dict[str, dict[str, Any]] = {}
+        found = discover_workers(client, address, warned, described)
         devices, pins, emulated = found[:3]
         pool = GpuPool(mode="remote", devices=devices, client=client, pins=pins, emulated=frozenset(emulated),
                        lease_timeout_s=lease_timeout_s)
-        pool._rediscover = lambda: discover_workers(client, address, warned)
+        pool._rediscover = lambda: discover_workers(client, address, warned, described)
         pool._learn(found)
         if truth is not None or time_scale is not None or energy is not None:
             if truth is not None:
