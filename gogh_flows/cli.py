@@ -215,7 +215,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     pool_sub = pool.add_subparsers(dest="pool", required=True)
     ps = pool_sub.add_parser("status", help="who holds which GPU slot, from the pool's ledger")
     ps.add_argument("address", help="the Dask scheduler, e.g. tcp://10.0.0.5:8786")
-    ps.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the scheduler")
+    ps.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the scheduler (default 10)")
     ps.add_argument("--json", action="store_true", help="print the ledger's state as JSON")
     ps.set_defaults(func=cmd_pool_status)
 
@@ -237,7 +237,19 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     bp.add_argument("--truth", default="synthetic", help=TRUTH_HELP)
     bp.add_argument("--json", help="write the figures to this file")
     bp.set_defaults(func=cmd_bench_placement)
+    _name_subcommands(parser)
     return parser
+
+
+def _name_subcommands(parser: argparse.ArgumentParser) -> None:
+    """A group given without its command (`gogh power`) said "the following arguments are
+    required: power", the group's own name; argparse names the choices when it has a metavar."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            if action.metavar is None and action.choices:
+                action.metavar = "{" + ",".join(action.choices) + "}"
+            for child in action.choices.values():
+                _name_subcommands(child)
 
 
 # options naming a file a command writes, and those naming a file or a folder it writes into

@@ -125,6 +125,7 @@ def test_pool_status_at_something_that_is_not_a_scheduler_fails_in_its_timeout(r
         assert time.monotonic() - start < 30  # before the probe: minutes, or a multi-exabyte allocation
         err = capsys.readouterr().err
         assert match in err and "8787 is its dashboard" in err and "Traceback" not in err
+        assert "MemoryError" not in err and "EiB" not in err  # another protocol's bytes, not this machine's memory
     finally:
         server.close()
         for conn in held:
@@ -416,3 +417,31 @@ def test_generated_jobs_of_a_family_that_runs_on_one_gpu_only_are_drawn_at_that_
                  "--json", str(out)]) == 0
     assert "no job type of family 'A3C' runs at 2, 4, 8 GPU(s) here" in capsys.readouterr().err
     assert json.loads(out.read_text())["policies"]["oracle"]["jobs_completed"] == 12
+
+
+def test_commands_given_wrong_things_say_what_and_run_nothing(gavel_dir, tmp_path, capsys, monkeypatch):
+    """A new user's review: each of these ended in a traceback, said the opposite of what was
+    wrong, or ran something else than asked."""
+    out = str(tmp_path / "agent")
+    # a fleet type the truth lacks: every generated job was dropped, then ZeroDivisionError
+    assert main(["rltune", "train", "--out", out, "--episodes", "1", "--jobs", "8", "--cluster", "h100=4",
+                 "--data", str(gavel_dir)]) == 2
+    assert "--cluster GPU types ['h100'] are not in the truth table" in capsys.readouterr().err
+    # 'synthetic' was read as a file name, and the error advised giving 'synthetic'
+    assert main(["rltune", "train", "--out", out, "--truth", "synthetic", "--data", str(gavel_dir)]) == 2
+    assert "neither 'gavel' nor a file" in capsys.readouterr().err
+    # an empty --seeds ran seed 0 unasked
+    assert main(["simulate", "--trace", "generate:5", "--cluster", "v100=1", "--seeds", ""]) == 2
+    assert "--seeds names no seed" in capsys.readouterr().err
+    # a group without its command named the group, not the commands it wants
+    with pytest.raises(SystemExit):
+        main(["power"])
+    assert "required: {evaluate,fit}" in capsys.readouterr().err
+    # GOGH_HOME that is a file (FileExistsError from deep inside) or cannot be made
+    afile = tmp_path / "home"
+    afile.write_text("")
+    for home, said in ((afile, "is a file, not a folder"), ("/proc/gogh-nope", "cannot be made")):
+        monkeypatch.setenv("GOGH_HOME", str(home))
+        assert main(["predict", "--job", "LM (batch size 20)"]) == 2
+        err = capsys.readouterr().err
+        assert f"GOGH_HOME={str(home)!r} {said}" in err and "Traceback" not in err

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -159,3 +161,26 @@ def test_a_served_flow_run_on_a_process_local_pool_is_told_its_runs_do_not_see_e
     assert "the same GPUs of this machine" in cuda
     for said in (emulated, cuda):
         assert "do not see each other" in said and "GpuCluster(mode='remote'" in said
+
+
+def test_a_prefect_server_that_does_not_answer_is_one_line_naming_it_not_a_traceback(capsys):
+    """PREFECT_API_URL set, nothing listening: `gogh serve`, `gogh blocks apply` and `gogh predict
+    --registry` ended in httpx's 80-line ConnectError traceback (the user guide says serve refuses)."""
+    import socket
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from gogh_flows.cli import main
+
+    with socket.socket() as s:  # a loopback port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/api"
+    blocks = Path(__file__).resolve().parent.parent / "blocks"
+    with temporary_settings({PREFECT_API_URL: url}):
+        for argv in (["serve", "--cron", "0 * * * *"], ["blocks", "apply", str(blocks)],
+                     ["predict", "--job", "LM (batch size 20)", "--registry", "local-registry"]):
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err
+            assert f"no Prefect server answers at PREFECT_API_URL={url}" in err and "prefect server start" in err, err
+            assert "Traceback" not in err

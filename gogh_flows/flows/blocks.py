@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
+import httpx
 from prefect.blocks.core import Block
 from pydantic import Field, ValidationError, field_validator, model_validator
 
@@ -31,8 +32,23 @@ DEFAULT_FLEET: dict[str, int] = {"k80": 2, "v100": 2, "t4": 2, "a100": 2}
 
 
 def state_dir() -> Path:
-    """Where local state lives (MLflow SQLite, the ledger, measurements): ``$GOGH_HOME`` or ./.gogh."""
-    return Path(os.environ.get("GOGH_HOME", ".gogh")).resolve()
+    """Where local state lives (MLflow SQLite, the ledger, measurements): ``$GOGH_HOME`` or ./.gogh.
+
+    Made here if missing, so that a path that cannot be a folder is said as ``GOGH_HOME``'s fault
+    (it surfaced as a bare FileExistsError or "No such file or directory" from deep inside).
+    """
+    given = os.environ.get("GOGH_HOME")
+    root = Path(given or ".gogh").resolve()
+    what = f"GOGH_HOME={given!r}" if given else f"the default state folder {str(root)!r} (GOGH_HOME unset)"
+    if root.exists() and not root.is_dir():
+        raise ValueError(f"{what} is a file, not a folder: point GOGH_HOME at a folder for gogh's local state "
+                         "(MLflow's SQLite store, measurements, caches)")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{what} cannot be made ({exc.strerror or exc}): point GOGH_HOME at a writable "
+                         "folder") from None
+    return root
 
 
 def _refuse_unknown_fields(cls: type[Block], data: Any) -> Any:
@@ -352,6 +368,32 @@ def read_block_document(path: Path) -> tuple[str, Block]:
     return str(doc["name"]), block
 
 
+class PrefectServerUnreachable(ValueError):
+    """``PREFECT_API_URL`` names a server that does not answer."""
+
+
+def server_unreachable(exc: BaseException) -> PrefectServerUnreachable:
+    """The error a user sees instead of httpx's traceback when the configured server is down."""
+    from prefect.settings import PREFECT_API_URL
+
+    return PrefectServerUnreachable(
+        f"no Prefect server answers at PREFECT_API_URL={PREFECT_API_URL.value()} ({type(exc).__name__}: {exc}); "
+        "start it (`prefect server start`) or point PREFECT_API_URL at one that runs")
+
+
+def require_prefect_server() -> None:
+    """Refuse at once when ``PREFECT_API_URL`` is set and nothing answers there."""
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        return
+    with get_client(sync_client=True) as client:
+        failure = client.api_healthcheck()
+    if failure is not None:
+        raise server_unreachable(failure)
+
+
 def apply_block_documents(folder: Path, *, overwrite: bool = True) -> list[tuple[str, str]]:
     """Validate every ``*.json`` in ``folder`` first, then save them all: (type, name) per block."""
     if not Path(folder).is_dir():
@@ -363,7 +405,10 @@ def apply_block_documents(folder: Path, *, overwrite: bool = True) -> list[tuple
     docs = [read_block_document(p) for p in paths]  # all-or-nothing: validate before saving
     saved = []
     for name, block in docs:
-        block.save(name, overwrite=overwrite)
+        try:
+            block.save(name, overwrite=overwrite)
+        except httpx.TransportError as exc:
+            raise server_unreachable(exc) from None
         saved.append((block.get_block_type_slug(), name))
     return saved
 
@@ -379,6 +424,8 @@ def load_block(kind: type[Block], value: Any, default: Block) -> Block:
             # _sync: an async flow's body runs in a worker thread that Prefect may still take for
             # an async context, and would hand back a coroutine instead of the block
             return kind.load(value, _sync=True)
+        except httpx.TransportError as exc:
+            raise server_unreachable(exc) from None
         except ValueError as exc:
             other = _saved_as_other_kind(kind, value)
             if other is not None:  # e.g. cluster="energy-first", the name of a saved PlacementPolicy

@@ -29,7 +29,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.logging import get_run_logger
 
-from gogh_flows.flows.blocks import PredictorRegistry, load_block, state_dir
+from gogh_flows.flows.blocks import PredictorRegistry, load_block, require_prefect_server, state_dir
 from gogh_flows.flows.features import FeatureStore
 from gogh_flows.flows.observations import observations_from_measurements
 from gogh_flows.flows.predictors import predictor_source
@@ -342,6 +342,7 @@ def serve_refiner(name: str = "gogh-refine", *, cron: str | None = None,
             "process would use an ephemeral in-process server, which schedules nothing, so no retraining "
             "would ever run. Start one (`prefect server start`) and set PREFECT_API_URL="
             "http://127.0.0.1:4200/api, or call refine_predictors() directly")
+    require_prefect_server()  # set, but nothing answers there: say so, not httpx's traceback
     if (parameters or {}).get("registry") is not None:
         load_block(PredictorRegistry, parameters["registry"], PredictorRegistry())
     refine_predictors.serve(name=name, cron=cron, interval=interval_s, parameters=parameters or {})

@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         """``own_model``: defaults are the trained model's own (``calibrate``), not training's."""
         own = " (default: the model's own, as its config.json records)"
         x.add_argument("--truth", default=None if own_model else "synthetic",
-                       help=TRUTH_HELP + (own if own_model else ""))
+                       help=TRUTH_HELP.replace("; the default", "") + own if own_model else TRUTH_HELP)
         if own_model:
             x.add_argument("--encoder", default=None, choices=("gru", "ff", "transformer"),
                            help="P1 job encoder of the inner split's P1s" + own)

@@ -71,8 +71,11 @@ def probe_scheduler(address: str, timeout: float) -> None:
     except ValueError as exc:  # a malformed address: Dask's own message says what is wrong with it
         raise ValueError(f"{address!r} is not a Dask scheduler address ({exc}); {HINT}") from None
     except Exception as exc:  # noqa: BLE001 - another protocol's reply surfaces as anything from MemoryError down
-        raise SchedulerUnreachable(f"{address!r} answered, but not as a Dask scheduler ({type(exc).__name__}: "
-                                   f"{str(exc)[:200]}); {HINT}") from None
+        # another protocol's first bytes read as a Dask frame length ask for exabytes: that
+        # MemoryError says nothing about this machine's memory, so it is not shown
+        detail = ("its reply was not a Dask message" if isinstance(exc, MemoryError)
+                  else f"{type(exc).__name__}: {str(exc)[:200]}")
+        raise SchedulerUnreachable(f"{address!r} answered, but not as a Dask scheduler ({detail}); {HINT}") from None
     if not isinstance(who, dict) or who.get("type") != "Scheduler":
         kind = who.get("type") if isinstance(who, dict) else type(who).__name__
         raise SchedulerUnreachable(f"{address!r} is a Dask {kind}, not the scheduler; {HINT}")

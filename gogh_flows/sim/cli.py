@@ -204,7 +204,7 @@ def _predictors(args: argparse.Namespace, truth: ThroughputTable, names: list[st
 
 
 def _seeds(args: argparse.Namespace) -> list[int]:
-    if not args.seeds:
+    if args.seeds is None:
         return [args.seed]
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]

@@ -82,6 +82,21 @@ def _streams(cfg: TrainConfig, truth, data_dir: Path):
     return gpus, stream
 
 
+def check_training_fleet(cfg: TrainConfig, truth) -> None:
+    """Refuse, before any episode, a fleet the truth cannot run: every generated job is dropped
+    on a GPU type the table lacks, and the episodes would have no jobs at all."""
+    from gogh_flows.sim.run import parse_cluster
+
+    types = sorted({g.gpu_type for g in parse_cluster(cfg.cluster, capacity=1)})
+    missing = [t for t in types if t not in truth.gpu_types]
+    if missing:
+        raise ValueError(f"--cluster GPU types {missing} are not in the truth table ({truth.source}); it covers "
+                         f"{list(truth.gpu_types)}: train on a fleet of those types")
+    if "v100" not in truth.gpu_types:
+        raise ValueError(f"the truth table ({truth.source}) has no v100 entries, which the generated jobs' "
+                         "requirements are scaled by; give a Gavel table with v100 measurements")
+
+
 def train_rltune(truth, data_dir: Path, cfg: TrainConfig = TrainConfig(),
                  progress: Callable[[int, int, dict], None] | None = None) -> tuple[RLTuneNet, list[dict]]:
     """Train an agent; returns it and the training curve (one row per episode)."""
@@ -194,18 +209,17 @@ def plot_curve(curve: list[dict], path: Path) -> Path:
 def add_parser(sub) -> None:
     p = sub.add_parser("rltune", help="the RLTune-style peer (a reconstruction): train its agent")
     ps = p.add_subparsers(dest="rltune", required=True)
-    t = ps.add_parser("train", help="train the agent with PPO on generated job streams",
-                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    t = ps.add_parser("train", help="train the agent with PPO on generated job streams")
     t.add_argument("--out", required=True, help="directory for weights.safetensors + config.json (the "
                    "shipped agent is models/rltune; use another directory and `gogh simulate --rltune-model`)")
-    t.add_argument("--truth", default="gavel", help="'gavel' (simulation_throughputs.json) or a Gavel JSON")
+    t.add_argument("--truth", default="gavel", help="'gavel' (simulation_throughputs.json; the default) or a Gavel JSON")
     t.add_argument("--data", help="Gavel data folder (default: $GOGH_GAVEL_DIR, else ../shared/data/gavel here or beside the checkout)")
     d = TrainConfig()
     t.add_argument("--episodes", type=int, default=d.episodes, help=f"training episodes (default {d.episodes})")
-    t.add_argument("--jobs", type=int, default=d.jobs_per_episode, help="jobs per episode")
+    t.add_argument("--jobs", type=int, default=d.jobs_per_episode, help=f"jobs per episode (default {d.jobs_per_episode})")
     t.add_argument("--seed", type=int, default=d.seed, help=f"seeds the episodes and the agent (default {d.seed})")
     t.add_argument("--cluster", default=d.cluster, help=f"TYPE=COUNT,... the agent is trained on (default {d.cluster})")
-    t.add_argument("--rate", type=float, default=d.rate_per_hour, help="arrivals per hour")
+    t.add_argument("--rate", type=float, default=d.rate_per_hour, help=f"arrivals per hour (default {d.rate_per_hour:g})")
     t.add_argument("--plot", help="write the training curve here (PNG)")
     t.add_argument("--overwrite", action="store_true",
                    help="replace an agent already in --out (the shipped one too); without it that is refused")
@@ -219,10 +233,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {args.out!r} already holds an agent; give another directory (and `gogh simulate "
                          "--rltune-model DIR` to use it), or --overwrite to replace it")
     data = Path(args.data) if args.data else gavel_dir()
+    if args.truth != "gavel" and not Path(args.truth).is_file():
+        raise ValueError(f"--truth {args.truth!r} is neither 'gavel' nor a file: the agent is trained on Gavel's "
+                         "measured throughputs, 'gavel' (simulation_throughputs.json in --data) or the path of a "
+                         "Gavel throughput JSON (the synthetic fleet is not offered here)")
     truth_path = data / "simulation_throughputs.json" if args.truth == "gavel" else Path(args.truth)
     truth = read_gavel_json(truth_path)
     cfg = TrainConfig(episodes=args.episodes, jobs_per_episode=args.jobs, seed=args.seed,
                       cluster=args.cluster, rate_per_hour=args.rate)
+    check_training_fleet(cfg, truth)
     t0 = time.perf_counter()
 
     def show(done: int, total: int, row: dict) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gogh_flows.truth.table import ThroughputTable
 
-TRUTH_HELP = ("'synthetic' (the built-in fleet), 'gavel' (simulation_throughputs.json in $GOGH_GAVEL_DIR, "
+TRUTH_HELP = ("'synthetic' (the built-in fleet; the default), 'gavel' (simulation_throughputs.json in $GOGH_GAVEL_DIR, "
               "default ../shared/data/gavel here or beside the checkout) or the path of a Gavel throughput JSON")
 
 
