@@ -188,6 +188,34 @@ def test_two_hosts_placing_twenty_runs_onto_one_cli_pool_share_only_knowingly(tm
             assert sum(1 for s, e in spans if s <= t < e) <= 2
 
 
+def test_a_user_models_runs_on_the_pool_are_predicted_beside_by_the_other_machines(tmp_path):
+    """A user model's layer features can be read only where it was decorated; another machine's
+    placement that found one of its runs on the pool failed (KeyError: no layer features recorded).
+    The placer publishes them through the ledger, and the others read them from there."""
+    with cli_pool(tmp_path, {"v100-0": 2, "t4-0": 2}) as c:
+        start = tmp_path / "go"
+        # the zoo host first, ready and waiting, so that it places while the user model's runs hold
+        zoo = _host(tmp_path, "zoo", c["address"], "--runs", "2", "--threads", "2", "--hold-s", "0.5",
+                    "--min-throughput", "0.001", "--start-file", str(start))
+        custom = _host(tmp_path, "custom", c["address"], "--runs", "2", "--threads", "2", "--hold-s", "25",
+                       "--min-throughput", "0.001", "--custom")
+        from distributed import Client
+
+        from gogh_flows.runtime.leases import PoolLedger
+
+        with Client(c["address"], set_as_default=False) as client:
+            ledger = PoolLedger(client, register=False)
+            lease = _started_lease(ledger, 120)  # the user model runs on the pool
+            assert lease.job_type == "HostModel (batch size 16)"
+            assert "HostModel (batch size 16)" in ledger.features(["HostModel (batch size 16)"])
+            start.touch()
+            placed = _results(zoo, 240)
+            assert ledger.get(lease.run_id) is not None, "the user model's run ended before the other host placed"
+            ledger.close()
+        assert [r for r in placed if "summary" in r] == [{"summary": True, "completed": 2, "failed": 0}], placed
+        assert [r for r in _results(custom, 240) if "summary" in r][0]["completed"] == 2
+
+
 def test_a_run_whose_worker_is_killed_fails_clearly_and_frees_the_gpu(tmp_path):
     from distributed import Client
 

@@ -2,46 +2,82 @@
 
 A run placed by another process is a co-location partner here too, and predicting next
 to it needs its features: they are kept in small JSON files under ``$GOGH_HOME`` (never
-pickles), and zoo job types are rebuilt from their name when no file has them.
+pickles), zoo job types are rebuilt from their name when no file has them, and a user
+model's, which only the process that decorated it can read, are published through the
+pool's ledger (``shared``) for the placing processes on other machines.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from gogh_flows.workloads.features import WorkloadFeatures
 from gogh_flows.workloads.zoo import parse_job_kind, zoo_features
 
+log = logging.getLogger("gogh_flows")
+
 
 class FeatureStore:
-    """Layer features by job type, shared across processes through small JSON files.
+    """Layer features by job type, shared across processes through small JSON files and,
+    given ``shared`` (a callable returning the pool's :class:`~gogh_flows.runtime.leases.PoolLedger`),
+    across machines through the pool's ledger.
 
     A run placed by another process is a co-location partner here too, and its
     predictions need its features; zoo job types can be rebuilt from their name,
     user models cannot.
     """
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, shared: Callable[[], Any] | None = None) -> None:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self._mem: dict[str, WorkloadFeatures] = {}
+        self._shared = shared
+        self._published: set[str] = set()
+        self._lock = threading.Lock()
+        self._said_unshared = False
 
     def _path(self, job_type: str) -> Path:
         return self.root / (hashlib.sha1(job_type.encode()).hexdigest()[:16] + ".json")
 
     def put(self, job_type: str, features: WorkloadFeatures) -> None:
-        if job_type in self._mem:
-            return
-        self._mem[job_type] = features
+        if job_type not in self._mem:
+            self._mem[job_type] = features
+            self._write(job_type, features)
+        self._publish(job_type, features)
+
+    def _write(self, job_type: str, features: WorkloadFeatures) -> None:
         path = self._path(job_type)
         if not path.exists():  # unique temp name per process and thread; the rename is atomic
             tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
             tmp.write_text(json.dumps({"job_type": job_type, "features": features.to_dict()}))
             os.replace(tmp, path)
+
+    def _publish(self, job_type: str, features: WorkloadFeatures) -> None:
+        """Once per job type and process, before its first claim: a placing process elsewhere may
+        find this run beside the GPU it considers. A zoo job type needs no publishing (every
+        process rebuilds it from its name); a failure is said once and placement goes on."""
+        if self._shared is None or job_type in self._published or _is_zoo(job_type):
+            return
+        with self._lock:
+            if job_type in self._published:
+                return
+            try:
+                self._shared().put_features(job_type, json.dumps(features.to_dict()))
+            except Exception as exc:  # noqa: BLE001 - e.g. a scheduler preloaded with an older ledger
+                if not self._said_unshared:
+                    self._said_unshared = True
+                    log.warning("gogh: could not publish the layer features of %r to the pool's ledger (%s: %s); "
+                                "placing processes on other machines cannot predict next to its runs (is the "
+                                "scheduler's gogh-flows older than this one?)", job_type, type(exc).__name__, exc)
+                return
+            self._published.add(job_type)
 
     def get(self, job_type: str) -> WorkloadFeatures:
         if job_type in self._mem:
@@ -54,10 +90,37 @@ class FeatureStore:
             try:
                 family, bs, kind = parse_job_kind(job_type)
             except (KeyError, ValueError) as exc:
-                raise KeyError(f"no layer features recorded for job type {job_type!r}") from exc
-            feats = zoo_features(family, bs, kind)
+                feats = self._from_shared(job_type)
+                if feats is None:
+                    raise KeyError(
+                        f"no layer features recorded for job type {job_type!r}: it was not placed from this "
+                        "machine, and the pool's ledger has none published (a placing process older than "
+                        "this gogh-flows, or a ledger restarted since)") from exc
+                self._write(job_type, feats)
+            else:
+                feats = zoo_features(family, bs, kind)
         self._mem[job_type] = feats
         return feats
+
+    def _from_shared(self, job_type: str) -> WorkloadFeatures | None:
+        if self._shared is None:
+            return None
+        try:
+            doc = self._shared().features([job_type]).get(job_type)
+        except Exception as exc:  # noqa: BLE001 - said in the KeyError the caller raises
+            log.warning("gogh: could not read the layer features of %r from the pool's ledger (%s: %s)",
+                        job_type, type(exc).__name__, exc)
+            return None
+        # JSON, never a pickle: a document another process published is data, not code
+        return None if doc is None else WorkloadFeatures.from_dict(json.loads(doc))
+
+
+def _is_zoo(job_type: str) -> bool:
+    try:
+        parse_job_kind(job_type)
+    except (KeyError, ValueError):
+        return False
+    return True
 
 
 __all__ = ["FeatureStore"]

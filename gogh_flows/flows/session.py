@@ -104,7 +104,7 @@ class Session:
             mirror = SpoolFlusher(measurements, collect=collect)
             stack.callback(mirror.stop)
             session = cls(cluster=cluster, pool=pool, measurements=measurements,
-                          observations=ObservationCache(measurements), features=FeatureStore(root / "jobs"),
+                          observations=ObservationCache(measurements), features=FeatureStore(root / "jobs", shared=lambda: pool.ledger),
                           root=root, mirror=mirror, truth=truth, _resources=stack.pop_all())
         return session
 

@@ -158,6 +158,15 @@ class PoolLedger:
                            workers=frozenset(d["workers"]), counts=d["counts"],
                            undelivered=d.get("undelivered", 0))
 
+    def put_features(self, job_type: str, doc: str, *, timeout_s: float | None = 10.0) -> bool:
+        """Publish a job type's layer features (JSON) to the pool's other placing processes."""
+        return bool(self._call("gogh_ledger_put_features", timeout_s=timeout_s, job_type=job_type, doc=doc)["ok"])
+
+    def features(self, job_types: list[str], *, timeout_s: float | None = 10.0) -> dict[str, str]:
+        """The published features (JSON) of those of ``job_types`` the ledger has."""
+        found = self._call("gogh_ledger_features", timeout_s=timeout_s, job_types=list(job_types))
+        return {t: doc for t, doc in found.items() if doc is not None}
+
     def get(self, run_id: str, *, timeout_s: float | None = None) -> Lease | None:
         found = self._call("gogh_ledger_get", timeout_s=timeout_s, run_ids=[run_id]).get(run_id)
         return Lease.from_wire(found) if found else None

@@ -106,6 +106,12 @@ MAX_UNDELIVERED = 10_000
 PLACER_LOST = "its placing process was lost (its Dask client disconnected)"
 
 
+#: job types whose features the ledger keeps, and the largest document it takes (a job's tokens
+#: are folded into at most 48: a few kilobytes)
+MAX_FEATURE_TYPES = 4096
+MAX_FEATURES_DOC = 512 * 1024
+
+
 class LedgerPlugin(SchedulerPlugin):
     """The pool's slot reservations, held by the scheduler; see the module docstring.
 
@@ -137,6 +143,10 @@ class LedgerPlugin(SchedulerPlugin):
         # runs whose placing process was lost, until a process logging to that store has logged
         # their measurement and marked their flow run crashed
         self.undelivered: dict[str, dict[str, Any]] = {}
+        # {job type: its layer features as JSON}: a run placed by one process is a co-location
+        # partner of every other's placements, which predict next to it from its features; a user
+        # model's can be read only where it was decorated, so its placers publish them here
+        self.features: dict[str, str] = {}
         self.scheduler: Any = None
 
     # -- lifetime ----------------------------------------------------------------------
@@ -159,6 +169,8 @@ class LedgerPlugin(SchedulerPlugin):
             "gogh_ledger_deposit": self.deposit,
             "gogh_ledger_collect": self.collect,
             "gogh_ledger_delivered": self.delivered,
+            "gogh_ledger_put_features": self.put_features,
+            "gogh_ledger_features": self.get_features,
         })
         self.names = {addr: str(ws.name) for addr, ws in scheduler.workers.items()}
         # check often enough that a lapsed lease is dropped within a quarter of its timeout
@@ -430,6 +442,22 @@ class LedgerPlugin(SchedulerPlugin):
         self._count("delivered", n)  # measurements logged
         self._count("unstarted_reported", len(taken) - n)  # lost before their body started
         return {"delivered": n}
+
+
+    def put_features(self, job_type: str, doc: str) -> dict[str, Any]:
+        """Keep a job type's layer features (the first published stays: a job type names one model
+        at one batch size). Bounded: past the cap the oldest entries go (a placer publishes its own
+        again when it places, and a reader asks only for the job types running now)."""
+        if job_type not in self.features:
+            if len(doc) > MAX_FEATURES_DOC:
+                return {"ok": False, "reason": f"{len(doc)} characters, more than {MAX_FEATURES_DOC}"}
+            while len(self.features) >= MAX_FEATURE_TYPES:
+                del self.features[next(iter(self.features))]
+            self.features[job_type] = doc
+        return {"ok": True}
+
+    def get_features(self, job_types: list[str]) -> dict[str, str | None]:
+        return {t: self.features.get(t) for t in job_types}
 
 
 def dask_setup(scheduler: Any) -> None:

@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--burst", type=int, default=0, help="start runs in bursts of this many, 1 s apart")
     ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: SQLite under GOGH_HOME)")
     ap.add_argument("--refresh-s", type=float, default=30.0, help="how long a loaded champion is trusted")
+    ap.add_argument("--custom", action="store_true",
+                    help="place a user model (a small torch module) instead of zoo families")
     args = ap.parse_args(argv)
 
     from gogh_flows import GpuCluster, PlacementPolicy, PredictorRegistry, current_placement, gogh_placed
@@ -53,9 +55,26 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(3)
         return where.gpu_id
 
-    flows = {f: gogh_placed(model=f, batch_size=args.batch_size if not args.models else 32,
-                            min_throughput=args.min_throughput, work_steps=100, cluster=cluster,
-                            registry=registry, policy=policy)(body) for f in families}
+    if args.custom:  # a model only this process can read the features of
+        import torch
+        from torch import nn
+
+        class HostModel(nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.net = nn.Sequential(nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 10))
+
+            def forward(self, x):
+                return self.net(x)
+
+        families = ["HostModel"]
+        flows = {"HostModel": gogh_placed(model=HostModel(), example_inputs=torch.randn(16, 64), batch_size=16,
+                                          min_throughput=args.min_throughput, work_steps=100, cluster=cluster,
+                                          registry=registry, policy=policy)(body)}
+    else:
+        flows = {f: gogh_placed(model=f, batch_size=args.batch_size if not args.models else 32,
+                                min_throughput=args.min_throughput, work_steps=100, cluster=cluster,
+                                registry=registry, policy=policy)(body) for f in families}
 
     def hold(i: int) -> str:
         exit_now = bool(args.exit_every) and i % args.exit_every == args.exit_every - 1
