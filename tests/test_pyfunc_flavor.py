@@ -62,3 +62,21 @@ def test_an_mlmodel_with_another_loader_is_refused(tmp_path):
                                "    python_model: python_model.pkl\n")
     with pytest.raises(UnsafeArtifactError, match="loader module 'mlflow.pytorch' is not gogh's"):
         verify_weights_only(Path(d))
+
+
+def test_observed_rows_let_the_refiner_correct_the_rest_and_come_back_as_observed(registered):
+    """With nothing observed P2 returns P1's prediction (a user comparing champion and
+    challenger through pyfunc saw the same numbers); an `observed` column feeds it what was measured."""
+    import numpy as np
+
+    p1 = mlflow.pyfunc.load_model("models:/gogh-p1@champion")
+    p2 = mlflow.pyfunc.load_model("models:/gogh-p2@champion")
+    rows = pd.DataFrame({"job_type": ["ResNet-50 (batch size 64)"] * 3, "gpu_type": ["v100", "k80", "a100"],
+                         "partner": [None, None, None]})
+    assert np.allclose(p1.predict(rows), p2.predict(rows))  # nothing observed: P2 is P1
+    measured = rows.assign(observed=[3.0 * p1.predict(rows)[0], None, None])  # it ran 3x faster on the v100
+    out = p2.predict(measured)
+    assert out[0] == pytest.approx(measured["observed"][0])  # an observed row comes back as observed
+    assert out[1] > 1.5 * p1.predict(rows)[1] and out[2] > 1.5 * p1.predict(rows)[2]  # the rest corrected
+    with pytest.raises(ValueError, match="observed throughput must be >= 0"):
+        p2.predict(rows.assign(observed=[-1.0, None, None]))

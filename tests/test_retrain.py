@@ -27,9 +27,9 @@ GPUS = ["k80", "v100", "t4", "a100"]
 SLOWDOWN = {"k80": 0.45, "v100": 0.7, "t4": 0.6, "a100": 0.85}
 
 
-def _log_measurements(n_jobs: int = 14, seed: int = 0) -> int:
+def _log_measurements(n_jobs: int = 14, seed: int = 0, root=None) -> int:
     table = synthetic_table(GPUS)
-    log = MeasurementLog(PredictorRegistry().resolved_tracking_uri(), state_dir() / "measurements")
+    log = MeasurementLog(PredictorRegistry().resolved_tracking_uri(), root or state_dir() / "measurements")
     rng = random.Random(seed)
     fits = [j for j in table.job_types if all(table.has(j, g, 1) and table.isolated(j, g) > 0 for g in GPUS)]
     jobs = rng.sample(fits, n_jobs)
@@ -119,6 +119,14 @@ def test_an_equal_challenger_is_registered_but_not_promoted(gogh_home, tmp_path)
     registry = predictor_source(PredictorRegistry()).registry
     assert registry.version_for("gogh-p2", "champion") == first["challenger_version"]
     assert registry.version_for("gogh-p2", "challenger") == second["challenger_version"]
+    # nothing new since (the same measurements, settings and champion): no third identical version
+    before = registry.versions("gogh-p2").height
+    third = refine_predictors(base_data="none", epochs=120)
+    assert third["promoted"] is False and third["reason"].startswith(
+        f"nothing new since challenger v{second['challenger_version']}")
+    assert registry.versions("gogh-p2").height == before
+    # other settings are something new
+    assert refine_predictors(base_data="none", epochs=121)["challenger_version"] == second["challenger_version"] + 1
 
 
 def test_retrainings_started_together_take_turns_and_the_second_faces_the_first_ones_champion(
@@ -193,6 +201,28 @@ def test_a_timeout_inside_a_retraining_is_not_taken_for_the_lock(gogh_home, monk
     assert not isinstance(raised.value, retrain.RetrainingBusy)
     with get_client(sync_client=True) as client:
         assert client.read_global_concurrency_limit_by_name("gogh-refine-gogh-p2").active_slots == 0
+
+
+def test_a_retraining_learns_from_what_other_machines_logged_to_the_shared_store(gogh_home, tmp_path, caplog):
+    """A team's machines each keep their own table and log to one MLflow store; the retraining,
+    wherever it runs, read only its own table ("only 0 usable measurements", Completed). It takes
+    the store's runs into its table first; a user model whose layer features only its own machine
+    has is left out with a warning, not a KeyError that failed the whole retraining."""
+    _weak_champion(tmp_path)
+    elsewhere = tmp_path / "other-machine" / "measurements"
+    n = _log_measurements(root=elsewhere)
+    MeasurementLog(PredictorRegistry().resolved_tracking_uri(), elsewhere).log(Measurement(
+        run_id="user-model-run", flow_name="t", job_type="HostModel (batch size 16)", family=None, batch_size=16,
+        gpu_id="v100-0", gpu_type="v100", device="v100-0", partners=(), required_throughput=1.0,
+        predicted_throughput=None, steps=100.0, duration_s=10.0, throughput=10.0, mean_power_w=100.0,
+        energy_j=1000.0, status="completed", telemetry="emulated", started_at=time.time() - 20_000))
+    with caplog.at_level("WARNING"):
+        out = refine_predictors(base_data="none", epochs=120)
+    assert out["train_measurements"] + out["holdout_measurements"] == n and out["promoted"] is True
+    assert "HostModel (batch size 16)" in caplog.text and "left out of this retraining" in caplog.text
+    with pytest.raises(ValueError, match="measurements_dir .*measurments.* is not a folder"):
+        refine_predictors(measurements_dir=str(tmp_path / "measurments"))
+    assert not (tmp_path / "measurments").exists()  # a typo no longer makes an empty folder and reports 0
 
 
 def test_too_few_measurements_retrain_nothing(gogh_home):

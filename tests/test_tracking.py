@@ -239,6 +239,17 @@ def test_ensure_registered_is_idempotent(registry: ModelRegistry, tmp_path: Path
     assert registry.versions("p1").height == 2
 
 
+def test_a_misspelt_model_name_that_would_start_a_registry_of_its_own_is_warned(
+        registry: ModelRegistry, tmp_path: Path, caplog):
+    prior = make_model_dir(tmp_path / "prior")
+    with caplog.at_level("WARNING", logger="gogh_flows.tracking.registry"):
+        registry.ensure_registered("gogh-p1", prior)
+        registry.ensure_registered("gogh-p2", prior)  # a P1 and its P2: not a misspelling
+        assert not caplog.text
+        registry.ensure_registered("gogh-p2x", prior)
+    assert "new model 'gogh-p2x'" in caplog.text and "'gogh-p2'" in caplog.text and "misspelling" in caplog.text
+
+
 def test_unknown_names_aliases_versions_say_what_exists(registry: ModelRegistry, tmp_path: Path):
     registry.register("p2", make_model_dir(tmp_path / "m"), alias="champion")
     with pytest.raises(ModelNotFoundError, match=r"no registered model 'p3'.*registered models: p2"):
@@ -533,3 +544,53 @@ def test_a_table_that_cannot_be_written_loses_no_measurement(mlog: MeasurementLo
     assert mlog.log(measurement(4), defer=True)
     assert len(mlflow_runs(uri)) == 4 and measurement(4).key in mlog.read()["key"].to_list()
     monkeypatch.setattr(mlog, "_spool", real_spool)
+
+
+def test_a_machine_pulls_the_measurements_another_logged_to_the_shared_store_once_each(
+        mlog: MeasurementLog, uri: str, tmp_path: Path):
+    """Each placing machine has its own $GOGH_HOME table and the team one MLflow store: what
+    another machine logged reaches this table by pull(), every field as logged, and a second
+    pull (or a row the table has) adds nothing."""
+    other = MeasurementLog(uri, tmp_path / "other-machine", artifact_location=tmp_path / "artifacts-m")
+    logged = [measurement(i, started_at=1_700_000_000.125 + i, partners=("a, b (batch size 2)", "lm"),
+                          extra={"wall_s": "21.5", "note": "x"}) for i in range(3)]
+    logged.append(measurement(9, status="failed", predicted_throughput=None, mean_power_w=None, energy_j=None,
+                              family=None, batch_size=None, partners=(), window="whole_run", startup_s=1.5))
+    for m in logged:
+        other.log(m)
+    mlog.log(logged[0])  # this machine has one of them already (its own run, say)
+    assert mlog.pull() == 3 and mlog.pull() == 0
+    rows = {m.key: m for m in mlog.measurements()}
+    assert sorted(rows) == sorted(m.key for m in logged)
+    for m in logged:
+        assert dataclasses.replace(rows[m.key], started_at=m.started_at) == m  # MLflow keeps milliseconds
+        assert rows[m.key].started_at == pytest.approx(m.started_at, abs=1e-3)
+    later = measurement(20, started_at=1_800_000_000.0)
+    other.log(later)
+    assert mlog.pull(since=1_799_999_999.0) == 1 and mlog.pull() == 0
+
+
+def test_a_shared_pools_placing_process_takes_in_other_machines_runs_as_they_are_logged(
+        mlog: MeasurementLog, uri: str, tmp_path: Path):
+    """The placements of one machine learn from another's runs: its mirror pulls the store."""
+    from gogh_flows.flows.mirror import SpoolFlusher
+
+    other = MeasurementLog(uri, tmp_path / "other-machine", artifact_location=tmp_path / "artifacts-m")
+    other.log(measurement(1))
+    mirror = SpoolFlusher(mlog, interval_s=0.05, pull_every_s=0.2)
+    try:
+        other.log(measurement(2, started_at=time.time()))
+        deadline = time.monotonic() + 30
+        while len(mlog.read()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sorted(mlog.read()["key"]) == ["flow-run-1:gpu-0", "flow-run-2:gpu-0"]
+    finally:
+        mirror.stop()
+
+
+def test_a_sqlite_store_whose_folder_cannot_be_made_is_said_so():
+    from gogh_flows.tracking.backend import mlflow_client
+    from gogh_flows.tracking.errors import TrackingUnavailableError
+
+    with pytest.raises(TrackingUnavailableError, match="cannot create the folder /proc/gogh-nope"):
+        mlflow_client("sqlite:////proc/gogh-nope/mlflow.db")

@@ -18,6 +18,11 @@ from gogh_flows.tracking.measurements import MeasurementLog
 log = logging.getLogger("gogh_flows")
 
 
+#: how far back a periodic pull looks (by run start): a run another machine logs later than
+#: this after it started (an outage there) reaches this table at the next retraining's full pull
+PULL_WINDOW_S = 24 * 3600.0
+#: how often a shared pool's placing process pulls
+PULL_EVERY_S = 60.0
 #: failed collections in a row before an outage is said
 _COLLECT_FAILURES_SAID = 3
 
@@ -31,9 +36,15 @@ class SpoolFlusher:
     """
 
     def __init__(self, log: MeasurementLog, interval_s: float = 0.5,
-                 collect: Callable[[], object] | None = None, collect_every_s: float = 5.0) -> None:
+                 collect: Callable[[], object] | None = None, collect_every_s: float = 5.0,
+                 pull_every_s: float | None = None) -> None:
         self.log = log
         self.interval_s = interval_s
+        # also, every pull_every_s (a shared pool's placing processes): take into the table what
+        # the other machines logged to the store, so that placements here learn from their runs;
+        # the whole store once, then the runs started within PULL_WINDOW_S
+        self._pull_every_s = pull_every_s
+        self._pulled_at: float | None = None
         # also, every collect_every_s: log what the pool's ledger holds for this store
         # (measurements of runs whose placing process was lost)
         self._collect = collect
@@ -54,6 +65,7 @@ class SpoolFlusher:
             self._wake.wait(wait)
             self._wake.clear()
             self._collect_lost()
+            self._pull()
             try:
                 self.log.flush_spool(raise_unreachable=True)  # an outage raises: backed off, said once
             except Exception as exc:  # keep spooled; retried with back-off, said once per outage
@@ -84,6 +96,24 @@ class SpoolFlusher:
                 log.debug("gogh: collecting lost placing processes' measurements failed: %s", short_error(exc))
         else:
             self._collect_failures = 0
+
+    def _pull(self) -> None:
+        if self._pull_every_s is None:
+            return
+        now = time.time()
+        if self._pulled_at is not None and now - self._pulled_at < self._pull_every_s:
+            return
+        since = None if self._pulled_at is None else now - PULL_WINDOW_S
+        self._pulled_at = now
+        try:
+            added = self.log.pull(since=since)
+        except Exception as exc:  # noqa: BLE001 - an outage is said by the flush; pulled again later
+            log.debug("gogh: pulling other machines' measurements from the tracking store failed: %s",
+                      short_error(exc))
+            return
+        if added:
+            log.info("gogh: took %d measurement(s) other machines logged to the tracking store into the table",
+                     added)
 
     def stop(self) -> None:
         self._stop.set()

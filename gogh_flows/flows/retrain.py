@@ -12,6 +12,7 @@ pick the new champion up on their next registry check, with no restart.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import math
@@ -183,6 +184,25 @@ def one_retraining_at_a_time(model_name: str, wait_s: float) -> Iterator[None]:
         yield
 
 
+def _with_features(obs: pl.DataFrame, store: FeatureStore) -> tuple[pl.DataFrame, set[str]]:
+    """The observations whose job type and partner have layer features here, and the job types
+    that have none (one such run made the whole retraining fail with a KeyError)."""
+    unknown = set()
+    for t in sorted(set(obs["job_type"]) | set(obs["partner"].drop_nulls())):
+        try:
+            store.get(t)
+        except KeyError:
+            unknown.add(t)
+    if not unknown:
+        return obs, unknown
+    keep = ~pl.col("job_type").is_in(sorted(unknown)) & ~pl.col("partner").fill_null("").is_in(sorted(unknown))
+    return obs.filter(keep), unknown
+
+
+#: a challenger's tag: a digest of what it was trained from (measurement keys, settings, champion)
+INPUTS_TAG = "gogh.inputs"
+
+
 @flow(name="gogh-refine-predictors", log_prints=True)
 def refine_predictors(
     registry: str | None = None, measurements_dir: str | None = None, min_measurements: int = 8,
@@ -207,6 +227,9 @@ def refine_predictors(
         raise ValueError(f"min_improvement must be in [0, 1) (a relative MAPE drop), got {min_improvement!r}")
     if not lock_wait_s > 0:
         raise ValueError(f"lock_wait_s must be a number of seconds > 0, got {lock_wait_s!r}")
+    if measurements_dir is not None and not Path(measurements_dir).is_dir():
+        raise ValueError(f"measurements_dir {measurements_dir!r} is not a folder: give the folder placed runs log "
+                         "to ($GOGH_HOME/measurements of the machine that placed them), or leave it out")
     logger = get_run_logger()
     block = load_block(PredictorRegistry, registry, PredictorRegistry())
     # one retraining of this refiner at a time, across processes and machines: two that overlap
@@ -221,16 +244,40 @@ def refine_predictors(
         alias_before = source.registry.version_for(block.p2_name, block.alias)
         root = Path(measurements_dir) if measurements_dir else state_dir() / "measurements"
         mlog = MeasurementLog(block.resolved_tracking_uri(), root)
+        # the team's other machines log to the same store from their own tables: theirs first
+        pulled = mlog.pull()
+        if pulled:
+            logger.info(f"took {pulled} measurement(s) logged from other machines from the tracking store "
+                        "into the table")
         frame = mlog.read().sort("started_at")
         obs = observations_from_measurements(frame)
+        store = FeatureStore(state_dir() / "jobs")
+        obs, unknown = _with_features(obs, store)
+        if unknown:
+            logger.warning(
+                f"{len(unknown)} job type(s) have no layer features on this machine and are left out of "
+                f"this retraining: {', '.join(sorted(unknown)[:5])}{' ...' if len(unknown) > 5 else ''} (user "
+                "models placed only from other machines; retrain where they were placed to learn them)")
         if obs.height < min_measurements:
-            msg = (f"only {obs.height} usable measurements in {root} (need {min_measurements}); "
+            msg = (f"only {obs.height} usable measurements in {root}, with the tracking store's (need {min_measurements}); "
                    "nothing retrained")
             logger.info(msg)
             return {"promoted": False, "reason": msg, "measurements": obs.height,
                     "champion_version": versions["p2"]}
+        # what this challenger would be made of: a retraining with nothing new (an hourly schedule
+        # on a quiet fleet) registered an identical version each time, about 140 KB apiece
+        inputs = hashlib.sha1(json.dumps({
+            "measurements": sorted(frame["key"].to_list()), "champion": versions["p2"], "p1": versions["p1"],
+            "epochs": epochs, "seed": seed, "base_data": base_data, "holdout_fraction": holdout_fraction,
+            "min_improvement": min_improvement, "promote": promote}).encode()).hexdigest()
+        last = source.registry.version_for(block.p2_name, CHALLENGER)
+        if last is not None and source.registry.version_tags(block.p2_name, last).get(INPUTS_TAG) == inputs:
+            msg = (f"nothing new since challenger v{last}: the same {frame.height} measurements, settings and "
+                   f"champion (v{versions['p2']}); nothing retrained")
+            logger.info(msg)
+            return {"promoted": False, "reason": msg, "measurements": obs.height, "challenger_version": last,
+                    "champion_version": versions["p2"]}
         train, test = split_recent(obs, holdout_fraction)
-        store = FeatureStore(state_dir() / "jobs")
         features = {t: store.get(t) for t in sorted(set(obs["job_type"]) | set(obs["partner"].drop_nulls()))}
         gpu_types = sorted(set(obs["gpu_type"]))
         started = time.time()
@@ -261,7 +308,8 @@ def refine_predictors(
                 metrics={"holdout_mape": chall_score["mape"], "champion_holdout_mape": champ_score["mape"],
                          "p1_holdout_mape": p1_score["mape"], "train_measurements": float(train.height), "holdout_measurements": float(test.height)},
                 tags={"trained_until": f"{float(frame['started_at'].max()):.3f}", "trained_by": "refine_predictors",
-                      "p1_version": str(versions["p1"]), "trust_scale": "full" if trust is None else f"{trust:g}"},
+                      "p1_version": str(versions["p1"]), "trust_scale": "full" if trust is None else f"{trust:g}",
+                      INPUTS_TAG: inputs},
                 description=f"challenger from {train.height} measurements",
                 p1_uri=f"models:/{block.p1_name}/{versions['p1']}")
         # the champion it beat must still be the champion (the lock keeps other retrainings out,

@@ -23,7 +23,7 @@ from pathlib import Path
 from gogh_flows.flows.blocks import GpuCluster, state_dir
 from gogh_flows.flows.features import FeatureStore
 from gogh_flows.flows.lost_runs import deliver_lost_runs
-from gogh_flows.flows.mirror import SpoolFlusher
+from gogh_flows.flows.mirror import PULL_EVERY_S, SpoolFlusher
 from gogh_flows.flows.observations import ObservationCache
 from gogh_flows.flows.predictors import forget_predictor_sources
 from gogh_flows.flows.startup import starting
@@ -101,7 +101,10 @@ class Session:
             if cluster.mode == "remote":
                 pool.ledger.store = measurements.store
                 collect = functools.partial(_collect_or_reconnect, cluster, tracking_uri, pool, measurements)
-            mirror = SpoolFlusher(measurements, collect=collect)
+            # a shared pool's placing processes (a team's machines) learn from each other's runs
+            # through the store; a local pool's table is the store's already
+            mirror = SpoolFlusher(measurements, collect=collect,
+                                  pull_every_s=PULL_EVERY_S if cluster.mode == "remote" else None)
             stack.callback(mirror.stop)
             session = cls(cluster=cluster, pool=pool, measurements=measurements,
                           observations=ObservationCache(measurements), features=FeatureStore(root / "jobs", shared=lambda: pool.ledger),

@@ -81,7 +81,12 @@ def mlflow_client(tracking_uri: str, registry_uri: str | None = None) -> MlflowC
     for uri in {tracking_uri, registry_uri or tracking_uri}:
         db = sqlite_path(uri)
         if db is not None:
-            db.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                db.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:  # said as check_reachable says it, not a bare FileNotFoundError
+                raise TrackingUnavailableError(
+                    f"cannot create the folder {db.parent} for the MLflow database of {uri} ({exc}); {START_HINT}"
+                ) from exc
             initialise_sqlite(uri, db)
     return MlflowClient(tracking_uri=tracking_uri, registry_uri=registry_uri or tracking_uri)
 

@@ -65,6 +65,8 @@ PARTNERS_CHANGED = "partners_changed"
 #: extra key of a run placed at a trial limit (one level below the best its type measured): its
 #: predicted throughput was the rate measured above that level, a hope to be checked, not a prediction
 LIMIT_TRIAL = "limit_trial_w"
+#: the partners as a JSON list (the ``partners`` param joins them with commas, for reading)
+PARTNERS_JSON = "partners_json"
 COMPLETE_TAG = "gogh.logged"  # set in the same batch as the metrics: marks a whole run
 EMULATED_TIME_TAG = "gogh.emulated_time"  # "true": the run's times are the emulated GPU's, not wall time
 _LOCK_TIMEOUT_S = 120.0
@@ -296,6 +298,42 @@ class MeasurementLog:
             frame = frame.filter(pl.col("started_at") >= since)
         return frame.sort(["started_at", "key"])
 
+    def pull(self, *, since: float | None = None) -> int:
+        """Take into the local table every measurement the tracking store has that it lacks;
+        returns how many. ``since``: only runs started from then on (epoch seconds).
+
+        The table is what retraining and placements learn from; MLflow is what the machines of
+        a team share. A process placing on one machine, or a retraining run anywhere, saw only
+        the measurements logged from its own ``$GOGH_HOME``: pulling makes the store's runs
+        (another machine's too) part of it. Each is appended by its key, so a row the table has
+        (its own, or pulled before) is not added twice.
+        """
+        check_reachable(self.tracking_uri)
+        experiment = self._client.get_experiment_by_name(self.experiment)
+        if experiment is None:
+            return 0
+        query = f"tags.`{COMPLETE_TAG}` = 'true'"
+        if since is not None:
+            query += f" and attributes.start_time >= {int(since * 1000)}"
+        added, token = 0, None
+        while True:
+            page = self._client.search_runs([experiment.experiment_id], filter_string=query,
+                                            max_results=1000, page_token=token)
+            for run in page:
+                key = run.data.tags.get(KEY_TAG)
+                if not key or self.table.has(key):
+                    continue
+                try:
+                    m = measurement_of_run(run)
+                except (KeyError, ValueError, TypeError) as exc:  # not ours, or from another version
+                    log.debug("MLflow run %s is not a readable measurement (%s); not pulled", run.info.run_id, exc)
+                    continue
+                if m.key == key and self._append(m):
+                    added += 1
+            token = page.token
+            if not token:
+                return added
+
     def measurements(self, since: float | None = None) -> list[Measurement]:
         """The table as Measurement objects (for code that wants typed records)."""
         return [Measurement.from_row(r) for r in self.read(since).iter_rows(named=True)]
@@ -510,6 +548,33 @@ class DeferredWrite(Exception):
     """Reason recorded on a measurement spooled on purpose (``log(defer=True)``)."""
 
 
+def measurement_of_run(run: Any) -> Measurement:
+    """The measurement an MLflow run of :class:`MeasurementLog` holds (its params, metrics and
+    tags say every field; the start time to the millisecond)."""
+    params, metrics, tags = run.data.params, run.data.metrics, run.data.tags
+
+    def opt(name: str) -> str | None:
+        value = params.get(name, "")
+        return value if value != "" else None
+
+    partners = json.loads(params[PARTNERS_JSON]) if PARTNERS_JSON in params else \
+        [x for x in params.get("partners", "").split(",") if x]
+    return Measurement(
+        run_id=tags["prefect.flow_run_id"], flow_name=params["flow_name"], job_type=params["job_type"],
+        family=opt("family"), batch_size=int(params["batch_size"]) if opt("batch_size") else None,
+        gpu_id=params["gpu_id"], gpu_type=params["gpu_type"], device=params["device"], partners=tuple(partners),
+        required_throughput=float(params["required_throughput"]),
+        predicted_throughput=float(params["predicted_throughput"]) if opt("predicted_throughput") else None,
+        steps=metrics["steps"], duration_s=metrics["duration_s"], throughput=metrics["throughput"],
+        mean_power_w=metrics.get("mean_power_w"), energy_j=metrics.get("energy_j"), status=tags["gogh.status"],
+        telemetry=params["telemetry"], started_at=run.info.start_time / 1000.0,
+        flow_run_url=tags.get("prefect.flow_run_url"),
+        extra={k[len("extra."):]: v for k, v in params.items() if k.startswith("extra.")},
+        window=opt("window"), startup_s=metrics.get("startup_s"), startup_energy_j=metrics.get("startup_energy_j"),
+        run_energy_j=metrics.get("run_energy_j"),
+    )
+
+
 def _quote(text: str) -> str:
     return text.replace("\\", "\\\\").replace("'", "\\'")
 
@@ -553,6 +618,7 @@ def _params(m: Measurement) -> list[Param]:
         "gpu_id": m.gpu_id,
         "device": m.device,
         "partners": ",".join(m.partners),
+        PARTNERS_JSON: json.dumps(list(m.partners)),  # exact whatever the names hold (a comma)
         "required_throughput": repr(m.required_throughput),
         "predicted_throughput": "" if m.predicted_throughput is None else repr(m.predicted_throughput),
         "telemetry": m.telemetry,
@@ -572,12 +638,12 @@ def _tags(m: Measurement) -> list[RunTag]:
     if m.flow_run_url:
         values["prefect.flow_run_url"] = m.flow_run_url
     if m.telemetry == "emulated" and m.window in (None, "emulated"):
-        # MLflow shows the run's start-to-end as its duration: on an emulated fleet that is the
-        # emulated GPU's time (minutes for a body that ran a second), so say so where it shows
+        # MLflow shows the run's start-to-end (wall time) as its duration, and `duration_s` is the
+        # emulated GPU's (minutes for a body that ran a second): say so where it shows
         values[EMULATED_TIME_TAG] = "true"
         values["mlflow.note.content"] = (
-            "Emulated fleet: this run's start, end and duration (and `duration_s`, `throughput`) are in the "
-            "emulated GPU's time, not the wall time the flow run took. Energy is the emulator's.")
+            "Emulated fleet: this run's `duration_s` and `throughput` are in the emulated GPU's time; its start "
+            "and end (MLflow's duration) are the wall time the flow run took. Energy is the emulator's.")
     elif m.telemetry == "emulated" and m.steps <= 0:
         # nothing ran: a body that raised (or was stopped) before its first step
         values["mlflow.note.content"] = (

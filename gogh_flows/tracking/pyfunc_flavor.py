@@ -27,6 +27,8 @@ from typing import Any
 #: what the MLmodel's python_function flavor names; the safety check accepts only this
 LOADER_MODULE = "gogh_flows.tracking.pyfunc_flavor"
 INPUT_COLUMNS = ("job_type", "gpu_type", "partner")
+#: the optional input column of measured steps/s (what the refiner corrects the rest from)
+OBSERVED = "observed"
 
 
 class GoghPyfunc:
@@ -49,7 +51,20 @@ class GoghPyfunc:
         partners = (frame["partner"] if "partner" in frame.columns else pd.Series([None] * len(frame)))
         partners = [p if isinstance(p, str) and p else None for p in partners]
         names = sorted(set(frame["job_type"]) | {p for p in partners if p})
-        table = self.predictor.predict_table(zoo_jobs(names), sorted(set(frame["gpu_type"])))
+        # an optional `observed` column: the steps/s measured for a row. A refiner corrects a job's
+        # other entries from them, as placements do with the logged measurements; with none, P2
+        # returns P1's prediction, so champion and challenger could not be told apart here
+        seen = []
+        if OBSERVED in frame.columns:
+            from gogh_flows.predict.service import observations_frame
+
+            for j, g, p, v in zip(frame["job_type"], frame["gpu_type"], partners, frame[OBSERVED], strict=True):
+                if v is not None and not (isinstance(v, float) and np.isnan(v)):
+                    if not float(v) >= 0:
+                        raise ValueError(f"observed throughput must be >= 0 steps/s, got {v!r} for {j!r} on {g!r}")
+                    seen.append({"job_type": j, "gpu_type": g, "partner": p, "throughput": float(v)})
+        observations = observations_frame(seen) if seen else None
+        table = self.predictor.predict_table(zoo_jobs(names), sorted(set(frame["gpu_type"])), observations)
         out = [table.isolated(j, g) if p is None else table.pair(j, p, g)[0]
                for j, g, p in zip(frame["job_type"], frame["gpu_type"], partners, strict=True)]
         return np.asarray(out, dtype=float)
@@ -97,9 +112,11 @@ def _p1_from(uri: str) -> Any:
     else:
         name, number = ref.rsplit("/", 1)
         version = client.get_model_version(name, number)
-    local = Path(download_artifacts(artifact_uri=version.source, dst_path=tempfile.mkdtemp(prefix="gogh-p1-")))
-    verify_weights_only(local)
-    return load_p1(local)
+    # loaded into memory, then the download goes (each load left a folder in the temp dir)
+    with tempfile.TemporaryDirectory(prefix="gogh-p1-") as tmp:
+        local = Path(download_artifacts(artifact_uri=version.source, dst_path=tmp))
+        verify_weights_only(local)
+        return load_p1(local)
 
 
 def write_mlmodel(directory: Path, *, p1_uri: str | None = None) -> None:

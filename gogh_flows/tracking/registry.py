@@ -15,6 +15,7 @@ retraining flow registers a `challenger` and moves `champion` when it wins.
 from __future__ import annotations
 
 import contextlib
+import logging
 import json
 import math
 import os
@@ -41,6 +42,8 @@ from gogh_flows.tracking.backend import (
 )
 from gogh_flows.tracking.errors import ModelNotFoundError, UnsafeArtifactError
 from gogh_flows.tracking.safety import verify_weights_only
+
+log = logging.getLogger(__name__)
 
 MODELS_EXPERIMENT = "gogh-models"
 ARTIFACT_PATH = "model"  # sub-folder of the run's artifacts that holds the model directory
@@ -278,6 +281,10 @@ class ModelRegistry:
                 raise ValueError(f"MLflow refused alias {alias!r} for model {name!r}: {exc.message}") from exc
             raise
 
+    def version_tags(self, name: str, version: int) -> dict[str, str]:
+        """The tags of one registered version (those given to :meth:`register`, among others)."""
+        return dict(self._ready().get_model_version(name, str(int(version))).tags or {})
+
     def version_for(self, name: str, alias: str) -> int | None:
         """The version `alias` points at, or None when the model or the alias does not exist."""
         _check_name(name)
@@ -409,11 +416,25 @@ class ModelRegistry:
         existing = self.version_for(name, alias)
         if existing is not None:
             return existing
+        others = [m for m in self._model_names() if m != name and _near(m, name)]
+        if others:  # a misspelt name starts a registry of its own, which no placement reads
+            log.warning("registering the shipped prior as a new model %r in %s, which already holds %s: if %r is "
+                        "a misspelling, fix the PredictorRegistry's name (its champion and retrainings live "
+                        "under the name it gives)", name, self.tracking_uri, ", ".join(repr(m) for m in others), name)
         return self.register(
             name, directory, alias=alias, tags={"gogh.origin": "prior", "gogh.prior_dir": str(Path(directory).parent)},
             description=f"prior from {Path(directory)}",
             p1_uri=p1_uri,
         )
+
+
+def _near(a: str, b: str) -> bool:
+    """Two model names one or two keystrokes apart (``gogh-p2`` and ``gogh-p2x``, ``gogh_p2``)."""
+    import difflib
+
+    if a[:-1] == b[:-1] and {a[-1:], b[-1:]} == {"1", "2"}:  # a P1 and its P2 (gogh-p1, gogh-p2)
+        return False
+    return difflib.SequenceMatcher(None, a.lower(), b.lower()).ratio() >= 0.8
 
 
 def _with_mlmodel(directory: Path, staged: Path, p1_uri: str | None) -> Path:
