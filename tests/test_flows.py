@@ -180,6 +180,45 @@ def test_a_bodys_own_exception_comes_back_as_it_is_on_the_emulated_pool(gogh_hom
     assert not _env().pool.ledger.state().leases
 
 
+def test_fn_called_inside_another_flow_run_or_task_is_a_run_of_its_own(gogh_home):
+    """`.fn()` inside a parent flow (or one of its tasks) took the parent's flow run for its own:
+    a second call was refused by the table as the first logged again (its steps lost), calls at
+    once shared one lease, and the parent got the placement's tags."""
+    cluster = GpuCluster(fleet={"v100": 1}, capacity=1)
+
+    @gogh_placed(model="ResNet-18", batch_size=32, min_throughput=1.0, work_steps=100, cluster=cluster)
+    @flow(name="child-placed")
+    def child(n: int) -> int:
+        current_placement().advance(n)
+        return n
+
+    @gogh_placed(model="ResNet-18", batch_size=32, min_throughput=1.0, work_steps=100, cluster=cluster)
+    async def achild(n: int) -> int:
+        current_placement().advance(n)
+        return n
+
+    @task
+    def in_a_task(n: int) -> int:
+        return child.fn(n)
+
+    @flow
+    def parent() -> list[int]:
+        return [child.fn(60), child.fn(61), in_a_task(62)]
+
+    @flow
+    async def aparent() -> list[int]:
+        return list(await asyncio.gather(*(achild.fn(n) for n in (70, 71, 72))))
+
+    assert parent() == [60, 61, 62]
+    assert asyncio.run(aparent()) == [70, 71, 72]
+    rows = _env().measurements.read()
+    assert sorted(rows["steps"].to_list()) == [60, 61, 62, 70, 71, 72]  # every call measured, once
+    assert rows["run_id"].n_unique() == 6 and all(r.startswith("local-") for r in rows["run_id"])
+    assert set(rows["status"]) == {"completed"}
+    state = _env().pool.ledger.state()
+    assert not state.leases and state.counts.get("claimed") == 6  # a slot each, one at a time
+
+
 def test_failing_flow_still_logs_its_measurement_marked_failed(gogh_home):
     @gogh_placed(model="ResNet-18", batch_size=32, min_throughput=1.0, work_steps=100)
     def broken() -> None:

@@ -594,3 +594,36 @@ def test_a_sqlite_store_whose_folder_cannot_be_made_is_said_so():
 
     with pytest.raises(TrackingUnavailableError, match="cannot create the folder /proc/gogh-nope"):
         mlflow_client("sqlite:////proc/gogh-nope/mlflow.db")
+
+
+def test_a_timeout_raised_into_the_thread_creating_a_sqlite_store_leaves_a_whole_store(tmp_path: Path):
+    """Prefect's timeout_seconds on a sync flow raises into the flow's thread; on a first run
+    that was often inside MLflow's schema migrations, and the half-migrated store failed every
+    later run ("duplicate column name"). The migration now finishes on its own thread."""
+    import ctypes
+    import threading
+
+    from gogh_flows.tracking.backend import initialise_sqlite
+
+    db = tmp_path / "fresh" / "mlflow.db"
+    db.parent.mkdir()
+    uri = f"sqlite:///{db}"
+    caught: list[BaseException] = []
+
+    def first_run() -> None:
+        try:
+            initialise_sqlite(uri, db)
+        except TimeoutError as exc:
+            caught.append(exc)
+
+    caller = threading.Thread(target=first_run)
+    caller.start()
+    time.sleep(0.3)  # MLflow's migrations take seconds on a fresh store
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(caller.ident), ctypes.py_object(TimeoutError))
+    caller.join(60)
+    assert caught, "the injected timeout reached the caller"
+    deadline = time.monotonic() + 60
+    while not (db.parent / "mlflow.db").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    later = MeasurementLog(uri, tmp_path / "m", artifact_location=tmp_path / "a")  # the next run
+    assert later.log(measurement(0)) is not None and len(mlflow_runs(uri)) == 1

@@ -589,11 +589,31 @@ def _context_for_workers(api_url: str | None) -> dict:
         return serialize_context()
 
 
+def _runs_this(ctx: FlowRunContext, fn: Callable) -> bool:
+    """Whether the flow run of ``ctx`` is a run of the placed flow whose body is ``fn``."""
+    return getattr(getattr(ctx.flow, "fn", None), "__wrapped__", None) is fn
+
+
+def _context_of(own: bool, context: dict) -> dict:
+    """What the body runs in: the flow run's context, or for a `.fn()` call inside another run
+    the caller's without its flow and task run (the body's worker would mark the caller's run
+    crashed if this one's placer were lost)."""
+    if own:
+        return context
+    return {**context, "flow_run_context": {}, "task_run_context": {}}
+
+
 def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwargs: dict,
                stop: threading.Event | None = None) -> Any:
     if stop is not None and stop.is_set():  # cancelled before this thread began: nothing to undo
         raise PlacementCancelled("the flow was cancelled before its run was placed; nothing ran")
     ctx = FlowRunContext.get()
+    # `.fn()` called inside another flow run or a task of one: the context is the caller's. Taken
+    # for this run's, each call had the caller's run id, so a second call was refused by the table
+    # as the first one logged again (its measurement lost) and calls at once shared one slot
+    own = ctx is not None and _runs_this(ctx, fn)
+    if not own:
+        ctx = None
     flow_run = ctx.flow_run if ctx else None
     run_id = str(flow_run.id) if flow_run else f"local-{uuid.uuid4().hex[:12]}"
     attempt = getattr(flow_run, "run_count", 1) if flow_run else 1
@@ -646,13 +666,13 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
                      "features": job.features if (job.family is None or unknown) else None}
             if in_process:
                 token = uuid.uuid4().hex
-                _LOCAL_BODIES[token] = (fn, args, kwargs, serialize_context())
+                _LOCAL_BODIES[token] = (fn, args, kwargs, _context_of(own, serialize_context()))
                 future = session.pool.submit(_execute_local, token, placement, job.work_steps, **where)
             else:
                 # a shared pool outlives this process: if it is lost, the worker hands in the measurement
                 lost = functools.partial(record_if_placer_lost, job, placement, started, flow_run, flow_name,
                                          session.pool.device(placement.gpu_id).where, session.measurements.store)
-                context = _context_for_workers(workers_api)
+                context = _context_of(own, _context_for_workers(workers_api))
                 future = session.pool.submit(_execute_body, fn, args, kwargs, context, placement,
                                              job.work_steps, record_if_placer_lost=lost, **where)
             left = max(0.0, wait_s - placement.waited_s)

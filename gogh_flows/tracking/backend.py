@@ -103,6 +103,28 @@ def initialise_sqlite(uri: str, db: Path) -> None:
     lock next to the database makes the first use of each process wait its turn; later uses
     in the process skip it.
     """
+    if uri in _INITIALISED:
+        return
+    # on a thread of its own, waited for: an exception raised into the caller's thread (Prefect's
+    # timeout_seconds on a sync flow does that) stopped MLflow half-way through its migrations and
+    # left a store that every later run failed on ("duplicate column name"); here the migration
+    # finishes whatever happens to the caller, who gets the exception, and the next caller the store
+    failure: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            _initialise(uri, db)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            failure.append(exc)
+
+    migrating = threading.Thread(target=work, name="gogh-mlflow-schema")
+    migrating.start()
+    migrating.join()
+    if failure:
+        raise failure[0]
+
+
+def _initialise(uri: str, db: Path) -> None:
     with _INIT_LOCK:
         if uri in _INITIALISED:
             return
