@@ -403,3 +403,37 @@ def test_lease_timeout_is_checked():
     for bad in (0, -1, float("nan"), "soon"):
         with pytest.raises(ValueError, match="lease timeout"):
             lease_timeout_from_env(bad)
+
+
+def test_a_user_models_features_are_published_again_to_a_ledger_that_forgot_them(tmp_path):
+    """A restarted scheduler forgets what was published; a placer that sent its features once
+    never sent them again, and the other machines' placements failed beside its runs."""
+    from gogh_flows.flows.features import FeatureStore
+    from gogh_flows.runtime.ledger import LedgerPlugin
+    from gogh_flows.workloads import zoo_features
+
+    class Wire:  # the two PoolLedger calls, straight to a ledger in this process
+        def __init__(self) -> None:
+            self.plugin = LedgerPlugin()
+
+        def put_features(self, job_type, doc=None):
+            return self.plugin.put_features(job_type, doc)["ok"]
+
+        def features(self, job_types):
+            return {t: d for t, d in self.plugin.get_features(job_types).items() if d is not None}
+
+    wire = Wire()
+    mine = FeatureStore(tmp_path / "a", shared=lambda: wire)
+    theirs = FeatureStore(tmp_path / "b", shared=lambda: wire)
+    feats = zoo_features("ResNet-18", 16)
+    mine.put("MyNet (batch size 16)", feats)
+    assert theirs.get("MyNet (batch size 16)").to_dict() == feats.to_dict()
+    wire.plugin = LedgerPlugin()  # the scheduler restarted
+    elsewhere = FeatureStore(tmp_path / "c", shared=lambda: wire)
+    with pytest.raises(KeyError, match="no layer features recorded for job type 'MyNet"):
+        elsewhere.get("MyNet (batch size 16)")
+    mine.put("MyNet (batch size 16)", feats)  # its next placement sends them again
+    assert FeatureStore(tmp_path / "d", shared=lambda: wire).get("MyNet (batch size 16)").to_dict() == feats.to_dict()
+    # a zoo job type is never sent: every process rebuilds it from its name
+    mine.put("ResNet-18 (batch size 16)", feats)
+    assert "ResNet-18 (batch size 16)" not in wire.plugin.features

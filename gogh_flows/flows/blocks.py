@@ -407,7 +407,7 @@ def apply_block_documents(folder: Path, *, overwrite: bool = True) -> list[tuple
     for name, block in docs:
         try:
             block.save(name, overwrite=overwrite)
-        except httpx.TransportError as exc:
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
             raise server_unreachable(exc) from None
         saved.append((block.get_block_type_slug(), name))
     return saved
@@ -424,7 +424,7 @@ def load_block(kind: type[Block], value: Any, default: Block) -> Block:
             # _sync: an async flow's body runs in a worker thread that Prefect may still take for
             # an async context, and would hand back a coroutine instead of the block
             return kind.load(value, _sync=True)
-        except httpx.TransportError as exc:
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # a busy server's ReadTimeout is not this
             raise server_unreachable(exc) from None
         except ValueError as exc:
             other = _saved_as_other_kind(kind, value)

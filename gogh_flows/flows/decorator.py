@@ -594,15 +594,6 @@ def _runs_this(ctx: FlowRunContext, fn: Callable) -> bool:
     return getattr(getattr(ctx.flow, "fn", None), "__wrapped__", None) is fn
 
 
-def _context_of(own: bool, context: dict) -> dict:
-    """What the body runs in: the flow run's context, or for a `.fn()` call inside another run
-    the caller's without its flow and task run (the body's worker would mark the caller's run
-    crashed if this one's placer were lost)."""
-    if own:
-        return context
-    return {**context, "flow_run_context": {}, "task_run_context": {}}
-
-
 def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwargs: dict,
                stop: threading.Event | None = None) -> Any:
     if stop is not None and stop.is_set():  # cancelled before this thread began: nothing to undo
@@ -612,6 +603,7 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
     # for this run's, each call had the caller's run id, so a second call was refused by the table
     # as the first one logged again (its measurement lost) and calls at once shared one slot
     own = ctx is not None and _runs_this(ctx, fn)
+    caller = ctx.flow_run if ctx is not None and not own else None  # cancelling it stops this body too
     if not own:
         ctx = None
     flow_run = ctx.flow_run if ctx else None
@@ -621,7 +613,7 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
     registry = load_block(PredictorRegistry, settings.registry, PredictorRegistry())
     policy = load_block(PlacementPolicy, settings.policy, PlacementPolicy())
     session = shared_session(cluster, registry.resolved_tracking_uri())
-    workers_api = _workers_prefect_url(session.pool.address, flow_run)
+    workers_api = _workers_prefect_url(session.pool.address, flow_run or caller)
     # a job type the truth lacks runs from its layer features (the worker's _learn_job)
     unknown = session.truth is None or not session.truth.knows(job.job_type)
     if session.truth is not None and unknown and job.features is None:
@@ -649,7 +641,7 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
     outcome, error, future = None, None, None
     in_process = session.pool.address.startswith("inproc://")  # thread workers of this process
     token = ""
-    cancellation = PrefectCancellation.for_run(flow_run)
+    cancellation = PrefectCancellation.for_run(flow_run or caller)
     # this process ends the run itself: a delivery of its worker's record (after a dropped
     # connection) logs it but does not mark the flow run Crashed
     with handling(ledger_id):
@@ -666,13 +658,13 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
                      "features": job.features if (job.family is None or unknown) else None}
             if in_process:
                 token = uuid.uuid4().hex
-                _LOCAL_BODIES[token] = (fn, args, kwargs, _context_of(own, serialize_context()))
+                _LOCAL_BODIES[token] = (fn, args, kwargs, serialize_context())
                 future = session.pool.submit(_execute_local, token, placement, job.work_steps, **where)
             else:
                 # a shared pool outlives this process: if it is lost, the worker hands in the measurement
                 lost = functools.partial(record_if_placer_lost, job, placement, started, flow_run, flow_name,
                                          session.pool.device(placement.gpu_id).where, session.measurements.store)
-                context = _context_of(own, _context_for_workers(workers_api))
+                context = _context_for_workers(workers_api)
                 future = session.pool.submit(_execute_body, fn, args, kwargs, context, placement,
                                              job.work_steps, record_if_placer_lost=lost, **where)
             left = max(0.0, wait_s - placement.waited_s)

@@ -39,7 +39,6 @@ class FeatureStore:
         self.root.mkdir(parents=True, exist_ok=True)
         self._mem: dict[str, WorkloadFeatures] = {}
         self._shared = shared
-        self._published: set[str] = set()
         self._lock = threading.Lock()
         self._said_unshared = False
 
@@ -60,24 +59,26 @@ class FeatureStore:
             os.replace(tmp, path)
 
     def _publish(self, job_type: str, features: WorkloadFeatures) -> None:
-        """Once per job type and process, before its first claim: a placing process elsewhere may
-        find this run beside the GPU it considers. A zoo job type needs no publishing (every
-        process rebuilds it from its name); a failure is said once and placement goes on."""
-        if self._shared is None or job_type in self._published or _is_zoo(job_type):
+        """At each placement, before its claim: a placing process elsewhere may find this run beside
+        the GPU it considers. The ledger is asked whether it has them (a few bytes) and sent them
+        when it has not: a scheduler restarted under a live process forgets them, so "published
+        once" is not enough. A zoo job type needs none (every process rebuilds it from its name);
+        a failure is said once and placement goes on."""
+        if self._shared is None or _is_zoo(job_type):
             return
-        with self._lock:
-            if job_type in self._published:
+        try:
+            ledger = self._shared()
+            if ledger.put_features(job_type):
                 return
-            try:
-                self._shared().put_features(job_type, json.dumps(features.to_dict()))
-            except Exception as exc:  # noqa: BLE001 - e.g. a scheduler preloaded with an older ledger
-                if not self._said_unshared:
-                    self._said_unshared = True
-                    log.warning("gogh: could not publish the layer features of %r to the pool's ledger (%s: %s); "
-                                "placing processes on other machines cannot predict next to its runs (is the "
-                                "scheduler's gogh-flows older than this one?)", job_type, type(exc).__name__, exc)
-                return
-            self._published.add(job_type)
+            if not ledger.put_features(job_type, json.dumps(features.to_dict())):
+                raise ValueError("the ledger refused them (larger than it keeps)")
+        except Exception as exc:  # noqa: BLE001 - e.g. a scheduler preloaded with an older ledger
+            with self._lock:
+                said, self._said_unshared = self._said_unshared, True
+            if not said:
+                log.warning("gogh: could not publish the layer features of %r to the pool's ledger (%s: %s); "
+                            "placing processes on other machines cannot predict next to its runs (is the "
+                            "scheduler's gogh-flows older than this one?)", job_type, type(exc).__name__, exc)
 
     def get(self, job_type: str) -> WorkloadFeatures:
         if job_type in self._mem:
@@ -107,12 +108,12 @@ class FeatureStore:
             return None
         try:
             doc = self._shared().features([job_type]).get(job_type)
+            # JSON, never a pickle: a document another process published is data, not code
+            return None if doc is None else WorkloadFeatures.from_dict(json.loads(doc))
         except Exception as exc:  # noqa: BLE001 - said in the KeyError the caller raises
             log.warning("gogh: could not read the layer features of %r from the pool's ledger (%s: %s)",
                         job_type, type(exc).__name__, exc)
             return None
-        # JSON, never a pickle: a document another process published is data, not code
-        return None if doc is None else WorkloadFeatures.from_dict(json.loads(doc))
 
 
 def _is_zoo(job_type: str) -> bool:

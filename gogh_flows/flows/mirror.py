@@ -8,6 +8,7 @@ critical path, with an outage said once and retried with back-off.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -18,9 +19,10 @@ from gogh_flows.tracking.measurements import MeasurementLog
 log = logging.getLogger("gogh_flows")
 
 
-#: how far back a periodic pull looks (by run start): a run another machine logs later than
-#: this after it started (an outage there) reaches this table at the next retraining's full pull
-PULL_WINDOW_S = 24 * 3600.0
+#: how far before the last pull a periodic pull looks (by a run's end): a run another machine
+#: logs later than this after it ended (spooled through an outage there) reaches this table at
+#: the next retraining's full pull
+PULL_MARGIN_S = 3600.0
 #: how often a shared pool's placing process pulls
 PULL_EVERY_S = 60.0
 #: failed collections in a row before an outage is said
@@ -42,9 +44,11 @@ class SpoolFlusher:
         self.interval_s = interval_s
         # also, every pull_every_s (a shared pool's placing processes): take into the table what
         # the other machines logged to the store, so that placements here learn from their runs;
-        # the whole store once, then the runs started within PULL_WINDOW_S
+        # the whole store once, then the runs that ended since the last pull that worked (less
+        # PULL_MARGIN_S: a run is logged a little after it ends)
         self._pull_every_s = pull_every_s
-        self._pulled_at: float | None = None
+        self._pulled_at: float | None = None  # when the last pull that worked began
+        self._tried_at = -math.inf
         # also, every collect_every_s: log what the pool's ledger holds for this store
         # (measurements of runs whose placing process was lost)
         self._collect = collect
@@ -65,7 +69,6 @@ class SpoolFlusher:
             self._wake.wait(wait)
             self._wake.clear()
             self._collect_lost()
-            self._pull()
             try:
                 self.log.flush_spool(raise_unreachable=True)  # an outage raises: backed off, said once
             except Exception as exc:  # keep spooled; retried with back-off, said once per outage
@@ -77,6 +80,7 @@ class SpoolFlusher:
             if failing:
                 log.warning("gogh: MLflow is back; the spooled measurements were mirrored")
             failing, wait = False, self.interval_s
+            self._pull()  # after this process's own writes: a long first pull does not hold them
 
     def _collect_lost(self) -> None:
         if self._collect is None or time.monotonic() - self._collected_at < self._collect_every_s:
@@ -98,19 +102,18 @@ class SpoolFlusher:
             self._collect_failures = 0
 
     def _pull(self) -> None:
-        if self._pull_every_s is None:
+        if self._pull_every_s is None or time.monotonic() - self._tried_at < self._pull_every_s:
             return
-        now = time.time()
-        if self._pulled_at is not None and now - self._pulled_at < self._pull_every_s:
-            return
-        since = None if self._pulled_at is None else now - PULL_WINDOW_S
-        self._pulled_at = now
+        self._tried_at = time.monotonic()
+        began = time.time()
+        since = None if self._pulled_at is None else self._pulled_at - PULL_MARGIN_S
         try:
             added = self.log.pull(since=since)
         except Exception as exc:  # noqa: BLE001 - an outage is said by the flush; pulled again later
             log.debug("gogh: pulling other machines' measurements from the tracking store failed: %s",
                       short_error(exc))
             return
+        self._pulled_at = began
         if added:
             log.info("gogh: took %d measurement(s) other machines logged to the tracking store into the table",
                      added)

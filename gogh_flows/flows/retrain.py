@@ -245,7 +245,8 @@ def refine_predictors(
         root = Path(measurements_dir) if measurements_dir else state_dir() / "measurements"
         mlog = MeasurementLog(block.resolved_tracking_uri(), root)
         # the team's other machines log to the same store from their own tables: theirs first
-        pulled = mlog.pull()
+        # (into this machine's table; a measurements_dir given is read as it is, not written)
+        pulled = mlog.pull() if measurements_dir is None else 0
         if pulled:
             logger.info(f"took {pulled} measurement(s) logged from other machines from the tracking store "
                         "into the table")
@@ -267,7 +268,8 @@ def refine_predictors(
         # what this challenger would be made of: a retraining with nothing new (an hourly schedule
         # on a quiet fleet) registered an identical version each time, about 140 KB apiece
         inputs = hashlib.sha1(json.dumps({
-            "measurements": sorted(frame["key"].to_list()), "champion": versions["p2"], "p1": versions["p1"],
+            "measurements": sorted(frame["key"].to_list()), "without_features": sorted(unknown),
+            "champion": versions["p2"], "p1": versions["p1"],
             "epochs": epochs, "seed": seed, "base_data": base_data, "holdout_fraction": holdout_fraction,
             "min_improvement": min_improvement, "promote": promote}).encode()).hexdigest()
         last = source.registry.version_for(block.p2_name, CHALLENGER)

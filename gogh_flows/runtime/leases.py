@@ -158,8 +158,9 @@ class PoolLedger:
                            workers=frozenset(d["workers"]), counts=d["counts"],
                            undelivered=d.get("undelivered", 0))
 
-    def put_features(self, job_type: str, doc: str, *, timeout_s: float | None = 10.0) -> bool:
-        """Publish a job type's layer features (JSON) to the pool's other placing processes."""
+    def put_features(self, job_type: str, doc: str | None = None, *, timeout_s: float | None = 10.0) -> bool:
+        """Publish a job type's layer features (JSON) to the pool's other placing processes; with no
+        ``doc``, whether the ledger has them (a few bytes each way: asked at every placement)."""
         return bool(self._call("gogh_ledger_put_features", timeout_s=timeout_s, job_type=job_type, doc=doc)["ok"])
 
     def features(self, job_types: list[str], *, timeout_s: float | None = 10.0) -> dict[str, str]:

@@ -444,10 +444,13 @@ class LedgerPlugin(SchedulerPlugin):
         return {"delivered": n}
 
 
-    def put_features(self, job_type: str, doc: str) -> dict[str, Any]:
+    def put_features(self, job_type: str, doc: str | None = None) -> dict[str, Any]:
         """Keep a job type's layer features (the first published stays: a job type names one model
-        at one batch size). Bounded: past the cap the oldest entries go (a placer publishes its own
-        again when it places, and a reader asks only for the job types running now)."""
+        at one batch size); with no ``doc``, only say whether they are here (``ok``). A placer asks
+        so at every placement and sends them when they are not (a restarted scheduler, or one
+        past its cap, where the oldest entries go)."""
+        if doc is None:
+            return {"ok": job_type in self.features}
         if job_type not in self.features:
             if len(doc) > MAX_FEATURES_DOC:
                 return {"ok": False, "reason": f"{len(doc)} characters, more than {MAX_FEATURES_DOC}"}

@@ -300,7 +300,8 @@ class MeasurementLog:
 
     def pull(self, *, since: float | None = None) -> int:
         """Take into the local table every measurement the tracking store has that it lacks;
-        returns how many. ``since``: only runs started from then on (epoch seconds).
+        returns how many. ``since``: only runs that ended from then on (epoch seconds; a run's
+        end, not its start, so that a run of days is not missed).
 
         The table is what retraining and placements learn from; MLflow is what the machines of
         a team share. A process placing on one machine, or a retraining run anywhere, saw only
@@ -314,7 +315,7 @@ class MeasurementLog:
             return 0
         query = f"tags.`{COMPLETE_TAG}` = 'true'"
         if since is not None:
-            query += f" and attributes.start_time >= {int(since * 1000)}"
+            query += f" and attributes.end_time >= {int(since * 1000)}"
         added, token = 0, None
         while True:
             page = self._client.search_runs([experiment.experiment_id], filter_string=query,

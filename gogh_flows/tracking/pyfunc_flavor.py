@@ -59,7 +59,7 @@ class GoghPyfunc:
             from gogh_flows.predict.service import observations_frame
 
             for j, g, p, v in zip(frame["job_type"], frame["gpu_type"], partners, frame[OBSERVED], strict=True):
-                if v is not None and not (isinstance(v, float) and np.isnan(v)):
+                if not pd.isna(v):
                     if not float(v) >= 0:
                         raise ValueError(f"observed throughput must be >= 0 steps/s, got {v!r} for {j!r} on {g!r}")
                     seen.append({"job_type": j, "gpu_type": g, "partner": p, "throughput": float(v)})
