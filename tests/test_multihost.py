@@ -416,6 +416,12 @@ def test_a_stopped_worker_does_not_hold_the_pools_discovery_or_its_status(tmp_pa
     from gogh_flows.runtime import pool as pool_mod
     from gogh_flows.runtime.pool import discover_workers, remote_pool
 
+    def _runtime_time_scale(dask_worker) -> float | None:  # nested: sent by value to the worker
+        from gogh_flows.runtime.worker import PLUGIN_NAME
+
+        plugin = dask_worker.plugins.get(PLUGIN_NAME)
+        return None if plugin is None else plugin.time_scale
+
     monkeypatch.setattr(pool_mod, "DESCRIBE_TIMEOUT_S", 2.0)
     with cli_pool(tmp_path, {"v100-0": 2, "t4-0": 1}) as c:
         stopped = c["procs"]["t4-0"]
@@ -428,6 +434,14 @@ def test_a_stopped_worker_does_not_hold_the_pools_discovery_or_its_status(tmp_pa
                     assert p.gpu_ids == ("v100-0",)  # the one that answered serves at once
                     assert took < 4 * pool_mod.DESCRIBE_TIMEOUT_S + 15, took
                     assert "worker 't4-0'" in caplog.text and "did not say what it is within" in caplog.text
+                    # emulator settings: Dask sends them to every worker and waited for the stopped one
+                    stopped_address = next(a for a, w in p.client.scheduler_info()["workers"].items()
+                                           if w.get("name") == "t4-0")
+                    t0 = time.monotonic()
+                    with caplog.at_level("WARNING", logger="gogh_flows.runtime"):
+                        p.configure(time_scale=0.25, timeout_s=2.0)
+                    assert time.monotonic() - t0 < 10, time.monotonic() - t0
+                    assert "not every worker took the emulator's settings within 2 s" in caplog.text
                     t0 = time.monotonic()
                     assert main(["pool", "status", c["address"], "--timeout", "10"]) == 0
                     assert time.monotonic() - t0 < 4 * pool_mod.DESCRIBE_TIMEOUT_S + 15
@@ -435,6 +449,14 @@ def test_a_stopped_worker_does_not_hold_the_pools_discovery_or_its_status(tmp_pa
                     assert "left out of the pool" in out and "t4-0" in out
                     # it answers again: the next look, a while later, takes it in
                     os.kill(stopped.pid, signal.SIGCONT)
+                    # ... and it takes them once it answers
+                    deadline = time.monotonic() + 20
+                    while time.monotonic() < deadline:
+                        scales = p.client.run(_runtime_time_scale, workers=[stopped_address])
+                        if list(scales.values()) == [0.25]:
+                            break
+                        time.sleep(0.2)
+                    assert list(scales.values()) == [0.25], scales
                     p._discovered_at -= pool_mod.RECHECK_LEFT_OUT_S
                     assert sorted(d.id for d in p.live_devices({"v100-0", "t4-0"})) == ["t4-0", "v100-0"]
                     # a known worker that stops answering keeps what it said: no GPU drops out

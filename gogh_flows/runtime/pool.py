@@ -245,11 +245,37 @@ class GpuPool:
         return self.submit(fn, *args, gpu_id=gpu_id, **kwargs).result()
 
     def configure(self, *, truth: ThroughputTable | None = None, time_scale: float = 0.0,
-                  energy: EnergyModel | None = None) -> None:
-        """Ship emulator settings to every worker (replaces earlier settings)."""
+                  energy: EnergyModel | None = None, timeout_s: float | None = None) -> None:
+        """Ship emulator settings to every worker (replaces earlier settings).
+
+        Dask sends a worker plugin to every worker and waits for all of them: one stopped or
+        hung ``dask worker`` held the pool's opening until the scheduler dropped it (5 minutes).
+        After ``timeout_s`` (:data:`CONFIGURE_TIMEOUT_S`) this goes on with a warning: the
+        scheduler keeps the settings and the silent worker takes them when it answers again
+        (pool discovery leaves such a worker out until then). A worker that answers with an
+        error still raises it."""
         if not time_scale >= 0:
             raise ValueError(f"time_scale must be >= 0 (0 = do not sleep), got {time_scale!r}")
-        self.client.register_plugin(RuntimeConfig(truth, time_scale, energy), name=PLUGIN_NAME)
+        plugin = RuntimeConfig(truth, time_scale, energy)
+        timeout_s = CONFIGURE_TIMEOUT_S if timeout_s is None else timeout_s
+        outcome: list[BaseException | None] = []
+
+        def register() -> None:
+            try:
+                self.client.register_plugin(plugin, name=PLUGIN_NAME)
+                outcome.append(None)
+            except BaseException as exc:  # handed to the caller below
+                outcome.append(exc)
+
+        # a daemon thread: one that waits on a silent worker must not hold the interpreter's exit
+        sender = threading.Thread(target=register, name="gogh-configure", daemon=True)
+        sender.start()
+        sender.join(timeout_s)
+        if not outcome:
+            log.warning("gogh: not every worker took the emulator's settings within %g s (a stopped or busy "
+                        "dask worker); the scheduler keeps them and gives them to it when it answers", timeout_s)
+        elif outcome[0] is not None:
+            raise outcome[0]
 
     # -- lifetime --------------------------------------------------------------------
     def close(self) -> None:
@@ -646,6 +672,8 @@ RECHECK_LEFT_OUT_S = 60.0
 #: every worker: one such worker held every placement's re-reading of the pool (and ``gogh pool
 #: status``) until it came back or the scheduler dropped it, five minutes by Dask's default
 DESCRIBE_TIMEOUT_S = 5.0
+#: how long opening a pool waits for every worker to take the emulator's settings (``GpuPool.configure``)
+CONFIGURE_TIMEOUT_S = 30.0
 
 
 def _describe_workers(client: Client, addresses: Sequence[str], timeout_s: float) -> dict[str, Any]:
