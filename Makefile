@@ -1,5 +1,7 @@
 # Two commands do all the set-up on a fresh clone: `make demo` and `make test`.
-# torch is installed first and pinned: an unpinned torch pulls GBs of CUDA packages.
+# torch is installed first and pinned to the version the shipped models and tests were made with
+# (which build, CPU or CUDA, is pip's index's choice). PYTHON must be 3.11 or newer:
+# `make PYTHON=python3.11 test` where python3 is older.
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -15,6 +17,7 @@ export DO_NOT_TRACK := true
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "gogh-flows needs Python 3.11 or newer; $(PYTHON) is " + sys.version.split()[0] + ": run make PYTHON=python3.11 (or a newer one)")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 	$(BIN)/python -m pip install $(TORCH)

@@ -403,7 +403,8 @@ def read_traces(data: str | Path) -> dict[str, TraceSet]:
         raise ValueError(f"--data {str(root)!r} is a file; give the folder that holds it and the other "
                          f"summary_power_<gpu>.csv files ({root.parent})")
     if not root.is_dir():
-        raise FileNotFoundError(f"power-trace folder {root} not found")
+        raise FileNotFoundError(f"power-trace folder {root} not found: give --data, the folder of Zeus's "
+                                "summary_power_<gpu>.csv files (or set GOGH_DATA_DIR to the folder holding zeus/)")
     found = {m["gpu"].lower(): root / p.name for p in sorted(root.iterdir()) if (m := TRACE_FILE.match(p.name))}
     if not found:
         raise FileNotFoundError(f"no summary_power_<gpu>.csv file in {root}")
@@ -738,10 +739,20 @@ def print_evaluation(result: Mapping[str, Any], console: Any = None) -> None:
                   "(and fell short).", soft_wrap=True, highlight=False)
 
 
+def zeus_data(data: str | None) -> Path:
+    """``--data``, else Zeus's traces under ``$GOGH_DATA_DIR`` (``zeus/``), else ``../shared/data/zeus``
+    from the working directory or beside the checkout, as the other measured data are found."""
+    if data is not None:
+        return Path(data)
+    from gogh_flows.power_model import data_dir
+
+    return data_dir() / "zeus"
+
+
 def cmd_power_evaluate(args: argparse.Namespace) -> int:
     name = args.test_gpu.strip().lower()
     _catalog_gpu(name)  # an unknown GPU is named before any file is read
-    result = evaluate_held_out(read_traces(args.data), name)
+    result = evaluate_held_out(read_traces(zeus_data(args.data)), name)
     print_evaluation(result)
     if args.json:
         out = Path(args.json)
@@ -752,8 +763,9 @@ def cmd_power_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_power_fit(args: argparse.Namespace) -> int:
     # the provenance is the command that was run, not the one that made the packaged file
-    command = f"gogh power fit --data {args.data}" + (f" --out {args.out}" if args.out else "")
-    fitted = fit_all(read_traces(args.data), command=command)
+    data = zeus_data(args.data)
+    command = f"gogh power fit --data {data}" + (f" --out {args.out}" if args.out else "")
+    fitted = fit_all(read_traces(data), command=command)
     text = json.dumps(fitted, indent=2) + "\n"
     if args.out:
         out = Path(args.out)
@@ -775,7 +787,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "configuration, each also using what the runs before it measured at their limits, as placements do. "
         "Reports violation rate, energy regret against the best measured feasible limit and saving against the "
         "maximum limit, for the model (first run and runs 2-6) and the 'max' and 'median-fraction' baselines.")
-    ev.add_argument("--data", required=True, help="folder with summary_power_<gpu>.csv files")
+    data_help = ("folder with summary_power_<gpu>.csv files (default: zeus/ under $GOGH_DATA_DIR, else "
+                 "../shared/data/zeus from here or beside the checkout)")
+    ev.add_argument("--data", help=data_help)
     ev.add_argument("--test-gpu", required=True, help="the GPU held out, e.g. v100 (a catalog type)")
     ev.add_argument("--json", help="also write the figures to this file")
     ev.set_defaults(func=cmd_power_evaluate)
@@ -784,6 +798,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         description="Reads every summary_power_<gpu>.csv in --data and fits the power-limit model on all of "
         "them by unweighted least squares (the form of least leave-one-GPU-out log error). Prints the JSON; --out also writes it "
         "(gogh_flows/power_limit_model.json is the shipped model).")
-    fit.add_argument("--data", required=True, help="folder with summary_power_<gpu>.csv files")
+    fit.add_argument("--data", help=data_help)
     fit.add_argument("--out", help="write the model's JSON to this file")
     fit.set_defaults(func=cmd_power_fit)

@@ -150,6 +150,22 @@ def test_evaluate_names_an_unknown_gpu_and_the_catalog(zeus_dir, capsys):
     assert "'rtx6000' is not in the catalog" in err and "a40" in err and "v100" in err
 
 
+def test_without_data_the_traces_are_read_from_zeus_under_gogh_data_dir(tmp_path, capsys, monkeypatch):
+    """The README says GOGH_DATA_DIR finds Zeus's data from any folder; --data was required."""
+    (tmp_path / "zeus").mkdir()
+    _synthetic_csv(tmp_path / "zeus" / "summary_power_v100.csv")
+    _synthetic_csv(tmp_path / "zeus" / "summary_power_a40.csv", "a40", limits=(100, 150, 200, 250, 300))
+    monkeypatch.setenv("GOGH_DATA_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert main(["power", "fit"]) == 0
+    fitted = json.loads(capsys.readouterr().out)
+    assert f"--data {tmp_path / 'zeus'}" in json.dumps(fitted)  # the provenance names the folder read
+    monkeypatch.setenv("GOGH_DATA_DIR", str(tmp_path / "elsewhere"))
+    assert main(["power", "evaluate", "--test-gpu", "v100"]) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'elsewhere' / 'zeus'} not found" in err and "give --data" in err
+
+
 def test_evaluate_names_missing_files_and_columns(tmp_path, capsys):
     _synthetic_csv(tmp_path / "summary_power_v100.csv")
     _synthetic_csv(tmp_path / "summary_power_a40.csv", "a40", limits=(100, 150, 200, 250, 300))
