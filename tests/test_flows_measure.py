@@ -60,28 +60,80 @@ def test_a_body_that_reports_nothing_logs_the_declared_work_once(gogh_home):
     assert row["steps"] == 300 and row["window"] == "emulated"  # emulated time has no start-up
 
 
-def test_whole_run_and_shared_figures_reach_the_table_as_measured():
+def _measured_row(reading, run_id: str) -> dict:
+    """The table row of a ResNet-50 run on an H100 next to LM that measured ``reading``."""
     from gogh_flows.flows.measure import build_measurement
-    from gogh_flows.flows.observations import observations_from_measurements
     from gogh_flows.runtime.outcome import RunOutcome
-    from gogh_flows.runtime.telemetry import TelemetryReading
-    from gogh_flows.tracking.measurements import Measurement, empty_table
     from gogh_flows.workloads.job import JobSpec
-    import polars as pl
     from types import SimpleNamespace
 
     job = JobSpec.from_zoo("ResNet-50", 64, required_throughput=10.0, work_steps=300)
-    placement = SimpleNamespace(run_id="r1", policy="optimizer", predicted_energy_j=1.0, waited_s=0.0,
+    placement = SimpleNamespace(run_id=run_id, policy="optimizer", predicted_energy_j=1.0, waited_s=0.0,
                                 predictor_versions={}, partner_runs=(), partners=("LM (batch size 10)",),
                                 gpu_id="h100-0", gpu_type="h100", predicted_throughput=20.0, limit_trial=False)
+    outcome = RunOutcome(value=None, telemetry=reading, partners=("LM (batch size 10)",), error=None,
+                         gpu_id="h100-0", gpu_type="h100", job_type=job.job_type, run_id=run_id)
+    m = build_measurement(job, placement, outcome, None, started=1.0, wall_s=31.0, flow_run=None, flow_name="f",
+                          device="local")
+    return m.to_row()
 
-    def row(reading: TelemetryReading, run_id: str) -> dict:
-        outcome = RunOutcome(value=None, telemetry=reading, partners=("LM (batch size 10)",), error=None,
-                             gpu_id="h100-0", gpu_type="h100", job_type=job.job_type, run_id=run_id)
-        m = build_measurement(job, SimpleNamespace(**{**vars(placement), "run_id": run_id}), outcome, None,
-                              started=1.0, wall_s=31.0, flow_run=None, flow_name="f", device="local")
-        return m.to_row()
 
+
+def test_a_pool_learns_only_from_runs_on_boards_of_its_own_kind():
+    """A demo's or a test's runs on emulated GPUs in the same table (or shared MLflow store) as
+    runs on real ones: an emulated run's rate is the emulator's truth, and a real pool took it as
+    a measured observation (and an emulated pool a real board's)."""
+    from types import SimpleNamespace
+
+    from gogh_flows.flows.observations import ObservationCache
+    from gogh_flows.runtime.devices import GpuDevice
+    from gogh_flows.runtime.pool import GpuPool
+    from gogh_flows.runtime.telemetry import TelemetryReading
+    from gogh_flows.tracking.measurements import empty_table
+    import polars as pl
+
+    def reading(source: str, rate: float) -> TelemetryReading:
+        return TelemetryReading(source=source, duration_s=10.0, steps=300, throughput=rate, mean_power_w=300.0,
+                                energy_j=3000.0, max_memory_bytes=None, mean_utilisation=None, wall_s=10.0,
+                                attributed_energy_j=3000.0, energy_method="model", window=(
+                                    "emulated" if source == "emulated" else "steady"),
+                                window_steps=300, run_energy_j=3000.0, board_run_energy_j=3000.0)
+
+    rows = [_measured_row(reading("nvml", 24.0), "real"), _measured_row(reading("emulated", 30.0), "emu")]
+    table = pl.concat([empty_table(), pl.DataFrame([{**r, "logged_at": float(i)} for i, r in enumerate(rows)],
+                                                  schema=empty_table().schema)])
+    log = SimpleNamespace(table=SimpleNamespace(version=lambda: 1), read=lambda: table)
+
+    def pool(emulated: set[str], *types: str) -> GpuPool:
+        devices = [GpuDevice(id=f"{t}-{i}", gpu_type=t, worker=f"w-{t}-{i}") for t in types for i in range(2)]
+        return GpuPool(mode="remote", devices=devices, client=None, owns_client=False,
+                       emulated=frozenset(d.id for d in devices if d.id in emulated))
+
+    real = pool(set(), "h100", "t4")
+    emulated = pool({"h100-0", "h100-1", "t4-0", "t4-1"}, "h100", "t4")
+    mixed = pool({"h100-0"}, "h100", "t4")  # one of two H100s emulated: both kinds kept for it
+    assert real.emulated_by_type() == {"h100": False, "t4": False}
+    assert mixed.emulated_by_type() == {"h100": None, "t4": False}
+
+    def rates(p: GpuPool | None) -> list[float]:
+        return ObservationCache(log, None if p is None else p.emulated_by_type).get()["throughput"].to_list()
+
+    assert rates(real) == [24.0]
+    assert rates(emulated) == [30.0]
+    assert sorted(rates(mixed)) == [24.0, 30.0]
+    assert sorted(rates(None)) == [24.0, 30.0]  # no pool (gogh predict): every row, as before
+    # a type the pool lacks follows the pool's one kind (a refiner moves every type from any run)
+    assert rates(pool(set(), "a100")) == [24.0]
+    assert rates(pool({"a100-0", "a100-1"}, "a100")) == [30.0]
+
+
+def test_whole_run_and_shared_figures_reach_the_table_as_measured():
+    from gogh_flows.flows.observations import observations_from_measurements
+    from gogh_flows.runtime.telemetry import TelemetryReading
+    from gogh_flows.tracking.measurements import Measurement, empty_table
+    import polars as pl
+
+    row = _measured_row
     shared = TelemetryReading(source="nvml", duration_s=12.0, steps=293, throughput=24.0, mean_power_w=507.0,
                               energy_j=6084.0, max_memory_bytes=None, mean_utilisation=None, wall_s=30.5,
                               attributed_energy_j=3300.0, energy_method="counter", window="steady",

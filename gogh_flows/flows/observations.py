@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import polars as pl
 
@@ -15,18 +15,28 @@ from gogh_flows.tracking.measurements import PARTNERS_CHANGED, MeasurementLog
 
 
 class ObservationCache:
-    """Logged measurements as P2 observations and limit evidence, re-read only when the table changed."""
+    """Logged measurements as P2 observations and limit evidence, re-read only when the table changed.
 
-    def __init__(self, log: MeasurementLog) -> None:
+    ``emulated_by_type`` (the pool's :meth:`~gogh_flows.runtime.pool.GpuPool.emulated_by_type`)
+    keeps a pool's placements to runs measured on boards of its own kind: a table (or a shared
+    MLflow store) can hold a demo's or a test's runs on emulated GPUs beside runs on real ones,
+    and an emulated run's rate is the emulator's truth. Taken as a real board's, it was an
+    observation that outranks every prediction, averaged with the real runs of the type for good.
+    """
+
+    def __init__(self, log: MeasurementLog,
+                 emulated_by_type: Callable[[], Mapping[str, bool | None]] | None = None) -> None:
         self.log = log
+        self._kinds = emulated_by_type
         self._stamp: object = None
         self._frame = observations_from_measurements(pl.DataFrame())
         self._evidence: LimitEvidence = {}
 
     def _refresh(self) -> None:
-        stamp = self.log.table.version()
+        kinds = dict(self._kinds()) if self._kinds is not None else {}
+        stamp = (self.log.table.version(), tuple(sorted(kinds.items())))
         if stamp != self._stamp:
-            rows = _steady_rows(self.log.read())  # once for both: the table can be long
+            rows = of_board_kind(_steady_rows(self.log.read()), kinds)  # once for both: the table can be long
             self._frame = _observations(rows)
             self._evidence = _limit_evidence(rows)
             self._stamp = stamp
@@ -113,6 +123,23 @@ def _limit_evidence(steady: list[dict]) -> LimitEvidence:
                      for w, (rates, powers) in sorted(v.items())) for k, v in out.items()}
 
 
+def of_board_kind(rows: list[dict], emulated_by_type: Mapping[str, bool | None]) -> list[dict]:
+    """The rows measured on boards of the kind the pool has for their GPU type (emulated or
+    real, ``emulated_by_type``; None: both, every row kept); for a type the pool lacks, of the
+    pool's one kind when it has one (a refiner moves every type's prediction from any type's
+    run), else every row."""
+    if not emulated_by_type:
+        return rows
+    kinds = set(emulated_by_type.values())
+    default = next(iter(kinds)) if len(kinds) == 1 else None
+    out = []
+    for r in rows:
+        want = emulated_by_type.get(r["gpu_type"], default)
+        if want is None or (r.get("telemetry") == "emulated") == want:
+            out.append(r)
+    return out
+
+
 def _steady_rows(frame: pl.DataFrame) -> list[dict]:
     """Rows whose throughput is the run's steady rate on its GPU (see observations_from_measurements)."""
     if frame.is_empty() or "throughput" not in frame.columns:
@@ -147,4 +174,4 @@ def _extra_float(extra: Mapping, name: str) -> float | None:
     return value if math.isfinite(value) and value > 0 else None
 
 
-__all__ = ["ObservationCache", "limit_evidence_from_measurements", "observations_from_measurements"]
+__all__ = ["ObservationCache", "limit_evidence_from_measurements", "observations_from_measurements", "of_board_kind"]

@@ -107,7 +107,7 @@ class Session:
                                   pull_every_s=PULL_EVERY_S if cluster.mode == "remote" else None)
             stack.callback(mirror.stop)
             session = cls(cluster=cluster, pool=pool, measurements=measurements,
-                          observations=ObservationCache(measurements), features=FeatureStore(root / "jobs", shared=lambda: pool.ledger),
+                          observations=ObservationCache(measurements, pool.emulated_by_type), features=FeatureStore(root / "jobs", shared=lambda: pool.ledger),
                           root=root, mirror=mirror, truth=truth, _resources=stack.pop_all())
         return session
 

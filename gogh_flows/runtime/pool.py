@@ -184,6 +184,15 @@ class GpuPool:
     def is_emulated(self, gpu_id: str) -> bool:
         return self.device(gpu_id).id in self._emulated
 
+    def emulated_by_type(self) -> dict[str, bool | None]:
+        """GPU type -> whether this pool's boards of it are emulated (True) or real (False), None
+        for a type with both. What a placement may learn from: a run measured on an emulated
+        board describes the emulator's truth, not a real board of its type."""
+        kinds: dict[str, set[bool]] = {}
+        for d in self.devices:
+            kinds.setdefault(d.gpu_type, set()).add(d.id in self._emulated)
+        return {t: next(iter(k)) if len(k) == 1 else None for t, k in kinds.items()}
+
     def fleet(self) -> dict[str, int]:
         """GPU count per type, e.g. ``{"v100": 2, "t4": 1}``."""
         out: dict[str, int] = {}
