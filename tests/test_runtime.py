@@ -164,6 +164,45 @@ def test_emulated_meter_sleeps_scaled_time():
     assert meter.stop().duration_s == pytest.approx(2.0)
 
 
+def test_one_advance_follows_a_partner_that_joins_and_a_stop_asked_while_it_runs():
+    """A body that advances its whole work at once (as the README shows) on a board with
+    time_scale > 0: the rate and power were fixed when the call began, so a partner that joined
+    meanwhile changed neither (the shared stretch was charged at the whole board's alone power,
+    and again in the partner's row), and a cancelled run slept on to its last step."""
+    from gogh_flows.runtime.context import GpuContext, RunCancelled
+    from gogh_flows.runtime.emulation import STRETCH_WALL_S
+
+    device = GpuDevice("v100-0", "v100", "v100-0")
+    slept: list[float] = []
+    meter = EmulatedMeter(device, job_type="a", truth=small_truth(), time_scale=0.1, sleep=slept.append)
+
+    def partner_joins_after_the_first_stretch(seconds: float) -> None:
+        slept.append(seconds)
+        if len(slept) == 1:
+            meter.set_partners(("b",))
+
+    meter._sleep = partner_joins_after_the_first_stretch
+    meter.start()
+    meter.advance(620)
+    reading = meter.stop()
+    alone = STRETCH_WALL_S / 0.1 * 100  # steps of the first stretch, alone at 100 steps/s
+    assert slept[0] == pytest.approx(STRETCH_WALL_S) and len(slept) > 2
+    assert reading.steps == pytest.approx(620)
+    # alone at 100/s for the first stretch, then at the pair's 60/s
+    assert reading.duration_s == pytest.approx(alone / 100 + (620 - alone) / 60)
+    shared_w = EnergyModel().power_shared("v100", ((0.6, 0.6), (0.5, 0.75)))
+    assert reading.energy_j == pytest.approx(196.0 * alone / 100 + shared_w * (620 - alone) / 60)
+    assert reading.attributed_energy_j < reading.energy_j  # the shared stretch is split with the partner
+
+    stopper = EmulatedMeter(device, job_type="a", truth=small_truth(), time_scale=0.1, sleep=lambda s: None)
+    ctx = GpuContext(device=device, torch_device="cpu", mode="emulated", job_type="a", run_id="r", meter=stopper)
+    stopper._sleep = lambda seconds: ctx.request_stop("timed out")
+    stopper.start()
+    with pytest.raises(RunCancelled, match="timed out"):
+        ctx.advance(10_000)
+    assert stopper.stop().steps == pytest.approx(STRETCH_WALL_S / 0.1 * 100)  # one stretch, not 10,000 steps
+
+
 _meet = threading.Barrier(2)
 
 

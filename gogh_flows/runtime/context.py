@@ -67,10 +67,11 @@ class GpuContext:
             self.meter.report(steps)
 
     def advance(self, steps: float) -> None:
-        """Emulated: run ``steps`` at the true throughput for the current partners. Real GPU: report them."""
+        """Emulated: run ``steps`` at the true throughput for the current partners (a stop asked
+        meanwhile interrupts it, as a report would). Real GPU: report them."""
         self._check_stop()
         if self.meter is not None:
-            self.meter.advance(steps)
+            self.meter.advance(steps, between=self._check_stop)
 
     @property
     def partners(self) -> tuple[str, ...]:

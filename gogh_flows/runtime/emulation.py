@@ -79,6 +79,11 @@ def device_power(energy: EnergyModel, truth: ThroughputTable | None, gpu_type: s
     return watts, share
 
 
+#: the longest wall-time stretch one ``advance()`` sleeps at one rate (partners, limit) before
+#: it looks again, and between which a stopped run's body is interrupted
+STRETCH_WALL_S = 0.25
+
+
 class EmulatedMeter(StepCounter):
     """Emulated progress, time and energy of one run on one emulated GPU.
 
@@ -210,7 +215,17 @@ class EmulatedMeter(StepCounter):
             )
         return tput
 
-    def advance(self, steps: float) -> None:
+    def advance(self, steps: float, between: Callable[[], None] | None = None) -> None:
+        """Run ``steps`` at the true rate of the board as it is while they run.
+
+        With ``time_scale > 0`` the steps run in stretches of at most :data:`STRETCH_WALL_S` of
+        wall time, each at the rate, power and share of the partners and limit of its own
+        start, and ``between`` is called between stretches (the body's context raises there
+        when the run was asked to stop). One rate for the whole call, fixed when it began, gave
+        a body that advanced its work at once its alone rate and the whole board's energy
+        however long a partner shared the board with it (that stretch was then counted in the
+        partner's row as well), and a cancelled or timed-out run slept on to its last step.
+        """
         if not steps >= 0:
             raise ValueError(f"advance() takes a number of steps >= 0, got {steps!r}")
         # A watched run on a limited board is looked at when its warm-up ends, as a real board
@@ -219,23 +234,31 @@ class EmulatedMeter(StepCounter):
         # then runs at the limit the guard left, not all of it at one it would have lifted.
         first = self.warmup_steps - self._steps
         if self.watch is not None and self._limit is not None and 0 < first < steps:
-            self._advance(first)
+            self._advance(first, between)
             steps -= first
-        self._advance(steps)
+        self._advance(steps, between)
 
-    def _advance(self, steps: float) -> None:
-        self._refresh_override()
-        with self._lock:
-            tput = self.throughput() / self._slow
-            dt = steps / tput
-            self._slow_steps += self._slow * float(steps)
-            watts, share = self._seg_power
-            self._emulated_s += dt
-            self._emulated_j += watts * dt
-            self._emulated_attr_j += watts * share * dt
-            self._steps += float(steps)
-        if self.time_scale > 0 and dt > 0:
-            self._sleep(dt * self.time_scale)
+    def _advance(self, steps: float, between: Callable[[], None] | None) -> None:
+        left = float(steps)
+        while True:
+            self._refresh_override()
+            with self._lock:
+                tput = self.throughput() / self._slow
+                take = left if self.time_scale <= 0 else min(left, tput * STRETCH_WALL_S / self.time_scale)
+                dt = take / tput
+                self._slow_steps += self._slow * take
+                watts, share = self._seg_power
+                self._emulated_s += dt
+                self._emulated_j += watts * dt
+                self._emulated_attr_j += watts * share * dt
+                self._steps += take
+                left -= take
+            if self.time_scale > 0 and dt > 0:
+                self._sleep(dt * self.time_scale)
+            if left <= 0:
+                break
+            if between is not None:
+                between()
         if self.watch is not None:
             self.watch(self)
 

@@ -159,7 +159,7 @@ class Meter(Protocol):
 
     def report(self, steps: float = 1.0) -> None: ...
 
-    def advance(self, steps: float) -> None: ...
+    def advance(self, steps: float, between: Callable[[], None] | None = None) -> None: ...
 
     def set_partners(self, partners: tuple[str, ...]) -> None: ...
 
@@ -239,8 +239,8 @@ class StepCounter:
     def _on_report(self, now: float, opened: bool) -> None:
         """Called under the lock after each report; ``opened``: this report opened the window."""
 
-    def advance(self, steps: float) -> None:
-        self.report(steps)  # a real GPU did the work itself; advancing only counts it
+    def advance(self, steps: float, between: Callable[[], None] | None = None) -> None:
+        self.report(steps)  # a real GPU did the work itself; advancing only counts it (nothing to interrupt)
 
     def set_partners(self, partners: tuple[str, ...]) -> None:
         with self._lock:
