@@ -468,6 +468,8 @@ def test_misspelt_block_fields_and_bad_registry_settings_are_refused(tmp_path):
     assert PredictorRegistry(tracking_uri="postgresql+psycopg://db/mlflow").tracking_uri.startswith("postgresql")
     with pytest.raises(ValueError, match="lease_timeout_s"):
         GpuCluster(lease_timeout_s=0)
+    with pytest.raises(ValueError, match="lease_timeout_s\n.*finite number"):  # refused by the pool only later
+        GpuCluster(lease_timeout_s=float("inf"))
     with pytest.raises(ValueError, match="truth 'gavle' is neither 'synthetic', 'gavel' nor the path"):
         GpuCluster(truth="gavle")
     # a path is read where the pool starts, which may be another machine: not checked here
@@ -787,8 +789,11 @@ def _hold_a100_then(wait_s: float, release_after_s: float | None) -> tuple:
         a slow flow-run start must not let the A100 free up before the patient has looked."""
 
         def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
             if "waits for a GPU" in record.getMessage() and release_after_s is not None:
                 threading.Timer(release_after_s, gate.set).start()
+
+    said: list[str] = []
 
     handler = ReleaseOnceHeld()
     run_logger = logging.getLogger("prefect.task_runs")
@@ -800,22 +805,25 @@ def _hold_a100_then(wait_s: float, release_after_s: float | None) -> tuple:
                 time.sleep(0.05)
             got = ex.submit(patient).result(timeout=60)
             gate.set()
-            return held.result(timeout=30), got
+            return held.result(timeout=30), got, said
     finally:
         run_logger.removeHandler(handler)
 
 
 def test_a_run_waits_for_an_efficient_gpu_when_its_policy_allows(gogh_home):
-    first, (gpu_type, waited, why) = _hold_a100_then(wait_s=20.0, release_after_s=0.5)
+    first, (gpu_type, waited, why), said = _hold_a100_then(wait_s=20.0, release_after_s=0.5)
     assert first == "a100"
     assert gpu_type == "a100" and 0.3 < waited < 20.0
     assert "| held for an efficient GPU | from 0." in why and "a100 would use" in why  # the artifact says why
+    # the log says so when the wait ends, as it said so when it began
+    assert any("its wait for an efficient GPU is over" in m and "placed on a100-0" in m for m in said), said
 
 
 def test_a_run_takes_the_free_gpu_once_its_wait_for_efficiency_runs_out(gogh_home):
-    _, (gpu_type, waited, why) = _hold_a100_then(wait_s=0.5, release_after_s=None)
+    _, (gpu_type, waited, why), said = _hold_a100_then(wait_s=0.5, release_after_s=None)
     assert gpu_type == "k80" and 0.45 <= waited < 10.0
     assert "held for an efficient GPU" in why
+    assert sum("its wait for an efficient GPU is over" in m for m in said) == 1, said
 
 
 def test_limit_levels_on_a_baseline_policy_are_refused_with_what_to_do():
@@ -856,6 +864,21 @@ def test_waiting_for_efficiency_must_end_before_the_wait_timeout():
     with pytest.raises(ValueError, match="must be below the decorator's wait_timeout_s"):  # its override too
         gogh_placed(model="ResNet-50", batch_size=64, min_throughput=0.1, work_steps=10, wait_timeout_s=3.0,
                     policy=PlacementPolicy(wait_for_efficiency_s=20.0))
+
+
+def test_a_policy_named_by_its_block_is_held_to_the_decorators_wait_timeout_too(gogh_home):
+    """A block name is loaded when a run starts: the instance's check at decoration was skipped,
+    and the run was held for its whole wait_timeout_s (no time left to take a free GPU)."""
+    PlacementPolicy(wait_for_efficiency_s=100.0, power_limit_levels=[0, 0.5]).save("patient", overwrite=True)
+
+    @gogh_placed(model="ResNet-50", batch_size=64, min_throughput=0.1, work_steps=10, wait_timeout_s=50.0,
+                 policy="patient", cluster=GpuCluster(fleet={"t4": 1}))
+    def patient() -> str:
+        return current_placement().gpu_id
+
+    with pytest.raises(ValueError, match=r"wait_for_efficiency_s \(100 s\) must be below the decorator's "
+                                         r"wait_timeout_s \(50 s\)"):
+        patient.fn()
 
 
 def test_the_errors_a_run_can_fail_with_are_importable_from_the_package():

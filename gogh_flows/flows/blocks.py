@@ -84,10 +84,10 @@ class GpuCluster(Block):
     capacity: int = Field(default=2, ge=1, le=2, description="jobs per GPU: 1 exclusive, 2 may share")
     truth: str = Field(default="synthetic", description="emulated mode: 'synthetic', 'gavel' or a Gavel "
                        "throughput JSON the emulated GPUs run at")
-    time_scale: float = Field(default=0.0, ge=0.0, description="emulated mode: wall seconds per "
+    time_scale: float = Field(default=0.0, ge=0.0, allow_inf_nan=False, description="emulated mode: wall seconds per "
                               "emulated second (0 = do not sleep)")
     seed: int = 0
-    lease_timeout_s: float = Field(default=30.0, gt=0.0, description="a GPU slot whose holder stops "
+    lease_timeout_s: float = Field(default=30.0, gt=0.0, allow_inf_nan=False, description="a GPU slot whose holder stops "
                                    "refreshing it (placing process or worker died) is freed after this "
                                    "many seconds; a shared scheduler keeps the value it was started with")
     power_cap_w: float | None = Field(default=None, gt=0.0, description="local-cuda mode, off by default: "

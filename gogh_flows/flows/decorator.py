@@ -108,12 +108,8 @@ def gogh_placed(
     _check_block_arg("cluster", cluster, GpuCluster)
     _check_block_arg("registry", registry, PredictorRegistry)
     _check_block_arg("policy", policy, PlacementPolicy)
-    waits = policy.wait_for_efficiency_s if isinstance(policy, PlacementPolicy) else 0.0
-    if wait_s is not None and waits > 0 and waits >= wait_s:
-        raise ValueError(
-            f"the policy's wait_for_efficiency_s ({policy.wait_for_efficiency_s:g} s) must be below the "
-            f"decorator's wait_timeout_s ({wait_s:g} s), which overrides the policy's: a run that may wait for "
-            "an efficient GPU must still have time to take a free one; raise wait_timeout_s or lower the wait")
+    if isinstance(policy, PlacementPolicy):  # a block named is checked when a run loads it
+        _check_efficiency_wait(policy, wait_s)
     settings = _Settings(cluster, registry, policy, wait_s, warmup)
 
     def decorate(obj: Any) -> Flow:
@@ -315,6 +311,11 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
     limit = "" if placement.power_limit_w is None else f" at a {placement.power_limit_w:g} W power limit"
     if placement.risk_level is None:
         predicted = f"predicted {placement.predicted_throughput:.4g} steps/s"
+    elif placement.point_throughput is not None and math.isclose(placement.point_throughput,
+                                                                 placement.predicted_throughput, rel_tol=1e-9):
+        # a measured entry has no interval: the figure is the run's own measurement
+        predicted = (f"predicted {placement.predicted_throughput:.4g} steps/s (as measured: no margin at the "
+                     f"{placement.risk_level:.0%} risk level)")
     else:  # the decision's figure is a bound: say so, beside the point prediction
         point = "n/a" if placement.point_throughput is None else f"{placement.point_throughput:.4g}"
         predicted = (f"predicted {point} steps/s (planned at {placement.predicted_throughput:.4g}, the lower end "
@@ -612,6 +613,7 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
     cluster = load_block(GpuCluster, settings.cluster, GpuCluster())
     registry = load_block(PredictorRegistry, settings.registry, PredictorRegistry())
     policy = load_block(PlacementPolicy, settings.policy, PlacementPolicy())
+    _check_efficiency_wait(policy, settings.wait_timeout_s)
     session = shared_session(cluster, registry.resolved_tracking_uri())
     workers_api = _workers_prefect_url(session.pool.address, flow_run or caller)
     # a job type the truth lacks runs from its layer features (the worker's _learn_job)
@@ -732,6 +734,16 @@ def _stopped_outcome(ledger: PoolLedger, run_id: str, future: Any) -> Any:
         return future.result()
     except Exception:  # noqa: BLE001 - the run failed already; the reason stands as it is
         return None
+
+
+def _check_efficiency_wait(policy: PlacementPolicy, wait_timeout_s: float | None) -> None:
+    """The policy's wait for an efficient GPU ends before the decorator's ``wait_timeout_s``."""
+    waits = policy.wait_for_efficiency_s
+    if wait_timeout_s is not None and waits > 0 and waits >= wait_timeout_s:
+        raise ValueError(
+            f"the policy's wait_for_efficiency_s ({waits:g} s) must be below the decorator's wait_timeout_s "
+            f"({wait_timeout_s:g} s), which overrides the policy's: a run that may wait for an efficient GPU "
+            "must still have time to take a free one; raise wait_timeout_s or lower the wait")
 
 
 def _wait_timeout(settings: _Settings, policy: PlacementPolicy) -> float:

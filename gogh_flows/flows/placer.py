@@ -293,6 +293,9 @@ def place_with_retry(
                     continue  # the GPU changed (or filled) since the decision: decide again
                 others = [j for j in problem.occupants(gpu_id) if j.id != run_id]
                 waited = time.monotonic() - start
+                if held_note is not None and on_wait is not None and not said_unheld:
+                    on_wait(f"run {run_id}: its wait for an efficient GPU is over after {waited:.1f} s; placed "
+                            f"on {gpu_id} ({a.gpu_type})")
                 return RunPlacement(
                     run_id=run_id, job_type=job.job_type, gpu_id=gpu_id, gpu_type=a.gpu_type,
                     required_throughput=job.required_throughput, predicted_throughput=a.throughput,
