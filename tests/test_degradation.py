@@ -387,3 +387,23 @@ def test_a_record_landing_while_a_run_decides_never_leaves_it_old_evidence_and_n
 
     again = place(evidence_while_the_record_lands, lambda: frozenset(marks))
     assert not again.limit_trial, again.explanation_md  # the mark was read first: no blind second trial
+
+
+def test_a_join_that_changes_the_boards_limit_says_its_partner_runs_at_it_too():
+    """A board has one power limit: a join placed at 250 W raised its partner from 175 W, and the
+    joiner's artifact said only what the limit saved."""
+    from types import SimpleNamespace
+
+    from gogh_flows.flows.placer import _partner_limit
+    from gogh_flows.placement.problem import Job
+
+    def problem(limit_w):
+        partner = Job("lm", "LM (batch size 20)", 1.0, 100.0, gpus=("a100-0",), power_limit_w=limit_w)
+        return SimpleNamespace(occupants=lambda gpu_id: [partner] if gpu_id == "a100-0" else [])
+
+    raised = SimpleNamespace(power_limit_w=250.0)
+    assert _partner_limit(problem(175.0), "new", "a100-0", raised) == (
+        "; a board has one limit, so its partner runs at it too (it ran at 175 W)")
+    assert "it ran at full power" in _partner_limit(problem(None), "new", "a100-0", raised)
+    assert _partner_limit(problem(250.0), "new", "a100-0", raised) == ""  # unchanged: nothing to say
+    assert _partner_limit(problem(175.0), "new", "t4-0", raised) == ""  # alone: no partner

@@ -383,6 +383,15 @@ def _planned(problem: PlacementProblem, run_id: str) -> float:
     return next(j.required_throughput for j in problem.jobs if j.id == run_id)
 
 
+def _partner_limit(problem: PlacementProblem, run_id: str, gpu_id: str, a: Any) -> str:
+    """A join that changes the board's limit changes its partner's: said, with the limit it had."""
+    before = [j.power_limit_w for j in problem.occupants(gpu_id) if j.id != run_id]
+    if not before or before[0] == a.power_limit_w:
+        return ""
+    was = "full power" if before[0] is None else f"{before[0]:g} W"
+    return f"; a board has one limit, so its partner runs at it too (it ran at {was})"
+
+
 def explain_markdown(job: JobSpec, run_id: str, placement: Placement, problem: PlacementProblem,
                      gpu_id: str, waited_s: float, versions: dict, held_note: str | None = None) -> str:
     """The Prefect artifact: chosen slot, its predicted figures, runner-ups, and rejections;
@@ -403,8 +412,10 @@ def explain_markdown(job: JobSpec, run_id: str, placement: Placement, problem: P
         f"| predicted throughput | {a.throughput:.4g} steps/s |",
         f"| predicted energy to completion | {kwh(a.energy_j):.4g} kWh |",
         *([f"| power limit | {a.power_limit_w:g} W (saves {kwh(ex.chosen.limit_saving_j):.4g} kWh "
-           "predicted, against the board's previous limit) |"]
-          if a.power_limit_w is not None and ex is not None and ex.chosen is not None else []),
+           f"predicted, against the board's previous limit){_partner_limit(problem, run_id, gpu_id, a)} |"]
+          if a.power_limit_w is not None and ex is not None and ex.chosen is not None else
+          [f"| power limit | full power{_partner_limit(problem, run_id, gpu_id, a)} |"]
+          if _partner_limit(problem, run_id, gpu_id, a) else []),
         *([f"| measured at lowered limits | {measured} (a level measured below "
            f"{_planned(problem, run_id):.4g} steps/s, what this run is planned against, is not offered; nor "
            "is any below it) |"] if (measured := _evidence_text(problem, job.job_type, a.gpu_type)) else []),
