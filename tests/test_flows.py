@@ -824,6 +824,7 @@ def test_a_run_takes_the_free_gpu_once_its_wait_for_efficiency_runs_out(gogh_hom
     assert gpu_type == "k80" and 0.45 <= waited < 10.0
     assert "held for an efficient GPU" in why
     assert sum("its wait for an efficient GPU is over" in m for m in said) == 1, said
+    assert any("placed on k80-0" in m for m in said), said  # said where it went, once placed
 
 
 def test_limit_levels_on_a_baseline_policy_are_refused_with_what_to_do():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import threading
 import time
@@ -201,6 +202,45 @@ def test_one_advance_follows_a_partner_that_joins_and_a_stop_asked_while_it_runs
     with pytest.raises(RunCancelled, match="timed out"):
         ctx.advance(10_000)
     assert stopper.stop().steps == pytest.approx(STRETCH_WALL_S / 0.1 * 100)  # one stretch, not 10,000 steps
+
+
+def test_the_guard_looks_between_stretches_and_an_infinite_time_scale_is_refused():
+    """A limit a partner's placement lowers while one long advance() runs is looked at by the
+    limit guard while lifting it still helps (it looked only when the call ended)."""
+    from gogh_flows.runtime.emulation import STRETCH_WALL_S
+
+    meter = EmulatedMeter(GpuDevice("v100-0", "v100", "v100-0"), job_type="a", truth=small_truth(),
+                          time_scale=0.1, sleep=lambda s: None)
+    looked: list[float] = []
+    meter.watch = lambda m: looked.append(m.steps)
+    meter.start()
+    meter.advance(10 * STRETCH_WALL_S / 0.1 * 100)  # ten stretches alone at 100 steps/s
+    assert len(looked) == 10 and looked == sorted(looked)
+    with pytest.raises(ValueError, match="finite number >= 0"):
+        EmulatedMeter(GpuDevice("v100-0", "v100", "v100-0"), job_type="a", truth=small_truth(),
+                      time_scale=math.inf)  # it spun forever, advancing 0 steps a stretch
+
+
+def test_a_stop_during_the_declared_work_of_a_silent_body_ends_it_as_a_bodys_stop_does(monkeypatch):
+    """A body that reports nothing has its declared work run after it returns; a lost placing
+    process's stop there escaped without the flow run being marked crashed."""
+    from types import SimpleNamespace
+
+    from gogh_flows.flows import decorator
+    from gogh_flows.runtime.context import GpuContext, RunCancelled, use_gpu
+    from gogh_flows.runtime.ledger import PLACER_LOST
+
+    device = GpuDevice("v100-0", "v100", "v100-0")
+    meter = EmulatedMeter(device, job_type="a", truth=small_truth(), time_scale=0.01)
+    ctx = GpuContext(device=device, torch_device="cpu", mode="emulated", job_type="a", run_id="r", meter=meter)
+    meter._sleep = lambda seconds: ctx.request_stop(PLACER_LOST)
+    crashed: list[str] = []
+    monkeypatch.setattr(decorator, "_mark_crashed", crashed.append)
+    meter.start()
+    with use_gpu(ctx), pytest.raises(RunCancelled):
+        decorator._execute_body(lambda: "done", (), {}, {}, SimpleNamespace(gpu_id="v100-0"), 100_000)
+    assert len(crashed) == 1 and "was lost" in crashed[0]
+    assert 0 < meter.steps < 100_000
 
 
 _meet = threading.Barrier(2)

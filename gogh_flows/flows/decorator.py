@@ -311,6 +311,9 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
     limit = "" if placement.power_limit_w is None else f" at a {placement.power_limit_w:g} W power limit"
     if placement.risk_level is None:
         predicted = f"predicted {placement.predicted_throughput:.4g} steps/s"
+    elif placement.limit_trial:  # a trial is offered at the rate measured one level up, without margin
+        predicted = (f"predicted {placement.predicted_throughput:.4g} steps/s (a trial one level below the best "
+                     "limit measured, offered at the rate measured there)")
     elif placement.point_throughput is not None and math.isclose(placement.point_throughput,
                                                                  placement.predicted_throughput, rel_tol=1e-9):
         # a measured entry has no interval: the figure is the run's own measurement
@@ -410,6 +413,15 @@ def _execute_body(fn: Callable, args: tuple, kwargs: dict, context: dict, placem
     with hydrated_context(context):
         try:
             result = _inside(gpu, cur, fn, args, kwargs)
+            meter = gpu.meter if gpu is not None else None
+            if meter is not None and meter.steps == 0:
+                # automatic timing: a body that reported nothing did its declared work (one that
+                # reported is measured by its own count, never both); on an emulated GPU that work
+                # runs now, and a stop asked meanwhile ends it as it ends a body
+                if gpu.emulated:
+                    gpu.advance(work_steps)
+                else:
+                    gpu.report(work_steps)
         except RunCancelled:
             if gpu is not None and gpu.stop_reason == PLACER_LOST:
                 _mark_crashed(f"the process that placed this run was lost (killed) while its body ran on "
@@ -417,14 +429,6 @@ def _execute_body(fn: Callable, args: tuple, kwargs: dict, context: dict, placem
                               "the GPU freed. Its measurement is kept by the pool's ledger until a placing "
                               "process logging to the same tracking store logs it; retry the flow run")
             raise
-    meter = gpu.meter if gpu is not None else None
-    if meter is not None and meter.steps == 0:
-        # automatic timing: a body that reported nothing did its declared work (one that
-        # reported is measured by its own count, never both)
-        if gpu.emulated:
-            gpu.advance(work_steps)
-        else:
-            gpu.report(work_steps)
     return result
 
 

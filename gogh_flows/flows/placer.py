@@ -415,7 +415,7 @@ def explain_markdown(job: JobSpec, run_id: str, placement: Placement, problem: P
            f"predicted, against the board's previous limit){_partner_limit(problem, run_id, gpu_id, a)} |"]
           if a.power_limit_w is not None and ex is not None and ex.chosen is not None else
           [f"| power limit | full power{_partner_limit(problem, run_id, gpu_id, a)} |"]
-          if _partner_limit(problem, run_id, gpu_id, a) else []),
+          if a.power_limit_w is None and _partner_limit(problem, run_id, gpu_id, a) else []),
         *([f"| measured at lowered limits | {measured} (a level measured below "
            f"{_planned(problem, run_id):.4g} steps/s, what this run is planned against, is not offered; nor "
            "is any below it) |"] if (measured := _evidence_text(problem, job.job_type, a.gpu_type)) else []),

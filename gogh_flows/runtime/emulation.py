@@ -20,6 +20,7 @@ with the power integrated piecewise as partners come and go.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -101,8 +102,8 @@ class EmulatedMeter(StepCounter):
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep,
                  warmup_steps: float = DEFAULT_WARMUP_STEPS) -> None:
-        if not time_scale >= 0:
-            raise ValueError(f"time_scale must be >= 0 (0 = do not sleep), got {time_scale!r}")
+        if not 0 <= time_scale < math.inf:
+            raise ValueError(f"time_scale must be a finite number >= 0 (0 = do not sleep), got {time_scale!r}")
         self.device = device
         self.gpu_type = device.gpu_type
         self.job_type = job_type
@@ -255,12 +256,14 @@ class EmulatedMeter(StepCounter):
                 left -= take
             if self.time_scale > 0 and dt > 0:
                 self._sleep(dt * self.time_scale)
+            # the guard looks after every stretch, as at every report of a real board: a limit a
+            # partner's placement lowered mid-call is looked at while lifting it still helps
+            if self.watch is not None:
+                self.watch(self)
             if left <= 0:
                 break
             if between is not None:
                 between()
-        if self.watch is not None:
-            self.watch(self)
 
     def rate_now(self) -> float | None:
         """The run's true rate now (partners and limit as they are), once the warm-up is done."""

@@ -263,24 +263,29 @@ class GpuPool:
         scheduler keeps the settings and the silent worker takes them when it answers again
         (pool discovery leaves such a worker out until then). A worker that answers with an
         error still raises it."""
-        if not time_scale >= 0:
-            raise ValueError(f"time_scale must be >= 0 (0 = do not sleep), got {time_scale!r}")
+        if not 0 <= time_scale < math.inf:
+            raise ValueError(f"time_scale must be a finite number >= 0 (0 = do not sleep), got {time_scale!r}")
         plugin = RuntimeConfig(truth, time_scale, energy)
         timeout_s = CONFIGURE_TIMEOUT_S if timeout_s is None else timeout_s
         outcome: list[BaseException | None] = []
+
+        gave_up = threading.Event()
 
         def register() -> None:
             try:
                 self.client.register_plugin(plugin, name=PLUGIN_NAME)
                 outcome.append(None)
-            except BaseException as exc:  # handed to the caller below
+            except BaseException as exc:  # handed to the caller below, or said if it stopped waiting
                 outcome.append(exc)
+                if gave_up.is_set():
+                    log.warning("gogh: a worker answered the emulator's settings late, with an error: %s", exc)
 
         # a daemon thread: one that waits on a silent worker must not hold the interpreter's exit
         sender = threading.Thread(target=register, name="gogh-configure", daemon=True)
         sender.start()
         sender.join(timeout_s)
         if not outcome:
+            gave_up.set()
             log.warning("gogh: not every worker took the emulator's settings within %g s (a stopped or busy "
                         "dask worker); the scheduler keeps them and gives them to it when it answers", timeout_s)
         elif outcome[0] is not None:
