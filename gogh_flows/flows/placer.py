@@ -399,6 +399,7 @@ def explain_markdown(job: JobSpec, run_id: str, placement: Placement, problem: P
     a = placement.assignment(run_id)
     ex = placement.explanations.get(run_id)
     partners = [f"`{j.job_type}` ({j.id})" for j in problem.occupants(gpu_id) if j.id != run_id]
+    partner_limit = _partner_limit(problem, run_id, gpu_id, a)
     lines = [
         f"### Placement of `{job.job_type}`",
         "",
@@ -412,10 +413,9 @@ def explain_markdown(job: JobSpec, run_id: str, placement: Placement, problem: P
         f"| predicted throughput | {a.throughput:.4g} steps/s |",
         f"| predicted energy to completion | {kwh(a.energy_j):.4g} kWh |",
         *([f"| power limit | {a.power_limit_w:g} W (saves {kwh(ex.chosen.limit_saving_j):.4g} kWh "
-           f"predicted, against the board's previous limit){_partner_limit(problem, run_id, gpu_id, a)} |"]
+           f"predicted, against the board's previous limit){partner_limit} |"]
           if a.power_limit_w is not None and ex is not None and ex.chosen is not None else
-          [f"| power limit | full power{_partner_limit(problem, run_id, gpu_id, a)} |"]
-          if a.power_limit_w is None and _partner_limit(problem, run_id, gpu_id, a) else []),
+          [f"| power limit | full power{partner_limit} |"] if a.power_limit_w is None and partner_limit else []),
         *([f"| measured at lowered limits | {measured} (a level measured below "
            f"{_planned(problem, run_id):.4g} steps/s, what this run is planned against, is not offered; nor "
            "is any below it) |"] if (measured := _evidence_text(problem, job.job_type, a.gpu_type)) else []),

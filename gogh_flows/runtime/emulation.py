@@ -80,6 +80,12 @@ def device_power(energy: EnergyModel, truth: ThroughputTable | None, gpu_type: s
     return watts, share
 
 
+def check_time_scale(time_scale: float) -> None:
+    """Wall seconds slept per emulated second: finite and >= 0 (an infinite one advanced no step)."""
+    if not 0 <= time_scale < math.inf:
+        raise ValueError(f"time_scale must be a finite number >= 0 (0 = do not sleep), got {time_scale!r}")
+
+
 #: the longest wall-time stretch one ``advance()`` sleeps at one rate (partners, limit) before
 #: it looks again, and between which a stopped run's body is interrupted
 STRETCH_WALL_S = 0.25
@@ -102,8 +108,7 @@ class EmulatedMeter(StepCounter):
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep,
                  warmup_steps: float = DEFAULT_WARMUP_STEPS) -> None:
-        if not 0 <= time_scale < math.inf:
-            raise ValueError(f"time_scale must be a finite number >= 0 (0 = do not sleep), got {time_scale!r}")
+        check_time_scale(time_scale)
         self.device = device
         self.gpu_type = device.gpu_type
         self.job_type = job_type

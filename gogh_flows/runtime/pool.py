@@ -37,6 +37,7 @@ from distributed import Client, Future
 from gogh_flows.catalog import UnknownGpuTypeError, get_gpu_type
 from gogh_flows.energy import EnergyModel
 from gogh_flows.runtime.devices import GpuDevice, device_id, fleet_devices, split_device_id
+from gogh_flows.runtime.emulation import check_time_scale
 from gogh_flows.runtime.leases import PoolLedger
 from gogh_flows.runtime.outcome import RunOutcome
 from gogh_flows.runtime.probe import probe_scheduler
@@ -263,33 +264,23 @@ class GpuPool:
         scheduler keeps the settings and the silent worker takes them when it answers again
         (pool discovery leaves such a worker out until then). A worker that answers with an
         error still raises it."""
-        if not 0 <= time_scale < math.inf:
-            raise ValueError(f"time_scale must be a finite number >= 0 (0 = do not sleep), got {time_scale!r}")
+        check_time_scale(time_scale)
         plugin = RuntimeConfig(truth, time_scale, energy)
         timeout_s = CONFIGURE_TIMEOUT_S if timeout_s is None else timeout_s
-        outcome: list[BaseException | None] = []
-
         gave_up = threading.Event()
 
         def register() -> None:
             try:
                 self.client.register_plugin(plugin, name=PLUGIN_NAME)
-                outcome.append(None)
-            except BaseException as exc:  # handed to the caller below, or said if it stopped waiting
-                outcome.append(exc)
+            except BaseException as exc:  # raised to the caller in time; said if it stopped waiting
                 if gave_up.is_set():
                     log.warning("gogh: a worker answered the emulator's settings late, with an error: %s", exc)
+                raise
 
-        # a daemon thread: one that waits on a silent worker must not hold the interpreter's exit
-        sender = threading.Thread(target=register, name="gogh-configure", daemon=True)
-        sender.start()
-        sender.join(timeout_s)
-        if not outcome:
+        if not _call_within(register, timeout_s, "gogh-configure"):
             gave_up.set()
             log.warning("gogh: not every worker took the emulator's settings within %g s (a stopped or busy "
                         "dask worker); the scheduler keeps them and gives them to it when it answers", timeout_s)
-        elif outcome[0] is not None:
-            raise outcome[0]
 
     # -- lifetime --------------------------------------------------------------------
     def close(self) -> None:
@@ -455,22 +446,13 @@ def _start_within(factory: Callable[..., Any], options: Mapping[str, Any], *, de
         box["cluster"] = None
 
     def build() -> None:
-        try:
-            if box["cluster"] is not None:
-                box["cluster"].__init__(**options)
-            else:
-                box["cluster"] = factory(**options)
-            box["ok"] = True
-        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
-            box["error"] = exc
+        if box["cluster"] is not None:
+            box["cluster"].__init__(**options)
+        else:
+            box["cluster"] = factory(**options)
 
     started = time.monotonic()
-    thread = threading.Thread(target=build, name="gogh-pool-start", daemon=True)
-    thread.start()
-    thread.join(max(0.0, deadline - started))
-    if "error" in box:
-        raise box["error"]
-    if box.get("ok"):
+    if _call_within(build, deadline - started, "gogh-pool-start"):
         return box["cluster"]
     waited = time.monotonic() - started
     closed = _close_within(box.get("cluster"), 10.0)
@@ -495,26 +477,43 @@ def _start_within(factory: Callable[..., Any], options: Mapping[str, Any], *, de
     )
 
 
+def _call_within(call: Callable[[], object], timeout_s: float, name: str) -> bool:
+    """``call()`` on a thread of its own, waited for at most ``timeout_s``: whether it finished
+    (an exception it raised in time is raised here). A daemon thread: one still waiting on
+    something that never answers must not hold the interpreter's exit."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            call()
+            box["ok"] = True
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
+    thread.join(max(0.0, timeout_s))
+    if "error" in box:
+        raise box["error"]
+    return bool(box.get("ok"))
+
+
 def _close_within(cluster: Any, timeout_s: float) -> bool:
     """Close a (maybe half-built) cluster on a thread, waiting at most ``timeout_s``; whether it closed."""
     if cluster is None or not hasattr(cluster, "close"):
         return False
-    done = threading.Event()
 
     def close() -> None:
         try:
             cluster.close(timeout=timeout_s)
         except TypeError:
             cluster.close()
-        except Exception as exc:  # noqa: BLE001 - best effort on a cluster that never started
-            log.debug("closing a cluster that did not start: %s", exc)
-        else:
-            done.set()
 
-    closer = threading.Thread(target=close, name="gogh-pool-close", daemon=True)
-    closer.start()
-    closer.join(timeout_s + 2.0)
-    return done.is_set()
+    try:
+        return _call_within(close, timeout_s + 2.0, "gogh-pool-close")
+    except Exception as exc:  # noqa: BLE001 - best effort on a cluster that never started
+        log.debug("closing a cluster that did not start: %s", exc)
+        return False
 
 
 def local_cuda_pool(*, capacity: int = 2, interval_s: float = 0.1, silence_logs: int = logging.ERROR,
