@@ -221,11 +221,12 @@ def choice_table(report: dict) -> list[str]:
     # case's weights of P2, the roofline row and the per-type mean row
     weights = report.get("ensemble_p2_weight") or report.get("ensemble_weights", {})
     reaches = report.get("ensemble_p2_reach", {})  # reports before 2026-11-26 (late): every job within reach
+    baselines = report.get("ensemble_baseline", {})  # reports before 2026-11-28: the roofline with an observation
     epochs = report.get("p2_epochs", {})
     names = list(next(iter(enc.values()))["inner_male"])
     out = ["| held-out family | P1 encoder | " + " | ".join(f"{n} (inner male)" for n in names)
            + " | P2 epochs (inner male by epochs) | ensemble P2 weight, nothing observed (iso / co) "
-           "| ensemble P2 weight, 1 observation (iso / co) | siblings decay (inner MAPE by decay) |",
+           "| ensemble P2 weight, 1 observation (iso / co; with the roofline ratio unless named) | siblings decay (inner MAPE by decay) |",
            "|---|---|" + "---:|" * len(names) + "---|---|---|---|"]
     for fam, e in enc.items():
         errs = " | ".join("n/a" if e["inner_male"].get(n) is None else f"{e['inner_male'][n]:.3f}" for n in names)
@@ -241,7 +242,9 @@ def choice_table(report: dict) -> list[str]:
             if isinstance(v, dict):
                 return "{p2:g}/{roofline:g}/{type_mean:g}".format(**v)
             r = reaches.get(fam, {}).get(case)
-            return f"{v:g}" if r is None else f"{v:g} within {r:g}"
+            b = baselines.get(fam, {}).get(case)
+            with_base = f" with the {b.replace('_', '-')} row" if b == "partner_mean" and case.endswith("_1obs") else ""
+            return (f"{v:g}" if r is None else f"{v:g} within {r:g}") + with_base
 
         if "isolated_1obs" in w:
             nothing = f"{cell('isolated')} / {cell('colocated')}"

@@ -72,9 +72,22 @@ def test_weights_are_checked_and_round_trip(trained):
     ensemble = trained[5]
     assert set(ensemble.weights) == set(CASES)
     assert set(ensemble.weights.values()) <= set(ev.ENSEMBLE_WEIGHTS)
-    assert set(ensemble.errors) == set(CASES) and all(len(v) == len(ev.ENSEMBLE_SETTINGS) for v in ensemble.errors.values())
+    # with an observation, every setting with either baseline was a candidate
+    assert set(ensemble.errors) == set(CASES) and all(
+        len(v) == len(ev.ENSEMBLE_SETTINGS) * (2 if c.endswith("_1obs") else 1) for c, v in ensemble.errors.items())
     assert set(ensemble.reaches) == set(CASES) and ensemble.domain is not None
+    assert set(ensemble.baselines) == set(CASES)
     assert Ensemble.from_dict(ensemble.to_dict()) == ensemble
+    # stored before baselines were chosen: each case's old baseline
+    old = ensemble.to_dict()
+    del old["baselines"]
+    assert {c: Ensemble.from_dict(old).baseline(c) for c in CASES} == {
+        "isolated": "partner_mean", "colocated": "partner_mean", "isolated_1obs": "roofline",
+        "colocated_1obs": "roofline"}
+    with pytest.raises(ValueError, match="roofline ratio only for a measured job"):
+        Ensemble(dict.fromkeys(CASES, 0.5), ensemble.rows, baselines={"isolated": "roofline"})
+    with pytest.raises(ValueError, match="baselines name one of"):
+        Ensemble(dict.fromkeys(CASES, 0.5), ensemble.rows, baselines={"colocated_1obs": "median"})
     with pytest.raises(ValueError, match="missing \\['colocated_1obs'\\]"):
         Ensemble({"isolated": 1.0, "colocated": 1.0, "isolated_1obs": 1.0}, ensemble.rows)
     with pytest.raises(ValueError, match="out of range"):
@@ -104,6 +117,18 @@ def test_the_weight_moves_predictions_between_p2_and_the_baseline(trained):
         if t.pair(other, job, g)[0] > 0:
             assert t.pair(other, job, g)[0] == pytest.approx(
                 math.exp(ensemble.rows.prior(g) + ensemble.rows.slow(job, g)), rel=1e-9)
+    # the partner-mean row as a measured job's baseline: the ratio baseline through its
+    # measurement, its pairs times the training jobs' slowdown next to the partner
+    ratio = Ensemble(dict.fromkeys(CASES, 0.0), ensemble.rows,
+                     baselines={"isolated_1obs": "partner_mean", "colocated_1obs": "partner_mean"})
+    r = ThroughputPredictor(p1, _with(p2, ratio)).predict_table(jobs, GPUS, obs)
+    assert r.isolated(job, "v100") == 3.0
+    for g in GPUS:
+        want = 3.0 * math.exp(ensemble.rows.prior(g) - ensemble.rows.prior("v100"))
+        assert r.isolated(job, g) == pytest.approx(want, rel=1e-9)
+        if r.pair(job, other, g)[0] > 0:
+            assert r.pair(job, other, g)[0] == pytest.approx(want * math.exp(ensemble.rows.slow(other, g)), rel=1e-9)
+        assert r.isolated(other, g) == pytest.approx(t.isolated(other, g), rel=1e-9)  # nothing measured: unchanged
     # in between: the geometric mean of the two
     half = Ensemble(dict.fromkeys(CASES, 0.5), ensemble.rows)
     h = ThroughputPredictor(p1, _with(p2, half)).predict_table(jobs, GPUS, obs)

@@ -56,6 +56,32 @@ def test_round_trip_gives_the_same_predictions(models, saved):
     assert json.loads((d1 / "config.json").read_text())["kind"] == "p1"
 
 
+def test_a_mean_p1_predicts_its_members_mean_and_round_trips(models, tmp_path):
+    """A ``mean`` P1 is the encoders' P1s side by side: its log prediction is their mean, alone
+    and in a pair, each member trained as that encoder's P1 alone would be; it saves and loads
+    like any P1 (safetensors, one copy of each member's weights), and fine-tunes member by member."""
+    from dataclasses import replace
+
+    from gogh_flows.predict.p1 import ENCODERS, P1MeanNet
+
+    data, layout, _, _ = models
+    cfg = P1Config(hidden=8, epochs=5, pair_rows_per_epoch=64)
+    mean = train_p1(data, replace(cfg, encoder="mean"))
+    singles = [train_p1(data, replace(cfg, encoder=e)) for e in ENCODERS]
+    want = np.mean([p1_vectors(s, layout, data.names, data.jobs) for s in singles], axis=0)
+    got = p1_vectors(mean, layout, data.names, data.jobs)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert set(mean.trained_on["members"]) == set(ENCODERS)
+    back = load_p1(save_model(mean, tmp_path / "mean"))
+    assert isinstance(back.net, P1MeanNet) and back.config.encoder == "mean"
+    np.testing.assert_allclose(p1_vectors(back, layout, data.names, data.jobs), got, rtol=1e-5)
+    tuned = train_p1(data, replace(cfg, encoder="mean", epochs=2), init=back)
+    assert isinstance(tuned.net, P1MeanNet) and tuned.trained_on["init"]["members"]
+    np.testing.assert_allclose(p1_vectors(back, layout, data.names, data.jobs), got, rtol=1e-5)  # init untouched
+    with pytest.raises(ValueError, match="keeps the architecture"):
+        train_p1(data, replace(cfg, encoder="gru"), init=back)
+
+
 def test_a_refiners_trust_scale_is_saved_and_a_bad_one_refused(models, tmp_path):
     from dataclasses import replace
 

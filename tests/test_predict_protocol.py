@@ -151,8 +151,11 @@ def test_ensemble_blends_in_log_space_keeps_p2s_misses_and_is_chosen_per_family_
     # with nothing observed the candidates are P2 against the partner-mean row
     errs.update({f"prior@{w:g}": {"isolated": [np.full(4, 0.2 + abs(w - 0.25))], "colocated": [np.full(4, 0.3 + w)]}
                  for w in ev.ENSEMBLE_WEIGHTS})
-    chosen, reaches, errors = ev.choose_ensemble(errs)  # settings without a candidate here are not candidates
+    chosen, reaches, errors, baselines = ev.choose_ensemble(errs)  # settings without a candidate here are not candidates
     assert set(reaches.values()) == {math.inf}
+    # no prior@ candidate with an observation here: the roofline ratio, as before there were two
+    assert baselines == {"isolated": "partner_mean", "colocated": "partner_mean", "isolated_1obs": "roofline",
+                         "colocated_1obs": "roofline"}
     assert chosen["isolated_1obs"] == 1.0  # per family: 0.2 + 0 at w=1 beats 0.1 + 1.0 at w=0 (pooled would pick 0)
     assert chosen["colocated_1obs"] == 1.0  # a tie goes to more P2
     assert chosen["isolated"] == 0.25 and chosen["colocated"] == 0.0  # chosen on the prior@ candidates
@@ -164,7 +167,7 @@ def test_p1s_encoder_is_chosen_on_the_inner_split_and_p2_learns_from_the_chosen_
     family gets the encoder whose out-of-family P1 is best on the *training* families, and P2 is
     trained on that encoder's vectors (the errors of the P1 it will correct)."""
     from gogh_flows.predict.data import MeasuredSet
-    from gogh_flows.predict.p1 import ENCODERS, P1Config
+    from gogh_flows.predict.p1 import KINDS, P1Config
     from gogh_flows.predict.p2 import P2Config
     from gogh_flows.truth.synthetic import synthetic_table
 
@@ -193,10 +196,11 @@ def test_p1s_encoder_is_chosen_on_the_inner_split_and_p2_learns_from_the_chosen_
     monkeypatch.setattr(ev, "train_p1", spy_train)
     monkeypatch.setattr(ev, "train_p2", spy_p2)
     cfg = ev.EvalConfig(p1=P1Config(hidden=8, epochs=3, pair_rows_per_epoch=64), p2=P2Config(hidden=8, epochs=3),
-                        encoders=ENCODERS)
+                        encoders=KINDS)
     result = ev.evaluate_holdout(data, "ResNet-18", cfg, intervals=False)
+    # one encoder off by 0.1 everywhere beats the mean of the three (0.3), even scored nested
     assert result.encoder == "gru"
-    assert result.encoder_errors == pytest.approx(offset)
+    assert result.encoder_errors == pytest.approx({**offset, "mean": 0.3, ev.CHOSEN_ONE: 0.1})
     # the held-out family's P1 uses the chosen encoder and never sees the family
     assert trained == [("gru", tuple(n for n in data.names if not n.startswith("ResNet-18")))]
     train = data.without(["ResNet-18"])
@@ -207,6 +211,50 @@ def test_p1s_encoder_is_chosen_on_the_inner_split_and_p2_learns_from_the_chosen_
     assert single[0] == "ff" and math.isnan(single[2]["ff"])
     with pytest.raises(ValueError, match="among"):
         ev.EvalConfig(encoders=("lstm",))
+
+
+def test_p1_is_the_mean_of_the_encoders_when_choosing_one_does_worse_on_the_inner_split(monkeypatch):
+    """Each encoder is right on some training families and off on others, differently: the one
+    the inner split would pick is a guess (its nested error says so), and the mean of the three
+    is right everywhere. The mean wins, its vectors are the members' mean, and the held-out
+    family's P1 is a mean P1 (a trained P1MeanNet)."""
+    from gogh_flows.predict.data import MeasuredSet
+    from gogh_flows.predict.p1 import KINDS, P1Config, P1MeanNet
+    from gogh_flows.predict.p2 import P2Config
+    from gogh_flows.truth.synthetic import synthetic_table
+
+    jobs = ("A3C", "LM (batch size 20)", "ResNet-18 (batch size 64)", "ResNet-50 (batch size 32)")
+    data = MeasuredSet.from_table(synthetic_table(("k80", "v100"))).subset(jobs)
+    signed = {"gru": {"A3C": 0.3, "LM": -0.3, "ResNet-50": 0.0},
+              "ff": {"A3C": -0.3, "LM": 0.0, "ResNet-50": 0.3},
+              "transformer": {"A3C": 0.0, "LM": 0.3, "ResNet-50": -0.3}}
+
+    def fake_oof(train, layout, features, config, log=None, done=None):
+        shift = np.array([signed[config.encoder][train.family[n]] for n in train.names])[:, None]
+        return layout.truth(train, train.names) + shift
+
+    got_oof: list[np.ndarray] = []
+    real_p2 = ev.train_p2
+
+    def spy_p2(layout, oof, truth, config):
+        got_oof.append(oof)
+        return real_p2(layout, oof, truth, config)
+
+    monkeypatch.setattr(ev, "out_of_family_p1", fake_oof)
+    monkeypatch.setattr(ev, "train_p2", spy_p2)
+    cfg = ev.EvalConfig(p1=P1Config(hidden=8, epochs=3, pair_rows_per_epoch=64), p2=P2Config(hidden=8, epochs=3),
+                        encoders=KINDS)
+    result = ev.evaluate_holdout(data, "ResNet-18", cfg, intervals=False)
+    assert result.encoder == "mean"
+    assert result.encoder_errors["mean"] == pytest.approx(0.0, abs=1e-12)
+    assert result.encoder_errors[ev.CHOSEN_ONE] > result.encoder_errors["gru"] > 0.0
+    train = data.without(["ResNet-18"])
+    layout = Layout(data.gpus, data.names)
+    assert np.allclose(got_oof[0], layout.truth(train, train.names), equal_nan=True)
+    assert isinstance(result.p1.net, P1MeanNet)
+    # without the mean among the candidates, one encoder is chosen as before
+    alone = ev.choose_encoder(train, layout, dict(data.jobs), dataclasses.replace(cfg, encoders=("gru", "ff", "transformer")))
+    assert alone[0] in ("gru", "ff", "transformer") and "mean" not in alone[2]
 
 
 def test_the_inner_p1_error_weighs_families_equally_and_counts_misses():
@@ -307,12 +355,22 @@ def test_the_inner_split_chooses_a_reach_with_the_weight_and_ties_go_to_the_wide
         errs[f"prior@{ev.setting_name(w, r)}"] = {"isolated": [np.full(3, iso)], "colocated": [np.full(3, co)]}
         errs[f"ensemble@{ev.setting_name(w, r)}"] = {"isolated_1obs": [np.full(3, 0.4)],
                                                     "colocated_1obs": [np.full(3, 0.4)]}
-    weights, reaches, errors = ev.choose_ensemble(errs)
+    weights, reaches, errors, baselines = ev.choose_ensemble(errs)
     assert (weights["isolated"], reaches["isolated"]) == (1.0, 5.0)  # tie between 4 and 5: the wider
     assert (weights["colocated"], reaches["colocated"]) == (0.5, inf)  # equal at every reach: none
     assert (weights["isolated_1obs"], reaches["isolated_1obs"]) == (1.0, inf)  # all equal: P2, every job
     assert errors["isolated"]["1<4"] == pytest.approx(0.2) and errors["isolated"]["1"] == pytest.approx(0.5)
     assert len(errors["isolated"]) == len(ev.ENSEMBLE_SETTINGS)
+    # with an observation the partner-mean row competes too: better for co-located entries, equal
+    # (so the roofline ratio, the case's first) for isolated ones
+    for w, r in ev.ENSEMBLE_SETTINGS:
+        errs[f"prior@{ev.setting_name(w, r)}"].update({"isolated_1obs": [np.full(3, 0.4)],
+                                                      "colocated_1obs": [np.full(3, 0.35 if w == 0.25 else 0.45)]})
+    weights, reaches, errors, baselines = ev.choose_ensemble(errs)
+    assert baselines["colocated_1obs"] == "partner_mean" and weights["colocated_1obs"] == 0.25
+    assert baselines["isolated_1obs"] == "roofline" and weights["isolated_1obs"] == 1.0
+    assert errors["colocated_1obs"]["partner_mean@0.25"] == pytest.approx(0.35)
+    assert errors["colocated_1obs"]["roofline@0.25"] == pytest.approx(0.4)
 
 
 def test_intervals_calibrate_on_the_choice_made_without_each_inner_family():
@@ -320,8 +378,8 @@ def test_intervals_calibrate_on_the_choice_made_without_each_inner_family():
     errors are those of the setting chosen on the others, as the held-out family's will be."""
     by_family = {"prior@1": {"isolated": [np.full(2, 0.1), np.full(2, 0.1), np.full(2, 1.0)]},
                  "prior@0.5": {"isolated": [np.full(2, 0.5), np.full(2, 0.5), np.full(2, 0.3)]}}
-    (w, r), _ = ev._choose_case(by_family, "isolated")
-    assert (w, r) == (1.0, math.inf)  # 0.4 against 0.433 on all three
+    (b, w, r), _ = ev._choose_case(by_family, "isolated")
+    assert (b, w, r) == ("partner_mean", 1.0, math.inf)  # 0.4 against 0.433 on all three
     # without family 0 (or 1) weight 0.5 wins (0.4 against 0.55); without family 2, weight 1
     assert ev.choice_aware_errors(by_family, "isolated") == pytest.approx([0.5, 0.5, 0.5, 0.5, 1.0, 1.0])
     one = {k: {"isolated": v["isolated"][:1]} for k, v in by_family.items()}
@@ -336,7 +394,7 @@ def test_a_miss_counts_log_ten_when_the_ensemble_weight_is_chosen():
                                 "colocated_1obs": [np.array([0.4, miss])]} for w in ev.ENSEMBLE_WEIGHTS}
     errs.update({f"prior@{w:g}": {"isolated": [np.array([miss])], "colocated": [np.array([])]}
                  for w in ev.ENSEMBLE_WEIGHTS})
-    chosen, _, _ = ev.choose_ensemble(errs)
+    chosen, _, _, _ = ev.choose_ensemble(errs)
     assert chosen["isolated_1obs"] == 0.5  # the finite entries decide; the miss weighs the same at every weight
     assert chosen["colocated_1obs"] == 1.0  # equal everywhere: the tie goes to P2
     assert chosen["isolated"] == chosen["colocated"] == 1.0  # nothing to tell them apart: P2
@@ -367,8 +425,8 @@ def test_the_held_out_familys_measurements_never_move_a_choice():
     moved = dataclasses.replace(data, iso=iso, pairs=pairs)
     a = ev.evaluate_holdout(data, "ResNet-18", cfg)
     b = ev.evaluate_holdout(moved, "ResNet-18", cfg)
-    assert (a.encoder, a.p2_epochs, a.ensemble_weights, a.siblings_decay) == \
-        (b.encoder, b.p2_epochs, b.ensemble_weights, b.siblings_decay)
+    assert (a.encoder, a.p2_epochs, a.ensemble_weights, a.ensemble_baselines, a.siblings_decay) == \
+        (b.encoder, b.p2_epochs, b.ensemble_weights, b.ensemble_baselines, b.siblings_decay)
     assert a.encoder_errors == b.encoder_errors and a.p2_epoch_errors == b.p2_epoch_errors
     half = [k for k in a.metrics["p2"] if "halfwidth" in k]
     assert half and all(a.metrics["p2"][k] == b.metrics["p2"][k] for k in half)

@@ -30,16 +30,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         x.add_argument("--truth", default=None if own_model else "synthetic",
                        help=TRUTH_HELP.replace("; the default", "") + own if own_model else TRUTH_HELP)
         if own_model:
-            x.add_argument("--encoder", default=None, choices=("gru", "ff", "transformer"),
+            x.add_argument("--encoder", default=None, choices=("gru", "ff", "transformer", "mean"),
                            help="P1 job encoder of the inner split's P1s" + own)
         elif choose_encoder:
             x.add_argument("--encoder", default="inner",
-                           help="P1 job encoder: 'inner' (default) chooses among gru, ff and transformer per held-out "
-                                "family on the inner split (the training families only); one name fixes it; a "
-                                "comma-separated list chooses among those")
+                           help="P1 job encoder: 'inner' (default) chooses per held-out family, on the inner split "
+                                "(the training families only), between the mean of the gru, ff and transformer P1s "
+                                "and the one of them the inner split picks; one name (gru, ff, transformer, mean) "
+                                "fixes it; a comma-separated list chooses among those")
         else:
-            x.add_argument("--encoder", default="transformer", choices=("gru", "ff", "transformer"),
-                           help="P1 job encoder")
+            x.add_argument("--encoder", default="transformer", choices=("gru", "ff", "transformer", "mean"),
+                           help="P1 job encoder ('mean': one P1 per encoder, their mean in log space)")
         x.add_argument("--seed", type=int, default=0, help="seeds training (default 0)")
         x.add_argument("--gpu-types", help="comma-separated GPU types to keep (default: "
                        + ("the types the refiner was trained on)" if own_model else "all in the truth)"))
@@ -90,14 +91,14 @@ P2_EPOCH_CHOICES = (150, 300, 600, 1200)
 def encoder_candidates(value: str) -> tuple[str, ...]:
     """``--encoder`` of ``evaluate``: 'inner' (every encoder, chosen on the inner split), one
     name, or a comma-separated list, checked here so a typo stops before any training."""
-    from gogh_flows.predict.p1 import ENCODERS
+    from gogh_flows.predict.p1 import KINDS
 
     if value.strip().casefold() == "inner":
-        return ENCODERS
+        return KINDS
     names = tuple(dict.fromkeys(v.strip().casefold() for v in value.split(",") if v.strip()))
-    unknown = [n for n in names if n not in ENCODERS]
+    unknown = [n for n in names if n not in KINDS]
     if not names or unknown:
-        raise ValueError(f"--encoder {value!r}: expected 'inner', one of {', '.join(ENCODERS)}, or a comma-separated "
+        raise ValueError(f"--encoder {value!r}: expected 'inner', one of {', '.join(KINDS)}, or a comma-separated "
                          f"list of them" + (f" (unknown: {', '.join(unknown)})" if unknown else ""))
     return names
 

@@ -14,7 +14,9 @@ The baseline depends on what is known of the job:
   times their mean slowdown next to that partner on that type), the prior P1 must beat;
 * **at least one entry measured**: the roofline ratio, the job's roofline throughput on
   each type (``max(FLOPs / peak, bytes / bandwidth)`` per layer) shifted to its
-  measurements: a cross-type ratio with no parameter fitted to other jobs.
+  measurements: a cross-type ratio with no parameter fitted to other jobs; or, where the inner
+  split chose it for the case (``baselines``), the row of the nothing-measured case shifted
+  to the measurements (the ratio baseline; in pairs the training jobs' slowdowns).
 
 P2's weight for each of the four cases (isolated or co-located, nothing or something
 measured) is chosen on the inner split when the refiner is trained (every training family
@@ -45,6 +47,12 @@ from gogh_flows.workloads.features import WorkloadFeatures
 #: P2's weight is chosen per case: isolated or co-located entries, of a job with nothing
 #: measured or with at least one entry measured (the interval cases)
 CASES = ("isolated", "colocated", "isolated_1obs", "colocated_1obs")
+#: the baselines P2 is averaged with: the per-type mean (pairs: times the partner-mean slowdown),
+#: and the roofline ratio (only once the job has a measurement to shift it to)
+BASELINES = ("partner_mean", "roofline")
+#: each case's baseline where ``Ensemble.baselines`` does not name one (and before it existed)
+DEFAULT_BASELINE = {"isolated": "partner_mean", "colocated": "partner_mean", "isolated_1obs": "roofline",
+                    "colocated_1obs": "roofline"}
 #: the P2 weights each case chooses from
 WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 #: the reaches each weight may come with (:class:`Domain` distance; ``inf``: every job)
@@ -131,6 +139,9 @@ class Ensemble:
     #: case -> reach (a case not named: every job); a job farther from the training jobs gets weight 0
     reaches: Mapping[str, float] = field(default_factory=dict)
     domain: Domain | None = None
+    #: case -> the baseline of :data:`BASELINES` P2 is averaged with (a case not named: :data:`DEFAULT_BASELINE`,
+    #: filled in when made)
+    baselines: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         missing = [c for c in CASES if c not in self.weights]
@@ -143,6 +154,17 @@ class Ensemble:
             raise ValueError(f"ensemble reaches need a distance > 0 (inf: every job) per case of {CASES}; got {reach}")
         if self.domain is None and any(math.isfinite(float(r)) for r in self.reaches.values()):
             raise ValueError("an ensemble with a finite reach needs the training jobs' domain to measure it from")
+        bad_base = {c: b for c, b in self.baselines.items()
+                    if c not in CASES or b not in BASELINES or (b == "roofline" and not c.endswith("_1obs"))}
+        if bad_base:
+            raise ValueError(f"ensemble baselines name one of {BASELINES} per case of {CASES} (the roofline ratio "
+                             f"only for a measured job's cases, *_1obs); got {bad_base}")
+        # every case named, so an ensemble equals itself read back whichever way it was made
+        object.__setattr__(self, "baselines", {c: self.baselines.get(c, DEFAULT_BASELINE[c]) for c in CASES})
+
+    def baseline(self, case: str) -> str:
+        """The baseline P2 is averaged with in ``case``."""
+        return self.baselines[case]
 
     def weight(self, colocated: bool, measured: bool, distance: float = 0.0) -> float:
         """P2's weight for a job ``distance`` from the training jobs (0 beyond the case's reach)."""
@@ -168,38 +190,55 @@ class Ensemble:
                 memo[(job, gpu)] = roofline_log(features[job], gpu)
             return memo[(job, gpu)]
 
-        shifts = self._shifts(names, roof, observed)
-        measured = np.array([j in shifts for j in names], dtype=bool)
+        alone: dict[str, Callable[[str, str], float]] = {"roofline": roof,
+                                                          "partner_mean": lambda j, g: self.rows.prior(g)}
+        shifts = {b: self._shifts(names, alone[b], observed) for b in BASELINES}
+        measured = np.array([j in shifts["roofline"] or j in shifts["partner_mean"] for j in names], dtype=bool)
         before_iso, before_pair = iso.copy(), pair.copy()
-        target = np.empty((len(names), len(gpus)))
-        for i, j in enumerate(names):
-            target[i] = ([roof(j, g) + shifts[j] for g in gpus] if measured[i]
-                         else [self.rows.prior(g) for g in gpus])
+        prior = np.array([self.rows.prior(g) for g in gpus], dtype=float)
+
+        def target(case: str) -> np.ndarray:
+            """``[J, G]`` log rows of the case's baseline, alone on each type (NaN: none for that job)."""
+            b = self.baseline(case)
+            out = np.empty((len(names), len(gpus)))
+            for i, j in enumerate(names):
+                if not measured[i]:
+                    out[i] = prior
+                elif j in shifts[b]:
+                    out[i] = [alone[b](j, g) + shifts[b][j] for g in gpus]
+                else:
+                    out[i] = np.nan
+            return out
+
+        t_iso = np.where(measured[:, None], target("isolated_1obs"), prior[None, :])
+        t_co = np.where(measured[:, None], target("colocated_1obs"), prior[None, :])
         slow = np.array([[self.rows.slow(p, g) for g in gpus] for p in names]).reshape(len(names), len(gpus))
         far = [self.distance(features[j]) for j in names]
         w_iso = np.array([self.weight(False, m, d) for m, d in zip(measured, far)])[:, None]
         w_pair = np.array([self.weight(True, m, d) for m, d in zip(measured, far)])[:, None, None]
-        iso[...] = _mix(iso, target, w_iso)
-        pair[...] = _mix(pair, target[:, None, :] + slow[None, :, :], w_pair)
+        iso[...] = _mix(iso, t_iso, w_iso)
+        pair[...] = _mix(pair, t_co[:, None, :] + slow[None, :, :], w_pair)
         # A GPU type no training job ran on has no per-type mean: it keeps P2's ratio to the
         # types that have one, moved as they were (else the blend would change the ratios
         # between types that only P2 knows anything about)
-        iso[...] = _carry(before_iso, iso, np.isfinite(target))
-        pair[...] = _carry(before_pair, pair, np.isfinite(target)[:, None, :])
+        iso[...] = _carry(before_iso, iso, np.isfinite(t_iso))
+        pair[...] = _carry(before_pair, pair, np.isfinite(t_co)[:, None, :])
 
-    def _shifts(self, names: Sequence[str], roof: Callable[[str, str], float],
+    def _shifts(self, names: Sequence[str], alone: Callable[[str, str], float],
                 observed: Mapping[tuple[str, str | None, str], float]) -> dict[str, float]:
-        """Per measured job: the mean log offset of its measurements from its roofline rows
-        (``roof(job, gpu)``: its log roofline throughput there)."""
+        """Per measured job: the mean log offset of its measurements from a baseline's rows
+        (``alone(job, gpu)``: the baseline's log throughput of the job alone there; a pair adds
+        the partner-mean slowdown). Measurements on a type the baseline has nothing for are left out."""
         wanted = set(names)
         offsets: dict[str, list[float]] = {}
         for (j, p, g), v in observed.items():
             if j in wanted and math.isfinite(v):
                 try:
-                    base = roof(j, g) + (self.rows.slow(p, g) if p is not None else 0.0)
+                    base = alone(j, g) + (self.rows.slow(p, g) if p is not None else 0.0)
                 except catalog.UnknownGpuTypeError:  # a logged type this install has no figures for
                     continue
-                offsets.setdefault(j, []).append(v - base)
+                if math.isfinite(base):
+                    offsets.setdefault(j, []).append(v - base)
         return {j: float(np.mean(v)) for j, v in offsets.items()}
 
     def to_dict(self) -> dict:
@@ -208,16 +247,19 @@ class Ensemble:
                 "calibration": self.calibration,
                 "errors": {c: dict(v) for c, v in self.errors.items()},
                 "reaches": {c: (float(r) if math.isfinite(float(r)) else None) for c, r in self.reaches.items()},
+                "baselines": dict(self.baselines),
                 **({"domain": self.domain.to_dict()} if self.domain is not None else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Ensemble:
-        """An ensemble stored before reaches existed predicts as it did: every job within reach."""
+        """An ensemble stored before reaches (or baselines) existed predicts as it did: every job
+        within reach, each case with its :data:`DEFAULT_BASELINE`."""
         return cls({str(c): float(w) for c, w in d["weights"].items()}, BaselineRows.from_dict(d["rows"]),
                    str(d.get("calibration", "")),
                    {str(c): {str(k): float(x) for k, x in v.items()} for c, v in d.get("errors", {}).items()},
                    {str(c): (math.inf if r is None else float(r)) for c, r in (d.get("reaches") or {}).items()},
-                   Domain.from_dict(d["domain"]) if d.get("domain") is not None else None)
+                   Domain.from_dict(d["domain"]) if d.get("domain") is not None else None,
+                   {str(c): str(b) for c, b in (d.get("baselines") or {}).items()})
 
 
 def _carry(before: np.ndarray, after: np.ndarray, covered: np.ndarray) -> np.ndarray:
@@ -240,5 +282,5 @@ def _mix(values: np.ndarray, target_log: np.ndarray, w: np.ndarray) -> np.ndarra
     return np.where(ok, mixed, values)
 
 
-__all__ = ["CASES", "REACHES", "SETTINGS", "WEIGHTS", "BaselineRows", "Domain", "Ensemble", "roofline_log",
+__all__ = ["BASELINES", "CASES", "DEFAULT_BASELINE", "REACHES", "SETTINGS", "WEIGHTS", "BaselineRows", "Domain", "Ensemble", "roofline_log",
            "setting_name"]

@@ -42,7 +42,7 @@ from gogh_flows.predict.ensemble import roofline_log as job_roofline_log
 from gogh_flows.predict.intervals import CASES as INTERVAL_CASES
 from gogh_flows.predict.intervals import Intervals, from_errors
 from gogh_flows.predict.layout import Layout
-from gogh_flows.predict.p1 import ENCODERS, P1Config, P1Model, train_p1
+from gogh_flows.predict.p1 import ENCODERS, KINDS, MEAN, P1Config, P1Model, train_p1
 from gogh_flows.predict.p2 import P2Config, P2Model, train_p2
 from gogh_flows.predict.siblings import DECAY, family_and_batch, sibling_transfer
 from gogh_flows.workloads.features import WorkloadFeatures
@@ -113,9 +113,9 @@ class EvalConfig:
     p2_epochs: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        unknown = [e for e in self.encoders if e not in ENCODERS]
+        unknown = [e for e in self.encoders if e not in KINDS]
         if unknown:
-            raise ValueError(f"P1 encoders to choose from must be among {ENCODERS}, got {unknown}")
+            raise ValueError(f"P1 encoders to choose from must be among {KINDS}, got {unknown}")
         if self.repeats < 1:
             raise ValueError(f"repeats (random draws for the siblings metric) must be >= 1, got {self.repeats}")
         if any(int(e) < 1 for e in self.p2_epochs):
@@ -152,14 +152,13 @@ def out_of_family_p1(data: MeasuredSet, layout: Layout, features: Mapping[str, W
     return out
 
 
-def p1_inner_error(oof: np.ndarray, truth: np.ndarray, layout: Layout, data: MeasuredSet) -> float:
+def p1_family_errors(oof: np.ndarray, truth: np.ndarray, layout: Layout, data: MeasuredSet) -> dict[str, float]:
     """How far out-of-family P1 vectors (``oof``, one row per job of ``data``) are from ``truth``
-    with nothing observed: per family the mean absolute log error of its isolated entries and
-    of its co-located ones, averaged; then the mean over families, each weighing the same (as
-    the report averages them). A "does not fit" on a measured entry counts as a miss."""
+    with nothing observed, per family: the mean absolute log error of its isolated entries and
+    of its co-located ones, averaged. A "does not fit" on a measured entry counts as a miss."""
     is_pair = layout.is_pair()
     row = {n: i for i, n in enumerate(data.names)}
-    per_family: list[float] = []
+    out: dict[str, float] = {}
     for fam in data.families:
         rows = [row[n] for n in data.of_family(fam)]
         parts = []
@@ -168,8 +167,19 @@ def p1_inner_error(oof: np.ndarray, truth: np.ndarray, layout: Layout, data: Mea
             if ale.size:
                 parts.append(float(np.mean(ale)))
         if parts:
-            per_family.append(float(np.mean(parts)))
-    return float(np.mean(per_family)) if per_family else math.inf
+            out[fam] = float(np.mean(parts))
+    return out
+
+
+def p1_inner_error(oof: np.ndarray, truth: np.ndarray, layout: Layout, data: MeasuredSet) -> float:
+    """:func:`p1_family_errors` averaged over the families, each weighing the same (as the report
+    averages them)."""
+    per_family = p1_family_errors(oof, truth, layout, data)
+    return float(np.mean(list(per_family.values()))) if per_family else math.inf
+
+
+#: the name of the "choose one encoder" procedure's own inner error in a report's ``p1_encoder``
+CHOSEN_ONE = "one chosen (nested)"
 
 
 def choose_encoder(train: MeasuredSet, layout: Layout, features: Mapping[str, WorkloadFeatures],
@@ -181,17 +191,54 @@ def choose_encoder(train: MeasuredSet, layout: Layout, features: Mapping[str, Wo
     publishes, so a fixed default carries that selection into them. Here each candidate
     predicts every training family from a P1 trained without it (the out-of-family vectors P2
     is trained on anyway), and the least error (:func:`p1_inner_error`) wins; a tie goes to
-    ``config.p1.encoder``. Returns (encoder, its out-of-family vectors, every candidate's error).
+    ``config.p1.encoder``.
+
+    With :data:`~gogh_flows.predict.p1.MEAN` among the candidates (``--encoder inner``), two
+    procedures compete, each judged on the inner split as a held-out family will meet it: the
+    mean of the encoders (its inner error as is: nothing is chosen) against choosing one encoder,
+    whose error is *nested* (each inner family predicted by the encoder that the other inner
+    families choose, :data:`CHOSEN_ONE`), since the least of three inner errors is an optimistic
+    figure for the encoder it picks. The mean's vectors are the mean of its members' (each
+    member a P1 of that encoder, trained as that encoder's own candidate is).
+    Returns (encoder, its out-of-family vectors, every candidate's error).
     """
     candidates = config.encoders or (config.p1.encoder,)
+    singles = [e for e in candidates if e != MEAN]
     truth = layout.truth(train, train.names)
     oofs: dict[str, np.ndarray] = {}
     errors: dict[str, float] = {}
-    for enc in candidates:
+    per_family: dict[str, dict[str, float]] = {}
+    for enc in singles:
         oofs[enc] = out_of_family_p1(train, layout, features, replace(config.p1, encoder=enc), log)
-        errors[enc] = p1_inner_error(oofs[enc], truth, layout, train) if len(candidates) > 1 else math.nan
-    chosen = min(candidates, key=lambda e: (errors[e] if len(candidates) > 1 else 0.0, e != config.p1.encoder))
-    if log and len(candidates) > 1:
+    if MEAN in candidates:
+        missing = [e for e in ENCODERS if e not in oofs]
+        for enc in missing:  # members the candidates did not name (kept out of the choice)
+            oofs[enc] = out_of_family_p1(train, layout, features, replace(config.p1, encoder=enc), log)
+        oofs[MEAN] = np.mean([oofs[e] for e in ENCODERS], axis=0)
+        for enc in missing:
+            del oofs[enc]
+    if len(candidates) == 1:
+        return candidates[0], oofs[candidates[0]], {candidates[0]: math.nan}
+    for enc in candidates:
+        per_family[enc] = p1_family_errors(oofs[enc], truth, layout, train)
+        errors[enc] = float(np.mean(list(per_family[enc].values()))) if per_family[enc] else math.inf
+    best_single = min(singles, key=lambda e: (errors[e], e != config.p1.encoder)) if singles else None
+    chosen = best_single
+    if MEAN in candidates:
+        if len(singles) > 1:
+            nested = []
+            for fam in per_family[singles[0]]:
+                others = [f for f in per_family[singles[0]] if f != fam]
+                pick = min(singles, key=lambda e: (np.mean([per_family[e][f] for f in others]) if others else 0.0,
+                                                   e != config.p1.encoder))
+                nested.append(per_family[pick][fam])
+            errors[CHOSEN_ONE] = float(np.mean(nested))
+            one = errors[CHOSEN_ONE]
+        else:
+            one = errors[best_single] if best_single is not None else math.inf
+        if errors[MEAN] < one:
+            chosen = MEAN
+    if log:
         log("  P1 encoder on the inner split: " + ", ".join(f"{e} {v:.3f}" for e, v in errors.items())
             + f" -> {chosen}")
     return chosen, oofs[chosen], errors
@@ -420,6 +467,8 @@ class HoldoutResult:
     ensemble_weights: dict[str, float] | None = None
     #: and the reach that came with it (inf: every job)
     ensemble_reaches: dict[str, float] | None = None
+    #: and the baseline P2 was blended with per case (:data:`BASELINE_OF` values)
+    ensemble_baselines: dict[str, str] | None = None
     #: P1's encoder, and every candidate's inner-split error (NaN when there was no choice)
     encoder: str | None = None
     encoder_errors: dict[str, float] = field(default_factory=dict)
@@ -444,14 +493,16 @@ def blend(p2_log: np.ndarray, roof_log: np.ndarray, w_iso: float, w_pair: float,
 def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], layout: Layout,
                   p1_test: np.ndarray, p2: P2Model, seed: int,
                   ensemble: Mapping[str, float] | None = None,
-                  reaches: Mapping[str, float] | None = None) -> dict[str, Callable[[int, np.ndarray], np.ndarray]]:
+                  reaches: Mapping[str, float] | None = None,
+                  baselines: Mapping[str, str] | None = None) -> dict[str, Callable[[int, np.ndarray], np.ndarray]]:
     """Every method's ``complete(i, observed_row)`` for the jobs ``test``, fitted on ``train`` only.
 
     ``ensemble`` is P2's weight per case (:data:`ENSEMBLE_CASES`; default 0.5 each) in the
     ``ensemble`` method, what the product predicts with (:mod:`gogh_flows.predict.ensemble`):
     P2 averaged with the partner-mean row when nothing is observed, with the roofline ratio
-    otherwise; ``reaches`` the distance from the training jobs beyond which a job gets the
-    baseline alone (default: none). The inner split chooses both among the candidates
+    otherwise, unless ``baselines`` (case -> :data:`BASELINE_OF` value) names the partner-mean row
+    for a case with an observation; ``reaches`` the distance from the training jobs beyond which
+    a job gets the baseline alone (default: none). The inner split chooses both among the candidates
     ``prior@<setting>`` (P2 and the partner-mean row) and ``ensemble@<setting>`` (P2 and the
     roofline ratio), settings as :func:`~gogh_flows.predict.ensemble.setting_name` writes them."""
     features = dict(full.jobs)
@@ -483,10 +534,15 @@ def build_methods(full: MeasuredSet, train: MeasuredSet, test: Sequence[str], la
         """P2's weight for test job ``i`` in ``case`` (0 beyond the case's reach)."""
         return 0.0 if far[i] > reach.get(case, math.inf) else weights[case]
 
+    base = dict(baselines or {})
+
     def ensembled(i: int, obs: np.ndarray) -> np.ndarray:
         p2_row, roof_row, prior_row = rows(i, obs)
         if np.isfinite(obs).any():
-            return blend(p2_row, roof_row, w(i, "isolated_1obs"), w(i, "colocated_1obs"), g)
+            iso_base, co_base = (prior_row if base.get(c, "roofline") == "partner_mean" else roof_row
+                                 for c in ("isolated_1obs", "colocated_1obs"))
+            return blend(p2_row, np.concatenate([iso_base[:g], co_base[g:]]), w(i, "isolated_1obs"),
+                         w(i, "colocated_1obs"), g)
         return blend(p2_row, prior_row, w(i, "isolated"), w(i, "colocated"), g)
 
     def candidate(kind: int, weight: float, within: float) -> Callable[[int, np.ndarray], np.ndarray]:
@@ -517,44 +573,59 @@ def _capped_mean(abs_errors: np.ndarray) -> float:
     return float(np.mean(np.minimum(abs_errors, math.log(MISS_FACTOR))))
 
 
-#: the inner-split candidates each ensemble case is chosen among (their name before ``@w``)
-ENSEMBLE_CANDIDATE = {"isolated": "prior", "colocated": "prior", "isolated_1obs": "ensemble",
-                      "colocated_1obs": "ensemble"}
+#: the inner-split candidates each ensemble case is chosen among (their name before ``@w``): with
+#: nothing observed P2 against the partner-mean row; with an observation against the roofline
+#: ratio or the partner-mean row (the ratio baseline alone, the training jobs' slowdowns in pairs)
+ENSEMBLE_CANDIDATE = {"isolated": ("prior",), "colocated": ("prior",), "isolated_1obs": ("ensemble", "prior"),
+                      "colocated_1obs": ("ensemble", "prior")}
+#: the product's name (:data:`~gogh_flows.predict.ensemble.BASELINES`) of each candidate kind's baseline
+BASELINE_OF = {"prior": "partner_mean", "ensemble": "roofline"}
 #: every candidate method the inner split scores for the ensemble's choice
 ENSEMBLE_CANDIDATES = tuple(f"{kind}@{setting_name(w, r)}" for kind in ("prior", "ensemble") for w, r in ENSEMBLE_SETTINGS)
 
 
-def ensemble_candidate(case: str, weight: float, reach: float = math.inf) -> str:
-    """The inner-split method whose errors are the ensemble's for ``case`` at ``weight`` (and ``reach``)."""
-    return f"{ENSEMBLE_CANDIDATE[case]}@{setting_name(weight, reach)}"
+def ensemble_candidate(case: str, weight: float, reach: float = math.inf, baseline: str | None = None) -> str:
+    """The inner-split method whose errors are the ensemble's for ``case`` at ``weight`` (and
+    ``reach``), blending P2 with ``baseline`` (a :data:`BASELINE_OF` value; default the case's first)."""
+    kind = ENSEMBLE_CANDIDATE[case][0] if baseline is None else {v: k for k, v in BASELINE_OF.items()}[baseline]
+    return f"{kind}@{setting_name(weight, reach)}"
 
 
 def choose_ensemble(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]]
-                    ) -> tuple[dict[str, float], dict[str, float], dict[str, dict[str, float]]]:
-    """P2's weight and reach per case (:data:`ENSEMBLE_CASES`) with the least error on the inner
-    split, each inner family weighing the same (its mean absolute log error, averaged over the
-    families, as the report averages them; ties to more P2, then to the wider reach); and every
-    candidate's error. A miss counts log 10, as the report scores it: left infinite, one "does
-    not fit" of P2 (kept at every weight) made every candidate infinite and the tie always chose
-    P2 alone. Settings whose candidate ``by_family`` lacks are not candidates."""
+                    ) -> tuple[dict[str, float], dict[str, float], dict[str, dict[str, float]], dict[str, str]]:
+    """P2's weight, reach and baseline per case (:data:`ENSEMBLE_CASES`) with the least error on
+    the inner split, each inner family weighing the same (its mean absolute log error, averaged
+    over the families, as the report averages them; ties to more P2, then to the wider reach,
+    then to the case's first baseline); and every candidate's error (keyed by its setting, with
+    its baseline in front where a case has two). A miss counts log 10, as the report scores it:
+    left infinite, one "does not fit" of P2 (kept at every weight) made every candidate infinite
+    and the tie always chose P2 alone. Settings whose candidate ``by_family`` lacks are not
+    candidates."""
     chosen, errors = {}, {}
     for case in ENSEMBLE_CASES:
         chosen[case], errors[case] = _choose_case(by_family, case)
-    return ({c: w for c, (w, _) in chosen.items()}, {c: r for c, (_, r) in chosen.items()}, errors)
+    return ({c: w for c, (_, w, _) in chosen.items()}, {c: r for c, (_, _, r) in chosen.items()}, errors,
+            {c: b for c, (b, _, _) in chosen.items()})
 
 
 def _choose_case(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]], case: str,
-                 skip: int | None = None) -> tuple[tuple[float, float], dict[str, float]]:
-    """:func:`choose_ensemble` for one case, without the inner family at index ``skip``."""
+                 skip: int | None = None) -> tuple[tuple[str, float, float], dict[str, float]]:
+    """:func:`choose_ensemble` for one case, without the inner family at index ``skip``:
+    ((baseline, weight, reach), every candidate's error)."""
     def err(name: str) -> float:
         means = [_capped_mean(e) for k, e in enumerate(by_family[name][case]) if e.size and k != skip]
         return float(np.mean(means)) if means else math.inf
 
-    errors = {setting_name(w, r): err(ensemble_candidate(case, w, r)) for w, r in ENSEMBLE_SETTINGS
-              if ensemble_candidate(case, w, r) in by_family}
-    best = min(((w, r) for w, r in ENSEMBLE_SETTINGS if setting_name(w, r) in errors),
-               key=lambda s: (errors[setting_name(*s)], -s[0], -s[1]))
-    return best, errors
+    kinds = ENSEMBLE_CANDIDATE[case]
+    options = [(k, w, r) for k in kinds for w, r in ENSEMBLE_SETTINGS
+               if case in by_family.get(f"{k}@{setting_name(w, r)}", {})]
+
+    def key(kind: str, w: float, r: float) -> str:
+        return setting_name(w, r) if len(kinds) == 1 else f"{BASELINE_OF[kind]}@{setting_name(w, r)}"
+
+    errors = {key(*o): err(f"{o[0]}@{setting_name(o[1], o[2])}") for o in options}
+    best = min(options, key=lambda o: (errors[key(*o)], -o[1], -o[2], kinds.index(o[0])))
+    return (BASELINE_OF[best[0]], best[1], best[2]), errors
 
 
 def choice_aware_errors(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]], case: str) -> np.ndarray:
@@ -567,14 +638,14 @@ def choice_aware_errors(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray
     so calibrated). Here every calibration family is out of the choice as well as out of the
     training, as the held-out family will be. With fewer than two inner families there is no
     choice to leave one out of, and the chosen setting's errors are returned."""
-    (w, r), _ = _choose_case(by_family, case)
-    parts = by_family[ensemble_candidate(case, w, r)][case]
+    (b, w, r), _ = _choose_case(by_family, case)
+    parts = by_family[ensemble_candidate(case, w, r, b)][case]
     if sum(1 for e in parts if e.size) < 2:
         return np.concatenate(list(parts)) if parts else np.empty(0)
     out = []
     for k in range(len(parts)):
-        (wk, rk), _ = _choose_case(by_family, case, skip=k)
-        out.append(by_family[ensemble_candidate(case, wk, rk)][case][k])
+        (bk, wk, rk), _ = _choose_case(by_family, case, skip=k)
+        out.append(by_family[ensemble_candidate(case, wk, rk, bk)][case][k])
     return np.concatenate(out)
 
 
@@ -679,7 +750,7 @@ def calibrate_refiner(data: MeasuredSet, oof: np.ndarray, config: EvalConfig) ->
     layout = Layout(data.gpus, data.names)
     inner = inner_family_errors(data, data, layout, oof, config, methods=ENSEMBLE_CANDIDATES,
                                 protocols=tuple(INTERVAL_CASES))
-    weights, reaches, errors = choose_ensemble(inner)
+    weights, reaches, errors, baselines = choose_ensemble(inner)
     where = (f"{len(data.families)} families left out in turn ({', '.join(data.families)}), {len(data.names)} job "
              f"types, GPU types {', '.join(data.gpus)}")
     intervals = from_errors({case: choice_aware_errors(inner, case) for case in INTERVAL_CASES},
@@ -687,7 +758,8 @@ def calibrate_refiner(data: MeasuredSet, oof: np.ndarray, config: EvalConfig) ->
                             f"the setting chosen without it)", conformal_halfwidth)
     rows = BaselineRows.fit(layout, layout.truth(data, data.names))
     domain = Domain.fit(np.stack([job_summary(data.jobs[n]) for n in data.names]))
-    return intervals, Ensemble(weights, rows, f"weights and reaches chosen on {where}", errors, reaches, domain)
+    return intervals, Ensemble(weights, rows, f"weights, reaches and baselines chosen on {where}", errors, reaches,
+                               domain, baselines)
 
 
 def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalConfig(),
@@ -724,10 +796,11 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
     decay, decay_errors = choose_decay(inner)
     inner = {k: v for k, v in inner.items() if not k.startswith("siblings@")}
     calib = pooled(inner)
-    weights, reaches, _ = choose_ensemble(inner)
+    weights, reaches, _, baselines = choose_ensemble(inner)
     if intervals:
         calib["ensemble"] = {p: choice_aware_errors(inner, p) for p in INTERVAL_PROTOCOLS}
-    methods = build_methods(full, train, test, layout, p1_test, p2, config.seed, ensemble=weights, reaches=reaches)
+    methods = build_methods(full, train, test, layout, p1_test, p2, config.seed, ensemble=weights, reaches=reaches,
+                            baselines=baselines)
     scores = {name: score_all(methods[name], truth_test, layout) for name in METHODS}
     metrics = {name: {**dict(sc.pooled), **dict.fromkeys(INTERVAL_METRICS, math.nan)} for name, sc in scores.items()}
     covered: dict[str, dict[str, tuple[int, int]]] = {name: {} for name in scores}
@@ -778,7 +851,8 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
             for m, v in metrics.items()) + f" (mean absolute log error; {secs:.0f} s)")
     return HoldoutResult(holdout, metrics, secs, p1, p2, jobs=jobs,
                          by_revealed_type={name: sc.by_revealed_type for name, sc in scores.items()},
-                         covered=covered, ensemble_weights=weights, ensemble_reaches=reaches, encoder=encoder,
+                         covered=covered, ensemble_weights=weights, ensemble_reaches=reaches,
+                         ensemble_baselines=baselines, encoder=encoder,
                          encoder_errors=encoder_errors, siblings_decay=decay, siblings_errors=decay_errors,
                          p2_epochs=p2_epochs, p2_epoch_errors=p2_epoch_errors)
 
@@ -833,6 +907,7 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
     holdouts = tuple(full.family_named(h, what="holdout family") for h in holdouts) if holdouts else full.families
     start = time.perf_counter()
     families, jobs, by_type, weights, reaches, encoders, decays, p2_epochs = {}, {}, {}, {}, {}, {}, {}, {}
+    baselines: dict[str, dict[str, str]] = {}
     counts: dict[str, dict[str, list[int]]] = {m: {} for m in METHODS}
     if progress is not None:  # the clock starts now, not when the first family is done
         progress("held-out families", 0, len(holdouts))
@@ -841,6 +916,7 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
         families[h] = result.metrics
         weights[h] = dict(result.ensemble_weights or {})
         reaches[h] = {c: (r if math.isfinite(r) else None) for c, r in (result.ensemble_reaches or {}).items()}
+        baselines[h] = dict(result.ensemble_baselines or {})
         encoders[h] = {"chosen": result.encoder, "inner_male": result.encoder_errors}
         p2_epochs[h] = {"chosen": result.p2_epochs, "inner_male": result.p2_epoch_errors}
         if len(full.of_family(h)) > 1:
@@ -867,7 +943,7 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
     return {
         "families": families, "mean": mean, "mean_over_jobs": mean_over_jobs, "jobs": jobs,
         "coverage_pooled": pooled_coverage, "ensemble_p2_weight": weights,
-        "ensemble_p2_reach": reaches, "p1_encoder": encoders,
+        "ensemble_p2_reach": reaches, "ensemble_baseline": baselines, "p1_encoder": encoders,
         "siblings_decay": decays, "p2_epochs": p2_epochs,
         "isolated_male_1obs_by_revealed_type": revealed,
         "methods": dict(METHOD_NOTES),
@@ -886,7 +962,9 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
             "selection": "chosen on the inner split (the training families, each predicted by models fitted without "
                          "it), never on the held-out family: the ensemble's weights, the intervals and, when "
                          "config.encoders names several, P1's encoder (least mean absolute log error with nothing "
-                         "observed, isolated and co-located averaged per family, families equal; p1_encoder); when "
+                         "observed, isolated and co-located averaged per family, families equal; with 'mean' among "
+                         "them, the mean of the encoders against the one chosen, that choice scored nested, each "
+                         "inner family by the encoder the others choose; p1_encoder); when "
                          "config.p2_epochs names several, P2's epochs (least error with one observation, isolated "
                          "and co-located averaged per family; p2_epochs); for a "
                          "family with siblings, the siblings step's decay (least isolated_mape_1obs_siblings of P2 "

@@ -23,7 +23,7 @@ from safetensors.torch import load_file, save_file
 
 from gogh_flows.predict.encoding import GPU_DIM, SUMMARY_DIM
 from gogh_flows.predict.layout import Layout
-from gogh_flows.predict.p1 import P1Config, P1Model, P1Net
+from gogh_flows.predict.p1 import P1Config, P1Model, make_net
 from gogh_flows.predict.p2 import P2Config, P2Model, P2Net
 
 WEIGHTS = "weights.safetensors"
@@ -183,7 +183,7 @@ def _expected_shapes(kind: str, config: Mapping) -> dict[str, tuple[int, ...]]:
     with torch.device("meta"):
         if kind == "p1":
             cfg = P1Config(**config["p1"])
-            net = P1Net(cfg.encoder, cfg.hidden)
+            net = make_net(cfg.encoder, cfg.hidden)
             shapes = {f"net.{k}": tuple(v.shape) for k, v in net.state_dict().items()}
             shapes.update({"norm.summary_mean": (SUMMARY_DIM,), "norm.summary_std": (SUMMARY_DIM,),
                            "norm.gpu_mean": (GPU_DIM,), "norm.gpu_std": (GPU_DIM,)})

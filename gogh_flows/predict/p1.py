@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
@@ -35,6 +35,12 @@ from gogh_flows.truth.synthetic import MEMORY_HEADROOM
 from gogh_flows.workloads.features import WorkloadFeatures
 
 ENCODERS = ("gru", "ff", "transformer")
+#: P1 as the mean, in log space, of one P1 per encoder of :data:`ENCODERS`, each trained apart on
+#: the same data (:class:`P1MeanNet`): no single encoder extrapolates best to every new family,
+#: and which one will cannot be told from the training families (docs/predictors.md)
+MEAN = "mean"
+#: every value ``P1Config.encoder`` takes
+KINDS = (*ENCODERS, MEAN)
 
 
 @dataclass(frozen=True)
@@ -49,8 +55,8 @@ class P1Config:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.encoder not in ENCODERS:
-            raise ValueError(f"P1 encoder must be one of {ENCODERS}, got {self.encoder!r}")
+        if self.encoder not in KINDS:
+            raise ValueError(f"P1 encoder must be one of {KINDS}, got {self.encoder!r}")
         if self.hidden < 4 or self.epochs < 1 or self.lr <= 0:
             raise ValueError("P1 hidden must be >= 4, epochs >= 1 and lr > 0")
 
@@ -114,6 +120,41 @@ class P1Net(nn.Module):
         return -nn.functional.softplus(self.pair_head(x).squeeze(-1) + 1.0)
 
 
+class P1MeanNet(nn.Module):
+    """One :class:`P1Net` per encoder; predicts their mean log throughput and log slowdown.
+
+    It answers the calls :class:`P1Net` answers (``encoder``, ``gpu``, ``log_isolated``,
+    ``log_ratio``), so a :class:`P1Model` predicts and caches with it unchanged: an embedding is
+    the members' embeddings side by side, split again for each member's heads. ``encoder`` and
+    ``gpu`` are methods, not modules, so each member's weights appear once in the state."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.members = nn.ModuleList(P1Net(e, hidden) for e in ENCODERS)
+
+    def encoder(self, tokens: torch.Tensor, lengths: torch.Tensor, summary: torch.Tensor) -> torch.Tensor:
+        return torch.cat([m.encoder(tokens, lengths, summary) for m in self.members], dim=-1)
+
+    def gpu(self, gpu_x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([m.gpu(gpu_x) for m in self.members], dim=-1)
+
+    def log_isolated(self, z: torch.Tensor, g: torch.Tensor, roof: torch.Tensor) -> torch.Tensor:
+        zs, gs = z.split(self.hidden, dim=-1), g.split(self.hidden, dim=-1)
+        return torch.stack([m.log_isolated(zi, gi, roof) for m, zi, gi in zip(self.members, zs, gs)]).mean(0)
+
+    def log_ratio(self, zj: torch.Tensor, zp: torch.Tensor, g: torch.Tensor,
+                  rj: torch.Tensor, rp: torch.Tensor) -> torch.Tensor:
+        parts = zip(self.members, zj.split(self.hidden, dim=-1), zp.split(self.hidden, dim=-1),
+                    g.split(self.hidden, dim=-1))
+        return torch.stack([m.log_ratio(a, b, c, rj, rp) for m, a, b, c in parts]).mean(0)
+
+
+def make_net(encoder: str, hidden: int) -> P1Net | P1MeanNet:
+    """The network of a P1 with ``encoder`` (one of :data:`KINDS`)."""
+    return P1MeanNet(hidden) if encoder == MEAN else P1Net(encoder, hidden)
+
+
 def _scale_roof(roof: torch.Tensor) -> torch.Tensor:
     # log seconds are around -9..0; bring them near unit scale for the MLPs
     return torch.cat([(roof[..., :2] + 6.0) / 3.0, roof[..., 2:4], roof[..., 4:] / 3.0], dim=-1)
@@ -139,7 +180,7 @@ class _Prepared:
 class P1Model:
     """A trained P1 with the normalisation it was trained with; predicts for any jobs."""
 
-    net: P1Net
+    net: P1Net | P1MeanNet
     config: P1Config
     summary_mean: np.ndarray
     summary_std: np.ndarray
@@ -254,7 +295,7 @@ class P1Model:
     @classmethod
     def from_state(cls, config: Mapping, state: Mapping[str, torch.Tensor]) -> P1Model:
         cfg = P1Config(**config["p1"])
-        net = P1Net(cfg.encoder, cfg.hidden)
+        net = make_net(cfg.encoder, cfg.hidden)
         net.load_state_dict({k[4:]: v for k, v in state.items() if k.startswith("net.")})
         return cls(
             net=net, config=cfg,
@@ -289,6 +330,13 @@ def train_p1(data: MeasuredSet, config: P1Config = P1Config(), *, init: P1Model 
     """
     if not data.jobs or data.iso.height == 0:
         raise ValueError("P1 needs at least one job with an isolated measurement to train on")
+    if init is not None and (config.encoder, config.hidden) != (init.config.encoder, init.config.hidden):
+        raise ValueError(
+            f"fine-tuning keeps the architecture: init is {init.config.encoder}/{init.config.hidden}, "
+            f"config asks for {config.encoder}/{config.hidden}"
+        )
+    if config.encoder == MEAN:
+        return _train_mean(data, config, init, log)
     torch.manual_seed(config.seed)
     rng = np.random.default_rng(config.seed)
     if init is None:
@@ -298,11 +346,6 @@ def train_p1(data: MeasuredSet, config: P1Config = P1Config(), *, init: P1Model 
         gm, gs = _norm_stats(gx)
         model = P1Model(P1Net(config.encoder, config.hidden), config, sm, ss, gm, gs)
     else:
-        if (config.encoder, config.hidden) != (init.config.encoder, init.config.hidden):
-            raise ValueError(
-                f"fine-tuning keeps the architecture: init is {init.config.encoder}/{init.config.hidden}, "
-                f"config asks for {config.encoder}/{config.hidden}"
-            )
         net = P1Net(init.config.encoder, init.config.hidden)
         net.load_state_dict(init.net.state_dict())  # a copy: fine-tuning leaves ``init`` as it was
         model = P1Model(net, config, init.summary_mean, init.summary_std, init.gpu_mean, init.gpu_std,
@@ -349,6 +392,36 @@ def train_p1(data: MeasuredSet, config: P1Config = P1Config(), *, init: P1Model 
         "jobs": len(data.jobs), "families": list(data.families), "gpus": list(data.gpus),
         "isolated_rows": data.iso.height, "pair_rows": data.pairs.height,
         "final_loss": history[-1], "first_loss": history[0],
+        "seconds": round(time.perf_counter() - start, 2),
+        **({"init": init.trained_on} if init is not None else {}),
+    }
+    return model
+
+
+def _train_mean(data: MeasuredSet, config: P1Config, init: P1Model | None, log) -> P1Model:
+    """A :data:`MEAN` P1: one P1 per encoder, each trained exactly as a P1 of that encoder alone
+    (same data, seed and settings; from ``init``'s member of that encoder when fine-tuning), then
+    put side by side. So its prediction is the mean of what those P1s would predict."""
+    start = time.perf_counter()
+    members = []
+    for k, enc in enumerate(ENCODERS):
+        sub = None
+        if init is not None:
+            sub = P1Model(init.net.members[k], replace(init.config, encoder=enc), init.summary_mean,
+                          init.summary_std, init.gpu_mean, init.gpu_std, dict(init.trained_on))
+        members.append(train_p1(data, replace(config, encoder=enc), init=sub, log=log))
+    net = P1MeanNet(config.hidden)
+    for slot, trained in zip(net.members, members):
+        slot.load_state_dict(trained.net.state_dict())
+    net.eval()
+    first = members[0]
+    model = P1Model(net, config, first.summary_mean, first.summary_std, first.gpu_mean, first.gpu_std)
+    model.trained_on = {
+        **{k: v for k, v in first.trained_on.items() if k not in ("final_loss", "first_loss", "seconds", "init")},
+        "final_loss": float(np.mean([m.trained_on["final_loss"] for m in members])),
+        "first_loss": float(np.mean([m.trained_on["first_loss"] for m in members])),
+        "members": {enc: {"final_loss": m.trained_on["final_loss"], "first_loss": m.trained_on["first_loss"]}
+                    for enc, m in zip(ENCODERS, members)},
         "seconds": round(time.perf_counter() - start, 2),
         **({"init": init.trained_on} if init is not None else {}),
     }
