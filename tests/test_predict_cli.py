@@ -30,7 +30,26 @@ def test_train_writes_two_model_directories_with_cards(tmp_path, capsys):
         card = read_card(out / d)
         assert "**CycleGAN**" in card and "gogh predictors train" in card and "MAPE" in card
     assert f"isolated_1obs {ensemble.weights['isolated_1obs']:g}" in read_card(out / "p2")  # the card says
+    assert f"with the {ensemble.baseline('colocated_1obs').replace('_', '-')} row" in read_card(out / "p2")
     assert json.loads(capsys.readouterr().out)["out"] == str(out)
+
+
+def test_train_with_the_mean_of_the_encoders(tmp_path, capsys):
+    """`--encoder mean` ships one P1 holding a P1 per encoder; the refiner learns from that mean
+    P1's out-of-family errors, and `calibrate` (no options) calibrates with the same kind of P1."""
+    from gogh_flows.predict.p1 import ENCODERS, P1MeanNet
+
+    out = tmp_path / "prior"
+    args = ["--truth", "synthetic", "--gpu-types", "k80,v100", "--p1-epochs", "2", "--p2-epochs", "2",
+            "--exclude-family", "CycleGAN", "--exclude-family", "A3C", "--exclude-family", "Recommendation"]
+    assert main(["predictors", "train", *args, "--encoder", "mean", "--out", str(out)]) == 0
+    p1 = load_p1(out / "p1")
+    assert isinstance(p1.net, P1MeanNet) and p1.config.encoder == "mean"
+    assert set(p1.trained_on["members"]) == set(ENCODERS)
+    assert "--encoder mean" in read_card(out / "p1")
+    capsys.readouterr()
+    assert main(["predictors", "calibrate", "--model", str(out)]) == 0
+    assert load_p2(out / "p2").trained_on["ensemble"]["weights"]
 
 
 def test_calibrate_adds_intervals_to_a_refiner_trained_without_them(tmp_path, capsys):

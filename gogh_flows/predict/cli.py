@@ -243,9 +243,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"(out-of-family P1 alone: {metrics['oof_p1_colocated_mape']:.1%})\n\n"
         "## What placements predict with\n\n"
         "Not P2 alone: its predictions averaged in log space with the per-type mean (a job with nothing "
-        "measured) or the roofline ratio (a measured job), P2's weight chosen on the inner split of these "
+        "measured) or, for a measured job, the roofline ratio or the per-type mean shifted to its "
+        "measurements, P2's weight and the baseline chosen on the inner split of these "
         "families (`trained_on.ensemble` in config.json): "
         + ", ".join(f"{case} {setting_name(w, ensemble.reaches.get(case, math.inf))}"
+                    + (f" with the {ensemble.baseline(case).replace('_', '-')} row" if case.endswith("_1obs") else "")
                     for case, w in ensemble.weights.items())
         + " (`w<r`: a job farther than r from every training job, in P1's input space, gets the baseline "
         "alone). The intervals (`trained_on.intervals`) are the ensemble's. See docs/predictors.md.\n\n"
