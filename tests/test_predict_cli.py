@@ -50,6 +50,19 @@ def test_train_with_the_mean_of_the_encoders(tmp_path, capsys):
     capsys.readouterr()
     assert main(["predictors", "calibrate", "--model", str(out)]) == 0
     assert load_p2(out / "p2").trained_on["ensemble"]["weights"]
+    # 'inner': the mean or one encoder, as the evaluation chooses, recorded with its evidence
+    chosen = tmp_path / "chosen"
+    assert main(["predictors", "train", *args, "--encoder", "inner", "--out", str(chosen)]) == 0
+    p1 = load_p1(chosen / "p1")
+    errs = p1.trained_on["encoder_choice"]["inner_male"]
+    assert set(errs) == {"gru", "ff", "transformer", "mean", "one chosen (nested)"}
+    assert p1.config.encoder == p1.trained_on["encoder_choice"]["chosen"]
+    assert (p1.config.encoder == "mean") == (errs["mean"] < errs["one chosen (nested)"])
+    assert "chosen on the inner split" in read_card(chosen / "p1") and "--encoder inner" in read_card(chosen / "p1")
+    capsys.readouterr()
+    assert main(["predictors", "train", *args, "--encoder", "lstm", "--out", str(tmp_path / "bad")]) == 2
+    err = capsys.readouterr().err
+    assert "lstm" in err and "inner" in err and not (tmp_path / "bad").exists()  # refused before training
 
 
 def test_calibrate_adds_intervals_to_a_refiner_trained_without_them(tmp_path, capsys):

@@ -39,8 +39,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                 "and the one of them the inner split picks; one name (gru, ff, transformer, mean) "
                                 "fixes it; a comma-separated list chooses among those")
         else:
-            x.add_argument("--encoder", default="transformer", choices=("gru", "ff", "transformer", "mean"),
-                           help="P1 job encoder ('mean': one P1 per encoder, their mean in log space)")
+            x.add_argument("--encoder", default="transformer",
+                           help="P1 job encoder: gru, ff, transformer (default), mean (one P1 per encoder, their "
+                                "mean in log space), or 'inner': the mean or the single encoder, whichever the inner "
+                                "split of the training families prefers, as `evaluate` chooses (a comma-separated "
+                                "list chooses among those)")
         x.add_argument("--seed", type=int, default=0, help="seeds training (default 0)")
         x.add_argument("--gpu-types", help="comma-separated GPU types to keep (default: "
                        + ("the types the refiner was trained on)" if own_model else "all in the truth)"))
@@ -168,14 +171,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     import torch
 
     from gogh_flows.predict.ensemble import setting_name
-    from gogh_flows.predict.evaluate import EvalConfig, calibrate_refiner, in_sample_metrics, out_of_family_p1
+    from dataclasses import replace
+
+    from gogh_flows.predict.evaluate import (
+        EvalConfig, calibrate_refiner, choose_encoder, in_sample_metrics, out_of_family_p1,
+    )
     from gogh_flows.predict.io import save_model
     from gogh_flows.predict.layout import Layout
-    from gogh_flows.predict.p1 import train_p1
+    from gogh_flows.predict.p1 import ENCODERS, MEAN, train_p1
     from gogh_flows.predict.p2 import train_p2
 
     torch.set_num_threads(1)  # tiny networks: threads only add contention
-    p1_cfg, p2_cfg, _ = _configs(args)
+    p1_cfg, p2_cfg, candidates = _configs(args)
     table, full = _data(args)
     data = full.without(args.exclude_family) if args.exclude_family else full
     from gogh_flows.progress import Progress
@@ -191,11 +198,23 @@ def cmd_train(args: argparse.Namespace) -> int:
             done += 1
             bars.update("training", done, units)
 
-        bars.update("training", 0, units)
+        layout = Layout(data.gpus, data.names)
+        if len(candidates) > 1:
+            # as `evaluate` chooses for a held-out family, here on every training family
+            trained = set(candidates) - {MEAN} | (set(ENCODERS) if MEAN in candidates else set())
+            units += len(data.families) * (len(trained) - 1)
+            encoder, oof, errors = choose_encoder(
+                data, layout, dict(data.jobs), EvalConfig(p1=p1_cfg, p2=p2_cfg, encoders=candidates, seed=args.seed),
+                log, done=step)
+            p1_cfg = replace(p1_cfg, encoder=encoder)
+            choice = {"chosen": encoder, "inner_male": errors}
+        bars.update("training", done, units)
         p1 = train_p1(data, p1_cfg, log=log)
         step()
-        layout = Layout(data.gpus, data.names)
-        oof = out_of_family_p1(data, layout, dict(data.jobs), p1_cfg, log, done=step)
+        if len(candidates) > 1:
+            p1.trained_on["encoder_choice"] = choice
+        else:
+            oof = out_of_family_p1(data, layout, dict(data.jobs), p1_cfg, log, done=step)
         truth = layout.truth(data, data.names)
         p2 = train_p2(layout, oof, truth, p2_cfg, log=log)
         step()
@@ -219,7 +238,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         "Predicts a job's isolated throughput on every GPU type and its throughput next to any "
         "partner, from the job's layer features and the GPU type's catalog figures.\n\n"
         f"## Data\n\n{data_lines}\n## Command\n\n```\n{command}\n```\n\n"
-        f"## Training metrics (on its own training data; see docs/predictors.md for held-out figures)\n\n"
+        + (f"## Encoder, chosen on the inner split\n\n{p1_cfg.encoder}, by the mean absolute log error of P1s "
+           "trained without each family, on that family (nothing observed; choosing one encoder scored nested): "
+           + ", ".join(f"{k} {v:.3f}" for k, v in choice["inner_male"].items()) + "\n\n"
+           if len(candidates) > 1 else "")
+        + f"## Training metrics (on its own training data; see docs/predictors.md for held-out figures)\n\n"
         f"- loss (log-space MSE): first epoch {p1.trained_on['first_loss']:.4f}, last {p1.trained_on['final_loss']:.4f}\n"
         f"- in-sample isolated MAPE {metrics['p1_isolated_mape']:.1%}, co-located MAPE {metrics['p1_colocated_mape']:.1%}\n"
         f"- training time {secs:.0f} s (P1 + P2 together)\n\n"

@@ -184,7 +184,7 @@ CHOSEN_ONE = "one chosen (nested)"
 
 def choose_encoder(train: MeasuredSet, layout: Layout, features: Mapping[str, WorkloadFeatures],
                    config: EvalConfig, log: Callable[[str], None] | None = None,
-                   ) -> tuple[str, np.ndarray, dict[str, float]]:
+                   done: Callable[[], None] | None = None) -> tuple[str, np.ndarray, dict[str, float]]:
     """The P1 encoder for one held-out family, chosen on the training families only.
 
     Why: the default encoder was picked by the leave-one-family-out figures this report
@@ -200,7 +200,8 @@ def choose_encoder(train: MeasuredSet, layout: Layout, features: Mapping[str, Wo
     families choose, :data:`CHOSEN_ONE`), since the least of three inner errors is an optimistic
     figure for the encoder it picks. The mean's vectors are the mean of its members' (each
     member a P1 of that encoder, trained as that encoder's own candidate is).
-    Returns (encoder, its out-of-family vectors, every candidate's error).
+    Returns (encoder, its out-of-family vectors, every candidate's error); ``done`` hears of
+    each out-of-family P1 trained (``gogh predictors train``'s progress).
     """
     candidates = config.encoders or (config.p1.encoder,)
     singles = [e for e in candidates if e != MEAN]
@@ -209,11 +210,11 @@ def choose_encoder(train: MeasuredSet, layout: Layout, features: Mapping[str, Wo
     errors: dict[str, float] = {}
     per_family: dict[str, dict[str, float]] = {}
     for enc in singles:
-        oofs[enc] = out_of_family_p1(train, layout, features, replace(config.p1, encoder=enc), log)
+        oofs[enc] = out_of_family_p1(train, layout, features, replace(config.p1, encoder=enc), log, done)
     if MEAN in candidates:
         missing = [e for e in ENCODERS if e not in oofs]
         for enc in missing:  # members the candidates did not name (kept out of the choice)
-            oofs[enc] = out_of_family_p1(train, layout, features, replace(config.p1, encoder=enc), log)
+            oofs[enc] = out_of_family_p1(train, layout, features, replace(config.p1, encoder=enc), log, done)
         oofs[MEAN] = np.mean([oofs[e] for e in ENCODERS], axis=0)
         for enc in missing:
             del oofs[enc]
