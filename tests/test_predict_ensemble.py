@@ -129,6 +129,18 @@ def test_the_weight_moves_predictions_between_p2_and_the_baseline(trained):
         if r.pair(job, other, g)[0] > 0:
             assert r.pair(job, other, g)[0] == pytest.approx(want * math.exp(ensemble.rows.slow(other, g)), rel=1e-9)
         assert r.isolated(other, g) == pytest.approx(t.isolated(other, g), rel=1e-9)  # nothing measured: unchanged
+    # measured only on a type no training job ran on (no per-type mean to shift by): the mean
+    # unshifted, not P2 alone (the roofline row is still shifted through that measurement)
+    rows_kv = BaselineRows(("k80", "v100"), ensemble.rows.type_mean[:1] + ensemble.rows.type_mean[2:3],
+                           {p: (v[0], v[2]) for p, v in ensemble.rows.slowdown.items()},
+                           ensemble.rows.slowdown_per_type[:1] + ensemble.rows.slowdown_per_type[2:3])
+    on_a100 = observations_frame([{"job_type": job, "gpu_type": "a100", "throughput": 3.0}])
+    half_pm = Ensemble(dict.fromkeys(CASES, 0.5), rows_kv, baselines={"isolated_1obs": "partner_mean"})
+    p2_only = ThroughputPredictor(p1, _with(p2, None)).predict_table(jobs, GPUS, on_a100)
+    m = ThroughputPredictor(p1, _with(p2, half_pm)).predict_table(jobs, GPUS, on_a100)
+    for k, g in enumerate(("k80", "v100")):
+        assert m.isolated(job, g) == pytest.approx(math.sqrt(p2_only.isolated(job, g) * math.exp(rows_kv.type_mean[k])),
+                                                   rel=1e-6)
     # in between: the geometric mean of the two
     half = Ensemble(dict.fromkeys(CASES, 0.5), ensemble.rows)
     h = ThroughputPredictor(p1, _with(p2, half)).predict_table(jobs, GPUS, obs)

@@ -365,7 +365,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     stored, bounds = ensemble.to_dict(), intervals.to_dict()
     record_trained_on(model, {"ensemble": stored, "intervals": bounds})
     print(json.dumps({"model": str(model), "ensemble_weights": stored["weights"], "ensemble_reaches": stored["reaches"],
-                      **bounds}, indent=2))
+                      "ensemble_baselines": stored["baselines"], **bounds}, indent=2))
     return 0
 
 

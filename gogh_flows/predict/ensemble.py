@@ -198,16 +198,15 @@ class Ensemble:
         prior = np.array([self.rows.prior(g) for g in gpus], dtype=float)
 
         def target(case: str) -> np.ndarray:
-            """``[J, G]`` log rows of the case's baseline, alone on each type (NaN: none for that job)."""
+            """``[J, G]`` log rows of the case's baseline, alone on each type. A measured job whose
+            measurements are all on types without a per-type mean gets that mean unshifted (as
+            the evaluation's :func:`~gogh_flows.predict.baselines.shifted` does with nothing usable),
+            not P2 alone."""
             b = self.baseline(case)
             out = np.empty((len(names), len(gpus)))
             for i, j in enumerate(names):
-                if not measured[i]:
-                    out[i] = prior
-                elif j in shifts[b]:
-                    out[i] = [alone[b](j, g) + shifts[b][j] for g in gpus]
-                else:
-                    out[i] = np.nan
+                out[i] = (prior if not measured[i]
+                          else [alone[b](j, g) + shifts[b].get(j, 0.0) for g in gpus])
             return out
 
         t_iso = np.where(measured[:, None], target("isolated_1obs"), prior[None, :])

@@ -198,7 +198,8 @@ def choose_encoder(train: MeasuredSet, layout: Layout, features: Mapping[str, Wo
     mean of the encoders (its inner error as is: nothing is chosen) against choosing one encoder,
     whose error is *nested* (each inner family predicted by the encoder that the other inner
     families choose, :data:`CHOSEN_ONE`), since the least of three inner errors is an optimistic
-    figure for the encoder it picks. The mean's vectors are the mean of its members' (each
+    figure for the encoder it picks; the mean must do strictly better (a tie goes to the single
+    encoder, the simpler model). The mean's vectors are the mean of its members' (each
     member a P1 of that encoder, trained as that encoder's own candidate is).
     Returns (encoder, its out-of-family vectors, every candidate's error); ``done`` hears of
     each out-of-family P1 trained (``gogh predictors train``'s progress).
