@@ -162,13 +162,32 @@ def test_ensemble_blends_in_log_space_keeps_p2s_misses_and_is_chosen_per_family_
     assert errors["colocated"]["0.5"] == pytest.approx(0.8)
 
 
+def _held_out_resnet18(monkeypatch, data, fake_oof):
+    """ResNet-18 held out with every encoder and the mean as candidates, tiny networks, the
+    out-of-family P1 vectors ``fake_oof``'s: (result, the vectors P2 was trained on, the config)."""
+    from gogh_flows.predict.p1 import KINDS, P1Config
+    from gogh_flows.predict.p2 import P2Config
+
+    got_oof: list[np.ndarray] = []
+    real_p2 = ev.train_p2
+
+    def spy_p2(layout, oof, truth, config):
+        got_oof.append(oof)
+        return real_p2(layout, oof, truth, config)
+
+    monkeypatch.setattr(ev, "out_of_family_p1", fake_oof)
+    monkeypatch.setattr(ev, "train_p2", spy_p2)
+    cfg = ev.EvalConfig(p1=P1Config(hidden=8, epochs=3, pair_rows_per_epoch=64), p2=P2Config(hidden=8, epochs=3),
+                        encoders=KINDS)
+    return ev.evaluate_holdout(data, "ResNet-18", cfg, intervals=False), got_oof, cfg
+
+
 def test_p1s_encoder_is_chosen_on_the_inner_split_and_p2_learns_from_the_chosen_one(monkeypatch):
     """A fixed default encoder was chosen by the reported figures; with candidates, each held-out
     family gets the encoder whose out-of-family P1 is best on the *training* families, and P2 is
     trained on that encoder's vectors (the errors of the P1 it will correct)."""
     from gogh_flows.predict.data import MeasuredSet
-    from gogh_flows.predict.p1 import KINDS, P1Config
-    from gogh_flows.predict.p2 import P2Config
+    from gogh_flows.predict.p1 import P1Config
     from gogh_flows.truth.synthetic import synthetic_table
 
     jobs = ("A3C", "LM (batch size 20)", "ResNet-18 (batch size 64)", "ResNet-50 (batch size 32)")
@@ -185,19 +204,8 @@ def test_p1s_encoder_is_chosen_on_the_inner_split_and_p2_learns_from_the_chosen_
         trained.append((config.encoder, train.names))
         return real_train(train, config, **kw)
 
-    got_oof: list[np.ndarray] = []
-    real_p2 = ev.train_p2
-
-    def spy_p2(layout, oof, truth, config):
-        got_oof.append(oof)
-        return real_p2(layout, oof, truth, config)
-
-    monkeypatch.setattr(ev, "out_of_family_p1", fake_oof)
     monkeypatch.setattr(ev, "train_p1", spy_train)
-    monkeypatch.setattr(ev, "train_p2", spy_p2)
-    cfg = ev.EvalConfig(p1=P1Config(hidden=8, epochs=3, pair_rows_per_epoch=64), p2=P2Config(hidden=8, epochs=3),
-                        encoders=KINDS)
-    result = ev.evaluate_holdout(data, "ResNet-18", cfg, intervals=False)
+    result, got_oof, _ = _held_out_resnet18(monkeypatch, data, fake_oof)
     # one encoder off by 0.1 everywhere beats the mean of the three (0.3), even scored nested
     assert result.encoder == "gru"
     assert result.encoder_errors == pytest.approx({**offset, "mean": 0.3, ev.CHOSEN_ONE: 0.1})
@@ -219,8 +227,7 @@ def test_p1_is_the_mean_of_the_encoders_when_choosing_one_does_worse_on_the_inne
     is right everywhere. The mean wins, its vectors are the members' mean, and the held-out
     family's P1 is a mean P1 (a trained P1MeanNet)."""
     from gogh_flows.predict.data import MeasuredSet
-    from gogh_flows.predict.p1 import KINDS, P1Config, P1MeanNet
-    from gogh_flows.predict.p2 import P2Config
+    from gogh_flows.predict.p1 import P1MeanNet
     from gogh_flows.truth.synthetic import synthetic_table
 
     jobs = ("A3C", "LM (batch size 20)", "ResNet-18 (batch size 64)", "ResNet-50 (batch size 32)")
@@ -233,18 +240,7 @@ def test_p1_is_the_mean_of_the_encoders_when_choosing_one_does_worse_on_the_inne
         shift = np.array([signed[config.encoder][train.family[n]] for n in train.names])[:, None]
         return layout.truth(train, train.names) + shift
 
-    got_oof: list[np.ndarray] = []
-    real_p2 = ev.train_p2
-
-    def spy_p2(layout, oof, truth, config):
-        got_oof.append(oof)
-        return real_p2(layout, oof, truth, config)
-
-    monkeypatch.setattr(ev, "out_of_family_p1", fake_oof)
-    monkeypatch.setattr(ev, "train_p2", spy_p2)
-    cfg = ev.EvalConfig(p1=P1Config(hidden=8, epochs=3, pair_rows_per_epoch=64), p2=P2Config(hidden=8, epochs=3),
-                        encoders=KINDS)
-    result = ev.evaluate_holdout(data, "ResNet-18", cfg, intervals=False)
+    result, got_oof, cfg = _held_out_resnet18(monkeypatch, data, fake_oof)
     assert result.encoder == "mean"
     assert result.encoder_errors["mean"] == pytest.approx(0.0, abs=1e-12)
     assert result.encoder_errors[ev.CHOSEN_ONE] > result.encoder_errors["gru"] > 0.0
