@@ -59,6 +59,13 @@ def test_train_with_the_mean_of_the_encoders(tmp_path, capsys):
     assert p1.config.encoder == p1.trained_on["encoder_choice"]["chosen"]
     assert (p1.config.encoder == "mean") == (errs["mean"] < errs["one chosen (nested)"])
     assert "chosen on the inner split" in read_card(chosen / "p1") and "--encoder inner" in read_card(chosen / "p1")
+    assert load_p2(chosen / "p2").trained_on["p1_encoder"] == p1.config.encoder  # what the refiner corrects
+    # one family left: refused before anything is trained, saying what to do
+    capsys.readouterr()
+    lone = ["--exclude-family", "LM", "--exclude-family", "ResNet-18", "--exclude-family", "Transformer"]
+    assert main(["predictors", "train", *args, *lone, "--encoder", "inner", "--out", str(tmp_path / "lone")]) == 2
+    err = capsys.readouterr().err
+    assert "leaves 1 model family" in err and "exclude fewer" in err and not (tmp_path / "lone").exists()
     capsys.readouterr()
     assert main(["predictors", "train", *args, "--encoder", "lstm", "--out", str(tmp_path / "bad")]) == 2
     err = capsys.readouterr().err

@@ -154,6 +154,18 @@ def _data(args: argparse.Namespace, anomalies: list | None = None):
     return table, MeasuredSet.from_table(table)
 
 
+def _excluding(full, families: list[str]):
+    """``full`` without ``families``, refused while nothing is trained if that leaves fewer than
+    the two families the refiner's training needs."""
+    data = full.without(families) if families else full
+    if len(data.families) < 2:
+        raise ValueError(f"--exclude-family {', '.join(families)} leaves {len(data.families)} model "
+                         f"famil{'y' if len(data.families) == 1 else 'ies'} of {', '.join(full.families)}; "
+                         "training needs at least two (the refiner learns from P1s trained with each left out "
+                         "in turn): exclude fewer")
+    return data
+
+
 def _command(args: argparse.Namespace) -> str:
     """The command that reproduces this run, rebuilt from the parsed options (not sys.argv)."""
     parts = ["gogh", "predictors", "train", "--truth", args.truth, "--out", args.out,
@@ -184,7 +196,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)  # tiny networks: threads only add contention
     p1_cfg, p2_cfg, candidates = _configs(args)
     table, full = _data(args)
-    data = full.without(args.exclude_family) if args.exclude_family else full
+    data = _excluding(full, args.exclude_family)
     from gogh_flows.progress import Progress
 
     start = time.perf_counter()
@@ -279,11 +291,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     p1.trained_on.update({"truth": args.truth, "excluded_families": list(args.exclude_family)})
     p2.trained_on.update({"truth": args.truth, "excluded_families": list(args.exclude_family),
+                          "p1_encoder": p1_cfg.encoder,
                           "metrics": {k: v for k, v in metrics.items() if math.isfinite(v)}})
     save_model(p1, out / "p1", p1_card)
     save_model(p2, out / "p2", p2_card)
-    print(json.dumps({"out": str(out), "seconds": round(secs, 1), **{k: round(v, 4) for k, v in metrics.items()}},
-                     indent=2))
+    print(json.dumps({"out": str(out), "seconds": round(secs, 1), "p1_encoder": p1_cfg.encoder,
+                      **{k: round(v, 4) for k, v in metrics.items()}}, indent=2))
     return 0
 
 
@@ -357,7 +370,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if not args.gpu_types:  # the GPU types the refiner was trained on, not all the truth has
         args.gpu_types = ",".join(p2.layout.gpus)
     _, full = _data(args)
-    data = full.without(args.exclude_family) if args.exclude_family else full
+    data = _excluding(full, args.exclude_family)
     layout = Layout(data.gpus, data.names)
     oof = out_of_family_p1(data, layout, dict(data.jobs), p1_cfg,
                            lambda s: print(s, file=sys.stderr, flush=True))

@@ -138,7 +138,10 @@ def out_of_family_p1(data: MeasuredSet, layout: Layout, features: Mapping[str, W
     teach it that P1 is nearly always right.
     """
     if len(data.families) < 2:
-        raise ValueError("out-of-family P1 predictions need measurements from at least two families")
+        raise ValueError(
+            f"the refiner learns from P1s trained with each model family left out in turn, which needs "
+            f"measurements of at least two families; these have {len(data.families)} "
+            f"({', '.join(data.families) or 'none'}): exclude fewer families (--exclude-family) or give more data")
     out = np.full((len(data.names), layout.size), np.nan)
     row = {n: i for i, n in enumerate(data.names)}
     for fam in data.families:
