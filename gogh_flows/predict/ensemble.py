@@ -209,8 +209,7 @@ class Ensemble:
                           else [alone[b](j, g) + shifts[b].get(j, 0.0) for g in gpus])
             return out
 
-        t_iso = np.where(measured[:, None], target("isolated_1obs"), prior[None, :])
-        t_co = np.where(measured[:, None], target("colocated_1obs"), prior[None, :])
+        t_iso, t_co = target("isolated_1obs"), target("colocated_1obs")
         slow = np.array([[self.rows.slow(p, g) for g in gpus] for p in names]).reshape(len(names), len(gpus))
         far = [self.distance(features[j]) for j in names]
         w_iso = np.array([self.weight(False, m, d) for m, d in zip(measured, far)])[:, None]
