@@ -84,6 +84,10 @@ class GpuCluster(Block):
     capacity: int = Field(default=2, ge=1, le=2, description="jobs per GPU: 1 exclusive, 2 may share")
     truth: str = Field(default="synthetic", description="emulated mode: 'synthetic', 'gavel' or a Gavel "
                        "throughput JSON the emulated GPUs run at")
+    boards: dict[str, str] = Field(
+        default_factory=dict, description="emulated mode, synthetic truth: GPU type -> the board variant its "
+        "GPUs run as, e.g. {'a100': 'a100-pcie-40gb'} (gogh_flows.truth.synthetic.BOARD_VARIANTS); placement "
+        "and the predictors still see the catalog type, as they would at a site with those boards")
     time_scale: float = Field(default=0.0, ge=0.0, allow_inf_nan=False, description="emulated mode: wall seconds per "
                               "emulated second (0 = do not sleep)")
     seed: int = 0
@@ -145,6 +149,18 @@ class GpuCluster(Block):
         if self.mode == "emulated" and not self.fleet:
             raise ValueError("an emulated GpuCluster needs a fleet, e.g. fleet={'v100': 2, 't4': 2}")
         check_cap_request(self.power_cap_w, self.power_cap_fraction, run_power_limits=self.run_power_limits)
+        if self.boards:
+            if self.mode != "emulated" or self.truth != "synthetic":
+                raise ValueError(f"boards applies to mode='emulated' with truth='synthetic' (this cluster is "
+                                 f"{self.mode!r} with truth {self.truth!r}): a real or measured fleet's boards are "
+                                 "what they are")
+            from gogh_flows.truth.synthetic import board
+
+            for name, variant in self.boards.items():
+                if name not in self.fleet:
+                    raise ValueError(f"boards names {name!r}, which this fleet lacks ({', '.join(self.fleet)}); "
+                                     "name a type of the fleet")
+                board(name, variant)  # unknown variant, or one of another type -> says which
         if self.run_power_limits and self.mode != "local-cuda":
             raise ValueError(f"run_power_limits applies to mode='local-cuda' only (this cluster is {self.mode!r}): "
                              "an emulated GPU enacts chosen limits anyway, and a remote pool's boards belong to "

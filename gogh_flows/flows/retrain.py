@@ -38,7 +38,13 @@ from gogh_flows.predict.data import MeasuredSet
 from gogh_flows.predict.io import save_model
 from gogh_flows.predict.p1 import P1Model
 from gogh_flows.predict.p2 import P2Config, P2Model
-from gogh_flows.predict.service import ThroughputPredictor, choose_trust_scale, fit_refiner
+from gogh_flows.predict.service import (
+    SITE_KEY,
+    ThroughputPredictor,
+    choose_trust_scale,
+    fit_refiner,
+    fit_site_offsets,
+)
 from gogh_flows.tracking.measurements import MeasurementLog
 from gogh_flows.truth import load_truth
 
@@ -117,9 +123,13 @@ def fit_challenger(p1: P1Model, features: dict, train: pl.DataFrame, *, base: Me
     fit, val = split_recent(train, validation_fraction) if train.height >= 2 else (train, train.head(0))
     trial = fit_refiner(p1, features, fit, base=base, config=config, gpu_types=gpu_types)
     trial.trained_on.update(kept)
+    trial.trained_on[SITE_KEY] = fit_site_offsets(ThroughputPredictor(p1, trial), features, fit).to_dict()
     trust, errors = choose_trust_scale(p1, trial, features, fit, val)
     p2 = fit_refiner(p1, features, train, base=base, config=config, gpu_types=gpu_types)
     p2.trained_on.update(kept)
+    # how this fleet's boards differ from the prior's world, per type: what carries a site's
+    # difference to a job with nothing measured yet (gogh_flows.predict.site)
+    p2.trained_on[SITE_KEY] = fit_site_offsets(ThroughputPredictor(p1, p2), features, train).to_dict()
     p2.trust_scale = trust
     p2.trained_on["trust_scale_validation_mape"] = errors
     return p2, val.height

@@ -150,7 +150,7 @@ def _truth_for(cluster: GpuCluster):
     if cluster.truth == "synthetic":
         from gogh_flows.truth.synthetic import synthetic_table
 
-        return synthetic_table(list(cluster.fleet), seed=cluster.seed)
+        return synthetic_table(list(cluster.fleet), seed=cluster.seed, boards=cluster.boards)
     return load_truth(cluster.truth)
 
 

@@ -47,6 +47,7 @@ from gogh_flows.predict.layout import Layout
 from gogh_flows.predict.p1 import P1Model, Prediction
 from gogh_flows.predict.p2 import TRUST_SCALES, P2Config, P2Model, train_p2
 from gogh_flows.predict.siblings import family_and_batch, sibling_transfer
+from gogh_flows.predict.site import SiteOffsets
 from gogh_flows.truth.table import SCHEMA, ThroughputTable
 from gogh_flows.workloads.features import WorkloadFeatures
 
@@ -133,6 +134,7 @@ class ThroughputPredictor:
             why = f"it lacks {exc}" if isinstance(exc, KeyError) else str(exc)
             raise ValueError(f"the refiner's stored ensemble (trained_on['ensemble']) cannot be read: {why}; "
                              "re-run `gogh predictors calibrate --model DIR` to write it again") from None
+        self.site = SiteOffsets.from_dict((p2.trained_on or {}).get(SITE_KEY) if p2 is not None else None)
 
     # -- public ------------------------------------------------------------------------------
     @property
@@ -288,6 +290,8 @@ class ThroughputPredictor:
             if self.ensemble is not None:
                 self.ensemble.blend(names, jobs, gpus, obs, iso, pair)
             self._siblings(names, gpus, pred.isolated[:, :G].astype(np.float64), obs, iso, pair)
+            if self.site:
+                self._site(names, gpus, obs, iso, pair)
         # observed entries win, whatever the models say
         row = {n: i for i, n in enumerate(names)}
         col = {g: i for i, g in enumerate(gpus)}
@@ -299,6 +303,18 @@ class ThroughputPredictor:
             elif p in row:
                 pair[row[j], row[p], col[g]] = val
         return iso, pair
+
+    def _site(self, names: tuple[str, ...], gpus: tuple[str, ...], obs: _Observed, iso: np.ndarray,
+              pair: np.ndarray) -> None:
+        """Move each job's rows by this fleet's per-type offsets, anchored on its measurements; in place."""
+        seen: dict[str, list[str]] = {}
+        for (j, _, g), v in obs.items():
+            if math.isfinite(v):
+                seen.setdefault(j, []).append(g)
+        for i, j in enumerate(names):
+            f = self.site.factors(gpus, seen.get(j, ()))
+            iso[i] *= f
+            pair[i] *= f[None, :]
 
     def _siblings(self, names: tuple[str, ...], gpus: tuple[str, ...], p1_iso: np.ndarray,
                   obs: _Observed, iso: np.ndarray, pair: np.ndarray) -> None:
@@ -424,6 +440,26 @@ def _table(names: tuple[str, ...], gpus: tuple[str, ...], iso: np.ndarray, pair:
     return ThroughputTable(frame, source="predicted")
 
 
+def training_entries(observations: pl.DataFrame, base: MeasuredSet | None) -> dict[tuple[str, str | None, str], float]:
+    """What a refiner is trained toward: (job, partner, gpu) -> log throughput.
+
+    An entry this fleet measured replaces the base data's (another fleet's, or the prior's own
+    world). Averaged with it, as it was, a site whose boards run 10% slower than the prior's
+    taught the refiner half of that, and a challenger learned too little to beat its champion.
+    """
+    vals: dict[tuple[str, str | None, str], list[float]] = {}
+    if base is not None:
+        for j, g, t in base.iso.iter_rows():
+            vals.setdefault((j, None, g), []).append(math.log(t))
+        for j, p, g, t, _ in base.pairs.iter_rows():
+            vals.setdefault((j, p, g), []).append(math.log(t))
+    out = {k: float(np.mean(v)) for k, v in vals.items()}
+    for k, v in _aggregate(observations).items():
+        if math.isfinite(v):
+            out[k] = v
+    return out
+
+
 def fit_refiner(p1: P1Model, features: Mapping[str, WorkloadFeatures], observations: pl.DataFrame, *,
                 base: MeasuredSet | None = None, config: P2Config = P2Config(),
                 gpu_types: Sequence[str] | None = None, out_of_family: bool = False) -> P2Model:
@@ -446,16 +482,7 @@ def fit_refiner(p1: P1Model, features: Mapping[str, WorkloadFeatures], observati
             feats.update(zoo_jobs(unknown))
         except UnknownJobFeaturesError as exc:
             raise ValueError(f"fit_refiner: {exc}") from None
-    # every measurement, base first, as (job, partner, gpu) -> mean log throughput
-    vals: dict[tuple[str, str | None, str], list[float]] = {}
-    if base is not None:
-        for j, g, t in base.iso.iter_rows():
-            vals.setdefault((j, None, g), []).append(math.log(t))
-        for j, p, g, t, _ in base.pairs.iter_rows():
-            vals.setdefault((j, p, g), []).append(math.log(t))
-    for (j, p, g), v in _aggregate(obs).items():
-        if math.isfinite(v):
-            vals.setdefault((j, p, g), []).append(v)
+    vals = training_entries(obs, base)
     if not vals:
         raise ValueError("fit_refiner needs at least some positive measurements (observations or base)")
     names = tuple(dict.fromkeys([*(base.names if base is not None else ()), *named]))
@@ -473,7 +500,7 @@ def fit_refiner(p1: P1Model, features: Mapping[str, WorkloadFeatures], observati
     for (j, p, g), v in vals.items():
         if g in gset and (p is None or p in pset):
             k = layout.isolated_index(g) if p is None else layout.pair_index(p, g)
-            truth[row[j], k] = float(np.mean(v))
+            truth[row[j], k] = v
     vectors = p1_vectors(p1, layout, names, feats)
     if out_of_family and base is not None and len(base.families) >= 2:
         oof = out_of_family_p1(base, layout, feats, p1.config)
@@ -513,4 +540,26 @@ def choose_trust_scale(p1: P1Model, p2: P2Model, features: Mapping[str, Workload
     return best[1], errors
 
 
-__all__ = ["OBSERVATION_SCHEMA", "ThroughputPredictor", "choose_trust_scale", "fit_refiner", "observations_frame"]
+#: where a refiner keeps its fleet's per-type offsets (:mod:`gogh_flows.predict.site`)
+SITE_KEY = "site_offsets"
+
+
+def fit_site_offsets(predictor: ThroughputPredictor, features: Mapping[str, WorkloadFeatures],
+                     observations: pl.DataFrame) -> SiteOffsets:
+    """This fleet's per-type offsets from its isolated measurements, each against what
+    ``predictor`` (its own offsets left out) says of the job with nothing of it measured."""
+    obs = observations_frame(observations).filter(pl.col("partner").is_null() & (pl.col("throughput") > 0))
+    if obs.height == 0:
+        return SiteOffsets()
+    bare = ThroughputPredictor(predictor.p1, predictor.p2)
+    bare.site = SiteOffsets()
+    jobs = sorted(set(obs["job_type"].to_list()))
+    gpus = tuple(sorted(set(obs["gpu_type"].to_list())))
+    iso, _ = bare._predict({j: features[j] for j in jobs}, gpus, _aggregate(obs.head(0)))
+    ji, gi = {j: i for i, j in enumerate(jobs)}, {g: i for i, g in enumerate(gpus)}
+    return SiteOffsets.fit((g, math.log(t / iso[ji[j], gi[g]]) if iso[ji[j], gi[g]] > 0 else math.nan)
+                           for j, g, _, t in obs.iter_rows())
+
+
+__all__ = ["OBSERVATION_SCHEMA", "SITE_KEY", "fit_site_offsets", "ThroughputPredictor", "choose_trust_scale", "fit_refiner", "observations_frame",
+           "training_entries"]

@@ -33,10 +33,16 @@ Model (documented in docs/synthetic-fleet.md):
   (``gogh_flows.power_model``: the H100 today), spec-based elsewhere.
 * **Noise.** Seeded multiplicative log-normal noise per (job, GPU type) entry,
   keyed by a stable hash so adding a job or a GPU type never changes others.
+* **Board variants.** A site's boards need not be the ones the catalog entry describes:
+  PCIe V100s and 40 GB A100s map to the same type names as the SXM boards. ``boards``
+  runs a type at a variant's datasheet figures (:data:`BOARD_VARIANTS`) while everything
+  that places and predicts still sees the catalog's: a fleet the predictors were not
+  trained on, as every real site is to a shipped prior.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import zlib
 from collections.abc import Iterable, Mapping
@@ -84,6 +90,32 @@ INTERCONNECT_GBS = {
     "a100": 300.0, "h100": 450.0,
 }
 DEFAULT_INTERCONNECT_GBS = 16.0  # PCIe Gen3 x16 for types not listed
+
+#: Boards that the catalog maps to one type name but that run at other figures (the catalog's
+#: own comments name them): variant -> (catalog type, the figures that differ). Power keeps the
+#: catalog type's model (the emulator draws by type name), so a variant changes speed only.
+#:   v100-pcie:      Tesla V100 PCIe 16GB, 14 TFLOPS FP32, 112 TFLOPS tensor, 900 GB/s (Tesla V100 datasheet)
+#:   a100-pcie-40gb: A100 PCIe 40GB, 19.5 TFLOPS FP32, 312 TFLOPS tensor, 40 GB HBM2, 1,555 GB/s
+#:                   (A100 datasheet)
+BOARD_VARIANTS: dict[str, tuple[str, dict[str, float]]] = {
+    "v100-pcie": ("v100", {"fp32_tflops": 14.0, "fp16_tflops": 112.0, "memory_bandwidth_gbs": 900.0}),
+    "a100-pcie-40gb": ("a100", {"fp32_tflops": 19.5, "fp16_tflops": 312.0, "memory_gb": 40.0,
+                                "memory_bandwidth_gbs": 1555.0}),
+}
+
+
+def board(gpu_type: str, variant: str | None = None) -> GpuType:
+    """The figures a ``gpu_type`` board runs at: the catalog's, or ``variant``'s (same name)."""
+    gpu = get_gpu_type(gpu_type)
+    if variant is None:
+        return gpu
+    if variant not in BOARD_VARIANTS:
+        raise ValueError(f"unknown board variant {variant!r}; known: "
+                         + ", ".join(f"{v} (a {t})" for v, (t, _) in sorted(BOARD_VARIANTS.items())))
+    of, figures = BOARD_VARIANTS[variant]
+    if of != gpu.name:
+        raise ValueError(f"board variant {variant!r} is a {of}, not a {gpu.name}: map it under {of!r}")
+    return dataclasses.replace(gpu, display_name=f"{gpu.display_name} ({variant})", **figures)
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,7 +208,9 @@ class SyntheticFleet:
     """A seeded synthetic ground truth over GPU types and workloads.
 
     ``jobs`` maps a job-type name to its features: zoo models at any batch size
-    (:func:`zoo_features`) or a user's model (:func:`extract_features`).
+    (:func:`zoo_features`) or a user's model (:func:`extract_features`). ``boards`` maps a GPU
+    type to the board variant it runs as (:data:`BOARD_VARIANTS`); types not named run at the
+    catalog's figures.
     """
 
     gpu_types: tuple[str, ...] = field(default_factory=lambda: tuple(g.name for g in catalog.gpu_types()))
@@ -185,6 +219,7 @@ class SyntheticFleet:
     seed: int = 0
     noise: float = 0.05
     precision: str = "fp32"
+    boards: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.gpu_types:
@@ -200,15 +235,29 @@ class SyntheticFleet:
         bad = [s for s in self.scale_factors if s not in (1, 2, 4, 8)]
         if bad or 1 not in self.scale_factors:
             raise ValueError(f"scale_factors must include 1 and be among 1, 2, 4, 8; got {self.scale_factors}")
+        for t, variant in self.boards.items():
+            if t not in self.gpu_types:
+                raise ValueError(f"boards names {t!r}, which is not among this fleet's GPU types "
+                                 f"({', '.join(self.gpu_types)})")
+            board(t, variant)  # unknown variant, or one of another type -> ValueError naming it
+
+    def gpu(self, gpu_type: str) -> GpuType:
+        """The figures this fleet's ``gpu_type`` boards run at."""
+        return board(gpu_type, self.boards.get(gpu_type))
+
+    @property
+    def source(self) -> str:
+        site = "".join(f", {t}={v}" for t, v in sorted(self.boards.items()))
+        return f"synthetic(seed={self.seed}{site})"
 
     def profile(self, job_type: str, gpu_type: str) -> StepProfile:
-        return step_profile(self.jobs[job_type], get_gpu_type(gpu_type), self.precision)
+        return step_profile(self.jobs[job_type], self.gpu(gpu_type), self.precision)
 
     def table(self) -> ThroughputTable:
         rows: list[dict] = []
         names = sorted(self.jobs)
         for t in self.gpu_types:
-            gpu = get_gpu_type(t)
+            gpu = self.gpu(t)
             profiles = {j: step_profile(self.jobs[j], gpu, self.precision) for j in names}
             iso1: dict[str, float] = {}
             for j in names:
@@ -226,7 +275,7 @@ class SyntheticFleet:
                     ta, tb = self._pair(profiles[a], profiles[b], iso1[a], iso1[b], gpu, a, b)
                     rows.append({"job_type": a, "gpu_type": t, "scale_factor": 1, "partner": b,
                                  "throughput": ta, "partner_throughput": tb})
-        return ThroughputTable.from_rows(rows, source=f"synthetic(seed={self.seed})")
+        return ThroughputTable.from_rows(rows, source=self.source)
 
     def rows_for(self, job_type: str) -> list[dict]:
         """The table rows that involve ``job_type``: alone at every scale factor, and next to
@@ -236,7 +285,7 @@ class SyntheticFleet:
             raise KeyError(f"{job_type!r} is not among this fleet's jobs")
         rows: list[dict] = []
         for t in self.gpu_types:
-            gpu = get_gpu_type(t)
+            gpu = self.gpu(t)
             profiles = {j: step_profile(self.jobs[j], gpu, self.precision) for j in self.jobs}
             iso1 = {j: (1 / gang_step_s(p, gpu, 1) * _noise(self.seed, self.noise, j, t, 1) if p.fits else 0.0)
                     for j, p in profiles.items()}
@@ -269,19 +318,21 @@ class SyntheticFleet:
 
 
 @lru_cache(maxsize=8)
-def _cached_table(gpus: tuple[str, ...], seed: int, noise: float) -> ThroughputTable:
-    return SyntheticFleet(gpu_types=gpus, seed=seed, noise=noise).table()
+def _cached_table(gpus: tuple[str, ...], seed: int, noise: float,
+                  boards: tuple[tuple[str, str], ...] = ()) -> ThroughputTable:
+    return SyntheticFleet(gpu_types=gpus, seed=seed, noise=noise, boards=dict(boards)).table()
 
 
 def synthetic_table(
-    gpu_types: Iterable[str] | None = None, *, seed: int = 0, noise: float = 0.05
+    gpu_types: Iterable[str] | None = None, *, seed: int = 0, noise: float = 0.05,
+    boards: Mapping[str, str] | None = None,
 ) -> ThroughputTable:
     """The synthetic truth for the zoo at Gavel's batch sizes (cached per arguments)."""
     gpus = tuple(gpu_types) if gpu_types is not None else tuple(g.name for g in catalog.gpu_types())
-    return _cached_table(gpus, seed, noise)
+    return _cached_table(gpus, seed, noise, tuple(sorted((boards or {}).items())))
 
 
 __all__ = [
-    "INTERCONNECT_GBS", "OP_EFFICIENCY", "StepProfile", "SyntheticFleet", "default_jobs",
+    "BOARD_VARIANTS", "INTERCONNECT_GBS", "OP_EFFICIENCY", "StepProfile", "SyntheticFleet", "board", "default_jobs",
     "gang_step_s", "pair_slowdowns", "step_profile", "synthetic_table",
 ]
