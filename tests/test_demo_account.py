@@ -108,3 +108,13 @@ def test_a_retraining_with_too_few_measurements_is_reported_with_its_reason():
             "p1_mape": 0.037, "trust_scale": 0.05, "seconds": 4.2}
     assert _retraining_line(done) == ("(4 s) challenger v3 MAPE 3.7% (corrections up to P1 error 0.05) vs "
                                       "champion 4.5%, P1 alone 3.7%: promoted")
+
+
+def test_the_demos_site_runs_slower_than_the_priors_world_on_its_pcie_boards_only():
+    from gogh_flows.demo import DEMO_BOARDS, _site_truth, plan_waves
+    from gogh_flows.truth.synthetic import synthetic_table
+
+    assert set(DEMO_BOARDS) == {"v100", "a100"}
+    truth = _site_truth(plan_waves(synthetic_table(["k80", "v100", "t4", "a100"], boards=DEMO_BOARDS), 3, 8, 0), 0)
+    assert truth["k80"] == truth["t4"] == 0.0
+    assert -0.10 < truth["v100"] < -0.03 and -0.10 < truth["a100"] < 0.0

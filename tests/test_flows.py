@@ -475,6 +475,14 @@ def test_misspelt_block_fields_and_bad_registry_settings_are_refused(tmp_path):
     # a path is read where the pool starts, which may be another machine: not checked here
     assert GpuCluster(truth="/data/gavel/simulation_throughputs.json").truth.endswith(".json")
     assert GpuCluster(truth=" gavel").truth == "gavel"
+    # board variants: an emulated synthetic fleet's own types, known variants of them
+    assert GpuCluster(fleet={"v100": 1}, boards={"v100": "v100-pcie"}).boards == {"v100": "v100-pcie"}
+    with pytest.raises(ValueError, match="boards names 'a100', which this fleet lacks"):
+        GpuCluster(fleet={"v100": 1}, boards={"a100": "a100-pcie-40gb"})
+    with pytest.raises(ValueError, match="unknown board variant 'pcie'; known: a100-pcie-40gb"):
+        GpuCluster(fleet={"v100": 1}, boards={"v100": "pcie"})
+    with pytest.raises(ValueError, match="boards applies to mode='emulated' with truth='synthetic'"):
+        GpuCluster(fleet={"v100": 1}, truth="gavel", boards={"v100": "v100-pcie"})
 
 
 def test_placed_flow_is_deployable(gogh_home):

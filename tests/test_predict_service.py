@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import polars as pl
 import pytest
@@ -10,7 +11,15 @@ import pytest
 from gogh_flows.predict.data import MeasuredSet
 from gogh_flows.predict.p1 import P1Config, train_p1
 from gogh_flows.predict.p2 import P2Config
-from gogh_flows.predict.service import ThroughputPredictor, fit_refiner, observations_frame
+from gogh_flows.predict.service import (
+    SITE_KEY,
+    ThroughputPredictor,
+    fit_refiner,
+    fit_site_offsets,
+    observations_frame,
+    training_entries,
+)
+from gogh_flows.predict.site import SiteOffsets
 from gogh_flows.truth.synthetic import synthetic_table
 from gogh_flows.truth.table import ThroughputTable
 
@@ -182,3 +191,62 @@ def test_fit_refiner_learns_from_logged_observations_of_a_new_job(setup):
     assert p2.trained_on["observations"] == len(rows)
     with pytest.raises(ValueError, match="no layer features"):
         fit_refiner(p1, {}, observations_frame([{"job_type": "my-model", "gpu_type": "k80", "throughput": 1.0}]))
+
+
+def test_a_fleets_own_measurement_replaces_the_base_datas_entry_in_training():
+    base = MeasuredSet.from_table(synthetic_table(("v100", "t4")))
+    job = "ResNet-50 (batch size 32)"
+    prior = base.iso.filter((pl.col("job") == job) & (pl.col("gpu") == "v100"))["throughput"][0]
+    entries = training_entries(observations_frame([{"job_type": job, "gpu_type": "v100", "throughput": prior * 0.8},
+                                                   {"job_type": job, "gpu_type": "v100", "throughput": prior * 0.9}]),
+                               base)
+    # the fleet's two runs, not averaged with the base data's figure (that taught half of a difference)
+    assert entries[(job, None, "v100")] == pytest.approx(math.log(prior) + (math.log(0.8) + math.log(0.9)) / 2)
+    t4 = base.iso.filter((pl.col("job") == job) & (pl.col("gpu") == "t4"))["throughput"][0]
+    assert entries[(job, None, "t4")] == pytest.approx(math.log(t4))  # unmeasured here: the base's
+
+
+def test_site_offsets_are_shrunk_means_and_move_a_measured_job_only_when_anchored():
+    off = SiteOffsets.fit([("v100", -0.2), ("v100", -0.2), ("v100", -0.2), ("a100", 0.1), ("t4", math.nan)])
+    assert off.unmeasured == {"v100": pytest.approx(-0.6 / 5), "a100": pytest.approx(0.1 / 3)}
+    assert off.measurements == {"v100": 3, "a100": 1} and not off.anchored
+    assert off.factors(["v100", "a100", "k80"]) == pytest.approx([math.exp(-0.12), math.exp(0.1 / 3), 1.0])
+    # measured on the A100: left to the refiner, or (anchored) moved by the difference from the A100's offset
+    assert off.factors(["v100", "a100", "k80"], measured_on=["a100"]) == pytest.approx([1.0, 1.0, 1.0])
+    anchored = replace(off, anchored=True)
+    assert anchored.factors(["v100", "a100", "k80"], measured_on=["a100"]) == pytest.approx(
+        [math.exp(-0.12 - 0.1 / 3), 1.0, math.exp(-0.1 / 3)])
+    for o in (off, anchored):
+        assert SiteOffsets.from_dict(o.to_dict()) == o
+    assert not SiteOffsets() and not SiteOffsets.from_dict(None)
+
+
+def test_a_refiner_carries_the_fleets_per_type_offset_to_jobs_with_nothing_measured(setup):
+    """A fleet whose V100s run 15% slower than the prior's world, on every job: the offsets
+    learned from some jobs move the others' predictions; a job's own measured types stand."""
+    full, data, p1, p2 = setup
+    bare = ThroughputPredictor(p1, p2)
+    measured = list(TRAIN_JOBS[:5])
+    jobs = {j: full.jobs[j] for j in measured}
+    before = bare.predict_table(jobs, GPUS)
+    obs = observations_frame([{"job_type": j, "gpu_type": g, "throughput": before.isolated(j, g) * (0.85 if g == "v100" else 1)}
+                              for j in measured for g in ("v100", "k80") if before.isolated(j, g) > 0])
+    off = fit_site_offsets(bare, full.jobs, obs)
+    # five jobs of four families (ResNet-50 twice: its sibling's run moves it, as a placement would)
+    assert math.log(0.85) * 5 / 7 - 0.03 < off.unmeasured["v100"] < math.log(0.85) * 4 / 7
+    assert abs(off.unmeasured["k80"]) < 0.03 and off.measurements["v100"] == 5
+    site = replace(p2, trained_on={**p2.trained_on, SITE_KEY: off.to_dict()})
+    new = {NEW: full.jobs[NEW]}
+    plain, moved = bare.predict_table(new, GPUS), ThroughputPredictor(p1, site).predict_table(new, GPUS)
+    f = math.exp(off.unmeasured["v100"])
+    assert moved.isolated(NEW, "v100") == pytest.approx(plain.isolated(NEW, "v100") * f, rel=1e-5)
+    assert moved.isolated(NEW, "a100") == pytest.approx(plain.isolated(NEW, "a100"), rel=1e-6)
+    assert moved.pair(NEW, NEW, "v100")[0] == pytest.approx(plain.pair(NEW, NEW, "v100")[0] * f, rel=1e-5)
+    # measured on the K80: its V100 entry moves by the V100's offset less the K80's when anchored
+    seen = observations_frame([{"job_type": NEW, "gpu_type": "k80", "throughput": 0.5}])
+    plain = bare.predict_table(new, GPUS, seen)
+    for anchored, factor in ((False, 1.0), (True, math.exp(off.unmeasured["v100"] - off.unmeasured["k80"]))):
+        site = replace(p2, trained_on={**p2.trained_on, SITE_KEY: replace(off, anchored=anchored).to_dict()})
+        moved = ThroughputPredictor(p1, site).predict_table(new, GPUS, seen)
+        assert moved.isolated(NEW, "v100") == pytest.approx(plain.isolated(NEW, "v100") * factor, rel=1e-5)
+        assert moved.isolated(NEW, "k80") == 0.5

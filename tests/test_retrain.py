@@ -101,7 +101,17 @@ def test_scheduled_deployment_promotes_a_better_challenger(gogh_home, tmp_path):
     from gogh_flows.predict.p2 import TRUST_SCALES
 
     assert result["trust_scale"] in TRUST_SCALES and result["p1_mape"] > 0
-    assert predictor_source(PredictorRegistry()).get(force=True).p2.trust_scale == result["trust_scale"]
+    champion = predictor_source(PredictorRegistry()).get(force=True)
+    assert champion.p2.trust_scale == result["trust_scale"]
+    # this fleet runs slower than the prior's world on every type: the per-type offsets that carry
+    # that to jobs with nothing measured travel with the champion too
+    site = champion.p2.trained_on["site_offsets"]
+    assert set(site["unmeasured"]) == set(GPUS) and all(v < 0 for v in site["unmeasured"].values())
+    assert champion.site.unmeasured == site["unmeasured"]
+    # a refiner trained on this fleet's runs alone has learned its cross-type pattern: the
+    # validation runs keep the offsets off measured jobs, which it would count twice
+    assert site["anchored"] is False and set(champion.p2.trained_on["site_anchoring_validation_mape"]) == {
+        "anchored", "measured jobs left to the refiner"}
 
 
 def test_an_equal_challenger_is_registered_but_not_promoted(gogh_home, tmp_path):

@@ -217,3 +217,29 @@ def test_the_default_data_folder_is_found_beside_the_checkout_from_any_working_d
     with pytest.raises(FileNotFoundError, match="beside the checkout") as info:
         read_gavel_json(None)
     assert str(tmp_path / "none" / "gavel") in str(info.value)
+
+
+def test_board_variants_run_at_their_datasheet_figures_under_the_catalog_name():
+    gpus = ("v100", "a100", "t4")
+    sxm = SyntheticFleet(gpu_types=gpus).table()
+    site = SyntheticFleet(gpu_types=gpus, boards={"v100": "v100-pcie", "a100": "a100-pcie-40gb"}).table()
+    assert site.gpu_types == sxm.gpu_types and site.source == "synthetic(seed=0, a100=a100-pcie-40gb, v100=v100-pcie)"
+    ratio = lambda j, g: site.isolated(j, g) / sxm.isolated(j, g)  # noqa: E731
+    # a compute-bound model on a PCIe V100 (14 against 15.7 TFLOPS) runs at most 14/15.7 as fast;
+    # a memory-bound one on a 40 GB A100 (1,555 against 2,039 GB/s) loses; the T4 is untouched
+    assert 0.88 < ratio("ResNet-50 (batch size 32)", "v100") < 0.95
+    assert ratio("Recommendation (batch size 2048)", "a100") < 0.95
+    assert all(ratio(j, "t4") == 1.0 for j in sxm.job_types if sxm.isolated(j, "t4") > 0)
+    # power stays the catalog type's model: the variant changes speed only
+    assert site.frame.filter(pl.col("gpu_type") == "t4")["activity"].equals(
+        sxm.frame.filter(pl.col("gpu_type") == "t4")["activity"])
+
+
+@pytest.mark.parametrize(("boards", "match"), [
+    ({"v100": "v100-sxm9"}, "unknown board variant 'v100-sxm9'; known: a100-pcie-40gb"),
+    ({"v100": "a100-pcie-40gb"}, "board variant 'a100-pcie-40gb' is a board of type 'a100', not 'v100': map it under 'a100'"),
+    ({"h100": "a100-pcie-40gb"}, "boards names 'h100', which is not among this fleet's GPU types"),
+])
+def test_a_wrong_board_variant_is_named(boards, match):
+    with pytest.raises(ValueError, match=match):
+        SyntheticFleet(gpu_types=("v100", "a100"), boards=boards)

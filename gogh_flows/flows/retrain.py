@@ -20,6 +20,7 @@ import numbers
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from gogh_flows.predict.p2 import P2Config, P2Model
 from gogh_flows.predict.service import (
     SITE_KEY,
     ThroughputPredictor,
+    choose_anchoring,
     choose_trust_scale,
     fit_refiner,
     fit_site_offsets,
@@ -123,13 +125,16 @@ def fit_challenger(p1: P1Model, features: dict, train: pl.DataFrame, *, base: Me
     fit, val = split_recent(train, validation_fraction) if train.height >= 2 else (train, train.head(0))
     trial = fit_refiner(p1, features, fit, base=base, config=config, gpu_types=gpu_types)
     trial.trained_on.update(kept)
-    trial.trained_on[SITE_KEY] = fit_site_offsets(ThroughputPredictor(p1, trial), features, fit).to_dict()
-    trust, errors = choose_trust_scale(p1, trial, features, fit, val)
-    p2 = fit_refiner(p1, features, train, base=base, config=config, gpu_types=gpu_types)
-    p2.trained_on.update(kept)
     # how this fleet's boards differ from the prior's world, per type: what carries a site's
     # difference to a job with nothing measured yet (gogh_flows.predict.site)
-    p2.trained_on[SITE_KEY] = fit_site_offsets(ThroughputPredictor(p1, p2), features, train).to_dict()
+    trial.trained_on[SITE_KEY] = fit_site_offsets(ThroughputPredictor(p1, trial), features, fit).to_dict()
+    trust, errors = choose_trust_scale(p1, trial, features, fit, val)
+    anchored, anchor_errors = choose_anchoring(p1, replace(trial, trust_scale=trust), features, fit, val)
+    p2 = fit_refiner(p1, features, train, base=base, config=config, gpu_types=gpu_types)
+    p2.trained_on.update(kept)
+    site = fit_site_offsets(ThroughputPredictor(p1, p2), features, train)
+    p2.trained_on[SITE_KEY] = replace(site, anchored=anchored).to_dict()
+    p2.trained_on["site_anchoring_validation_mape"] = anchor_errors
     p2.trust_scale = trust
     p2.trained_on["trust_scale_validation_mape"] = errors
     return p2, val.height

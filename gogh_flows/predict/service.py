@@ -306,7 +306,7 @@ class ThroughputPredictor:
 
     def _site(self, names: tuple[str, ...], gpus: tuple[str, ...], obs: _Observed, iso: np.ndarray,
               pair: np.ndarray) -> None:
-        """Move each job's rows by this fleet's per-type offsets, anchored on its measurements; in place."""
+        """Move each job's rows by this fleet's per-type offsets, by what was measured of it; in place."""
         seen: dict[str, list[str]] = {}
         for (j, _, g), v in obs.items():
             if math.isfinite(v):
@@ -546,20 +546,36 @@ SITE_KEY = "site_offsets"
 
 def fit_site_offsets(predictor: ThroughputPredictor, features: Mapping[str, WorkloadFeatures],
                      observations: pl.DataFrame) -> SiteOffsets:
-    """This fleet's per-type offsets from its isolated measurements, each against what
-    ``predictor`` (its own offsets left out) says of the job with nothing of it measured."""
-    obs = observations_frame(observations).filter(pl.col("partner").is_null() & (pl.col("throughput") > 0))
-    if obs.height == 0:
-        return SiteOffsets()
+    """This fleet's per-type offsets (:mod:`gogh_flows.predict.site`) from its isolated
+    measurements, each against what ``predictor`` (its own offsets left out) says of the entry
+    given the other jobs' measurements and none of the job's own: a new job's case (its measured
+    siblings move it, the refiner does not). Not anchored: :func:`choose_anchoring` decides."""
+    obs = observations_frame(observations)
+    alone = obs.filter(pl.col("partner").is_null() & (pl.col("throughput") > 0))
     bare = ThroughputPredictor(predictor.p1, predictor.p2)
     bare.site = SiteOffsets()
-    jobs = sorted(set(obs["job_type"].to_list()))
-    gpus = tuple(sorted(set(obs["gpu_type"].to_list())))
-    iso, _ = bare._predict({j: features[j] for j in jobs}, gpus, _aggregate(obs.head(0)))
-    ji, gi = {j: i for i, j in enumerate(jobs)}, {g: i for i, g in enumerate(gpus)}
-    return SiteOffsets.fit((g, math.log(t / iso[ji[j], gi[g]]) if iso[ji[j], gi[g]] > 0 else math.nan)
-                           for j, g, _, t in obs.iter_rows())
+    residuals: list[tuple[str, float]] = []
+    for (j, g), rows in alone.partition_by("job_type", "gpu_type", as_dict=True, maintain_order=True).items():
+        pred = bare._predict({j: features[j]}, (g,), _aggregate(obs.filter(pl.col("job_type") != j)))[0][0, 0]
+        residuals += [(g, math.log(t / pred) if pred > 0 else math.nan) for t in rows["throughput"]]
+    return SiteOffsets.fit(residuals)
 
 
-__all__ = ["OBSERVATION_SCHEMA", "SITE_KEY", "fit_site_offsets", "ThroughputPredictor", "choose_trust_scale", "fit_refiner", "observations_frame",
+def choose_anchoring(p1: P1Model, p2: P2Model, features: Mapping[str, WorkloadFeatures], seen: pl.DataFrame,
+                     val: pl.DataFrame) -> tuple[bool, dict[str, float]]:
+    """Whether ``p2``'s site offsets should move a measured job's other types too
+    (:attr:`SiteOffsets.anchored`): only when that predicts ``val`` better (by 1%; a tie, or
+    nothing to score, leaves measured jobs to the refiner), each entry predicted as
+    :meth:`ThroughputPredictor.refine_error` does."""
+    site = SiteOffsets.from_dict((p2.trained_on or {}).get(SITE_KEY))
+    errors = {}
+    for anchored in (False, True):
+        trial = replace(p2, trained_on={**p2.trained_on, SITE_KEY: replace(site, anchored=anchored).to_dict()})
+        errors["anchored" if anchored else "measured jobs left to the refiner"] = ThroughputPredictor(
+            p1, trial).refine_error(features, seen, val)["mape"]
+    off, on = errors["measured jobs left to the refiner"], errors["anchored"]
+    return bool(site and math.isfinite(on) and on < off * 0.99), errors
+
+
+__all__ = ["OBSERVATION_SCHEMA", "SITE_KEY", "choose_anchoring", "fit_site_offsets", "ThroughputPredictor", "choose_trust_scale", "fit_refiner", "observations_frame",
            "training_entries"]

@@ -3,15 +3,19 @@
 A shipped prior learned its GPU types from a benchmark or from the synthetic fleet; a site's
 boards of the same type name can run slower or faster (PCIe rather than SXM boards, other
 clocks, cooling, drivers, a slower host). The refiner corrects a job from that job's own
-measurements, so it cannot carry such a difference to a job with nothing measured, nor to a
-type where a measured job has not run yet. A per-type log offset, learned from every job this
-fleet measured, can: it is the mean, over the fleet's isolated measurements on that type, of
-how far each was from what the predictor said with nothing measured for its job, shrunk
-toward 0 by :data:`SHRINK` measurements' worth of "no difference".
+measurements, so it cannot carry such a difference to a job with nothing measured. A per-type
+log offset learned from every job this fleet measured can: the mean, over the fleet's
+isolated measurements on that type, of how far each was from what the predictor said with
+nothing of its job measured, shrunk toward 0 by :data:`SHRINK` measurements' worth of "no
+difference". The refiner plays no part in that prediction (it needs a measurement of the job),
+so a refiner fitted on the same runs does not flatter it.
 
-Applied to a job's predictions it is anchored on what was measured of that job: a job
-measured on type a already carries a's offset in its measurement, so its prediction on type b
-moves by ``offset(b) - offset(a)``; a job with nothing measured moves by ``offset(b)``.
+A job measured on some types carries their offsets in its measurements. Whether its other
+types should then move by the difference (``offset(b) - mean offset of its measured types``:
+``anchored``) depends on the refiner: one trained on the prior's world has not learned this
+fleet's cross-type pattern and needs it, one trained on this fleet's runs has and would count
+it twice. The retraining flow chooses on data the promotion does not see. A job's entries on
+a type it was measured on are left alone.
 """
 
 from __future__ import annotations
@@ -26,17 +30,28 @@ import numpy as np
 SHRINK = 2.0
 
 
+def _shrunk(residuals: Iterable[tuple[str, float]], shrink: float) -> tuple[dict[str, float], dict[str, int]]:
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for gpu, r in residuals:
+        if math.isfinite(r):
+            sums[gpu] = sums.get(gpu, 0.0) + r
+            counts[gpu] = counts.get(gpu, 0) + 1
+    return {g: sums[g] / (counts[g] + shrink) for g in sums}, counts
+
+
 @dataclass(frozen=True)
 class SiteOffsets:
     """GPU type -> log offset of this fleet's boards from the predictor's world."""
 
-    log_offsets: Mapping[str, float] = field(default_factory=dict)
+    unmeasured: Mapping[str, float] = field(default_factory=dict)
+    anchored: bool = False
     measurements: Mapping[str, int] = field(default_factory=dict)
     shrink: float = SHRINK
 
     @classmethod
     def fit(cls, residuals: Iterable[tuple[str, float]], shrink: float = SHRINK) -> SiteOffsets:
-        """From ``(gpu type, log(measured / predicted with nothing measured of the job))`` pairs."""
+        """From ``(gpu type, log(measured / predicted with nothing of the job measured))`` pairs."""
         if not shrink >= 0:
             raise ValueError(f"shrink must be >= 0, got {shrink!r}")
         sums: dict[str, float] = {}
@@ -45,27 +60,34 @@ class SiteOffsets:
             if math.isfinite(r):
                 sums[gpu] = sums.get(gpu, 0.0) + r
                 counts[gpu] = counts.get(gpu, 0) + 1
-        return cls({g: sums[g] / (counts[g] + shrink) for g in sums}, counts, shrink)
+        return cls({g: sums[g] / (counts[g] + shrink) for g in sums}, False, counts, shrink)
 
     def __bool__(self) -> bool:
-        return any(v != 0.0 for v in self.log_offsets.values())
+        return any(v != 0.0 for v in self.unmeasured.values())
 
-    def factors(self, gpus: Iterable[str], anchored_on: Iterable[str] = ()) -> np.ndarray:
+    def factors(self, gpus: Iterable[str], measured_on: Iterable[str] = ()) -> np.ndarray:
         """Multipliers for a job's predictions on ``gpus``, given the types it was measured on
-        (each measurement once: a type measured twice weighs twice)."""
-        off = np.array([self.log_offsets.get(g, 0.0) for g in gpus], dtype=float)
-        seen = [self.log_offsets.get(g, 0.0) for g in anchored_on]
-        return np.exp(off - (float(np.mean(seen)) if seen else 0.0))
+        (a type measured twice weighs twice in the anchor)."""
+        gpus = list(gpus)
+        off = np.array([self.unmeasured.get(g, 0.0) for g in gpus], dtype=float)
+        seen = list(measured_on)
+        if not seen:
+            return np.exp(off)
+        if not self.anchored:
+            return np.ones(len(gpus))
+        anchor = float(np.mean([self.unmeasured.get(g, 0.0) for g in seen]))
+        return np.where(np.isin(gpus, seen), 1.0, np.exp(off - anchor))
 
     def to_dict(self) -> dict:
-        return {"log_offsets": dict(self.log_offsets), "measurements": dict(self.measurements), "shrink": self.shrink}
+        return {"unmeasured": dict(self.unmeasured), "anchored": self.anchored,
+                "measurements": dict(self.measurements), "shrink": self.shrink}
 
     @classmethod
     def from_dict(cls, d: Mapping | None) -> SiteOffsets:
         if not d:
             return cls()
-        return cls({str(k): float(v) for k, v in d.get("log_offsets", {}).items()},
-                   {str(k): int(v) for k, v in d.get("measurements", {}).items()}, float(d.get("shrink", SHRINK)))
+        return cls({str(k): float(v) for k, v in (d.get("unmeasured") or {}).items()}, bool(d.get("anchored", False)),
+                   {str(k): int(v) for k, v in (d.get("measurements") or {}).items()}, float(d.get("shrink", SHRINK)))
 
 
 __all__ = ["SHRINK", "SiteOffsets"]

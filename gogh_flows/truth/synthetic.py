@@ -111,10 +111,11 @@ def board(gpu_type: str, variant: str | None = None) -> GpuType:
         return gpu
     if variant not in BOARD_VARIANTS:
         raise ValueError(f"unknown board variant {variant!r}; known: "
-                         + ", ".join(f"{v} (a {t})" for v, (t, _) in sorted(BOARD_VARIANTS.items())))
+                         + ", ".join(f"{v} (type {t!r})" for v, (t, _) in sorted(BOARD_VARIANTS.items())))
     of, figures = BOARD_VARIANTS[variant]
     if of != gpu.name:
-        raise ValueError(f"board variant {variant!r} is a {of}, not a {gpu.name}: map it under {of!r}")
+        raise ValueError(f"board variant {variant!r} is a board of type {of!r}, not {gpu.name!r}: map it "
+                         f"under {of!r}")
     return dataclasses.replace(gpu, display_name=f"{gpu.display_name} ({variant})", **figures)
 
 
