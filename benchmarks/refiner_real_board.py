@@ -17,7 +17,11 @@ only. Its H100 rate is then predicted by
 * both again given all the fleet's runs, as a placement is (the other jobs' H100 runs move a
   job through its measured siblings);
 * the baselines: the ``synthetic fleet``'s own figure, and the ``ratio`` of the fleet's runs
-  (the job's A100 rate x the geometric mean over the other 14 of H100 / A100).
+  (the job's A100 rate x the geometric mean over the other 14 of H100 / A100);
+* the challenger with the per-type site offsets ``refine_predictors`` now fits
+  (``gogh_flows/predict/site.py``, from the 28 runs), for a job with nothing of it measured
+  (given the other jobs' runs only) beside the challenger without them, and anchored on the
+  job's A100 run (given all the fleet's runs) beside the same without.
 
     .venv/bin/python benchmarks/refiner_real_board.py [--data ../shared/data] [--epochs 300]
 
@@ -29,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
@@ -36,7 +41,7 @@ import polars as pl
 from gogh_flows.predict.data import MeasuredSet, zoo_jobs
 from gogh_flows.predict.io import load_p1, load_p2, models_dir
 from gogh_flows.predict.p2 import P2Config
-from gogh_flows.predict.service import ThroughputPredictor, fit_refiner, observations_frame
+from gogh_flows.predict.service import SITE_KEY, ThroughputPredictor, fit_refiner, fit_site_offsets, observations_frame
 from gogh_flows.truth.synthetic import synthetic_table
 
 OUT = Path(__file__).resolve().parent / "results"
@@ -74,6 +79,9 @@ def main() -> int:
         refiner = fit_refiner(p1, features, seen, base=base, config=P2Config(epochs=args.epochs, seed=0), gpu_types=GPUS)
         refiner.trained_on.update({k: v for k, v in p2.trained_on.items() if k in INHERITED})
         challenger = ThroughputPredictor(p1, refiner)
+        site = fit_site_offsets(challenger, features, seen)
+        with_site = {a: ThroughputPredictor(p1, replace(refiner, trained_on={
+            **refiner.trained_on, SITE_KEY: replace(site, anchored=a).to_dict()})) for a in (False, True)}
         ratio = math.exp(sum(math.log(measured[j] / fleet.isolated(j, "a100")) for j in others) / len(others))
         row = {"job_type": job, "measured": measured[job],
                "synthetic fleet": fleet.isolated(job, "h100"),
@@ -85,12 +93,18 @@ def main() -> int:
                # what a placement passes: every logged run, the other jobs' H100 runs among them
                # (the siblings step moves a job by its measured siblings)
                "champion, all the fleet's runs": on_h100(champion, job, pl.concat([seen, own])),
-               "challenger, all the fleet's runs": on_h100(challenger, job, pl.concat([seen, own]))}
+               "challenger, all the fleet's runs": on_h100(challenger, job, pl.concat([seen, own])),
+               # a job new to the fleet: the other jobs' runs, none of its own
+               "challenger, the other jobs' runs only": on_h100(challenger, job, seen),
+               "challenger + site offsets, the other jobs' runs only": on_h100(with_site[False], job, seen),
+               "challenger + site offsets (anchored), all the fleet's runs": on_h100(
+                   with_site[True], job, pl.concat([seen, own])),
+               "site offset of the H100": math.expm1(site.unmeasured.get("h100", 0.0))}
         rows.append(row)
         print(f"{job}: measured {row['measured']:.1f}, " + ", ".join(
-            f"{k} {v:.1f}" for k, v in row.items() if k not in ("job_type", "measured")), flush=True)
+            f"{k} {v:.2f}" for k, v in row.items() if k not in ("job_type", "measured")), flush=True)
     frame = pl.DataFrame(rows)
-    methods = [c for c in frame.columns if c not in ("job_type", "measured")]
+    methods = [c for c in frame.columns if c not in ("job_type", "measured", "site offset of the H100")]
     summary = {}
     for m in methods:
         err = (frame[m] / frame["measured"]).log().abs()
@@ -99,9 +113,14 @@ def main() -> int:
     lines = ["| method | mean absolute log error | median ratio error | worst ratio error |",
              "| --- | ---: | ---: | ---: |"]
     lines += [f"| {m} | {s['male']:.3f} | {s['median_ratio']:.2f}x | {s['worst_ratio']:.2f}x |" for m, s in summary.items()]
+    offsets = frame["site offset of the H100"]
+    lines += ["", f"The H100's site offset the challenger learned from the other 14 jobs: {offsets.mean():+.1%} on "
+              f"average ({offsets.min():+.1%} to {offsets.max():+.1%} over the 15 leave-outs)."]
     table = "\n".join(lines)
     print(table)
     OUT.mkdir(exist_ok=True)
+    summary["site offset of the H100"] = {"mean": float(offsets.mean()), "min": float(offsets.min()),
+                                          "max": float(offsets.max())}
     (OUT / "refiner_real_board.json").write_text(json.dumps({"summary": summary, "jobs": rows}, indent=2) + "\n")
     (OUT / "refiner_real_board.md").write_text(
         "# A real H100 predicted from the fleet's runs of the other jobs (benchmarks/refiner_real_board.py)\n\n"

@@ -40,7 +40,7 @@ DEMO_JOBS = (("ResNet-18", 64), ("ResNet-50", 32), ("Transformer", 64), ("LM", 2
              ("Recommendation", 2048), ("A3C", 20), ("CycleGAN", 1), ("CycleGAN", 1))
 UNSEEN_FAMILY = "CycleGAN"
 #: The demo's site: its V100s and A100s are the PCIe boards (the catalog maps them to the same
-#: types as the SXM boards the synthetic prior was trained on), so the fleet runs 1-10% slower
+#: types as the SXM boards the synthetic prior was trained on), so the fleet runs 0-10% slower
 #: than the prior has learned, by job and type, as a real site differs from a shipped prior.
 #: Without it the emulated fleet was the prior's own training world and there was nothing for
 #: the refiner to learn (its challengers tied the champion and were kept).
@@ -90,8 +90,10 @@ def _retraining_line(r: dict) -> str:
     if r.get("challenger_version") is None:
         return f"not retrained: {r.get('reason', 'no challenger was trained')}; kept the champion"
     trust = "in full" if r.get("trust_scale") is None else f"up to P1 error {r['trust_scale']:g}"
+    weights = {"the champion's": "the champion's weights, new site offsets"}.get(r.get("weights"),
+                                                                               f"corrections {trust}")
     return (f"({r.get('seconds', 0):.0f} s) challenger v{r['challenger_version']} MAPE "
-            f"{r['challenger_mape']:.1%} (corrections {trust}) vs champion {r['champion_mape']:.1%}, "
+            f"{r['challenger_mape']:.1%} ({weights}) vs champion {r['champion_mape']:.1%}, "
             f"P1 alone {r['p1_mape']:.1%}: " + ("promoted" if r.get("promoted") else "kept the champion"))
 
 
@@ -313,7 +315,7 @@ def run_product_demo(seed: int = 0, out: Path | None = None, waves: int = 3, wav
         "site_offsets_learned": {g: round(math.expm1(v), 4) for g, v in sorted(final.site.unmeasured.items())},
         "site_truth": _site_truth(plan, seed),
         "retrains": [{k: r.get(k) for k in ("challenger_version", "challenger_mape", "champion_mape", "p1_mape",
-                                            "trust_scale", "promoted")}
+                                            "trust_scale", "weights", "promoted")}
                      for r in retrains],
         "measurements_compared": p2_err["n"],
         "fleet": DEMO_FLEET,

@@ -193,17 +193,19 @@ def test_fit_refiner_learns_from_logged_observations_of_a_new_job(setup):
         fit_refiner(p1, {}, observations_frame([{"job_type": "my-model", "gpu_type": "k80", "throughput": 1.0}]))
 
 
-def test_a_fleets_own_measurement_replaces_the_base_datas_entry_in_training():
+def test_a_fleets_runs_of_an_entry_are_averaged_with_the_base_datas_figure_in_training():
     base = MeasuredSet.from_table(synthetic_table(("v100", "t4")))
     job = "ResNet-50 (batch size 32)"
     prior = base.iso.filter((pl.col("job") == job) & (pl.col("gpu") == "v100"))["throughput"][0]
     entries = training_entries(observations_frame([{"job_type": job, "gpu_type": "v100", "throughput": prior * 0.8},
                                                    {"job_type": job, "gpu_type": "v100", "throughput": prior * 0.9}]),
                                base)
-    # the fleet's two runs, not averaged with the base data's figure (that taught half of a difference)
-    assert entries[(job, None, "v100")] == pytest.approx(math.log(prior) + (math.log(0.8) + math.log(0.9)) / 2)
+    # the fleet's runs of the entry (their geometric mean) beside the base's figure
+    assert entries[(job, None, "v100")] == pytest.approx(math.log(prior) + (math.log(0.8) + math.log(0.9)) / 4)
     t4 = base.iso.filter((pl.col("job") == job) & (pl.col("gpu") == "t4"))["throughput"][0]
     assert entries[(job, None, "t4")] == pytest.approx(math.log(t4))  # unmeasured here: the base's
+    assert training_entries(observations_frame([{"job_type": job, "gpu_type": "v100", "throughput": 3.0}]), None) == {
+        (job, None, "v100"): pytest.approx(math.log(3.0))}
 
 
 def test_site_offsets_are_shrunk_means_and_move_a_measured_job_only_when_anchored():

@@ -288,6 +288,32 @@ def test_a_challenger_keeps_the_champions_ensemble_and_intervals(gogh_home, gogh
     assert ThroughputPredictor(p1, p2).ensemble is not None
 
 
+def test_a_refit_that_predicts_the_validation_runs_worse_keeps_the_champions_weights(gogh_home, gogh_models):
+    """A refit on a few runs can undo what the champion knew; the challenger is then the
+    champion's weights with this fleet's new site offsets, and says so."""
+    import polars as pl
+
+    from gogh_flows.flows.retrain import fit_challenger
+    from gogh_flows.predict.data import zoo_jobs
+    from gogh_flows.predict.io import load_p2
+
+    champion = load_p2(gogh_models / "synthetic" / "p2")
+    table = synthetic_table(GPUS, boards={"v100": "v100-pcie"})  # this fleet's V100s are PCIe boards
+    jobs = [j for j in table.job_types if all(table.isolated(j, g) > 0 for g in GPUS)][:8]
+    obs = pl.DataFrame([{"job_type": j, "gpu_type": g, "partner": None, "throughput": table.isolated(j, g)}
+                        for j in jobs for g in ("v100", "a100")])
+    p1 = predictor_source(PredictorRegistry()).get(force=True).p1
+    # 5 epochs from scratch: a refit that cannot be as good as the shipped weights
+    p2, n_val = fit_challenger(p1, zoo_jobs(jobs), obs, base=None, config=P2Config(epochs=5, seed=0), gpu_types=GPUS,
+                               validation_fraction=0.25, inherit=champion.trained_on, champion=champion)
+    choice = p2.trained_on["weights_validation_mape"]
+    assert p2.trained_on["weights"] == "the champion's" and n_val == 4
+    assert not choice["refitted"] < choice["the champion's"] * 0.99
+    assert p2.layout == champion.layout and p2.trust_scale == champion.trust_scale
+    assert p2.trained_on["site_offsets"]["unmeasured"]["v100"] < 0  # learned: the V100s run slower
+    assert "site_offsets" not in champion.trained_on  # the champion itself is left as it was
+
+
 def test_a_teams_own_trained_predictors_serve_flow_runs_and_retrain(gogh_home, gogh_models, tmp_path, monkeypatch):
     """`gogh predictors train --out DIR` wrote predictors nothing could use in flow runs:
     PredictorRegistry(prior=...) took only the shipped names. A folder holding p1/ and p2/, given

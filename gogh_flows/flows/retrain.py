@@ -106,15 +106,25 @@ def _folder_prior_truth(prior: str) -> str:
 INHERITED = ("ensemble", "intervals")
 
 
+#: the share by which refitted weights must beat the champion's on the validation runs to be kept
+REFIT_MARGIN = 0.01
+
+
 def fit_challenger(p1: P1Model, features: dict, train: pl.DataFrame, *, base: MeasuredSet | None, config: P2Config,
                    gpu_types: list[str], validation_fraction: float,
-                   inherit: dict | None = None) -> tuple[P2Model, int]:
-    """A refiner fitted on ``train``, and how many measurements chose its trust scale.
+                   inherit: dict | None = None, champion: P2Model | None = None) -> tuple[P2Model, int]:
+    """A refiner fitted on ``train``, and how many measurements made its choices.
 
-    How far it trusts its corrections over P1 (:attr:`P2Model.trust_scale`) is chosen on the
-    newest ``validation_fraction`` of ``train`` by a trial refiner fitted on the older rest
-    (:func:`gogh_flows.predict.service.choose_trust_scale`), so nothing outside ``train`` takes
-    part: the caller keeps its held-out runs for judging the result.
+    Its choices are made on the newest ``validation_fraction`` of ``train``, by trial refiners
+    fitted on the older rest, so nothing outside ``train`` takes part: the caller keeps its
+    held-out runs for judging the result. They are how far it trusts its corrections over P1
+    (:attr:`P2Model.trust_scale`, :func:`~gogh_flows.predict.service.choose_trust_scale`);
+    whether this fleet's per-type site offsets move measured jobs too
+    (:func:`~gogh_flows.predict.service.choose_anchoring`); and, given the ``champion``, whether
+    its weights are refitted at all: the champion's weights with new site offsets are kept
+    unless the refitted ones predict the validation runs :data:`REFIT_MARGIN` better. A refit on
+    a few runs beside much base data can undo what the champion knew (a demo's refit predicted
+    the next runs at 6.6% where the champion it would replace did at 2.8%).
 
     ``inherit``: the champion's ``trained_on``; its :data:`INHERITED` records go to the trial
     and the challenger. Choosing them again takes a P2 per family of the base data (``gogh
@@ -123,20 +133,35 @@ def fit_challenger(p1: P1Model, features: dict, train: pl.DataFrame, *, base: Me
     """
     kept = {k: v for k, v in (inherit or {}).items() if k in INHERITED}
     fit, val = split_recent(train, validation_fraction) if train.height >= 2 else (train, train.head(0))
+
+    def with_site(model: P2Model, seen: pl.DataFrame, anchored: bool = False) -> P2Model:
+        """``model`` with this fleet's site offsets (gogh_flows.predict.site) fitted on ``seen``:
+        how its boards differ from the prior's world, per type, for jobs with nothing measured."""
+        site = fit_site_offsets(ThroughputPredictor(p1, model), features, seen)
+        return replace(model, trained_on={**model.trained_on, SITE_KEY: replace(site, anchored=anchored).to_dict()})
+
     trial = fit_refiner(p1, features, fit, base=base, config=config, gpu_types=gpu_types)
     trial.trained_on.update(kept)
-    # how this fleet's boards differ from the prior's world, per type: what carries a site's
-    # difference to a job with nothing measured yet (gogh_flows.predict.site)
-    trial.trained_on[SITE_KEY] = fit_site_offsets(ThroughputPredictor(p1, trial), features, fit).to_dict()
+    trial = with_site(trial, fit)
     trust, errors = choose_trust_scale(p1, trial, features, fit, val)
     anchored, anchor_errors = choose_anchoring(p1, replace(trial, trust_scale=trust), features, fit, val)
+    choice = {"refitted": anchor_errors["anchored" if anchored else "measured jobs left to the refiner"]}
+    if champion is not None:
+        old = with_site(champion, fit)
+        old_anchored, old_errors = choose_anchoring(p1, old, features, fit, val)
+        choice["the champion's"] = old_errors["anchored" if old_anchored else "measured jobs left to the refiner"]
+        refit = math.isfinite(choice["refitted"]) and choice["refitted"] < choice["the champion's"] * (1 - REFIT_MARGIN)
+        if not refit:
+            p2 = with_site(champion, train, old_anchored)
+            p2.trained_on.update({"weights": "the champion's", "weights_validation_mape": choice,
+                                  "site_anchoring_validation_mape": old_errors})
+            return p2, val.height
     p2 = fit_refiner(p1, features, train, base=base, config=config, gpu_types=gpu_types)
     p2.trained_on.update(kept)
-    site = fit_site_offsets(ThroughputPredictor(p1, p2), features, train)
-    p2.trained_on[SITE_KEY] = replace(site, anchored=anchored).to_dict()
-    p2.trained_on["site_anchoring_validation_mape"] = anchor_errors
+    p2 = with_site(p2, train, anchored)
+    p2.trained_on.update({"weights": "refitted", "weights_validation_mape": choice,
+                          "site_anchoring_validation_mape": anchor_errors, "trust_scale_validation_mape": errors})
     p2.trust_scale = trust
-    p2.trained_on["trust_scale_validation_mape"] = errors
     return p2, val.height
 
 
@@ -304,7 +329,8 @@ def refine_predictors(
         # never scored on `test` while it is fitted: `test` decides the promotion
         p2, n_val = fit_challenger(champion.p1, features, train, base=base, config=P2Config(epochs=epochs, seed=seed),
                                    gpu_types=gpu_types, validation_fraction=holdout_fraction,
-                                   inherit=champion.p2.trained_on if champion.p2 is not None else None)
+                                   inherit=champion.p2.trained_on if champion.p2 is not None else None,
+                                   champion=champion.p2)
         trust = p2.trust_scale
         challenger = ThroughputPredictor(champion.p1, p2)
         champ_score = score(champion, features, train, test)
@@ -317,7 +343,10 @@ def refine_predictors(
                 f"measurements ({frame.height} runs), {time.strftime('%Y-%m-%d %H:%M:%S')}.\n"
                 f"Held-out recent measurements: {test.height}; MAPE challenger {chall_score['mape']:.4f}, "
                 f"champion (v{versions['p2']}) {champ_score['mape']:.4f}, P1 alone {p1_score['mape']:.4f}.\n"
-                f"Corrections applied {trust_text}, chosen on {n_val} validation measurements.\n")
+                f"Corrections applied {trust_text}, chosen on {n_val} validation measurements.\n"
+                f"Weights: {p2.trained_on.get('weights', 'refitted')} (validation MAPE "
+                + ", ".join(f"{k} {v:.4f}" for k, v in p2.trained_on.get("weights_validation_mape", {}).items())
+                + f"); site offsets per type {p2.trained_on.get(SITE_KEY, {}).get('unmeasured', {})}.\n")
         with tempfile.TemporaryDirectory() as tmp:
             save_model(p2, Path(tmp) / "p2", card=card)
             version = source.registry.register(
@@ -342,7 +371,7 @@ def refine_predictors(
             "champion_version": version if promoted else versions["p2"],
             "previous_champion_version": versions["p2"],
             "challenger_mape": chall_score["mape"], "champion_mape": champ_score["mape"],
-            "p1_mape": p1_score["mape"], "trust_scale": trust,
+            "p1_mape": p1_score["mape"], "trust_scale": trust, "weights": p2.trained_on.get("weights"),
             "train_measurements": train.height, "holdout_measurements": test.height,
             "seconds": round(time.time() - started, 2),
         }

@@ -443,9 +443,13 @@ def _table(names: tuple[str, ...], gpus: tuple[str, ...], iso: np.ndarray, pair:
 def training_entries(observations: pl.DataFrame, base: MeasuredSet | None) -> dict[tuple[str, str | None, str], float]:
     """What a refiner is trained toward: (job, partner, gpu) -> log throughput.
 
-    An entry this fleet measured replaces the base data's (another fleet's, or the prior's own
-    world). Averaged with it, as it was, a site whose boards run 10% slower than the prior's
-    taught the refiner half of that, and a challenger learned too little to beat its champion.
+    An entry both this fleet and the base data have is their mean: a shrinkage of the fleet's
+    runs toward the base's world that costs little where the fleet differs the same way on every
+    job (the per-type site offsets carry that, :mod:`gogh_flows.predict.site`) and guards against
+    learning one board's job-by-job departures as a pattern. Replacing the base's entry with the
+    fleet's, tried 2026-11-28, predicted a real H100 worse (`benchmarks/refiner_real_board.py`:
+    0.403 against 0.379 mean absolute log error, a job's H100 rate from its A100 run) and the
+    demo's next runs no better (6.35% against 6.31% over eight retrainings).
     """
     vals: dict[tuple[str, str | None, str], list[float]] = {}
     if base is not None:
@@ -453,11 +457,10 @@ def training_entries(observations: pl.DataFrame, base: MeasuredSet | None) -> di
             vals.setdefault((j, None, g), []).append(math.log(t))
         for j, p, g, t, _ in base.pairs.iter_rows():
             vals.setdefault((j, p, g), []).append(math.log(t))
-    out = {k: float(np.mean(v)) for k, v in vals.items()}
     for k, v in _aggregate(observations).items():
         if math.isfinite(v):
-            out[k] = v
-    return out
+            vals.setdefault(k, []).append(v)
+    return {k: float(np.mean(v)) for k, v in vals.items()}
 
 
 def fit_refiner(p1: P1Model, features: Mapping[str, WorkloadFeatures], observations: pl.DataFrame, *,
