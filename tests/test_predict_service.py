@@ -252,3 +252,19 @@ def test_a_refiner_carries_the_fleets_per_type_offset_to_jobs_with_nothing_measu
         moved = ThroughputPredictor(p1, site).predict_table(new, GPUS, seen)
         assert moved.isolated(NEW, "v100") == pytest.approx(plain.isolated(NEW, "v100") * factor, rel=1e-5)
         assert moved.isolated(NEW, "k80") == 0.5
+
+
+def test_a_job_its_measured_siblings_moved_is_not_moved_again_by_the_site_offsets(setup):
+    """The sibling's measurement carries the site's difference already: offsets on top counted
+    it twice (0.64x where the board runs at 0.8x, found in review)."""
+    full, data, p1, p2 = setup
+    off = SiteOffsets({"v100": math.log(0.8)}, False, {"v100": 10})
+    site = replace(p2, trained_on={**p2.trained_on, SITE_KEY: off.to_dict()})
+    job, sibling, other = "ResNet-50 (batch size 64)", "ResNet-50 (batch size 32)", "A3C"
+    jobs = {j: full.jobs[j] for j in (job, other)}
+    seen = observations_frame([{"job_type": sibling, "gpu_type": "v100", "throughput": 0.8 * full.iso.filter(
+        (pl.col("job") == sibling) & (pl.col("gpu") == "v100"))["throughput"][0]}])
+    plain = ThroughputPredictor(p1, p2).predict_table(jobs, GPUS, seen)
+    moved = ThroughputPredictor(p1, site).predict_table(jobs, GPUS, seen)
+    assert moved.isolated(job, "v100") == pytest.approx(plain.isolated(job, "v100"), rel=1e-6)
+    assert moved.isolated(other, "v100") == pytest.approx(plain.isolated(other, "v100") * 0.8, rel=1e-5)

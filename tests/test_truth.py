@@ -230,9 +230,27 @@ def test_board_variants_run_at_their_datasheet_figures_under_the_catalog_name():
     assert 0.88 < ratio("ResNet-50 (batch size 32)", "v100") < 0.95
     assert ratio("Recommendation (batch size 2048)", "a100") < 0.95
     assert all(ratio(j, "t4") == 1.0 for j in sxm.job_types if sxm.isolated(j, "t4") > 0)
-    # power stays the catalog type's model: the variant changes speed only
-    assert site.frame.filter(pl.col("gpu_type") == "t4")["activity"].equals(
-        sxm.frame.filter(pl.col("gpu_type") == "t4")["activity"])
+    # a type without a variant is untouched, pairs and activity too
+    assert site.frame.filter(pl.col("gpu_type") == "t4").equals(sxm.frame.filter(pl.col("gpu_type") == "t4"))
+
+
+def test_a_job_an_emulated_worker_learns_runs_on_the_tables_own_boards():
+    """A user's model is computed from its features when it first runs on an emulated fleet: on
+    the fleet's board variants and seed, not the catalog's figures."""
+    from gogh_flows.runtime.worker import _learn_job
+
+    job = "ResNet-50 (batch size 48)"  # not among the tables' job types
+    tables = {b: ThroughputTable(t.frame, source=t.source, fleet=t.fleet) for b, t in (
+        ("pcie", synthetic_table(("v100", "a100"), boards={"v100": "v100-pcie"})),
+        ("sxm", synthetic_table(("v100", "a100"))))}
+    for t in tables.values():
+        assert not t.knows(job)
+        _learn_job(t, job, zoo_features("ResNet-50", 48))
+    direct = SyntheticFleet(gpu_types=("v100", "a100"), jobs={job: zoo_features("ResNet-50", 48)},
+                            boards={"v100": "v100-pcie"}).table()
+    assert tables["pcie"].isolated(job, "v100") == pytest.approx(direct.isolated(job, "v100"))
+    assert tables["pcie"].isolated(job, "v100") < 0.95 * tables["sxm"].isolated(job, "v100")
+    assert tables["pcie"].isolated(job, "a100") == pytest.approx(tables["sxm"].isolated(job, "a100"))
 
 
 @pytest.mark.parametrize(("boards", "match"), [

@@ -141,6 +141,20 @@ class GpuCluster(Block):
         raise ValueError(f"truth {truth!r} is neither 'synthetic', 'gavel' nor the path of a Gavel throughput "
                          "JSON (a '.json' file, or a folder holding simulation_throughputs.json)")
 
+    @field_validator("boards")
+    @classmethod
+    def _board_type_names(cls, boards: dict[str, str]) -> dict[str, str]:
+        """Type names as the fleet's are: {"V100": ...} is the v100 (unknown names: said below)."""
+        from gogh_flows.catalog import UnknownGpuTypeError
+
+        out = {}
+        for name, variant in boards.items():
+            try:
+                out[get_gpu_type(name).name] = variant
+            except UnknownGpuTypeError:
+                out[name] = variant
+        return out
+
     @model_validator(mode="after")
     def _mode_needs(self) -> GpuCluster:
         if self.mode == "remote" and not self.address:

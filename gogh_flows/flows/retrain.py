@@ -40,6 +40,7 @@ from gogh_flows.predict.io import save_model
 from gogh_flows.predict.p1 import P1Model
 from gogh_flows.predict.p2 import P2Config, P2Model
 from gogh_flows.predict.service import (
+    MIN_VALIDATION_RUNS,
     SITE_KEY,
     ThroughputPredictor,
     choose_anchoring,
@@ -121,10 +122,14 @@ def fit_challenger(p1: P1Model, features: dict, train: pl.DataFrame, *, base: Me
     (:attr:`P2Model.trust_scale`, :func:`~gogh_flows.predict.service.choose_trust_scale`);
     whether this fleet's per-type site offsets move measured jobs too
     (:func:`~gogh_flows.predict.service.choose_anchoring`); and, given the ``champion``, whether
-    its weights are refitted at all: the champion's weights with new site offsets are kept
-    unless the refitted ones predict the validation runs :data:`REFIT_MARGIN` better. A refit on
-    a few runs beside much base data can undo what the champion knew (a demo's refit predicted
-    the next runs at 6.6% where the champion it would replace did at 2.8%).
+    its weights are refitted at all: the champion's weights (and trust scale) with new site
+    offsets are kept unless refitted ones predict at least
+    :data:`~gogh_flows.predict.service.MIN_VALIDATION_RUNS` validation runs :data:`REFIT_MARGIN`
+    better. A refit on a few runs beside much base data can undo what the champion knew: the
+    flow cannot afford the out-of-family P1 vectors a shipped refiner is trained on (one P1 per
+    family), so its base jobs teach it P1's near-perfect fit to them. In the demo (2026-11-28)
+    refits predicted the next runs at 5.9-7.1% where the champions they would replace did at
+    2.9-5.2%, after two or three validation runs had favoured them.
 
     ``inherit``: the champion's ``trained_on``; its :data:`INHERITED` records go to the trial
     and the challenger. Choosing them again takes a P2 per family of the base data (``gogh
@@ -140,22 +145,31 @@ def fit_challenger(p1: P1Model, features: dict, train: pl.DataFrame, *, base: Me
         site = fit_site_offsets(ThroughputPredictor(p1, model), features, seen)
         return replace(model, trained_on={**model.trained_on, SITE_KEY: replace(site, anchored=anchored).to_dict()})
 
+    def champions(anchored: bool, why: str, choice: dict) -> tuple[P2Model, int]:
+        p2 = with_site(champion, train, anchored)
+        p2.trained_on.update({"weights": "the champion's", "weights_reason": why, "weights_validation_mape": choice})
+        return p2, val.height
+
+    if champion is not None and val.height < MIN_VALIDATION_RUNS:
+        return champions(False, f"{val.height} validation runs, fewer than the {MIN_VALIDATION_RUNS} that judge "
+                                "a refit", {})
     trial = fit_refiner(p1, features, fit, base=base, config=config, gpu_types=gpu_types)
     trial.trained_on.update(kept)
     trial = with_site(trial, fit)
     trust, errors = choose_trust_scale(p1, trial, features, fit, val)
     anchored, anchor_errors = choose_anchoring(p1, replace(trial, trust_scale=trust), features, fit, val)
-    choice = {"refitted": anchor_errors["anchored" if anchored else "measured jobs left to the refiner"]}
+    choice = {"refitted": ThroughputPredictor(p1, replace(trial, trust_scale=trust, trained_on={
+        **trial.trained_on, SITE_KEY: {**trial.trained_on[SITE_KEY], "anchored": anchored}})).refine_error(
+        features, fit, val)["mape"]}
     if champion is not None:
         old = with_site(champion, fit)
-        old_anchored, old_errors = choose_anchoring(p1, old, features, fit, val)
-        choice["the champion's"] = old_errors["anchored" if old_anchored else "measured jobs left to the refiner"]
-        refit = math.isfinite(choice["refitted"]) and choice["refitted"] < choice["the champion's"] * (1 - REFIT_MARGIN)
-        if not refit:
-            p2 = with_site(champion, train, old_anchored)
-            p2.trained_on.update({"weights": "the champion's", "weights_validation_mape": choice,
-                                  "site_anchoring_validation_mape": old_errors})
-            return p2, val.height
+        old_anchored, _ = choose_anchoring(p1, old, features, fit, val)
+        choice["the champion's"] = ThroughputPredictor(p1, replace(old, trained_on={
+            **old.trained_on, SITE_KEY: {**old.trained_on[SITE_KEY], "anchored": old_anchored}})).refine_error(
+            features, fit, val)["mape"]
+        if not (math.isfinite(choice["refitted"]) and choice["refitted"] < choice["the champion's"] * (1 - REFIT_MARGIN)):
+            return champions(old_anchored, f"the refit was not {REFIT_MARGIN:.0%} better on {val.height} "
+                                           "validation runs", choice)
     p2 = fit_refiner(p1, features, train, base=base, config=config, gpu_types=gpu_types)
     p2.trained_on.update(kept)
     p2 = with_site(p2, train, anchored)
@@ -323,8 +337,8 @@ def refine_predictors(
         features = {t: store.get(t) for t in sorted(set(obs["job_type"]) | set(obs["partner"].drop_nulls()))}
         gpu_types = sorted(set(obs["gpu_type"]))
         started = time.time()
-        # the challenger covers the GPU types this fleet measured; a type added later is served
-        # by P1 (and by the next retraining once it has been measured)
+        # a refitted challenger covers the GPU types this fleet measured (a type added later is
+        # served by P1, and by the next retraining once measured); kept weights keep their layout
         base = base_measurements(base_data, block.prior, gpu_types)
         # never scored on `test` while it is fitted: `test` decides the promotion
         p2, n_val = fit_challenger(champion.p1, features, train, base=base, config=P2Config(epochs=epochs, seed=seed),
@@ -339,14 +353,18 @@ def refine_predictors(
         p1_score = score(ThroughputPredictor(champion.p1, None), features, train, test)
         better = chall_score["mape"] < champ_score["mape"] * (1 - min_improvement)
         trust_text = "in full" if trust is None else f"in proportion to P1's error up to {trust:g} (log)"
+        if p2.trained_on.get("weights") == "the champion's":
+            how = (f"Weights and trust scale ({trust_text}) are the champion's (v{versions['p2']}): "
+                   f"{p2.trained_on.get('weights_reason', '')}; only its site offsets are new")
+        else:
+            how = f"Weights refitted; corrections applied {trust_text}, chosen on {n_val} validation measurements"
+        offsets = {g: f"{math.expm1(v):+.1%}" for g, v in p2.trained_on.get(SITE_KEY, {}).get("unmeasured", {}).items()}
         card = (f"# P2 challenger\n\nTrained by the `gogh-refine-predictors` flow on {train.height} logged "
                 f"measurements ({frame.height} runs), {time.strftime('%Y-%m-%d %H:%M:%S')}.\n"
                 f"Held-out recent measurements: {test.height}; MAPE challenger {chall_score['mape']:.4f}, "
                 f"champion (v{versions['p2']}) {champ_score['mape']:.4f}, P1 alone {p1_score['mape']:.4f}.\n"
-                f"Corrections applied {trust_text}, chosen on {n_val} validation measurements.\n"
-                f"Weights: {p2.trained_on.get('weights', 'refitted')} (validation MAPE "
-                + ", ".join(f"{k} {v:.4f}" for k, v in p2.trained_on.get("weights_validation_mape", {}).items())
-                + f"); site offsets per type {p2.trained_on.get(SITE_KEY, {}).get('unmeasured', {})}.\n")
+                f"{how}.\nThis fleet's boards against the prior's world, per type (site offsets): "
+                f"{offsets or 'none learned'}.\n")
         with tempfile.TemporaryDirectory() as tmp:
             save_model(p2, Path(tmp) / "p2", card=card)
             version = source.registry.register(
@@ -389,8 +407,7 @@ def refine_predictors(
             f"| P1 alone (no refiner, for reference) | {p1_score['mape']:.2%} | {p1_score['n']} |", "",
             f"Trained on {train.height} measurements, scored on the {test.height} most recent, each predicted "
             "without the earlier measurements of its own entry (job, GPU type, partner), as a placement would. "
-            f"The challenger applies its corrections {trust_text}, chosen on the newest {n_val} of its "
-            "training measurements.",
+            f"{how}. Site offsets per type: {offsets or 'none learned'}.",
         ]))
         logger.info("refiner challenger v%s: MAPE %.2f%% vs champion v%s %.2f%% -> %s", version,
                     100 * chall_score["mape"], versions["p2"], 100 * champ_score["mape"], verdict)

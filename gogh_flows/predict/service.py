@@ -289,9 +289,9 @@ class ThroughputPredictor:
             self._refine(names, gpus, all_gpus, pred, obs, iso, pair)
             if self.ensemble is not None:
                 self.ensemble.blend(names, jobs, gpus, obs, iso, pair)
-            self._siblings(names, gpus, pred.isolated[:, :G].astype(np.float64), obs, iso, pair)
+            moved = self._siblings(names, gpus, pred.isolated[:, :G].astype(np.float64), obs, iso, pair)
             if self.site:
-                self._site(names, gpus, obs, iso, pair)
+                self._site(names, gpus, obs, iso, pair, skip=moved)
         # observed entries win, whatever the models say
         row = {n: i for i, n in enumerate(names)}
         col = {g: i for i, g in enumerate(gpus)}
@@ -305,34 +305,37 @@ class ThroughputPredictor:
         return iso, pair
 
     def _site(self, names: tuple[str, ...], gpus: tuple[str, ...], obs: _Observed, iso: np.ndarray,
-              pair: np.ndarray) -> None:
-        """Move each job's rows by this fleet's per-type offsets, by what was measured of it; in place."""
+              pair: np.ndarray, skip: frozenset[str] = frozenset()) -> None:
+        """Move each job's rows by this fleet's per-type offsets, by what was measured of it; in
+        place. ``skip``: jobs their measured siblings moved (that carried the site's difference)."""
         seen: dict[str, list[str]] = {}
         for (j, _, g), v in obs.items():
             if math.isfinite(v):
                 seen.setdefault(j, []).append(g)
         for i, j in enumerate(names):
+            if j in skip:
+                continue
             f = self.site.factors(gpus, seen.get(j, ()))
             iso[i] *= f
             pair[i] *= f[None, :]
 
     def _siblings(self, names: tuple[str, ...], gpus: tuple[str, ...], p1_iso: np.ndarray,
-                  obs: _Observed, iso: np.ndarray, pair: np.ndarray) -> None:
+                  obs: _Observed, iso: np.ndarray, pair: np.ndarray) -> frozenset[str]:
         """Move unmeasured isolated entries (and their pairs) by what measured job types of the
-        same zoo family show (:mod:`gogh_flows.predict.siblings`); in place."""
+        same zoo family show (:mod:`gogh_flows.predict.siblings`); in place. Returns the jobs moved."""
         col = {g: i for i, g in enumerate(gpus)}
         measured: dict[str, dict[int, float]] = {}
         for (j, p, g), v in obs.items():
             if p is None and g in col and math.isfinite(v):
                 measured.setdefault(j, {})[col[g]] = math.exp(v)
         if not measured:
-            return
+            return frozenset()
         kin = {n: family_and_batch(n) for n in (*names, *measured)}
         family = {n: k[0] for n, k in kin.items()}
         takers = [n for n in names if family[n] is not None
                   and any(family[m] == family[n] and m != n for m in measured)]
         if not takers:
-            return
+            return frozenset()
         priors = {n: p1_iso[i] for i, n in enumerate(names)}
         for m in measured:
             if m not in priors and family[m] is not None:
@@ -348,6 +351,7 @@ class ThroughputPredictor:
             scale = np.where(iso[i] > 0, moved[n] / np.where(iso[i] > 0, iso[i], 1.0), 1.0)
             iso[i] = moved[n]
             pair[i] *= scale[None, :]
+        return frozenset(takers)
 
     def _zoo_prior(self, job_type: str, gpus: tuple[str, ...]) -> np.ndarray | None:
         """P1's isolated row of a logged zoo job type that is not among the requested jobs."""
@@ -545,21 +549,28 @@ def choose_trust_scale(p1: P1Model, p2: P2Model, features: Mapping[str, Workload
 
 #: where a refiner keeps its fleet's per-type offsets (:mod:`gogh_flows.predict.site`)
 SITE_KEY = "site_offsets"
+#: fewer validation runs than this decide nothing that a tie would not: two or three runs of a
+#: demo favoured refits that then predicted the next runs worse than the champion (retrain.py)
+MIN_VALIDATION_RUNS = 8
 
 
 def fit_site_offsets(predictor: ThroughputPredictor, features: Mapping[str, WorkloadFeatures],
                      observations: pl.DataFrame) -> SiteOffsets:
     """This fleet's per-type offsets (:mod:`gogh_flows.predict.site`) from its isolated
     measurements, each against what ``predictor`` (its own offsets left out) says of the entry
-    given the other jobs' measurements and none of the job's own: a new job's case (its measured
-    siblings move it, the refiner does not). Not anchored: :func:`choose_anchoring` decides."""
+    given the other families' measurements and none of the job's own: a new job's case, where
+    neither its measured siblings nor the refiner move it (a job its siblings move is left alone
+    by the offsets). Not anchored: :func:`choose_anchoring` decides."""
     obs = observations_frame(observations)
     alone = obs.filter(pl.col("partner").is_null() & (pl.col("throughput") > 0))
     bare = ThroughputPredictor(predictor.p1, predictor.p2)
     bare.site = SiteOffsets()
+    family = {j: family_and_batch(j)[0] for j in set(obs["job_type"].to_list())}
     residuals: list[tuple[str, float]] = []
     for (j, g), rows in alone.partition_by("job_type", "gpu_type", as_dict=True, maintain_order=True).items():
-        pred = bare._predict({j: features[j]}, (g,), _aggregate(obs.filter(pl.col("job_type") != j)))[0][0, 0]
+        others = [k for k in family if k != j and (family[j] is None or family[k] != family[j])]
+        seen = obs.filter(pl.col("job_type").is_in(others))
+        pred = bare._predict({j: features[j]}, (g,), _aggregate(seen))[0][0, 0]
         residuals += [(g, math.log(t / pred) if pred > 0 else math.nan) for t in rows["throughput"]]
     return SiteOffsets.fit(residuals)
 
@@ -568,9 +579,11 @@ def choose_anchoring(p1: P1Model, p2: P2Model, features: Mapping[str, WorkloadFe
                      val: pl.DataFrame) -> tuple[bool, dict[str, float]]:
     """Whether ``p2``'s site offsets should move a measured job's other types too
     (:attr:`SiteOffsets.anchored`): only when that predicts ``val`` better (by 1%; a tie, or
-    nothing to score, leaves measured jobs to the refiner), each entry predicted as
-    :meth:`ThroughputPredictor.refine_error` does."""
+    fewer than :data:`MIN_VALIDATION_RUNS` runs to score, leaves measured jobs to the refiner),
+    each entry predicted as :meth:`ThroughputPredictor.refine_error` does."""
     site = SiteOffsets.from_dict((p2.trained_on or {}).get(SITE_KEY))
+    if val.height < MIN_VALIDATION_RUNS:
+        return False, {}
     errors = {}
     for anchored in (False, True):
         trial = replace(p2, trained_on={**p2.trained_on, SITE_KEY: replace(site, anchored=anchored).to_dict()})
@@ -580,5 +593,5 @@ def choose_anchoring(p1: P1Model, p2: P2Model, features: Mapping[str, WorkloadFe
     return bool(site and math.isfinite(on) and on < off * 0.99), errors
 
 
-__all__ = ["OBSERVATION_SCHEMA", "SITE_KEY", "choose_anchoring", "fit_site_offsets", "ThroughputPredictor", "choose_trust_scale", "fit_refiner", "observations_frame",
+__all__ = ["MIN_VALIDATION_RUNS", "OBSERVATION_SCHEMA", "SITE_KEY", "choose_anchoring", "fit_site_offsets", "ThroughputPredictor", "choose_trust_scale", "fit_refiner", "observations_frame",
            "training_entries"]

@@ -8,7 +8,9 @@ log offset learned from every job this fleet measured can: the mean, over the fl
 isolated measurements on that type, of how far each was from what the predictor said with
 nothing of its job measured, shrunk toward 0 by :data:`SHRINK` measurements' worth of "no
 difference". The refiner plays no part in that prediction (it needs a measurement of the job),
-so a refiner fitted on the same runs does not flatter it.
+so a refiner fitted on the same runs does not flatter it. A job whose measured siblings (the
+same model at other batch sizes) moved it carries the site's difference through them already:
+the offsets leave it alone, and are learned from predictions made without siblings.
 
 A job measured on some types carries their offsets in its measurements. Whether its other
 types should then move by the difference (``offset(b) - mean offset of its measured types``:
@@ -28,16 +30,6 @@ import numpy as np
 
 #: measurements' worth of "this type runs as predicted" that each offset is shrunk toward
 SHRINK = 2.0
-
-
-def _shrunk(residuals: Iterable[tuple[str, float]], shrink: float) -> tuple[dict[str, float], dict[str, int]]:
-    sums: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    for gpu, r in residuals:
-        if math.isfinite(r):
-            sums[gpu] = sums.get(gpu, 0.0) + r
-            counts[gpu] = counts.get(gpu, 0) + 1
-    return {g: sums[g] / (counts[g] + shrink) for g in sums}, counts
 
 
 @dataclass(frozen=True)

@@ -450,7 +450,10 @@ def _learn_job(truth: ThroughputTable, job_type: str, features: Any) -> None:
                 known.update(zoo_jobs([name]))
             except UnknownJobFeaturesError:
                 continue  # a Gavel type without zoo features: no pair with it is computed
-        fleet = SyntheticFleet(gpu_types=truth.gpu_types, jobs={**known, job_type: features})
+        # on the table's own boards, seed and noise when it is a synthetic fleet's (a PCIe V100
+        # runs a user's model slower too)
+        spec = dict(truth.fleet or {})
+        fleet = SyntheticFleet(gpu_types=truth.gpu_types, jobs={**known, job_type: features}, **spec)
         source = truth.source
         truth.absorb(ThroughputTable.from_rows(fleet.rows_for(job_type), source=f"synthetic({job_type})"))
         _learned[job_type] = features

@@ -93,7 +93,8 @@ DEFAULT_INTERCONNECT_GBS = 16.0  # PCIe Gen3 x16 for types not listed
 
 #: Boards that the catalog maps to one type name but that run at other figures (the catalog's
 #: own comments name them): variant -> (catalog type, the figures that differ). Power keeps the
-#: catalog type's model (the emulator draws by type name), so a variant changes speed only.
+#: catalog type's TDP and idle figures (the emulator draws by type name); the activity (the share
+#: of that range a job draws) follows the variant's step.
 #:   v100-pcie:      Tesla V100 PCIe 16GB, 14 TFLOPS FP32, 112 TFLOPS tensor, 900 GB/s (Tesla V100 datasheet)
 #:   a100-pcie-40gb: A100 PCIe 40GB, 19.5 TFLOPS FP32, 312 TFLOPS tensor, 40 GB HBM2, 1,555 GB/s
 #:                   (A100 datasheet)
@@ -276,7 +277,8 @@ class SyntheticFleet:
                     ta, tb = self._pair(profiles[a], profiles[b], iso1[a], iso1[b], gpu, a, b)
                     rows.append({"job_type": a, "gpu_type": t, "scale_factor": 1, "partner": b,
                                  "throughput": ta, "partner_throughput": tb})
-        return ThroughputTable.from_rows(rows, source=self.source)
+        return ThroughputTable.from_rows(rows, source=self.source, fleet={
+            "seed": self.seed, "noise": self.noise, "precision": self.precision, "boards": dict(self.boards)})
 
     def rows_for(self, job_type: str) -> list[dict]:
         """The table rows that involve ``job_type``: alone at every scale factor, and next to

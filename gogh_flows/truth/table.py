@@ -13,9 +13,10 @@ does not fit), exactly as Gavel records it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 
@@ -50,6 +51,9 @@ class ThroughputTable:
 
     frame: pl.DataFrame
     source: str = "unknown"
+    #: the synthetic fleet's settings that made this table (seed, noise, boards), so a job type an
+    #: emulated worker learns later (a user's model) is computed on the same boards; None otherwise
+    fleet: Mapping[str, Any] | None = field(default=None, compare=False)
     _iso: dict[tuple[str, str, int], float] = field(init=False, repr=False, compare=False)
     _pair: dict[tuple[str, str, str], tuple[float, float]] = field(
         init=False, repr=False, compare=False
@@ -100,10 +104,11 @@ class ThroughputTable:
 
     # -- construction -----------------------------------------------------------------
     @classmethod
-    def from_rows(cls, rows: Iterable[dict], source: str = "rows") -> ThroughputTable:
+    def from_rows(cls, rows: Iterable[dict], source: str = "rows",
+                  fleet: Mapping[str, Any] | None = None) -> ThroughputTable:
         """Build from dicts with the :data:`SCHEMA` keys (missing optional keys are null)."""
         filled = [{k: r.get(k) for k in SCHEMA} for r in rows]
-        return cls(pl.DataFrame(filled, schema=SCHEMA), source=source)
+        return cls(pl.DataFrame(filled, schema=SCHEMA), source=source, fleet=fleet)
 
     @classmethod
     def read_parquet(cls, path: str | Path) -> ThroughputTable:
