@@ -317,6 +317,8 @@ def test_a_refit_that_predicts_the_validation_runs_worse_keeps_the_champions_wei
     few, n_few = fit_challenger(p1, zoo_jobs(jobs), obs.head(12), base=None, config=P2Config(epochs=5, seed=0),
                                 gpu_types=GPUS, validation_fraction=0.25, inherit=champion.trained_on, champion=champion)
     assert n_few == 3 and few.trained_on["weights"] == "the champion's" and few.trained_on["weights_validation_mape"] == {}
+    # shipped weights never learned this fleet's cross-type pattern: the offsets move measured jobs too
+    assert few.trained_on["site_offsets"]["anchored"] is True
 
 
 def test_a_teams_own_trained_predictors_serve_flow_runs_and_retrain(gogh_home, gogh_models, tmp_path, monkeypatch):

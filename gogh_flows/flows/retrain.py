@@ -131,6 +131,9 @@ def fit_challenger(p1: P1Model, features: dict, train: pl.DataFrame, *, base: Me
     refits predicted the next runs at 5.9-7.1% where the champions they would replace did at
     2.9-5.2%, after two or three validation runs had favoured them.
 
+    The champion's weights keep the offsets ``anchored`` (moving a measured job's other types)
+    when they were never refitted on this fleet's runs, unless enough validation runs say not.
+
     ``inherit``: the champion's ``trained_on``; its :data:`INHERITED` records go to the trial
     and the challenger. Choosing them again takes a P2 per family of the base data (``gogh
     predictors calibrate``), too slow for this flow; without them a promoted challenger would
@@ -150,9 +153,13 @@ def fit_challenger(p1: P1Model, features: dict, train: pl.DataFrame, *, base: Me
         p2.trained_on.update({"weights": "the champion's", "weights_reason": why, "weights_validation_mape": choice})
         return p2, val.height
 
+    # weights never refitted on this fleet's runs (a shipped prior's, kept since) have not learned
+    # its cross-type pattern: the offsets move a measured job's other types too unless enough
+    # validation runs say otherwise (refitted weights have, and would count it twice)
+    foreign = champion is not None and champion.trained_on.get("weights") != "refitted"
     if champion is not None and val.height < MIN_VALIDATION_RUNS:
-        return champions(False, f"{val.height} validation runs, fewer than the {MIN_VALIDATION_RUNS} that judge "
-                                "a refit", {})
+        return champions(foreign, f"{val.height} validation runs, fewer than the {MIN_VALIDATION_RUNS} that "
+                                  "judge a refit", {})
     trial = fit_refiner(p1, features, fit, base=base, config=config, gpu_types=gpu_types)
     trial.trained_on.update(kept)
     trial = with_site(trial, fit)
@@ -163,7 +170,7 @@ def fit_challenger(p1: P1Model, features: dict, train: pl.DataFrame, *, base: Me
         features, fit, val)["mape"]}
     if champion is not None:
         old = with_site(champion, fit)
-        old_anchored, _ = choose_anchoring(p1, old, features, fit, val)
+        old_anchored, _ = choose_anchoring(p1, old, features, fit, val, default=foreign)
         choice["the champion's"] = ThroughputPredictor(p1, replace(old, trained_on={
             **old.trained_on, SITE_KEY: {**old.trained_on[SITE_KEY], "anchored": old_anchored}})).refine_error(
             features, fit, val)["mape"]

@@ -576,21 +576,22 @@ def fit_site_offsets(predictor: ThroughputPredictor, features: Mapping[str, Work
 
 
 def choose_anchoring(p1: P1Model, p2: P2Model, features: Mapping[str, WorkloadFeatures], seen: pl.DataFrame,
-                     val: pl.DataFrame) -> tuple[bool, dict[str, float]]:
+                     val: pl.DataFrame, default: bool = False) -> tuple[bool, dict[str, float]]:
     """Whether ``p2``'s site offsets should move a measured job's other types too
-    (:attr:`SiteOffsets.anchored`): only when that predicts ``val`` better (by 1%; a tie, or
-    fewer than :data:`MIN_VALIDATION_RUNS` runs to score, leaves measured jobs to the refiner),
-    each entry predicted as :meth:`ThroughputPredictor.refine_error` does."""
+    (:attr:`SiteOffsets.anchored`): ``default`` unless the other choice predicts ``val`` 1%
+    better, each entry predicted as :meth:`ThroughputPredictor.refine_error` does; ``default``
+    as it is with fewer than :data:`MIN_VALIDATION_RUNS` runs to score."""
     site = SiteOffsets.from_dict((p2.trained_on or {}).get(SITE_KEY))
-    if val.height < MIN_VALIDATION_RUNS:
-        return False, {}
+    if val.height < MIN_VALIDATION_RUNS or not site:
+        return default, {}
     errors = {}
     for anchored in (False, True):
         trial = replace(p2, trained_on={**p2.trained_on, SITE_KEY: replace(site, anchored=anchored).to_dict()})
         errors["anchored" if anchored else "measured jobs left to the refiner"] = ThroughputPredictor(
             p1, trial).refine_error(features, seen, val)["mape"]
-    off, on = errors["measured jobs left to the refiner"], errors["anchored"]
-    return bool(site and math.isfinite(on) and on < off * 0.99), errors
+    mine = errors["anchored" if default else "measured jobs left to the refiner"]
+    other = errors["measured jobs left to the refiner" if default else "anchored"]
+    return (not default if math.isfinite(other) and other < mine * 0.99 else default), errors
 
 
 __all__ = ["MIN_VALIDATION_RUNS", "OBSERVATION_SCHEMA", "SITE_KEY", "choose_anchoring", "fit_site_offsets", "ThroughputPredictor", "choose_trust_scale", "fit_refiner", "observations_frame",
