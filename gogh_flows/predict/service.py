@@ -594,5 +594,7 @@ def choose_anchoring(p1: P1Model, p2: P2Model, features: Mapping[str, WorkloadFe
     return (not default if math.isfinite(other) and other < mine * 0.99 else default), errors
 
 
-__all__ = ["MIN_VALIDATION_RUNS", "OBSERVATION_SCHEMA", "SITE_KEY", "choose_anchoring", "fit_site_offsets", "ThroughputPredictor", "choose_trust_scale", "fit_refiner", "observations_frame",
-           "training_entries"]
+__all__ = [
+    "MIN_VALIDATION_RUNS", "OBSERVATION_SCHEMA", "SITE_KEY", "ThroughputPredictor", "choose_anchoring",
+    "choose_trust_scale", "fit_refiner", "fit_site_offsets", "observations_frame", "training_entries",
+]

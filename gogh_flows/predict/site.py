@@ -7,8 +7,9 @@ measurements, so it cannot carry such a difference to a job with nothing measure
 log offset learned from every job this fleet measured can: the mean, over the fleet's
 isolated measurements on that type, of how far each was from what the predictor said with
 nothing of its job measured, shrunk toward 0 by :data:`SHRINK` measurements' worth of "no
-difference". The refiner plays no part in that prediction (it needs a measurement of the job),
-so a refiner fitted on the same runs does not flatter it. A job whose measured siblings (the
+difference". The refiner's corrections play no part in that prediction (they need a
+measurement of the job; its ensemble's prior does, as in a placement), so a refiner fitted on the
+same runs does not flatter it. A job whose measured siblings (the
 same model at other batch sizes) moved it carries the site's difference through them already:
 the offsets leave it alone, and are learned from predictions made without siblings.
 
