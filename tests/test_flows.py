@@ -477,6 +477,9 @@ def test_misspelt_block_fields_and_bad_registry_settings_are_refused(tmp_path):
     assert GpuCluster(truth=" gavel").truth == "gavel"
     # board variants: an emulated synthetic fleet's own types, known variants of them
     assert GpuCluster(fleet={"V100": 1}, boards={" V100": "v100-pcie"}).boards == {"v100": "v100-pcie"}
+    assert GpuCluster(fleet={"v100": 1}, boards={"v100": " V100-PCIe"}).boards == {"v100": "v100-pcie"}
+    with pytest.raises(ValueError, match="GPU type 'v100' appears twice in boards"):
+        GpuCluster(fleet={"v100": 1}, boards={"V100": "a100-pcie-40gb", "v100": "v100-pcie"})
     with pytest.raises(ValueError, match="boards names 'a100', which this fleet lacks"):
         GpuCluster(fleet={"v100": 1}, boards={"a100": "a100-pcie-40gb"})
     with pytest.raises(ValueError, match="unknown board variant 'pcie'; known: a100-pcie-40gb"):

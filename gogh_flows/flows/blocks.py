@@ -147,12 +147,15 @@ class GpuCluster(Block):
         """Type names as the fleet's are: {"V100": ...} is the v100 (unknown names: said below)."""
         from gogh_flows.catalog import UnknownGpuTypeError
 
-        out = {}
+        out: dict[str, str] = {}
         for name, variant in boards.items():
             try:
-                out[get_gpu_type(name).name] = variant
+                key = get_gpu_type(name).name
             except UnknownGpuTypeError:
-                out[name] = variant
+                key = name
+            if key in out:  # {"V100": ..., "v100": ...}: refused, as the fleet's are
+                raise ValueError(f"GPU type {key!r} appears twice in boards; name each type once")
+            out[key] = variant.strip().lower() if isinstance(variant, str) else variant
         return out
 
     @model_validator(mode="after")
