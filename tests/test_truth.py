@@ -256,7 +256,7 @@ def test_a_job_an_emulated_worker_learns_runs_on_the_tables_own_boards():
 @pytest.mark.parametrize(("boards", "match"), [
     ({"v100": "v100-sxm9"}, "unknown board variant 'v100-sxm9'; known: a100-pcie-40gb"),
     ({"v100": "a100-pcie-40gb"}, "board variant 'a100-pcie-40gb' is a board of type 'a100', not 'v100': map it under 'a100'"),
-    ({"h100": "a100-pcie-40gb"}, "boards names 'h100', which is not among this fleet's GPU types"),
+    ({"h100": "a100-pcie-40gb"}, r"boards names 'h100', which this fleet lacks \(v100, a100\); name a type of the fleet"),
 ])
 def test_a_wrong_board_variant_is_named(boards, match):
     with pytest.raises(ValueError, match=match):

@@ -171,13 +171,9 @@ class GpuCluster(Block):
                 raise ValueError(f"boards applies to mode='emulated' with truth='synthetic' (this cluster is "
                                  f"{self.mode!r} with truth {self.truth!r}): a real or measured fleet's boards are "
                                  "what they are")
-            from gogh_flows.truth.synthetic import board
+            from gogh_flows.truth.synthetic import check_boards
 
-            for name, variant in self.boards.items():
-                if name not in self.fleet:
-                    raise ValueError(f"boards names {name!r}, which this fleet lacks ({', '.join(self.fleet)}); "
-                                     "name a type of the fleet")
-                board(name, variant)  # unknown variant, or one of another type -> says which
+            check_boards(self.fleet, self.boards)
         if self.run_power_limits and self.mode != "local-cuda":
             raise ValueError(f"run_power_limits applies to mode='local-cuda' only (this cluster is {self.mode!r}): "
                              "an emulated GPU enacts chosen limits anyway, and a remote pool's boards belong to "

@@ -40,9 +40,11 @@ from gogh_flows.predict.io import save_model
 from gogh_flows.predict.p1 import P1Model
 from gogh_flows.predict.p2 import P2Config, P2Model
 from gogh_flows.predict.service import (
+    ANCHORING,
     MIN_VALIDATION_RUNS,
     SITE_KEY,
     ThroughputPredictor,
+    anchored_as,
     choose_anchoring,
     choose_trust_scale,
     fit_refiner,
@@ -148,6 +150,13 @@ def fit_challenger(p1: P1Model, features: dict, train: pl.DataFrame, *, base: Me
         site = fit_site_offsets(ThroughputPredictor(p1, model), features, seen)
         return replace(model, trained_on={**model.trained_on, SITE_KEY: replace(site, anchored=anchored).to_dict()})
 
+    def val_error(model: P2Model, anchored: bool, scored: dict[str, float]) -> float:
+        """``model``'s validation MAPE with its offsets so anchored: choose_anchoring's figure
+        when it scored that setting, else scored here."""
+        if ANCHORING[anchored] in scored:
+            return scored[ANCHORING[anchored]]
+        return ThroughputPredictor(p1, anchored_as(model, anchored)).refine_error(features, fit, val)["mape"]
+
     def champions(anchored: bool, why: str, choice: dict) -> tuple[P2Model, int]:
         p2 = with_site(champion, train, anchored)
         p2.trained_on.update({"weights": "the champion's", "weights_reason": why, "weights_validation_mape": choice})
@@ -164,17 +173,15 @@ def fit_challenger(p1: P1Model, features: dict, train: pl.DataFrame, *, base: Me
     trial.trained_on.update(kept)
     trial = with_site(trial, fit)
     trust, errors = choose_trust_scale(p1, trial, features, fit, val)
-    anchored, anchor_errors = choose_anchoring(p1, replace(trial, trust_scale=trust), features, fit, val)
-    choice = {"refitted": ThroughputPredictor(p1, replace(trial, trust_scale=trust, trained_on={
-        **trial.trained_on, SITE_KEY: {**trial.trained_on[SITE_KEY], "anchored": anchored}})).refine_error(
-        features, fit, val)["mape"]}
+    trial = replace(trial, trust_scale=trust)
+    anchored, anchor_errors = choose_anchoring(p1, trial, features, fit, val)
+    choice = {"refitted": val_error(trial, anchored, anchor_errors)}
     if champion is not None:
         old = with_site(champion, fit)
-        old_anchored, _ = choose_anchoring(p1, old, features, fit, val, default=foreign)
-        choice["the champion's"] = ThroughputPredictor(p1, replace(old, trained_on={
-            **old.trained_on, SITE_KEY: {**old.trained_on[SITE_KEY], "anchored": old_anchored}})).refine_error(
-            features, fit, val)["mape"]
-        if not (math.isfinite(choice["refitted"]) and choice["refitted"] < choice["the champion's"] * (1 - REFIT_MARGIN)):
+        old_anchored, old_errors = choose_anchoring(p1, old, features, fit, val, default=foreign)
+        choice["the champion's"] = val_error(old, old_anchored, old_errors)
+        refit, kept_weights = choice["refitted"], choice["the champion's"]
+        if not (math.isfinite(refit) and refit < kept_weights * (1 - REFIT_MARGIN)):
             return champions(old_anchored, f"the refit was not {REFIT_MARGIN:.0%} better on {val.height} "
                                            "validation runs", choice)
     p2 = fit_refiner(p1, features, train, base=base, config=config, gpu_types=gpu_types)

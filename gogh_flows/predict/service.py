@@ -575,26 +575,33 @@ def fit_site_offsets(predictor: ThroughputPredictor, features: Mapping[str, Work
     return SiteOffsets.fit(residuals)
 
 
+#: how :func:`choose_anchoring` names its two settings in the errors it returns
+ANCHORING = {True: "anchored", False: "measured jobs left to the refiner"}
+
+
+def anchored_as(p2: P2Model, anchored: bool) -> P2Model:
+    """``p2`` with its site offsets' :attr:`~SiteOffsets.anchored` set (a copy; weights shared)."""
+    site = SiteOffsets.from_dict((p2.trained_on or {}).get(SITE_KEY))
+    return replace(p2, trained_on={**p2.trained_on, SITE_KEY: replace(site, anchored=anchored).to_dict()})
+
+
 def choose_anchoring(p1: P1Model, p2: P2Model, features: Mapping[str, WorkloadFeatures], seen: pl.DataFrame,
                      val: pl.DataFrame, default: bool = False) -> tuple[bool, dict[str, float]]:
     """Whether ``p2``'s site offsets should move a measured job's other types too
     (:attr:`SiteOffsets.anchored`): ``default`` unless the other choice predicts ``val`` 1%
     better, each entry predicted as :meth:`ThroughputPredictor.refine_error` does; ``default``
-    as it is with fewer than :data:`MIN_VALIDATION_RUNS` runs to score."""
-    site = SiteOffsets.from_dict((p2.trained_on or {}).get(SITE_KEY))
-    if val.height < MIN_VALIDATION_RUNS or not site:
+    as it is with fewer than :data:`MIN_VALIDATION_RUNS` runs to score. The errors are keyed by
+    :data:`ANCHORING` (empty when nothing was scored)."""
+    if val.height < MIN_VALIDATION_RUNS or not SiteOffsets.from_dict((p2.trained_on or {}).get(SITE_KEY)):
         return default, {}
-    errors = {}
-    for anchored in (False, True):
-        trial = replace(p2, trained_on={**p2.trained_on, SITE_KEY: replace(site, anchored=anchored).to_dict()})
-        errors["anchored" if anchored else "measured jobs left to the refiner"] = ThroughputPredictor(
-            p1, trial).refine_error(features, seen, val)["mape"]
-    mine = errors["anchored" if default else "measured jobs left to the refiner"]
-    other = errors["measured jobs left to the refiner" if default else "anchored"]
+    errors = {ANCHORING[a]: ThroughputPredictor(p1, anchored_as(p2, a)).refine_error(features, seen, val)["mape"]
+              for a in (False, True)}
+    mine, other = errors[ANCHORING[default]], errors[ANCHORING[not default]]
     return (not default if math.isfinite(other) and other < mine * 0.99 else default), errors
 
 
 __all__ = [
-    "MIN_VALIDATION_RUNS", "OBSERVATION_SCHEMA", "SITE_KEY", "ThroughputPredictor", "choose_anchoring",
+    "ANCHORING", "MIN_VALIDATION_RUNS", "OBSERVATION_SCHEMA", "SITE_KEY", "ThroughputPredictor", "anchored_as",
+    "choose_anchoring",
     "choose_trust_scale", "fit_refiner", "fit_site_offsets", "observations_frame", "training_entries",
 ]

@@ -120,6 +120,17 @@ def board(gpu_type: str, variant: str | None = None) -> GpuType:
     return dataclasses.replace(gpu, display_name=f"{gpu.display_name} ({variant})", **figures)
 
 
+def check_boards(gpu_types: Iterable[str], boards: Mapping[str, str]) -> None:
+    """Refuse a ``boards`` map that names a type the fleet lacks, an unknown variant, or a
+    variant of another type, saying which."""
+    gpu_types = list(gpu_types)
+    for t, variant in boards.items():
+        if t not in gpu_types:
+            raise ValueError(f"boards names {t!r}, which this fleet lacks ({', '.join(gpu_types)}); "
+                             "name a type of the fleet")
+        board(t, variant)
+
+
 @dataclass(frozen=True, slots=True)
 class StepProfile:
     """How one job uses one GPU type, alone."""
@@ -237,11 +248,7 @@ class SyntheticFleet:
         bad = [s for s in self.scale_factors if s not in (1, 2, 4, 8)]
         if bad or 1 not in self.scale_factors:
             raise ValueError(f"scale_factors must include 1 and be among 1, 2, 4, 8; got {self.scale_factors}")
-        for t, variant in self.boards.items():
-            if t not in self.gpu_types:
-                raise ValueError(f"boards names {t!r}, which is not among this fleet's GPU types "
-                                 f"({', '.join(self.gpu_types)})")
-            board(t, variant)  # unknown variant, or one of another type -> ValueError naming it
+        check_boards(self.gpu_types, self.boards)
 
     def gpu(self, gpu_type: str) -> GpuType:
         """The figures this fleet's ``gpu_type`` boards run at."""
@@ -336,6 +343,6 @@ def synthetic_table(
 
 
 __all__ = [
-    "BOARD_VARIANTS", "INTERCONNECT_GBS", "OP_EFFICIENCY", "StepProfile", "SyntheticFleet", "board", "default_jobs",
-    "gang_step_s", "pair_slowdowns", "step_profile", "synthetic_table",
+    "BOARD_VARIANTS", "INTERCONNECT_GBS", "OP_EFFICIENCY", "StepProfile", "SyntheticFleet", "board", "check_boards",
+    "default_jobs", "gang_step_s", "pair_slowdowns", "step_profile", "synthetic_table",
 ]
