@@ -27,13 +27,13 @@ GPUS = ["k80", "v100", "t4", "a100"]
 SLOWDOWN = {"k80": 0.45, "v100": 0.7, "t4": 0.6, "a100": 0.85}
 
 
-def _log_measurements(n_jobs: int = 14, seed: int = 0, root=None) -> int:
+def _log_measurements(n_jobs: int = 14, seed: int = 0, root=None, ago_s: float = 10_000, prefix: str = "r") -> int:
     table = synthetic_table(GPUS)
     log = MeasurementLog(PredictorRegistry().resolved_tracking_uri(), root or state_dir() / "measurements")
     rng = random.Random(seed)
     fits = [j for j in table.job_types if all(table.has(j, g, 1) and table.isolated(j, g) > 0 for g in GPUS)]
     jobs = rng.sample(fits, n_jobs)
-    t = time.time() - 10_000
+    t = time.time() - ago_s
     count = 0
     # three GPU types of every job first, the fourth (a different one per job) last: the
     # most recent rows, which retraining holds out, are unseen entries of observed jobs
@@ -43,7 +43,7 @@ def _log_measurements(n_jobs: int = 14, seed: int = 0, root=None) -> int:
         tput = table.isolated(j, g) * SLOWDOWN[g] * math.exp(rng.gauss(0, 0.02))
         t += 1
         log.log(Measurement(
-            run_id=f"r{count}", flow_name="t", job_type=j, family=None, batch_size=None,
+            run_id=f"{prefix}{count}", flow_name="t", job_type=j, family=None, batch_size=None,
             gpu_id=f"{g}-0", gpu_type=g, device=f"{g}-0", partners=(), required_throughput=tput / 2,
             predicted_throughput=None, steps=100.0, duration_s=100.0 / tput, throughput=tput,
             mean_power_w=100.0, energy_j=1000.0, status="completed", telemetry="emulated", started_at=t))
@@ -78,6 +78,83 @@ def test_split_recent_holds_out_the_newest_rows():
     frame = pl.DataFrame({"x": list(range(10))})
     train, test = split_recent(frame, 0.25)
     assert train["x"].to_list() == list(range(7)) and test["x"].to_list() == [7, 8, 9]
+
+
+def test_split_recent_never_tests_runs_a_judged_model_learned():
+    import polars as pl
+
+    from gogh_flows.flows.retrain import run_digests
+
+    frame = pl.DataFrame({"key": [f"run{i}:gpu" for i in range(10)]})
+    seen = run_digests(frame.filter(pl.col("key").is_in(["run8:gpu", "run9:gpu", "run2:gpu"])))
+    train, test = split_recent(frame, 0.25, seen)
+    # the three newest it never learned, in their order; what it learned trains, however new
+    assert test["key"].to_list() == ["run5:gpu", "run6:gpu", "run7:gpu"]
+    assert train["key"].to_list() == [f"run{i}:gpu" for i in (0, 1, 2, 3, 4, 8, 9)]
+    # fewer unseen runs than the holdout share: all of them; none: nothing to test
+    train, test = split_recent(frame, 0.5, run_digests(frame.tail(8)))
+    assert test["key"].to_list() == ["run0:gpu", "run1:gpu"] and train.height == 8
+    assert split_recent(frame, 0.25, run_digests(frame))[1].is_empty()
+
+
+def test_a_champion_trained_elsewhere_is_never_scored_on_the_runs_it_learned(gogh_home, tmp_path):
+    """A team's machines share the tracking store and the registry. Machine B retrained on its
+    runs, and its challenger became the champion. Machine A, whose own runs all started before
+    B's, pulls B's runs and retrains: the newest quarter of its table then held runs the champion
+    was trained on, so the champion was scored on its own training data and favoured (5 of 19
+    held-out runs here). The champion's training runs travel with it and are never held out."""
+    _weak_champion(tmp_path)
+    b_root = tmp_path / "machine-b" / "measurements"
+    n_b = _log_measurements(root=b_root, prefix="b")
+    on_b = refine_predictors(base_data="none", epochs=120, measurements_dir=str(b_root))
+    assert on_b["promoted"] is True and on_b["train_measurements"] == 42
+    champion = predictor_source(PredictorRegistry()).get(force=True).p2
+    assert len(champion.trained_on["training_runs"]) == 42
+    # machine A: its own 20 runs, all older than B's, then the retraining takes in B's
+    n_a = _log_measurements(n_jobs=5, seed=1, ago_s=30_000, prefix="a")
+    on_a = refine_predictors(base_data="none", epochs=120)
+    assert on_a["train_measurements"] + on_a["holdout_measurements"] == n_a + n_b
+    # the table as A's retraining read it: by age alone, 5 of the 19 held out were the champion's
+    from gogh_flows.flows.observations import observations_from_measurements
+    from gogh_flows.flows.retrain import run_digests, trained_runs
+
+    obs = observations_from_measurements(MeasurementLog(PredictorRegistry().resolved_tracking_uri(),
+                                                        state_dir() / "measurements").read(), keys=True)
+    seen = trained_runs(champion)
+    assert len(run_digests(split_recent(obs, 0.25)[1]) & seen) == 5
+    assert not run_digests(split_recent(obs, 0.25, seen)[1]) & seen
+    # held out: B's 14 held-out runs and A's 5 newest, none of the champion's 42 training runs
+    assert on_a["holdout_measurements"] == 19 and on_a["champion_trained_measurements"] == 42
+    # the challenger carries its own training runs (the champion's, when it kept their weights)
+    registry = predictor_source(PredictorRegistry()).registry
+    from gogh_flows.predict.io import load_p2
+
+    path, _ = registry.download(f"models:/gogh-p2/{on_a['challenger_version']}", dest=tmp_path / "challenger")
+    challenger = load_p2(path)
+    assert len(challenger.trained_on["training_runs"]) >= on_a["train_measurements"]
+
+
+def test_a_retraining_with_every_run_learned_by_the_champion_judges_nothing(gogh_home, tmp_path):
+    _weak_champion(tmp_path)
+    _log_measurements()
+    source = predictor_source(PredictorRegistry())
+    versions = source.registry.versions("gogh-p2").height
+    # a champion trained on every run this table holds (as another machine's retraining could be)
+    import polars as pl
+
+    from gogh_flows.flows.observations import observations_from_measurements
+    from gogh_flows.flows.retrain import run_digests
+
+    champion = source.get(force=True)
+    keys = observations_from_measurements(MeasurementLog(PredictorRegistry().resolved_tracking_uri(),
+                                                         state_dir() / "measurements").read(), keys=True)
+    assert keys.height == 56 and keys["key"].null_count() == 0 and isinstance(keys, pl.DataFrame)
+    champion.p2.trained_on["training_runs"] = sorted(run_digests(keys))
+    save_model(champion.p2, tmp_path / "knows-all")
+    source.registry.register("gogh-p2", tmp_path / "knows-all", alias="champion")
+    out = refine_predictors(base_data="none", epochs=120)
+    assert out["promoted"] is False and out["reason"].startswith("all 56 usable measurements trained the champion")
+    assert source.registry.versions("gogh-p2").height == versions + 1  # the champion registered above, no challenger
 
 
 def test_scheduled_deployment_promotes_a_better_challenger(gogh_home, tmp_path):

@@ -50,8 +50,11 @@ class ObservationCache:
         return self._evidence
 
 
-def observations_from_measurements(frame: pl.DataFrame) -> pl.DataFrame:
+def observations_from_measurements(frame: pl.DataFrame, *, keys: bool = False) -> pl.DataFrame:
     """Measurements -> (job_type, gpu_type, partner, throughput): alone, or next to one partner.
+
+    ``keys``: add each observation's measurement ``key`` (run and GPU), for a reader that must
+    know which runs it holds (the retraining, which never scores a champion on runs it learned).
 
     A run that saw two different partners over its life measured neither pair cleanly,
     so it is left out of the observations (it stays in the measurement table). So is a run
@@ -66,10 +69,10 @@ def observations_from_measurements(frame: pl.DataFrame) -> pl.DataFrame:
     A run slowed by its board's power limit is learned at full power (its throughput times
     the slowdown the emulator recorded), since predictions are of the maximum limit.
     """
-    return _observations(_steady_rows(frame))
+    return _observations(_steady_rows(frame), keys=keys)
 
 
-def _observations(steady: list[dict]) -> pl.DataFrame:
+def _observations(steady: list[dict], *, keys: bool = False) -> pl.DataFrame:
     rows = []
     for r in steady:
         partners = [p for p in (r.get("partners") or []) if p]
@@ -79,8 +82,9 @@ def _observations(steady: list[dict]) -> pl.DataFrame:
         slowdown = _extra_float(r.get("extra"), "limit_slowdown") or 1.0
         rows.append({"job_type": r["job_type"], "gpu_type": r["gpu_type"],
                      "partner": partners[0] if partners else None,
-                     "throughput": float(r["throughput"]) * max(slowdown, 1.0)})
-    return observations_frame(rows)
+                     "throughput": float(r["throughput"]) * max(slowdown, 1.0), "key": r.get("key")})
+    obs = observations_frame(rows)
+    return obs.with_columns(key=pl.Series([r["key"] for r in rows], dtype=pl.String)) if keys else obs
 
 
 def limit_evidence_from_measurements(frame: pl.DataFrame) -> LimitEvidence:

@@ -57,11 +57,48 @@ log = logging.getLogger("gogh_flows")
 CHALLENGER = "challenger"
 
 
-def split_recent(obs: pl.DataFrame, holdout_fraction: float) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Oldest rows train, the most recent ``holdout_fraction`` test (at least one row each)."""
+def split_recent(obs: pl.DataFrame, holdout_fraction: float,
+                 seen: frozenset[str] | set[str] = frozenset()) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Oldest rows train, the most recent ``holdout_fraction`` test (at least one row each).
+
+    ``seen``: digests (:func:`run_digests`) of runs a model being judged was trained on. They
+    always train and are never tested (``obs`` needs its ``key`` column then), so the test can
+    be smaller, or empty when every row was seen. The newest rows are not always the unseen
+    ones: a machine's retraining pulls runs other machines logged, which may have started long
+    before the champion was trained, while the champion may have been trained elsewhere on
+    runs this machine only now takes in.
+    """
     n = obs.height
     k = min(n - 1, max(1, math.ceil(n * holdout_fraction)))
-    return obs.head(n - k), obs.tail(k)
+    if not seen:
+        return obs.head(n - k), obs.tail(k)
+    order = pl.int_range(pl.len()).alias("_row")
+    unseen = obs.with_columns(order).filter(~_digest_expr().is_in(sorted(seen)))
+    test_rows = unseen["_row"].tail(min(k, unseen.height))
+    is_test = pl.int_range(pl.len()).is_in(test_rows.implode())
+    return obs.filter(~is_test), obs.filter(is_test)
+
+
+#: ``trained_on`` record: digests of the measurements (run and GPU) that shaped a refiner, its
+#: kept weights' included, so a later retraining never scores it on runs it learned
+TRAINING_RUNS = "training_runs"
+
+
+def _digest_expr() -> pl.Expr:
+    """A measurement key's digest (12 hex digits of its SHA-1: a collision only costs one test row)."""
+    return pl.col("key").map_elements(lambda k: hashlib.sha1(k.encode()).hexdigest()[:12], return_dtype=pl.String)
+
+
+def run_digests(obs: pl.DataFrame) -> set[str]:
+    """The digests of the runs in ``obs`` (its ``key`` column), as :data:`TRAINING_RUNS` stores them."""
+    if obs.is_empty():
+        return set()
+    return set(obs.select(_digest_expr())["key"].drop_nulls().to_list())
+
+
+def trained_runs(p2: P2Model | None) -> frozenset[str]:
+    """The runs ``p2`` was trained on, as recorded (none for a refiner no retraining made)."""
+    return frozenset((p2.trained_on or {}).get(TRAINING_RUNS, ()) if p2 is not None else ())
 
 
 BASE_DATA = ("prior", "synthetic", "gavel", "none")
@@ -115,7 +152,8 @@ REFIT_MARGIN = 0.01
 
 def fit_challenger(p1: P1Model, features: dict, train: pl.DataFrame, *, base: MeasuredSet | None, config: P2Config,
                    gpu_types: list[str], validation_fraction: float,
-                   inherit: dict | None = None, champion: P2Model | None = None) -> tuple[P2Model, int]:
+                   inherit: dict | None = None, champion: P2Model | None = None,
+                   seen: frozenset[str] = frozenset()) -> tuple[P2Model, int]:
     """A refiner fitted on ``train``, and how many measurements made its choices.
 
     Its choices are made on the newest ``validation_fraction`` of ``train``, by trial refiners
@@ -136,13 +174,18 @@ def fit_challenger(p1: P1Model, features: dict, train: pl.DataFrame, *, base: Me
     The champion's weights keep the offsets ``anchored`` (moving a measured job's other types)
     when they were never refitted on this fleet's runs, unless enough validation runs say not.
 
+    ``seen``: the runs the champion was trained on (:func:`trained_runs`): they are never
+    validation runs, which would favour its weights. The result records the runs that shaped it
+    (:data:`TRAINING_RUNS`: ``train``'s, and ``seen`` too when the champion's weights are kept).
+
     ``inherit``: the champion's ``trained_on``; its :data:`INHERITED` records go to the trial
     and the challenger. Choosing them again takes a P2 per family of the base data (``gogh
     predictors calibrate``), too slow for this flow; without them a promoted challenger would
     predict with P2 alone and refuse every placement at a risk level.
     """
     kept = {k: v for k, v in (inherit or {}).items() if k in INHERITED}
-    fit, val = split_recent(train, validation_fraction) if train.height >= 2 else (train, train.head(0))
+    fit, val = split_recent(train, validation_fraction, seen) if train.height >= 2 else (train, train.head(0))
+    shaped_by = run_digests(train) if "key" in train.columns else set()
 
     def with_site(model: P2Model, seen: pl.DataFrame, anchored: bool = False) -> P2Model:
         """``model`` with this fleet's site offsets (gogh_flows.predict.site) fitted on ``seen``:
@@ -159,7 +202,8 @@ def fit_challenger(p1: P1Model, features: dict, train: pl.DataFrame, *, base: Me
 
     def champions(anchored: bool, why: str, choice: dict) -> tuple[P2Model, int]:
         p2 = with_site(champion, train, anchored)
-        p2.trained_on.update({"weights": "the champion's", "weights_reason": why, "weights_validation_mape": choice})
+        p2.trained_on.update({"weights": "the champion's", "weights_reason": why, "weights_validation_mape": choice,
+                              TRAINING_RUNS: sorted(shaped_by | seen)})
         return p2, val.height
 
     # weights never refitted on this fleet's runs (a shipped prior's, kept since) have not learned
@@ -167,8 +211,9 @@ def fit_challenger(p1: P1Model, features: dict, train: pl.DataFrame, *, base: Me
     # validation runs say otherwise (refitted weights have, and would count it twice)
     foreign = champion is not None and champion.trained_on.get("weights") != "refitted"
     if champion is not None and val.height < MIN_VALIDATION_RUNS:
-        return champions(foreign, f"{val.height} validation runs, fewer than the {MIN_VALIDATION_RUNS} that "
-                                  "judge a refit", {})
+        unlearned = " it had not learned" if seen else ""
+        return champions(foreign, f"{val.height} validation runs{unlearned}, fewer than the {MIN_VALIDATION_RUNS} "
+                                  "that judge a refit", {})
     trial = fit_refiner(p1, features, fit, base=base, config=config, gpu_types=gpu_types)
     trial.trained_on.update(kept)
     trial = with_site(trial, fit)
@@ -188,7 +233,8 @@ def fit_challenger(p1: P1Model, features: dict, train: pl.DataFrame, *, base: Me
     p2.trained_on.update(kept)
     p2 = with_site(p2, train, anchored)
     p2.trained_on.update({"weights": "refitted", "weights_validation_mape": choice,
-                          "site_anchoring_validation_mape": anchor_errors, "trust_scale_validation_mape": errors})
+                          "site_anchoring_validation_mape": anchor_errors, "trust_scale_validation_mape": errors,
+                          TRAINING_RUNS: sorted(shaped_by)})
     p2.trust_scale = trust
     return p2, val.height
 
@@ -319,7 +365,7 @@ def refine_predictors(
             logger.info(f"took {pulled} measurement(s) logged from other machines from the tracking store "
                         "into the table")
         frame = mlog.read().sort("started_at")
-        obs = observations_from_measurements(frame)
+        obs = observations_from_measurements(frame, keys=True)
         store = FeatureStore(state_dir() / "jobs")
         obs, unknown = _with_features(obs, store)
         if unknown:
@@ -347,7 +393,17 @@ def refine_predictors(
             logger.info(msg)
             return {"promoted": False, "reason": msg, "measurements": obs.height, "challenger_version": last,
                     "champion_version": versions["p2"]}
-        train, test = split_recent(obs, holdout_fraction)
+        # the champion is judged on runs it never learned, whatever their age (see split_recent)
+        seen = trained_runs(champion.p2)
+        train, test = split_recent(obs, holdout_fraction, seen)
+        if test.is_empty():
+            msg = (f"all {obs.height} usable measurements trained the champion v{versions['p2']}: none is left to "
+                   "judge a challenger against it; nothing retrained (the next runs will be)")
+            logger.info(msg)
+            return {"promoted": False, "reason": msg, "measurements": obs.height,
+                    "champion_version": versions["p2"]}
+        learned = train.filter(_digest_expr().is_in(sorted(seen))).height if seen else 0
+        unseen_text = f" the champion never learned ({learned} that it did only train)" if learned else ""
         features = {t: store.get(t) for t in sorted(set(obs["job_type"]) | set(obs["partner"].drop_nulls()))}
         gpu_types = sorted(set(obs["gpu_type"]))
         started = time.time()
@@ -358,7 +414,7 @@ def refine_predictors(
         p2, n_val = fit_challenger(champion.p1, features, train, base=base, config=P2Config(epochs=epochs, seed=seed),
                                    gpu_types=gpu_types, validation_fraction=holdout_fraction,
                                    inherit=champion.p2.trained_on if champion.p2 is not None else None,
-                                   champion=champion.p2)
+                                   champion=champion.p2, seen=seen)
         trust = p2.trust_scale
         challenger = ThroughputPredictor(champion.p1, p2)
         champ_score = score(champion, features, train, test)
@@ -375,7 +431,7 @@ def refine_predictors(
         offsets = {g: f"{math.expm1(v):+.1%}" for g, v in p2.trained_on.get(SITE_KEY, {}).get("unmeasured", {}).items()}
         card = (f"# P2 challenger\n\nTrained by the `gogh-refine-predictors` flow on {train.height} logged "
                 f"measurements ({frame.height} runs), {time.strftime('%Y-%m-%d %H:%M:%S')}.\n"
-                f"Held-out recent measurements: {test.height}; MAPE challenger {chall_score['mape']:.4f}, "
+                f"Held-out recent measurements{unseen_text}: {test.height}; MAPE challenger {chall_score['mape']:.4f}, "
                 f"champion (v{versions['p2']}) {champ_score['mape']:.4f}, P1 alone {p1_score['mape']:.4f}.\n"
                 f"{how}.\nThis fleet's boards against the prior's world, per type (site offsets): "
                 f"{offsets or 'none learned'}.\n")
@@ -405,6 +461,7 @@ def refine_predictors(
             "challenger_mape": chall_score["mape"], "champion_mape": champ_score["mape"],
             "p1_mape": p1_score["mape"], "trust_scale": trust, "weights": p2.trained_on.get("weights"),
             "train_measurements": train.height, "holdout_measurements": test.height,
+            "champion_trained_measurements": learned,
             "seconds": round(time.time() - started, 2),
         }
         verdict = "promoted to champion" if promoted else (
@@ -419,7 +476,7 @@ def refine_predictors(
             f"| challenger v{version} | {chall_score['mape']:.2%} | {chall_score['n']} |",
             f"| champion v{versions['p2']} | {champ_score['mape']:.2%} | {champ_score['n']} |",
             f"| P1 alone (no refiner, for reference) | {p1_score['mape']:.2%} | {p1_score['n']} |", "",
-            f"Trained on {train.height} measurements, scored on the {test.height} most recent, each predicted "
+            f"Trained on {train.height} measurements, scored on the {test.height} most recent{unseen_text}, each predicted "
             "without the earlier measurements of its own entry (job, GPU type, partner), as a placement would. "
             f"{how}. Site offsets per type: {offsets or 'none learned'}.",
         ]))
