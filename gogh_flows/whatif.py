@@ -293,35 +293,60 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", help="also write the figures to this file")
     p.add_argument("--registry", help="a saved PredictorRegistry block (default: the embedded one, "
                    "MLflow on SQLite under $GOGH_HOME, as @gogh_placed uses without a registry)")
+    p.add_argument("--predictors", metavar="DIR",
+                   help="predict with these predictors instead of the registry's champion: a shipped prior's name "
+                   "(synthetic, gavel) or the folder `gogh predictors train --out DIR` wrote (p1/, and p2/ if any), "
+                   "to see what they would place before registering them")
     p.add_argument("--no-measurements", action="store_true",
                    help="do not refine with the logged measurements (as a PlacementPolicy with refine=False)")
     p.set_defaults(func=cmd_predict)
 
 
-def _placement_predictors(registry_name: str | None, use_measurements: bool):
-    """The predictor and observations a placement would use now (``gogh-place``'s path)."""
+def _placement_predictors(registry_name: str | None, use_measurements: bool, folder: str | None = None):
+    """The predictor and observations a placement would use now (``gogh-place``'s path), or with
+    the predictors in ``folder`` in place of the registry's champion."""
     from gogh_flows.flows.blocks import PredictorRegistry, load_block, state_dir
     from gogh_flows.flows.observations import ObservationCache
     from gogh_flows.flows.predictors import predictor_source
     from gogh_flows.tracking.measurements import MeasurementLog
 
+    if folder is not None and registry_name is not None:
+        raise ValueError("give --predictors DIR or --registry NAME, not both: one says which predictors to use")
     registry = load_block(PredictorRegistry, registry_name, PredictorRegistry())
-    source = predictor_source(registry)
-    try:
-        predictor = source.get()
-    except RuntimeError as exc:  # no registry, no cache and no shipped prior
-        raise ValueError(str(exc)) from None
-    # a fall-back is logged once by the source (gogh's log handler writes it to stderr) and named
-    # again under the table: printing it here too said it twice
+    if folder is not None:
+        predictor, info = _folder_predictors(folder)
+    else:
+        source = predictor_source(registry)
+        try:
+            predictor = source.get()
+        except RuntimeError as exc:  # no registry, no cache and no shipped prior
+            raise ValueError(str(exc)) from None
+        # a fall-back is logged once by the source (gogh's log handler writes it to stderr) and named
+        # again under the table: printing it here too said it twice
+        versions = source.versions()
+        info = {"p1": registry.p1_name, "p1_version": versions["p1"], "p2": registry.p2_name,
+                "p2_version": versions["p2"], "alias": registry.alias,
+                "tracking_uri": registry.resolved_tracking_uri(), "degraded": source.degraded, "using": source.using}
     observations = None
     if use_measurements:
         log = MeasurementLog(registry.resolved_tracking_uri(), state_dir() / "measurements")
         observations = ObservationCache(log).get()
-    versions = source.versions()
-    info = {"p1": registry.p1_name, "p1_version": versions["p1"], "p2": registry.p2_name,
-            "p2_version": versions["p2"], "alias": registry.alias,
-            "tracking_uri": registry.resolved_tracking_uri(), "degraded": source.degraded, "using": source.using}
     return predictor, observations, info
+
+
+def _folder_predictors(folder: str):
+    """The predictors of a shipped prior or a `gogh predictors train --out` folder, loaded as the
+    registry's are (weights-only, checked against their config)."""
+    from gogh_flows.predict.io import load_p1, load_p2, prior_dir
+    from gogh_flows.predict.service import ThroughputPredictor
+
+    base = prior_dir(folder)
+    if not (base / "p1").is_dir():
+        found = "does not exist" if not base.exists() else "has no p1/ folder"
+        raise ValueError(f"--predictors {folder!r}: {base} {found}; give a shipped prior's name (synthetic, gavel) "
+                         "or the folder `gogh predictors train --out DIR` wrote (it holds p1/ and p2/)")
+    p2 = load_p2(base / "p2") if (base / "p2").is_dir() else None
+    return ThroughputPredictor(load_p1(base / "p1"), p2), {"folder": str(base.resolve()), "refiner": p2 is not None}
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -363,7 +388,9 @@ def print_what_if(result: WhatIf, console: Any = None) -> None:
     console = console or report_console()
     console.print(table)
     p = result.predictors
-    if p.get("degraded"):  # not the champion: say what was used instead, and why
+    if "folder" in p:
+        which = f"{p['folder']} (P1{' + P2' if p.get('refiner') else ' alone, no p2/'}; not the registry's)"
+    elif p.get("degraded"):  # not the champion: say what was used instead, and why
         which = f"{p.get('using')}, not the {p.get('alias')} at {p.get('tracking_uri')} (unavailable)"
     else:
         which = f"{p.get('p1')} v{p.get('p1_version')} + {p.get('p2')} v{p.get('p2_version')} " \
@@ -384,7 +411,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.batch_size is not None and args.model is None:
         raise ValueError("--batch-size goes with --model FAMILY (a --job name carries its batch size)")
     gpus = resolve_gpu_types([g.strip() for g in args.gpu.split(",") if g.strip()] if args.gpu else None)
-    predictor, observations, info = _placement_predictors(args.registry, not args.no_measurements)
+    predictor, observations, info = _placement_predictors(args.registry, not args.no_measurements, args.predictors)
     rows = predict_what_if(job, partner, gpus, predictor, observations)
     result = WhatIf(rows, info, 0 if observations is None else observations.height)
     print_what_if(result)

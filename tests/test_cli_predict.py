@@ -261,3 +261,38 @@ def test_the_footer_names_the_fallback_when_the_registry_is_down(tmp_path, gogh_
     assert (f"predictors: the built-in prior 'synthetic', not the champion at http://127.0.0.1:{port} "
             "(unavailable)") in " ".join(out.split())
     assert "vNone" not in out
+
+
+def test_cli_predicts_with_a_folder_of_predictors_before_they_are_registered(predictor, gogh_models, tmp_path,
+                                                                              capsys):
+    """What `gogh predictors train --out DIR` wrote could only be asked through a registry block
+    made for it; --predictors DIR answers with it directly (P1 alone when it has no p2/)."""
+    import shutil
+
+    from gogh_flows.predict.io import load_p1, load_p2
+    from gogh_flows.predict.service import ThroughputPredictor
+
+    mine = tmp_path / "my-predictors"
+    shutil.copytree(gogh_models / "gavel", mine)
+    name = "ResNet-50 (batch size 64)"
+    job = resolve_job(name)
+    for refiner in (True, False):
+        out = tmp_path / f"p-{refiner}.json"
+        assert main(["predict", "--job", name, "--gpu", "v100,k80", "--predictors", str(mine),
+                     "--json", str(out)]) == 0
+        shown = capsys.readouterr().out
+        assert "not the registry's" in shown and ("P1 + P2" in shown) == refiner
+        doc = json.loads(out.read_text())
+        assert doc["predictors"] == {"folder": str(mine.resolve()), "refiner": refiner}
+        expected = predict_what_if(job, None, ("v100", "k80"), ThroughputPredictor(
+            load_p1(mine / "p1"), load_p2(mine / "p2") if refiner else None))
+        assert [r["throughput"] for r in doc["predictions"]] == [e.throughput for e in expected]
+        shutil.rmtree(mine / "p2", ignore_errors=True)
+    # the registry's champion (the synthetic prior here) predicts otherwise: the folder was used
+    champion = predict_what_if(job, None, ("v100",), predictor)[0].throughput
+    assert champion != expected[0].throughput
+    shutil.rmtree(mine / "p1")
+    assert main(["predict", "--job", name, "--predictors", str(mine)]) == 2
+    assert "has no p1/ folder" in capsys.readouterr().err
+    assert main(["predict", "--job", name, "--predictors", "gavel", "--registry", "mine"]) == 2
+    assert "not both" in capsys.readouterr().err
