@@ -257,7 +257,8 @@ def _flag_unfamiliar(row: WhatIfRow, predictor: ThroughputPredictor, job: JobCho
     seen = getattr(predictor.p1, "trained_on", None) or {}
     unfamiliar = []
     if seen.get("gpus") and row.gpu_type not in seen["gpus"]:
-        unfamiliar.append("GPU type not in P1's training")
+        near = predictor.p1.nearest_trained([row.gpu_type]).get(0)
+        unfamiliar.append(f"GPU type new to P1: from {near}" if near else "GPU type not in P1's training")
     families = set(seen.get("families") or ())
     from gogh_flows.workloads.zoo import parse_job_kind
 

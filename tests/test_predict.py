@@ -204,3 +204,46 @@ def test_holdout_evaluation_never_trains_on_the_held_out_family(data, monkeypatc
 def test_leave_one_family_out_rejects_unknown_family(data):
     with pytest.raises(ValueError, match="unknown holdout family"):
         ev.leave_one_family_out(data, ["VGG"])
+
+
+def test_p1_on_a_gpu_type_it_was_not_trained_on_takes_the_nearest_trained_boards_shortfall(gogh_models):
+    """The shipped Gavel prior (K80, P100, V100) extrapolated its head off the trained range: a
+    ResNet-50 on an H100 at 1/3,000 of its V100 rate. On an untrained type a job now keeps the
+    shortfall, overhead and sharing slowdown of the nearest trained board, with the new board's
+    kernel time; trained types are predicted as before."""
+    import dataclasses
+    import math
+    from pathlib import Path
+
+    import polars as pl
+
+    from gogh_flows.predict.data import zoo_jobs
+    from gogh_flows.predict.io import load_p1
+
+    p1 = load_p1(gogh_models / "gavel" / "p1")
+    raw = dataclasses.replace(p1, trained_on={k: v for k, v in p1.trained_on.items() if k != "gpus"})
+    names = ["ResNet-50 (batch size 64)", "Transformer (batch size 64)", "LM (batch size 20)"]
+    jobs = zoo_jobs(names)
+    gpus = ["k80", "v100", "a100", "h100", "t4"]
+    now, before = p1.predict(jobs, gpus, partners=jobs), raw.predict(jobs, gpus, partners=jobs)
+    v100, h100, a100 = (gpus.index(g) for g in ("v100", "h100", "a100"))
+    assert (before.isolated[:, h100] < before.isolated[:, v100] / 50).all()  # what it was
+    # a newer, faster board is faster again, by no more than its datasheet allows
+    assert (now.isolated[:, h100] > now.isolated[:, v100]).all()
+    assert (now.isolated[:, a100] > now.isolated[:, v100]).all()
+    assert (now.isolated[:, h100] < 20 * now.isolated[:, v100]).all()
+    # trained types exactly as before; pairs below their isolated figure on every type
+    for g in ("k80", "v100"):
+        np.testing.assert_array_equal(now.isolated[:, gpus.index(g)], before.isolated[:, gpus.index(g)])
+    assert (now.pair <= now.isolated[:, None, :] * (1 + 1e-6)).all() and (now.pair[:, :, h100] > 0).all()
+    # measured: the zoo on a real H100 (../shared/data/h100), mean absolute log error
+    real = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "h100" / "alone.csv"
+    if not real.exists():
+        pytest.skip(f"real H100 measurements not found at {real}")
+    rows = [r for r in pl.read_csv(real).iter_rows(named=True) if "inference" not in r["job_type"]]
+    feats = zoo_jobs([r["job_type"] for r in rows])
+    err = {}
+    for label, model in (("now", p1), ("before", raw)):
+        pred = model.predict(feats, ["h100"]).isolated[:, 0]
+        err[label] = np.mean([abs(math.log(p / r["throughput_steps_per_s"])) for p, r in zip(pred, rows)])
+    assert err["before"] > 5 and err["now"] < 1.5, err

@@ -113,6 +113,13 @@ class P1Net(nn.Module):
         log_kernel = roof[..., 0]
         return -torch.logaddexp(log_kernel + a, o - 6.0)
 
+    def log_isolated_on(self, z: torch.Tensor, g: torch.Tensor, roof: torch.Tensor,
+                        roof_new: torch.Tensor) -> torch.Tensor:
+        """:meth:`log_isolated` with the shortfall and overhead learned for the board of (``g``,
+        ``roof``) and the kernel time of another board (``roof_new``): see :meth:`P1Model.predict`."""
+        a, o = self.iso_head(torch.cat([z, g, _scale_roof(roof)], dim=-1)).unbind(-1)
+        return -torch.logaddexp(roof_new[..., 0] + a, o - 6.0)
+
     def log_ratio(self, zj: torch.Tensor, zp: torch.Tensor, g: torch.Tensor,
                   rj: torch.Tensor, rp: torch.Tensor) -> torch.Tensor:
         """log(shared / isolated) of job j next to p, <= 0."""
@@ -143,6 +150,12 @@ class P1MeanNet(nn.Module):
         zs, gs = z.split(self.hidden, dim=-1), g.split(self.hidden, dim=-1)
         return torch.stack([m.log_isolated(zi, gi, roof) for m, zi, gi in zip(self.members, zs, gs)]).mean(0)
 
+    def log_isolated_on(self, z: torch.Tensor, g: torch.Tensor, roof: torch.Tensor,
+                        roof_new: torch.Tensor) -> torch.Tensor:
+        zs, gs = z.split(self.hidden, dim=-1), g.split(self.hidden, dim=-1)
+        return torch.stack([m.log_isolated_on(zi, gi, roof, roof_new)
+                            for m, zi, gi in zip(self.members, zs, gs)]).mean(0)
+
     def log_ratio(self, zj: torch.Tensor, zp: torch.Tensor, g: torch.Tensor,
                   rj: torch.Tensor, rp: torch.Tensor) -> torch.Tensor:
         parts = zip(self.members, zj.split(self.hidden, dim=-1), zp.split(self.hidden, dim=-1),
@@ -158,6 +171,14 @@ def make_net(encoder: str, hidden: int) -> P1Net | P1MeanNet:
 def _scale_roof(roof: torch.Tensor) -> torch.Tensor:
     # log seconds are around -9..0; bring them near unit scale for the MLPs
     return torch.cat([(roof[..., :2] + 6.0) / 3.0, roof[..., 2:4], roof[..., 4:] / 3.0], dim=-1)
+
+
+def _known_type(name: str) -> bool:
+    try:
+        get_gpu_type(name)
+    except (KeyError, ValueError):
+        return False
+    return True
 
 
 @dataclass
@@ -265,6 +286,15 @@ class P1Model:
         zj = z[ji][:, None, :].expand(J, G, -1)
         gg = g[None, :, :].expand(J, G, -1)
         log_iso = self.net.log_isolated(zj, gg, prep.roof[ji])  # [J, G]
+        near = self.nearest_trained(gpus)
+        if near:  # types P1 never saw: their kernel time, the nearest trained board's shortfall and overhead
+            kn = tuple(dict.fromkeys(near.values()))
+            kprep = self.prepare(allj, kn)
+            gk = self.net.gpu(kprep.gpu_x)
+            for c, t in near.items():
+                k = kn.index(t)
+                log_iso[:, c] = self.net.log_isolated_on(z[ji], gk[k][None, :].expand(J, -1), kprep.roof[ji][:, k],
+                                                         prep.roof[ji][:, c])
         iso = np.exp(log_iso.numpy()) * prep.fits[ji.numpy()]
         pair = np.zeros((J, len(pn), G))
         if pn:
@@ -276,10 +306,38 @@ class P1Model:
             rj = prep.roof[ji][:, None, :, :].expand(J, P, G, -1)
             rp = prep.roof[pi][None, :, :, :].expand(J, P, G, -1)
             lr = self.net.log_ratio(zj4, zp4, g4, rj, rp).numpy()
+            for c, t in near.items():  # and how sharing slows it as on that board
+                k = kn.index(t)
+                lr[:, :, c] = self.net.log_ratio(zj4[:, :, c], zp4[:, :, c], gk[k][None, None, :].expand(J, P, -1),
+                                                 kprep.roof[ji][:, None, k].expand(J, P, -1),
+                                                 kprep.roof[pi][None, :, k].expand(J, P, -1)).numpy()
             pair = iso[:, None, :] * np.exp(lr)
             need = prep.memory[ji.numpy()][:, None, None] + prep.memory[pi.numpy()][None, :, None]
             pair[need > MEMORY_HEADROOM * prep.gpu_memory[None, None, :]] = 0.0
         return Prediction(jobs=jn, partners=pn, gpus=tuple(gpus), isolated=iso, pair=pair)
+
+    def nearest_trained(self, gpus: Sequence[str]) -> dict[int, str]:
+        """Column -> the trained GPU type nearest to it, for each requested type P1 was not
+        trained on (none when what it was trained on is not recorded).
+
+        Why: the head's shortfall and overhead are functions of the GPU's catalog vector, learned
+        only over the trained types' range. Off it they extrapolate without bound: the shipped
+        Gavel prior (K80, P100, V100) put a ResNet-50 on an H100 at 1/3,000 of its V100 rate,
+        where the real board runs it about 3x faster. On an untrained type the job keeps the
+        shortfall, overhead and sharing slowdown it has on the nearest trained board (catalog
+        vectors, in P1's own normalisation) and takes the new board's roofline kernel time."""
+        trained = [g for g in (self.trained_on or {}).get("gpus") or () if _known_type(g)]
+        if not trained:
+            return {}
+        new = {c: g for c, g in enumerate(gpus) if g not in trained}
+        if not new:
+            return {}
+        x = (np.stack([gpu_vector(get_gpu_type(g)) for g in trained]) - self.gpu_mean) / self.gpu_std
+        out = {}
+        for c, g in new.items():
+            v = (gpu_vector(get_gpu_type(g)) - self.gpu_mean) / self.gpu_std
+            out[c] = trained[int(np.argmin(((x - v) ** 2).sum(axis=1)))]
+        return out
 
     def state(self) -> dict[str, torch.Tensor]:
         st = {f"net.{k}": v.detach().clone().contiguous() for k, v in self.net.state_dict().items()}
