@@ -596,3 +596,35 @@ def test_a_tls_address_without_tls_settings_says_what_to_set():
                           "distributed.comm.tls.client.cert": "/nonexistent/c.pem"}):
         with pytest.raises(SchedulerUnreachable, match="TLS client settings cannot be used"):
             probe_scheduler("tls://127.0.0.1:1", 1)
+
+
+def test_a_rediscovery_beside_placements_never_shows_one_discoverys_devices_with_anothers_kinds():
+    """A placement asks which of the pool's boards are emulated while another re-reads the pool.
+    The devices and their kinds were assigned one after the other, so a reader in between could
+    see the new devices with the old kinds: here a real T4 that no discovery ever found. The view
+    is now replaced whole. Two threads at once, a switch interval of a microsecond, bounded."""
+    from gogh_flows.runtime.pool import GpuPool
+
+    v100, t4 = fleet_devices({"v100": 1})[0], fleet_devices({"t4": 1})[0]
+    views = [([v100], {v100.id: v100.worker}, {v100.id}, {v100.worker}, set()),
+             ([t4], {t4.id: t4.worker}, {t4.id}, {t4.worker}, set())]
+    pool = GpuPool(mode="remote", devices=[v100], client=None, owns_client=False)
+    answers: set[tuple] = set()
+    stop = time.monotonic() + 1.5
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        def rediscover() -> None:
+            i = 0
+            while time.monotonic() < stop:
+                pool._learn(views[i % 2])
+                i += 1
+
+        writer = threading.Thread(target=rediscover)
+        writer.start()
+        while time.monotonic() < stop:
+            answers.add(tuple(sorted(pool.emulated_by_type().items())))
+        writer.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert answers <= {(("v100", True),), (("t4", True),)}, answers

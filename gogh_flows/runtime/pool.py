@@ -29,6 +29,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import dask
@@ -88,6 +89,17 @@ def _check_limit(watts: float, device: GpuDevice, *, emulated: bool) -> None:
                              f"(the catalog's); give a limit in it, or None for the maximum")
 
 
+@dataclass(frozen=True)
+class _Known:
+    """What one discovery found: the devices, their workers (pins) and which are emulated.
+    Replaced whole, never changed, so no reader sees one discovery's devices with another's kinds."""
+
+    devices: tuple[GpuDevice, ...]
+    by_id: dict[str, GpuDevice]
+    pins: dict[str, Any]
+    emulated: frozenset[str]
+
+
 class GpuPool:
     """GPUs on a Dask cluster; a context manager that closes what it owns.
 
@@ -105,15 +117,14 @@ class GpuPool:
         if not devices:
             raise ValueError("a GPU pool needs at least one device")
         self.mode = mode
-        self.devices: tuple[GpuDevice, ...] = tuple(devices)
         self.client = client
         self.cluster = cluster
         self._owns = owns_client
-        self._by_id = {d.id: d for d in self.devices}
-        if len(self._by_id) != len(self.devices):
-            raise ValueError(f"duplicate device ids in {[d.id for d in self.devices]}")
-        self._emulated = frozenset(self._by_id) if emulated is None else frozenset(emulated)
-        self._pins = {d.id: (pins or {}).get(d.id, d.worker) for d in self.devices}
+        by_id = {d.id: d for d in devices}
+        if len(by_id) != len(devices):
+            raise ValueError(f"duplicate device ids in {[d.id for d in devices]}")
+        self._known = _Known(tuple(devices), by_id, {d.id: (pins or {}).get(d.id, d.worker) for d in devices},
+                             frozenset(by_id) if emulated is None else frozenset(emulated))
         self._closed = False
         self._lease_timeout_s = lease_timeout_s
         self._ledger: PoolLedger | None = None
@@ -156,15 +167,29 @@ class GpuPool:
 
     def _learn(self, found: Discovery) -> None:
         devices, pins, emulated, names, left_out = found
-        self.devices = tuple(devices)
-        self._by_id = {d.id: d for d in self.devices}
-        self._pins = dict(pins)
-        self._emulated = frozenset(emulated)
+        # one assignment: a placement reading the pool meanwhile sees the old view or the new one
+        self._known = _Known(tuple(devices), {d.id: d for d in devices}, dict(pins), frozenset(emulated))
         self._seen_workers = set(names)
         self._left_out = set(left_out)
         self._discovered_at = time.monotonic()
 
     # -- lookups ---------------------------------------------------------------------
+    @property
+    def devices(self) -> tuple[GpuDevice, ...]:
+        return self._known.devices
+
+    @property
+    def _by_id(self) -> dict[str, GpuDevice]:
+        return self._known.by_id
+
+    @property
+    def _pins(self) -> dict[str, Any]:
+        return self._known.pins
+
+    @property
+    def _emulated(self) -> frozenset[str]:
+        return self._known.emulated
+
     @property
     def address(self) -> str:
         """The scheduler's address (``inproc://`` for a threaded emulated pool)."""
@@ -190,8 +215,9 @@ class GpuPool:
         for a type with both. What a placement may learn from: a run measured on an emulated
         board describes the emulator's truth, not a real board of its type."""
         kinds: dict[str, set[bool]] = {}
-        for d in self.devices:
-            kinds.setdefault(d.gpu_type, set()).add(d.id in self._emulated)
+        known = self._known  # devices and their kinds from one discovery
+        for d in known.devices:
+            kinds.setdefault(d.gpu_type, set()).add(d.id in known.emulated)
         return {t: next(iter(k)) if len(k) == 1 else None for t, k in kinds.items()}
 
     def fleet(self) -> dict[str, int]:
