@@ -247,3 +247,17 @@ def test_p1_on_a_gpu_type_it_was_not_trained_on_takes_the_nearest_trained_boards
         pred = model.predict(feats, ["h100"]).isolated[:, 0]
         err[label] = np.mean([abs(math.log(p / r["throughput_steps_per_s"])) for p, r in zip(pred, rows)])
     assert err["before"] > 5 and err["now"] < 1.5, err
+
+
+@pytest.mark.parametrize("encoder", ["mean", "transformer"])
+def test_p1_of_any_encoder_predicts_an_untrained_type_from_the_nearest_trained_one(data, encoder):
+    """Trained on the K80, V100 and A100 only: an H100 takes the A100's shortfall and overhead
+    (its nearest) with its own kernel time, the mean of encoders member by member."""
+    model = train_p1(data, P1Config(encoder=encoder, hidden=8, epochs=5, pair_rows_per_epoch=64))
+    assert model.trained_on["gpus"] == sorted(GPUS)
+    assert model.nearest_trained(["h100", "v100"]) == {0: "a100"}  # a trained type is its own
+    pred = model.predict(data.jobs, ("a100", "h100"), partners=data.jobs)
+    assert np.isfinite(pred.isolated).all() and np.isfinite(pred.pair).all()
+    assert (pred.pair <= pred.isolated[:, None, :] * (1 + 1e-6)).all()
+    ran = pred.isolated[:, 1] > 0
+    assert ran.any() and (pred.isolated[ran, 1] >= pred.isolated[ran, 0] * 0.999).all()  # not slower than the A100
