@@ -477,7 +477,8 @@ def refine_predictors(
             f"| champion v{versions['p2']} | {champ_score['mape']:.2%} | {champ_score['n']} |",
             f"| P1 alone (no refiner, for reference) | {p1_score['mape']:.2%} | {p1_score['n']} |", "",
             f"Trained on {train.height} measurements, scored on the {test.height} most recent{unseen_text}, "
-            "each predicted without the earlier measurements of its own entry (job, GPU type, partner), as a placement would. "
+            "each predicted without the earlier measurements of its own entry (job, GPU type, partner), "
+            "as a placement would. "
             f"{how}. Site offsets per type: {offsets or 'none learned'}.",
         ]))
         logger.info("refiner challenger v%s: MAPE %.2f%% vs champion v%s %.2f%% -> %s", version,
