@@ -61,17 +61,20 @@ def cli_pool(tmp: Path, workers: dict[str, int], *, lease_timeout_s: float = 4.0
         while not sched_file.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
         address = json.loads(sched_file.read_text())["address"]
-        for name, slots in workers.items():
+        def add_worker(name: str, slots: int) -> None:
             procs[name] = subprocess.Popen(
                 [str(BIN / "dask"), "worker", address, "--name", name, "--nthreads", str(slots),
                  "--resources", f"slot={slots}", "--no-nanny", "--host", "127.0.0.1", "--no-dashboard", *sec],
                 env=env, stdout=open(logs / f"{name}.log", "w"), stderr=subprocess.STDOUT)
+
+        for name, slots in workers.items():
+            add_worker(name, slots)
         if workers and not sec:  # every worker in before a test starts (a TLS client needs its certificates)
             from distributed import Client
 
             with Client(address, timeout=60, set_as_default=False) as client:
                 client.wait_for_workers(len(workers), timeout=120)
-        yield {"address": address, "procs": procs, "logs": logs}
+        yield {"address": address, "procs": procs, "logs": logs, "add_worker": add_worker}
     finally:
         # workers first, while their scheduler still answers: a worker told to stop as its
         # scheduler goes away can hang in its close until killed (20 s a pool, most test runs)
@@ -186,6 +189,34 @@ def test_two_hosts_placing_twenty_runs_onto_one_cli_pool_share_only_knowingly(tm
         spans = [(r["start"], r["end"]) for r in records if r["gpu"] == gpu]
         for t, _ in spans:
             assert sum(1 for s, e in spans if s <= t < e) <= 2
+
+
+def test_a_run_waiting_for_a_gpu_is_placed_on_a_worker_of_a_type_new_to_its_process(tmp_path):
+    """docs/runtime.md: a worker that joins the pool is read when it appears. A run waiting on a
+    full T4 when a V100's worker joined failed at once: the predictions covered the GPU types the
+    process knew when the placement began, and the decision refused the V100 as "not in the
+    throughput table", telling the user to give a table they never gave (a new-user review; also
+    every first run after a scheduler restart, whose workers come back one at a time)."""
+    with cli_pool(tmp_path, {"t4-0": 2}, lease_timeout_s=10.0) as pool:
+        from distributed import Client
+
+        host = _host(tmp_path, "host", pool["address"], "--runs", "3", "--threads", "3", "--hold-s", "12",
+                     "--min-throughput", "0.5")
+        with Client(pool["address"], timeout=30, set_as_default=False) as client:
+            from gogh_flows.runtime.leases import PoolLedger
+
+            ledger = PoolLedger(client)
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and sum(1 for x in ledger.state().leases if x.started_at) < 2:
+                time.sleep(0.2)
+            assert sum(1 for x in ledger.state().leases if x.started_at) == 2, "the T4's two slots never filled"
+            time.sleep(1.0)  # the third run is waiting now
+            pool["add_worker"]("v100-0", 2)
+            client.wait_for_workers(2, timeout=60)
+        results = _results(host, 180)
+    runs = [r for r in results if "summary" not in r]
+    assert len(runs) == 3 and all(r["status"] == "completed" for r in runs), runs
+    assert sorted(r["gpu"] for r in runs) == ["t4-0", "t4-0", "v100-0"]
 
 
 def test_a_user_models_runs_on_the_pool_are_predicted_beside_by_the_other_machines(tmp_path):

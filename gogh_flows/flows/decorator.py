@@ -264,7 +264,6 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
     predictor = source.get()
     if source.degraded:
         logger.warning(source.degraded)
-    gpu_types = sorted({d.gpu_type for d in session.pool.devices})
     # what this pool's runs measured (for the refiner) and measured at lowered limits (no level a job
     # type was too slow at is offered again): read for every decision, so that a run that waited is
     # placed on what the runs before it measured meanwhile (the cache re-reads only a changed table)
@@ -280,13 +279,23 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
     risk = policy.risk_level
     tables: dict[str, Any] = {}  # the last decision's tables without and with the risk level
 
+    live: list = []  # the devices the decision being made places on
+
+    def devices(state: Any) -> list:
+        live[:] = session.pool.live_devices(state.workers)
+        return list(live)
+
     def predict(feats: dict) -> Any:
+        # the GPU types of this decision's pool: a worker of a type new to this process may have
+        # joined since the placement began (a run waiting for a GPU failed with "not in the
+        # throughput table" when one did)
+        gpu_types = sorted({d.gpu_type for d in [*live, *session.pool.devices]})
         point, planned = predictor.predict_tables(feats, gpu_types, observations(), risk=risk)
         tables.update(point=point, planned=planned)
         return planned
 
     placement = place_with_retry(
-        job, run_id, devices=lambda state: session.pool.live_devices(state.workers), ledger=session.pool.ledger,
+        job, run_id, devices=devices, ledger=session.pool.ledger,
         predict=predict,
         features=session.features.get, policy=policy.policy, time_limit_s=policy.solver_time_limit_s,
         wait_timeout_s=wait_timeout_s, poll_s=policy.poll_s, versions=source.versions(),
