@@ -145,7 +145,7 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
                           "leases": [lease.__dict__ for lease in state.leases]}, indent=2))
         return 0
     table = Table(title=f"GPU slots held on {args.address} (lease {state.lease_timeout_s:g} s)")
-    for col in ("GPU", "run", "job type", "required steps/s", "claimed", "body", "refreshed"):
+    for col in ("GPU", "run", "job type", "required steps/s", "claimed", "body", "last sign of life"):
         table.add_column(col)
     for gpu_id, leases in sorted(state.occupants().items()):
         for lease in leases:

@@ -219,6 +219,46 @@ def test_a_run_waiting_for_a_gpu_is_placed_on_a_worker_of_a_type_new_to_its_proc
     assert sorted(r["gpu"] for r in runs) == ["t4-0", "t4-0", "v100-0"]
 
 
+def test_a_hung_worker_holds_its_gpu_slot_no_longer_than_the_lease(tmp_path):
+    """docs/runtime.md: a holder that vanished without Dask noticing never blocks a GPU for longer
+    than the lease timeout. A stopped worker (SIGSTOP: its event loop hung) still showed its task
+    "processing" until Dask's worker-ttl (5 minutes), and the ledger renewed the lease on that
+    alone: the slot was held, and `gogh pool status` showed it refreshed, for 335 s of a 10 s lease
+    (a new-user review). A lease now needs its worker's heartbeat within the timeout too."""
+    with cli_pool(tmp_path, {"t4-0": 1}, lease_timeout_s=4.0) as pool:
+        from distributed import Client
+
+        from gogh_flows.runtime.leases import PoolLedger
+
+        host = _host(tmp_path, "host", pool["address"], "--runs", "1", "--threads", "1", "--hold-s", "60",
+                     "--min-throughput", "0.5")
+        worker = pool["procs"]["t4-0"]
+        with Client(pool["address"], timeout=30, set_as_default=False) as client:
+            ledger = PoolLedger(client, register=False)
+            lease = _started_lease(ledger, 120)
+            os.kill(worker.pid, signal.SIGSTOP)
+            stopped = time.monotonic()
+            try:
+                while time.monotonic() - stopped < 60 and ledger.get(lease.run_id) is not None:
+                    time.sleep(0.2)
+                held_s = time.monotonic() - stopped
+                results = _results(host, 60)  # the placing process says the run is lost, at once
+                lost_s = time.monotonic() - stopped
+            finally:
+                os.kill(worker.pid, signal.SIGCONT)
+            # the worker, back, learns its lease is gone: the body stops and the slot stays free
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and ledger.state().leases:
+                time.sleep(0.2)
+            assert not ledger.state().leases
+            ledger.close()
+    assert held_s < 4.0 + 4.0, f"the hung worker's lease was held {held_s:.0f} s"
+    (run,) = [r for r in results if "summary" not in r]
+    assert run["status"] == "failed" and "RunLost" in run["error"] and lost_s < 30, (run, lost_s)
+    frame = _measurements(tmp_path, ["host"])
+    assert frame.height == 1 and frame["status"].to_list() == ["failed"]  # measured once, as failed
+
+
 def test_a_user_models_runs_on_the_pool_are_predicted_beside_by_the_other_machines(tmp_path):
     """A user model's layer features can be read only where it was decorated; another machine's
     placement that found one of its runs on the pool failed (KeyError: no layer features recorded).

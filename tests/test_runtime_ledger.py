@@ -117,16 +117,23 @@ def test_a_lease_lapses_only_when_unrefreshed_and_dask_shows_its_holder_gone():
     claim("queued-dead-client", "c2")
     claim("running", "c1")
     claim("finished-unreleased", "c1")
+    claim("running-on-a-hung-worker", "c1")
     plugin.begin("running", "v100-0", key="k-run")
     plugin.begin("finished-unreleased", "v100-0", key="k-done")
+    plugin.begin("running-on-a-hung-worker", "v100-0", key="k-hung")
+    now = time.time()
     sched.tasks["k-run"] = types.SimpleNamespace(state="processing",
-                                                 processing_on=types.SimpleNamespace(name="v100-0"))
+                                                 processing_on=types.SimpleNamespace(name="v100-0", last_seen=now))
+    # still "processing" for Dask, but its worker has sent no heartbeat for 5 s (stopped, or its
+    # event loop blocked): Dask would wait for its worker-ttl, minutes
+    sched.tasks["k-hung"] = types.SimpleNamespace(
+        state="processing", processing_on=types.SimpleNamespace(name="v100-0", last_seen=now - 5.0))
     for lease in plugin.leases.values():
         lease["seen_at"] -= 5.0  # no refresh for 5 s: longer than the 1 s lease
     plugin._expire()
     # a refresh thread that missed its turn does not free a GPU whose holder Dask shows at work
     assert set(plugin.leases) == {"queued-live-client", "running"}
-    assert plugin.counts["expired"] == 2
+    assert plugin.counts["expired"] == 3
 
 
 def test_worker_leaving_drops_its_leases_and_its_gpu_leaves_the_live_devices(pool):

@@ -517,8 +517,8 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
                           "before the body returned; its measurement is logged as failed")
         return future.result()  # done: returns the outcome, or raises what the pool raised
 
-    lost = (f"run {run_id} lost its GPU {placement.gpu_id}: the worker left the pool (or the run's lease "
-            f"lapsed, {ledger.lease_timeout_s:g} s without a refresh) before the body returned. Its "
+    lost = (f"run {run_id} lost its GPU {placement.gpu_id}: the worker left the pool or stopped answering (the "
+            f"run's lease lapsed, {ledger.lease_timeout_s:g} s without a sign of life) before the body returned. Its "
             "measurement is logged as failed; retry the flow run (Prefect retries place it again)")
     while True:
         if done.wait(check_s):
@@ -541,6 +541,10 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
             if done.wait(max(check_s, 2.0)):
                 return outcome()
             raise RunLost(lost)
+        if lease.started_at is not None:
+            # its worker keeps the lease now: refreshed from here too, the lease of a hung worker
+            # (stopped, its event loop blocked) lived on until Dask's worker-ttl removed it
+            ledger.hand_over(run_id)
         if cancelled_in_prefect is not None and not stop_asked and time.monotonic() >= next_prefect_check:
             next_prefect_check = time.monotonic() + prefect_check_s
             if cancelled_in_prefect():

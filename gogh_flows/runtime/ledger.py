@@ -240,14 +240,20 @@ class LedgerPlugin(SchedulerPlugin):
         return True
 
     def _holder_alive(self, lease: dict[str, Any]) -> bool:
-        """Whether Dask's own state shows the lease's holder still at work."""
+        """Whether Dask's own state shows the lease's holder still at work.
+
+        A running body's worker must also have sent the scheduler a heartbeat within the lease
+        timeout: a hung worker (stopped, its event loop blocked) stays "processing" its task
+        until Dask's ``worker-ttl`` (5 minutes) removes it, and the lease, renewed on that
+        showing alone, held its slot that long (a new-user review: 335 s for a 10 s lease)."""
         if self.scheduler is None:
             return False
         if lease["started_at"] is None:
             return lease["client"] is not None and lease["client"] in self.scheduler.clients
         ts = self.scheduler.tasks.get(lease["key"]) if lease["key"] else None
-        return (ts is not None and ts.state == "processing" and ts.processing_on is not None
-                and str(ts.processing_on.name) == lease["worker"])
+        ws = ts.processing_on if ts is not None and ts.state == "processing" else None
+        return (ws is not None and str(ws.name) == lease["worker"]
+                and time() - ws.last_seen <= self.lease_timeout_s)
 
     def _expire(self) -> None:
         now = time()
@@ -255,7 +261,7 @@ class LedgerPlugin(SchedulerPlugin):
             if lease["seen_at"] >= now - self.lease_timeout_s:
                 continue
             if self._holder_alive(lease):
-                lease["seen_at"] = now  # a refresh missed its turn; Dask shows the holder alive
+                lease["seen_at"] = now  # a refresh missed its turn; Dask shows the holder alive and heard
             else:
                 self._drop(run_id, "expired")
 
