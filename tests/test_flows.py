@@ -902,13 +902,17 @@ def test_the_errors_a_run_can_fail_with_are_importable_from_the_package():
     assert {"InfeasibleRequirement", "PlacementTimeout", "RunLost"} <= set(gogh_flows.__all__)
 
 
-def test_a_run_whose_scheduler_stops_answering_is_lost_with_the_reason():
+def test_a_run_whose_scheduler_stops_answering_is_lost_with_the_reason(monkeypatch):
     """The run's lease is checked while its body runs: a scheduler whose connection Dask gave
-    up on, or one that hangs, fails the run as RunLost saying which, not with Dask's
-    "ConnectionPool closing." or a wait without end."""
+    up on fails the run at once, one that hangs after two lease timeouts of silence (at least a
+    minute in the product), as RunLost saying which, not with Dask's "ConnectionPool closing." or
+    a wait without end."""
     import types
 
+    from gogh_flows.flows import decorator
     from gogh_flows.flows.decorator import await_run
+
+    monkeypatch.setattr(decorator, "_SILENT_SCHEDULER_S", 0.0)
     from gogh_flows.runtime.probe import SchedulerUnreachable
 
     class Ledger:
@@ -927,8 +931,46 @@ def test_a_run_whose_scheduler_stops_answering_is_lost_with_the_reason():
     with pytest.raises(RunLost, match="r1 on a100-0 lost touch with its pool.*lost the connection to the "
                                       "pool's Dask scheduler at tcp://10.0.0.1:8786.*logged as failed"):
         await_run(Ledger(lost), never_done, placement, start_within_s=60, check_s=0.01)
-    with pytest.raises(RunLost, match="the pool's scheduler did not answer for 1.5 s"):
+    with pytest.raises(RunLost, match="the pool's scheduler did not answer for 3 s"):
         await_run(Ledger(TimeoutError()), never_done, placement, start_within_s=60, check_s=0.01)
+
+
+def test_a_run_waits_out_a_silent_scheduler_and_returns_its_outcome(caplog):
+    """A scheduler that stands still for a while (stopped, its event loop blocked) is not a lost
+    run: its body runs on, and its outcome comes through Dask once the scheduler answers again.
+    Given up after one lease timeout of silence, the run failed with 0 steps measured."""
+    import logging
+    import types
+
+    from gogh_flows.flows.decorator import await_run
+
+    callbacks = []
+    future = types.SimpleNamespace(status="pending", add_done_callback=callbacks.append,
+                                   result=lambda: "the outcome")
+    started = types.SimpleNamespace(started_at=1.0)
+
+    class Ledger:
+        lease_timeout_s = 0.5
+        calls = 0
+
+        def get(self, run_id: str, *, timeout_s: float | None = None):
+            self.calls += 1
+            if self.calls <= 4:  # two seconds of silence: four lease timeouts
+                time.sleep(timeout_s)
+                raise TimeoutError(f"timed out after {timeout_s} s.")
+            future.status = "finished"
+            for callback in callbacks:
+                callback(future)
+            return started
+
+        def hand_over(self, run_id: str) -> None:
+            pass
+
+    placement = types.SimpleNamespace(run_id="r1", gpu_id="a100-0")
+    with caplog.at_level(logging.INFO, logger="gogh_flows"):
+        assert await_run(Ledger(), future, placement, start_within_s=1.0, check_s=0.01) == "the outcome"
+    assert "scheduler has not answered for 0 s; run r1 on a100-0 waits for it (up to 60 s)" in caplog.text
+    assert "answers again after 2 s; run r1 goes on" in caplog.text
 
 
 def test_a_placed_run_waiting_for_its_worker_says_so_once(monkeypatch, caplog):

@@ -259,6 +259,40 @@ def test_a_hung_worker_holds_its_gpu_slot_no_longer_than_the_lease(tmp_path):
     assert frame.height == 1 and frame["status"].to_list() == ["failed"]  # measured once, as failed
 
 
+def test_a_run_outlasts_its_schedulers_stall_and_is_measured_once_in_full(tmp_path):
+    """docs/runtime.md: a scheduler that stands still (stopped, its event loop blocked) for longer
+    than the lease timeout is not a lost run. The placing process gave the run up after one lease
+    timeout of silence: the run failed, measured with 0 steps, while its body ran on (a new-user
+    review: a scheduler stopped for 25 s). Now the placer waits for a silent scheduler up to a
+    minute, and the ledger restarts every lease's clock when it wakes (its unit test is in
+    tests/test_runtime_ledger.py)."""
+    with cli_pool(tmp_path, {"t4-0": 1}, lease_timeout_s=4.0) as pool:
+        from distributed import Client
+
+        from gogh_flows.runtime.leases import PoolLedger
+
+        host = _host(tmp_path, "host", pool["address"], "--runs", "1", "--threads", "1", "--hold-s", "20",
+                     "--min-throughput", "0.5")
+        scheduler = pool["procs"]["scheduler"]
+        with Client(pool["address"], timeout=30, set_as_default=False) as client:
+            ledger = PoolLedger(client, register=False)
+            _started_lease(ledger, 120)
+            os.kill(scheduler.pid, signal.SIGSTOP)
+            try:
+                time.sleep(12.0)  # three lease timeouts
+            finally:
+                os.kill(scheduler.pid, signal.SIGCONT)
+            results = _results(host, 120)
+            counts = ledger.state().counts
+            ledger.close()
+    (run,) = [r for r in results if "summary" not in r]
+    assert run["status"] == "completed" and run["gpu"] == "t4-0", run
+    assert counts.get("expired", 0) == 0, counts  # the ledger kept the lease through its stall
+    frame = _measurements(tmp_path, ["host"])
+    assert frame.height == 1 and frame["status"].to_list() == ["completed"]  # measured once, in full
+    assert frame["steps"][0] > 0 and frame["duration_s"][0] >= 19.0, frame.to_dicts()
+
+
 def test_a_user_models_runs_on_the_pool_are_predicted_beside_by_the_other_machines(tmp_path):
     """A user model's layer features can be read only where it was decorated; another machine's
     placement that found one of its runs on the pool failed (KeyError: no layer features recorded).

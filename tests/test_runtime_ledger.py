@@ -136,6 +136,36 @@ def test_a_lease_lapses_only_when_unrefreshed_and_dask_shows_its_holder_gone():
     assert plugin.counts["expired"] == 3
 
 
+def test_the_ledgers_own_stall_restarts_every_leases_clock():
+    """A scheduler that stood still (stopped, its event loop blocked) heard no refresh and no
+    heartbeat meanwhile; its first expiry check on waking must not count that against the holders,
+    or it frees GPUs that bodies still run on. Past a lease timeout after waking, unheard holders
+    lapse as usual."""
+    import types
+    from time import monotonic
+
+    plugin = LedgerPlugin(1.0)
+    plugin.scheduler = sched = _FakeScheduler()
+    plugin.names = {"tcp://w": "v100-0"}
+    for run_id, client in (("running", "c1"), ("queued", "c2")):  # c2: a client Dask no longer shows
+        assert plugin.claim(run_id, "v100-0", "v100-0", 9, "a", 1.0, 1.0, plugin.versions.get("v100-0", 0),
+                            client=client)["ok"]
+    plugin.begin("running", "v100-0", key="k-run")
+    plugin._expire()  # the check runs, then the scheduler stands still for 5 s
+    plugin._ticked = monotonic() - 5.0
+    now = time.time()
+    sched.tasks["k-run"] = types.SimpleNamespace(
+        state="processing", processing_on=types.SimpleNamespace(name="v100-0", last_seen=now - 5.0))
+    for lease in plugin.leases.values():
+        lease["seen_at"] = now - 5.0  # the refreshes sent meanwhile are still unread
+    plugin._expire()
+    assert set(plugin.leases) == {"running", "queued"} and not plugin.counts.get("expired")
+    # the holders are never heard from again: each lapses a lease timeout after the ledger woke
+    plugin.awake_since -= 1.5
+    plugin._expire()
+    assert not plugin.leases and plugin.counts["expired"] == 2
+
+
 def test_worker_leaving_drops_its_leases_and_its_gpu_leaves_the_live_devices(pool):
     ledger = pool.ledger
     assert _claim(ledger, "r1", gpu="t4-0").ok and _claim(ledger, "r2", gpu="v100-0").ok

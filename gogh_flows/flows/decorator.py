@@ -487,7 +487,9 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
 
     Dask waits forever for a worker that died (the task is pinned to it), so the lease is
     checked every ``check_s``: gone means the worker left (or the lease lapsed) and the run
-    is lost; not started within ``start_within_s`` means it queued in Dask for too long.
+    is lost; not started within ``start_within_s`` means it queued in Dask for too long. A
+    scheduler that does not answer is waited for up to :data:`_SILENT_SCHEDULER_S` (or two
+    lease timeouts); one whose connection is lost ends the wait at once.
     Every ``prefect_check_s``, ``cancelled_in_prefect()`` (which must not block) is asked too: a cancellation
     reaches this process through its Prefect runner or worker, which can miss it (see
     :class:`PrefectCancellation`), and a body left running would hold its GPU to the end.
@@ -500,6 +502,10 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
     next_prefect_check = time.monotonic() + prefect_check_s
     stop_asked = False
     say_waiting_at = time.monotonic() + _SAY_WAITING_S
+    # how long a silent scheduler is waited for before the run is given up as lost
+    patience_s = max(_SILENT_SCHEDULER_S, 2 * ledger.lease_timeout_s)
+    silent_since: float | None = None
+    said_silent = False
 
     def outcome() -> Any:
         if future.status == "cancelled":
@@ -531,11 +537,31 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
         except (SchedulerUnreachable, TimeoutError) as exc:
             if done.is_set():
                 return outcome()
+            now = time.monotonic()
+            if silent_since is None:
+                silent_since = now - ledger.lease_timeout_s
+            if isinstance(exc, TimeoutError) and now - silent_since < patience_s:
+                # a silent scheduler (stopped, its event loop blocked) is not a lost run: the body
+                # runs on its worker and its outcome comes through Dask once the scheduler answers,
+                # and the ledger keeps its lease through its own stall. Given up at once, the run
+                # failed with none of the steps its body did measured
+                if not said_silent:
+                    said_silent = True
+                    log.warning("gogh: the pool's scheduler has not answered for %.0f s; run %s on %s waits for "
+                                "it (up to %.0f s) while its body runs on", now - silent_since, run_id,
+                                placement.gpu_id, patience_s)
+                continue
             why = (str(exc) if isinstance(exc, SchedulerUnreachable)
-                   else f"the pool's scheduler did not answer for {ledger.lease_timeout_s:g} s")
+                   else f"the pool's scheduler did not answer for {now - silent_since:.0f} s")
             raise RunLost(f"run {run_id} on {placement.gpu_id} lost touch with its pool before the body "
                           f"returned: {why}. Its measurement is logged as failed; retry the flow run once "
                           "the scheduler answers") from exc
+        if silent_since is not None:
+            start_by += time.monotonic() - silent_since  # time the scheduler took does not count against the start
+            if said_silent:
+                log.info("gogh: the pool's scheduler answers again after %.0f s; run %s goes on",
+                         time.monotonic() - silent_since, run_id)
+            silent_since, said_silent = None, False
         if lease is None:
             # the body may have just ended (the worker frees the lease first): a moment's grace
             if done.wait(max(check_s, 2.0)):
@@ -731,6 +757,8 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
 _START_GRACE_S = 10.0
 #: a placed body not started after this long is said to be waiting for its worker (once)
 _SAY_WAITING_S = 3.0
+#: a run whose pool's scheduler is silent this long (or two lease timeouts, if longer) is lost
+_SILENT_SCHEDULER_S = 60.0
 
 #: how long a run's way out waits for the pool's scheduler (a hung one must not hang the run;
 #: what it did not hear of lapses there on its own)

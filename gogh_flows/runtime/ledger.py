@@ -148,6 +148,12 @@ class LedgerPlugin(SchedulerPlugin):
         # model's can be read only where it was decorated, so its placers publish them here
         self.features: dict[str, str] = {}
         self.scheduler: Any = None
+        # the ledger's own clock of being awake: when its expiry check last ran (monotonic), and
+        # when it last woke from a stall (wall time); nobody can be heard while the scheduler
+        # stands still, so a stall restarts every lease's clock (see :meth:`_expire`)
+        self._ticked: float | None = None
+        self.awake_since = 0.0
+        self._every_s = 1.0
 
     # -- lifetime ----------------------------------------------------------------------
     async def start(self, scheduler: Any) -> None:
@@ -175,6 +181,7 @@ class LedgerPlugin(SchedulerPlugin):
         self.names = {addr: str(ws.name) for addr, ws in scheduler.workers.items()}
         # check often enough that a lapsed lease is dropped within a quarter of its timeout
         every_ms = max(50.0, min(1000.0, self.lease_timeout_s * 250.0))
+        self._every_s = every_ms / 1000.0
         pc = PeriodicCallback(self._expire, every_ms)
         scheduler.periodic_callbacks["gogh-ledger-expiry"] = pc
         pc.start()
@@ -253,12 +260,29 @@ class LedgerPlugin(SchedulerPlugin):
         ts = self.scheduler.tasks.get(lease["key"]) if lease["key"] else None
         ws = ts.processing_on if ts is not None and ts.state == "processing" else None
         return (ws is not None and str(ws.name) == lease["worker"]
-                and time() - ws.last_seen <= self.lease_timeout_s)
+                and time() - max(ws.last_seen, self.awake_since) <= self.lease_timeout_s)
+
+    def _woke_from_stall(self) -> bool:
+        """Whether the scheduler stood still since the last check (stopped, its event loop blocked).
+
+        Holders refresh their leases and workers send heartbeats all along, but while the scheduler
+        stands still none of it is heard. After a stall longer than the lease timeout every lease
+        looks lapsed, and whether the first expiry check on waking dropped them depended on whether
+        the queued heartbeats happened to be read before it: a dropped lease frees a GPU that a
+        body still runs on. So the ledger's own stall restarts every clock: a lease lapses no
+        sooner than a lease timeout after the ledger woke."""
+        tick = monotonic()
+        last, self._ticked = self._ticked, tick
+        return last is not None and tick - last > max(4 * self._every_s, self.lease_timeout_s / 2)
 
     def _expire(self) -> None:
         now = time()
+        if self._woke_from_stall():
+            self.awake_since = now
+            log.warning("gogh ledger: the scheduler stood still (stopped or its event loop blocked) for longer "
+                        "than half the lease timeout; every lease's clock starts again now")
         for run_id, lease in list(self.leases.items()):
-            if lease["seen_at"] >= now - self.lease_timeout_s:
+            if max(lease["seen_at"], self.awake_since) >= now - self.lease_timeout_s:
                 continue
             if self._holder_alive(lease):
                 lease["seen_at"] = now  # a refresh missed its turn; Dask shows the holder alive and heard
