@@ -8,7 +8,7 @@ flight it injects faults: a worker SIGKILLed (its nanny restarts it), a worker g
 for good, a placing process SIGKILLed after its claims (its running bodies are stopped), bodies
 that call sys.exit(), one host solving with a 1 ms solver limit, a champion predictor version
 whose artifacts are garbage, the hosts' MLflow server (`mlflow server`, loopback) stopped for
-60 s and restarted, and a run of a deployment served by a Prefect runner cancelled from the
+60 s and restarted, the Dask scheduler stopped (SIGSTOP) for two lease timeouts, and a run of a deployment served by a Prefect runner cancelled from the
 Prefect API while its body runs; afterwards every measurement must be in MLflow exactly once,
 those of the killed placing process's runs included (handed in by their workers). Afterwards it reads every run's own record and reports:
 runs completed, oversubscriptions (more bodies on a GPU than its capacity at any instant),
@@ -84,7 +84,7 @@ class Bench:
         self._start("prefect", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)])
         _wait(lambda: self._ok(f"http://127.0.0.1:{port}/api/health"), 180, "Prefect server")
         sched = tmp / "scheduler.json"
-        self._start("scheduler", [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
+        self.scheduler = self._start("scheduler", [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
                                   "--no-dashboard", "--scheduler-file", str(sched),
                                   "--preload", "gogh_flows.runtime.ledger"])
         _wait(sched.exists, 60, "Dask scheduler")
@@ -340,6 +340,21 @@ def main() -> None:
             _wait(lambda: bench.ledger.get(run_id) is None, 60, "the killed worker's lease")
             faults.append({"fault": f"worker {gpu} SIGKILLed (restarted by its nanny)",
                            "gpu_blocked_s": round(time.monotonic() - t0, 2)})
+        # 7. the scheduler stopped (SIGSTOP: its event loop stands still) for two lease timeouts
+        _wait(lambda: any(x.started_at is not None for x in bench.ledger.state().leases), 300, "a running body")
+        before = bench.ledger.state()
+        in_flight = sorted(x.run_id for x in before.leases)  # claimed or running as it stopped
+        os.kill(bench.scheduler.pid, signal.SIGSTOP)
+        try:
+            time.sleep(2 * args.lease_timeout_s)
+        finally:
+            os.kill(bench.scheduler.pid, signal.SIGCONT)
+        time.sleep(5)  # the queued heartbeats and refreshes are read
+        after = bench.ledger.state()
+        faults.append({"fault": f"Dask scheduler stopped (SIGSTOP) for {2 * args.lease_timeout_s:g} s, then resumed",
+                       "bodies_running_before": sum(1 for x in before.leases if x.started_at is not None),
+                       "runs_in_flight": in_flight,
+                       "leases_expired_by_it": after.counts.get("expired", 0) - before.counts.get("expired", 0)})
         # 2. the placing process with long runs SIGKILLed after its claims
         _wait(lambda: any(x.job_type.startswith("ResNet-50 (batch size 64)") and x.started_at is not None
                           for x in bench.ledger.state().leases), 600, "the victim's claims and a body of it running")
@@ -394,15 +409,24 @@ def main() -> None:
         return pl.concat([read_measurements(p) for h in hosts for p in (tmp / h).rglob("table") if (p / "parts").is_dir()],
                          how="diagonal_relaxed")
 
-    frame = table("host-a", "host-b")  # the hosts' own runs, and the victim's delivered by them
+    # the hosts' own runs, and the victim's delivered by them. Each host's table also holds the
+    # other's runs, pulled from their shared MLflow store (every 60 s): one row per measurement key
+    # is the team's record, and a run measured twice is one run under two keys
+    frame = table("host-a", "host-b").unique(subset="key", keep="first", maintain_order=True)
     delivered = frame.filter(pl.col("extra").str.contains('"logged_by"'))
     own = frame.filter(~pl.col("extra").str.contains('"logged_by"'))
     served = table("runner")
     keys = (frame["run_id"] + ":" + frame["gpu_id"]).to_list()
-    everything = pl.concat([frame, served], how="diagonal_relaxed")  # every body that ran, for the audit
+    # every body that ran, for the audit
+    everything = pl.concat([frame, served], how="diagonal_relaxed").unique(subset="key", keep="first",
+                                                                           maintain_order=True)
     records = [r for r in run_records(everything.filter(pl.col("extra").str.contains("body_started_at")))]
     victim_fault = next(f for f in faults if f["fault"].startswith("a placing process"))
     victim_fault["measurements_delivered"] = sorted(set(delivered["run_id"]) & set(victim_fault["bodies_running"]))
+    stall = next(f for f in faults if f["fault"].startswith("Dask scheduler stopped"))
+    stalled = frame.filter(pl.col("run_id").is_in(stall.pop("runs_in_flight")))
+    stall["their_measurements"] = stalled.group_by("status").agg(pl.len().alias("runs"),
+                                                                pl.col("steps").min().alias("min_steps")).to_dicts()
     cancel_fault = next(f for f in faults if "cancelled from Prefect" in f["fault"])
     rows = served.filter(pl.col("run_id") == cancel_fault["run"])
     cancel_fault["measurements"] = rows.height

@@ -252,6 +252,16 @@ class RetrainingBusy(TimeoutError):
     """Another retraining of the same refiner held its slot for longer than this one would wait."""
 
 
+def _say(message: str) -> None:
+    """Into the flow run's log where there is one (what its user reads), else gogh_flows's."""
+    from prefect.exceptions import MissingContextError
+
+    try:
+        get_run_logger().info(message)
+    except MissingContextError:
+        log.info("gogh: %s", message)
+
+
 @contextlib.contextmanager
 def one_retraining_at_a_time(model_name: str, wait_s: float) -> Iterator[None]:
     """Hold the one slot of the Prefect global concurrency limit ``gogh-refine-<model_name>``:
@@ -282,7 +292,11 @@ def one_retraining_at_a_time(model_name: str, wait_s: float) -> Iterator[None]:
             client.update_global_concurrency_limit(
                 name, GlobalConcurrencyLimitUpdate(limit=1, active=True, slot_decay_per_second=0.0))
         elif limit is not None and limit.active_slots:
-            log.info("gogh: another retraining of %s holds %s; waiting up to %g s for it", model_name, name, wait_s)
+            # in the flow run's own log: at the gogh_flows logger's INFO a user saw a Running retraining
+            # that logged nothing for minutes (a killed holder's slot lapses after Prefect's 300 s lease)
+            _say(f"another retraining of {model_name} holds the Prefect concurrency limit {name}; waiting up to "
+                 f"{wait_s:g} s for it (a retraining killed without cleaning up frees its slot when Prefect's "
+                 f"lease lapses, about 5 minutes; or `prefect gcl update {name} --active-slots 0`)")
     with contextlib.ExitStack() as held:
         try:
             # only the wait for the slot is this lock's timeout: one raised by the retraining it
@@ -315,6 +329,8 @@ def _with_features(obs: pl.DataFrame, store: FeatureStore) -> tuple[pl.DataFrame
 
 #: a challenger's tag: a digest of what it was trained from (measurement keys, settings, champion)
 INPUTS_TAG = "gogh.inputs"
+#: the same, without the champion it was judged against
+DATA_INPUTS_TAG = "gogh.data_inputs"
 
 
 @flow(name="gogh-refine-predictors", log_prints=True)
@@ -358,6 +374,13 @@ def refine_predictors(
         alias_before = source.registry.version_for(block.p2_name, block.alias)
         root = Path(measurements_dir) if measurements_dir else state_dir() / "measurements"
         mlog = MeasurementLog(block.resolved_tracking_uri(), root)
+        # this machine's measurements spooled through an MLflow outage go out first: only a placed
+        # run's mirror sent them before, so a machine that placed nothing more kept them from the
+        # rest of the team (and from their retrainings) for good
+        flushed = mlog.flush_spool() if measurements_dir is None else 0
+        if flushed:
+            logger.info(f"sent {flushed} measurement(s) spooled on this machine through an MLflow outage to the "
+                        "tracking store")
         # the team's other machines log to the same store from their own tables: theirs first
         # (into this machine's table; a measurements_dir given is read as it is, not written)
         pulled = mlog.pull() if measurements_dir is None else 0
@@ -375,21 +398,29 @@ def refine_predictors(
                 "models placed only from other machines; retrain where they were placed to learn them)")
         if obs.height < min_measurements:
             msg = (f"only {obs.height} usable measurements in {root}, with the tracking store's (need {min_measurements}); "
-                   "nothing retrained")
+                   f"nothing retrained. Of the {frame.height} logged, runs that failed, whose company changed while "
+                   "they ran, that shared with two partners, or that reported too little progress to time a steady "
+                   "state are kept in the table but not learned from; place more runs, or lower min_measurements")
             logger.info(msg)
             return {"promoted": False, "reason": msg, "measurements": obs.height,
                     "champion_version": versions["p2"]}
         # what this challenger would be made of: a retraining with nothing new (an hourly schedule
         # on a quiet fleet) registered an identical version each time, about 140 KB apiece
-        inputs = hashlib.sha1(json.dumps({
-            "measurements": sorted(frame["key"].to_list()), "without_features": sorted(unknown),
-            "champion": versions["p2"], "p1": versions["p1"],
-            "epochs": epochs, "seed": seed, "base_data": base_data, "holdout_fraction": holdout_fraction,
-            "min_improvement": min_improvement, "promote": promote}).encode()).hexdigest()
+        made_of = {"measurements": sorted(frame["key"].to_list()), "without_features": sorted(unknown),
+                   "p1": versions["p1"], "epochs": epochs, "seed": seed, "base_data": base_data,
+                   "holdout_fraction": holdout_fraction, "min_improvement": min_improvement, "promote": promote}
+        data_inputs = hashlib.sha1(json.dumps(made_of).encode()).hexdigest()
+        inputs = hashlib.sha1(json.dumps({**made_of, "champion": versions["p2"]}).encode()).hexdigest()
         last = source.registry.version_for(block.p2_name, CHALLENGER)
-        if last is not None and source.registry.version_tags(block.p2_name, last).get(INPUTS_TAG) == inputs:
+        last_tags = source.registry.version_tags(block.p2_name, last) if last is not None else {}
+        # the last challenger, promoted, is the champion: retrained on the same data against itself it
+        # registered a version identical to it (a new-user review: weights byte for byte the same)
+        promoted_same = last == versions["p2"] and last_tags.get(DATA_INPUTS_TAG) == data_inputs
+        if last is not None and (last_tags.get(INPUTS_TAG) == inputs or promoted_same):
             msg = (f"nothing new since challenger v{last}: the same {frame.height} measurements, settings and "
-                   f"champion (v{versions['p2']}); nothing retrained")
+                   f"champion (v{versions['p2']}); nothing retrained" if not promoted_same else
+                   f"nothing new since challenger v{last}, promoted to champion: the same {frame.height} measurements "
+                   "and settings; nothing retrained")
             logger.info(msg)
             return {"promoted": False, "reason": msg, "measurements": obs.height, "challenger_version": last,
                     "champion_version": versions["p2"]}
@@ -443,7 +474,7 @@ def refine_predictors(
                          "p1_holdout_mape": p1_score["mape"], "train_measurements": float(train.height), "holdout_measurements": float(test.height)},
                 tags={"trained_until": f"{float(frame['started_at'].max()):.3f}", "trained_by": "refine_predictors",
                       "p1_version": str(versions["p1"]), "trust_scale": "full" if trust is None else f"{trust:g}",
-                      INPUTS_TAG: inputs},
+                      INPUTS_TAG: inputs, DATA_INPUTS_TAG: data_inputs},
                 description=f"challenger from {train.height} measurements",
                 p1_uri=f"models:/{block.p1_name}/{versions['p1']}")
         # the champion it beat must still be the champion (the lock keeps other retrainings out,
