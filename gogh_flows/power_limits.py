@@ -352,7 +352,11 @@ def _catalog_gpu(name: str) -> GpuType:
 
 def read_trace(path: Path, gpu_name: str) -> TraceSet:
     """One ``summary_power_<gpu>.csv``; errors name the file and what is missing."""
-    gpu = _catalog_gpu(gpu_name)
+    try:
+        gpu = _catalog_gpu(gpu_name)
+    except ValueError as exc:  # the name came from a file in a folder: say which, and the way out
+        raise ValueError(f"{path}: {exc}, with its allowed power-limit range. Every summary_power_<gpu>.csv in "
+                         f"{path.parent} is read; to leave this one out, move it out of the folder") from None
     if not path.is_file():
         raise FileNotFoundError(f"power trace {path} not found (expected summary_power_{gpu_name}.csv)")
     try:
@@ -375,13 +379,13 @@ def read_trace(path: Path, gpu_name: str) -> TraceSet:
     df = (df
           .drop("time_per_epoch", "average_power")
           .filter(pl.col("time").is_finite() & (pl.col("time") > 0) & pl.col("power").is_finite()
-                  & (pl.col("power") > 0) & (pl.col("power_limit") > 0)))
+                  & (pl.col("power") > 0) & pl.col("power_limit").is_finite() & (pl.col("power_limit") > 0)))
     if df.height == 0:
         raise ValueError(f"{path}: no rows with positive time, power and limit")
     if df.height < rows:  # a row cut short (a truncated copy) reads as empty fields: say so, not silently
-        warnings.warn(f"{path}: left out {rows - df.height} of {rows} rows without a positive power_limit, "
-                      "time_per_epoch and average_power (empty or non-positive fields; a truncated or "
-                      "hand-edited file?)", stacklevel=2)
+        warnings.warn(f"{path}: left out {rows - df.height} of {rows} rows without a finite, positive "
+                      "power_limit, time_per_epoch and average_power (empty, infinite, NaN or non-positive "
+                      "fields; a truncated or hand-edited file?)", stacklevel=2)
     lo, hi = float(df["power_limit"].min()), float(df["power_limit"].max())  # type: ignore[arg-type]
     if not lo < hi:
         raise ValueError(f"{path}: every row is at one power limit ({hi:g} W); need a curve")

@@ -150,6 +150,32 @@ def test_evaluate_names_an_unknown_gpu_and_the_catalog(zeus_dir, capsys):
     assert "'rtx6000' is not in the catalog" in err and "a40" in err and "v100" in err
 
 
+def test_a_trace_of_a_gpu_the_catalog_lacks_is_named_with_its_file_and_the_way_out(tmp_path, capsys):
+    """A new user's extra trace in the folder stopped every evaluation with "GPU 'rtx3090' is not
+    in the catalog", naming neither the file it came from nor a way out from the command line."""
+    _synthetic_csv(tmp_path / "summary_power_v100.csv")
+    _synthetic_csv(tmp_path / "summary_power_a40.csv", "a40", limits=(100, 150, 200, 250, 300))
+    _synthetic_csv(tmp_path / "summary_power_v100.csv").rename(tmp_path / "summary_power_rtx3090.csv")
+    _synthetic_csv(tmp_path / "summary_power_v100.csv")
+    assert main(["power", "evaluate", "--data", str(tmp_path), "--test-gpu", "v100"]) == 2
+    err = capsys.readouterr().err
+    assert str(tmp_path / "summary_power_rtx3090.csv") in err and "'rtx3090' is not in the catalog" in err
+    assert "move it out of the folder" in err
+
+
+def test_rows_with_infinite_figures_are_left_out_and_said_so(tmp_path):
+    path = _synthetic_csv(tmp_path / "summary_power_v100.csv")
+    frame = pl.read_csv(path)
+    rows = frame.height
+    frame.with_columns(pl.when(pl.int_range(pl.len()) == 0).then(float("inf")).otherwise(pl.col("power_limit"))
+                       .alias("power_limit"),
+                       pl.when(pl.int_range(pl.len()) == 1).then(float("inf")).otherwise(pl.col("average_power"))
+                       .alias("average_power")).write_csv(path)
+    with pytest.warns(UserWarning, match=f"left out 2 of {rows} rows without a finite, positive .*infinite"):
+        trace = read_trace(path, "v100")
+    assert trace.full_limit == max(LIMITS)  # an infinite limit is not the board's top
+
+
 def test_without_data_the_traces_are_read_from_zeus_under_gogh_data_dir(tmp_path, capsys, monkeypatch):
     """The README says GOGH_DATA_DIR finds Zeus's data from any folder; --data was required."""
     (tmp_path / "zeus").mkdir()

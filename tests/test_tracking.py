@@ -337,6 +337,21 @@ def test_failed_run_and_missing_optionals(mlog: MeasurementLog, uri: str):
     assert mlog.measurements() == [m]
 
 
+def test_a_retried_attempt_is_tagged_with_its_flow_runs_id_and_pulled_back_as_logged(
+        mlog: MeasurementLog, uri: str, tmp_path: Path):
+    """A flow run's second attempt is measured as `<flow run id>#2`; MLflow's `prefect.flow_run_id`
+    held that too, so filtering by the flow run's id found its first attempt only (a new-user
+    review). The tag is the flow run's id; `gogh.run_id` keeps the measurement's, which a machine
+    pulling the run reads back."""
+    m = measurement(1, run_id="flow-run-1#2", extra={"attempt": "2"})
+    mlog.log(m)
+    (run,) = mlflow_runs(uri)
+    assert run.data.tags["prefect.flow_run_id"] == "flow-run-1" and run.data.tags["gogh.run_id"] == "flow-run-1#2"
+    other = MeasurementLog(uri, tmp_path / "another-machine")
+    assert other.pull() == 1
+    assert other.read()["run_id"].to_list() == ["flow-run-1#2"] and other.read()["key"].to_list() == [m.key]
+
+
 def test_logging_twice_is_idempotent(mlog: MeasurementLog, uri: str):
     m = measurement(3)
     first = mlog.log(m)

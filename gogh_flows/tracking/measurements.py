@@ -561,7 +561,7 @@ def measurement_of_run(run: Any) -> Measurement:
     partners = json.loads(params[PARTNERS_JSON]) if PARTNERS_JSON in params else \
         [x for x in params.get("partners", "").split(",") if x]
     return Measurement(
-        run_id=tags["prefect.flow_run_id"], flow_name=params["flow_name"], job_type=params["job_type"],
+        run_id=tags.get(RUN_ID_TAG, tags["prefect.flow_run_id"]), flow_name=params["flow_name"], job_type=params["job_type"],
         family=opt("family"), batch_size=int(params["batch_size"]) if opt("batch_size") else None,
         gpu_id=params["gpu_id"], gpu_type=params["gpu_type"], device=params["device"], partners=tuple(partners),
         required_throughput=float(params["required_throughput"]),
@@ -629,9 +629,16 @@ def _params(m: Measurement) -> list[Param]:
     return [Param(k, v) for k, v in values.items()]
 
 
+#: the measurement's run id as logged (``<flow run id>#<attempt>`` from a flow run's second attempt)
+RUN_ID_TAG = "gogh.run_id"
+
+
 def _tags(m: Measurement) -> list[RunTag]:
     values = {
-        "prefect.flow_run_id": m.run_id,
+        # the flow run's own id: a retried attempt's measurement is keyed `<flow run id>#<attempt>`,
+        # which filtering MLflow by the flow run's id did not find (a new-user review)
+        "prefect.flow_run_id": m.run_id.split("#", 1)[0],
+        RUN_ID_TAG: m.run_id,
         "gogh.status": m.status,
         "gogh.telemetry": m.telemetry,
         COMPLETE_TAG: "true",
