@@ -8,7 +8,8 @@ flight it injects faults: a worker SIGKILLed (its nanny restarts it), a worker g
 for good, a placing process SIGKILLed after its claims (its running bodies are stopped), bodies
 that call sys.exit(), one host solving with a 1 ms solver limit, a champion predictor version
 whose artifacts are garbage, the hosts' MLflow server (`mlflow server`, loopback) stopped for
-60 s and restarted, the Dask scheduler stopped (SIGSTOP) for two lease timeouts, and a run of a deployment served by a Prefect runner cancelled from the
+60 s and restarted, the Dask scheduler stopped (SIGSTOP) for two lease timeouts,
+and a run of a deployment served by a Prefect runner cancelled from the
 Prefect API while its body runs; afterwards every measurement must be in MLflow exactly once,
 those of the killed placing process's runs included (handed in by their workers). Afterwards it reads every run's own record and reports:
 runs completed, oversubscriptions (more bodies on a GPU than its capacity at any instant),

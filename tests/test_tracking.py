@@ -642,3 +642,33 @@ def test_a_timeout_raised_into_the_thread_creating_a_sqlite_store_leaves_a_whole
         time.sleep(0.1)
     later = MeasurementLog(uri, tmp_path / "m", artifact_location=tmp_path / "a")  # the next run
     assert later.log(measurement(0)) is not None and len(mlflow_runs(uri)) == 1
+
+
+def test_a_tracking_uri_that_is_not_mlflow_or_not_up_is_said_as_such():
+    """A registry pointed at the Prefect server (a 404) was called "unreachable" and told to start
+    MLflow on port 5000 whatever the URI named (a new-user review)."""
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from gogh_flows.tracking.backend import check_reachable
+    from gogh_flows.tracking.errors import TrackingUnavailableError
+
+    class NotMlflow(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_error(404)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), NotMlflow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        uri = f"http://127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(TrackingUnavailableError, match=f"the server at {uri} answered MLflow's /health with "
+                                                           "HTTP 404 .*not an MLflow tracking server.*tracking_uri"):
+            check_reachable(uri)
+    finally:
+        server.shutdown()
+        server.server_close()
+    port = free_port()
+    with pytest.raises(TrackingUnavailableError, match=f"unreachable .*`mlflow server --host 127.0.0.1 --port {port} "):
+        check_reachable(f"http://127.0.0.1:{port}")

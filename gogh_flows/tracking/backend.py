@@ -27,6 +27,16 @@ START_HINT = (
 )
 
 
+def _start_hint(uri: str) -> str:
+    """How to start a server where ``uri`` points (its own host and port, not a stock one)."""
+    at = urlparse(uri)
+    if at.hostname not in ("127.0.0.1", "localhost", "::1") or at.port is None:
+        return f"start it, or check the tracking URI (the PredictorRegistry block's tracking_uri); {START_HINT}"
+    return (f"start one there with `mlflow server --host {at.hostname} --port {at.port} --backend-store-uri "
+            "sqlite:///mlflow.db --artifacts-destination ./mlartifacts`, or check the tracking URI (the "
+            "PredictorRegistry block's tracking_uri), or use a local store such as sqlite:///path/to/mlflow.db")
+
+
 def is_http(uri: str) -> bool:
     return urlparse(uri).scheme in {"http", "https"}
 
@@ -58,10 +68,16 @@ def check_reachable(uri: str, *, timeout: float = 3.0) -> None:
                     )
         except TrackingUnavailableError:
             raise
+        except urllib.error.HTTPError as exc:  # something answered: not an outage, a wrong address
+            raise TrackingUnavailableError(
+                f"the server at {uri} answered MLflow's /health with HTTP {exc.code} ({exc.reason}): it is not an "
+                "MLflow tracking server (another service's address or port?). Check the tracking URI: the "
+                "PredictorRegistry block's tracking_uri, or MLFLOW_TRACKING_URI"
+            ) from exc
         except (urllib.error.URLError, OSError, ValueError) as exc:
             reason = getattr(exc, "reason", exc)
             raise TrackingUnavailableError(
-                f"MLflow tracking server at {uri} is unreachable ({reason}); {START_HINT}"
+                f"MLflow tracking server at {uri} is unreachable ({reason}); {_start_hint(uri)}"
             ) from exc
         return
     db = sqlite_path(uri)

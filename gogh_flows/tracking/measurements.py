@@ -561,7 +561,8 @@ def measurement_of_run(run: Any) -> Measurement:
     partners = json.loads(params[PARTNERS_JSON]) if PARTNERS_JSON in params else \
         [x for x in params.get("partners", "").split(",") if x]
     return Measurement(
-        run_id=tags.get(RUN_ID_TAG, tags["prefect.flow_run_id"]), flow_name=params["flow_name"], job_type=params["job_type"],
+        run_id=tags.get(RUN_ID_TAG, tags["prefect.flow_run_id"]), flow_name=params["flow_name"],
+        job_type=params["job_type"],
         family=opt("family"), batch_size=int(params["batch_size"]) if opt("batch_size") else None,
         gpu_id=params["gpu_id"], gpu_type=params["gpu_type"], device=params["device"], partners=tuple(partners),
         required_throughput=float(params["required_throughput"]),
