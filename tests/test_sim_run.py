@@ -91,3 +91,19 @@ def test_simulate_cli_knows_the_interleaved_policy_and_rebalance_options(gavel_d
     assert data_off["rebalance"] is False
     assert all(p["rebalances"] == 0 for p in data_off["policies"].values())
     assert data_on["policies"]["first-fit-interleaved"]["rebalances"] == 0
+
+
+def test_jobs_left_unfinished_are_said_under_the_table_with_what_they_mean_for_the_ratios():
+    """With noise a job can miss its requirement on every type and stay unfinished; only the
+    jobs_unfinished column showed it, while the docs call such energy figures not comparable."""
+    from gogh_flows.sim.cli import unfinished_notes
+
+    none = {0: {"oracle": {"jobs_unfinished": 0}, "greedy-fastest": {"jobs_unfinished": 0}}}
+    assert unfinished_notes(none) == []
+    alike = {0: {"oracle": {"jobs_unfinished": 1}, "greedy-fastest": {"jobs_unfinished": 1}}}
+    (note,) = unfinished_notes(alike)
+    assert note.startswith("note: every policy left 1 job(s) unfinished") and "alike for every policy" in note
+    differ = {1: {"oracle": {"jobs_unfinished": 0}, "gogh": {"jobs_unfinished": 2}}, 2: none[0]}
+    (note,) = unfinished_notes(differ)
+    assert note.startswith("note (seed 1): policies left different numbers of jobs unfinished (oracle 0, gogh 2)")
+    assert "not comparable" in note

@@ -285,6 +285,32 @@ def _table(figures: dict[str, dict]):
     return pl.DataFrame(rows)
 
 
+def unfinished_notes(per_seed: dict[int, dict[str, dict]]) -> list[str]:
+    """What the table's ``jobs_unfinished`` column means for its ratios, where it is not 0.
+
+    A job left unfinished (its requirement unmet on every GPU type under noise, or the run's
+    horizon reached) spends nothing after that, so a policy that finished fewer jobs looks
+    cheaper for work it never did; where every policy left the same ones the ratios still
+    compare like with like. Said under the table: only a column showed it (a new-user review)."""
+    notes = []
+    for seed, figures in per_seed.items():
+        counts = {name: int(row.get("jobs_unfinished") or 0) for name, row in figures.items()
+                  if "jobs_unfinished" in row}
+        if not any(counts.values()):
+            continue
+        where = f" (seed {seed})" if len(per_seed) > 1 else ""
+        if len(set(counts.values())) == 1:
+            n = next(iter(counts.values()))
+            notes.append(f"note{where}: every policy left {n} job(s) unfinished (jobs_unfinished); their energy "
+                         "stops where their work stopped, alike for every policy (docs/simulation.md)")
+        else:
+            said = ", ".join(f"{name} {n}" for name, n in counts.items())
+            notes.append(f"note{where}: policies left different numbers of jobs unfinished ({said}): a policy "
+                         "that finished fewer spent nothing on the work it never did, so its energy ratios are "
+                         "not comparable with the others' (docs/simulation.md)")
+    return notes
+
+
 def _floor_levels(names: list[str]) -> tuple[float, ...]:
     """The limit levels the floor may use: the ``+limits`` policies' when one runs, else none."""
     return DEFAULT_LIMIT_LEVELS if any(LIMITS_SUFFIX in n for n in names) else ()
@@ -490,6 +516,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"gogh planned at risk level {args.risk_level:g} (the lower end of the predictors' "
               "calibrated interval at that level); their completion times change the common window, so every "
               "policy's ratios depend on it", file=sys.stderr)
+    for line in unfinished_notes(per_seed):
+        print(line, file=sys.stderr)
     if args.floor:
         print(_floor_legend(names), file=sys.stderr)
         for seed in seeds:
