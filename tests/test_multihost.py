@@ -219,39 +219,48 @@ def test_a_run_waiting_for_a_gpu_is_placed_on_a_worker_of_a_type_new_to_its_proc
     assert sorted(r["gpu"] for r in runs) == ["t4-0", "t4-0", "v100-0"]
 
 
+@contextmanager
+def _one_running_run(tmp: Path, *, hold_s: float) -> Iterator[tuple]:
+    """One emulated T4 (one slot, a 4 s lease) and a host placing one run of ``hold_s`` on it:
+    (pool, host process, a ledger of this process, the run's lease once its body started)."""
+    from distributed import Client
+
+    from gogh_flows.runtime.leases import PoolLedger
+
+    with cli_pool(tmp, {"t4-0": 1}, lease_timeout_s=4.0) as pool:
+        host = _host(tmp, "host", pool["address"], "--runs", "1", "--threads", "1", "--hold-s", f"{hold_s:g}",
+                     "--min-throughput", "0.5")
+        with Client(pool["address"], timeout=30, set_as_default=False) as client:
+            ledger = PoolLedger(client, register=False)
+            try:
+                yield pool, host, ledger, _started_lease(ledger, 120)
+            finally:
+                ledger.close()
+
+
 def test_a_hung_worker_holds_its_gpu_slot_no_longer_than_the_lease(tmp_path):
     """docs/runtime.md: a holder that vanished without Dask noticing never blocks a GPU for longer
     than the lease timeout. A stopped worker (SIGSTOP: its event loop hung) still showed its task
     "processing" until Dask's worker-ttl (5 minutes), and the ledger renewed the lease on that
     alone: the slot was held, and `gogh pool status` showed it refreshed, for 335 s of a 10 s lease
     (a new-user review). A lease now needs its worker's heartbeat within the timeout too."""
-    with cli_pool(tmp_path, {"t4-0": 1}, lease_timeout_s=4.0) as pool:
-        from distributed import Client
-
-        from gogh_flows.runtime.leases import PoolLedger
-
-        host = _host(tmp_path, "host", pool["address"], "--runs", "1", "--threads", "1", "--hold-s", "60",
-                     "--min-throughput", "0.5")
+    with _one_running_run(tmp_path, hold_s=60) as (pool, host, ledger, lease):
         worker = pool["procs"]["t4-0"]
-        with Client(pool["address"], timeout=30, set_as_default=False) as client:
-            ledger = PoolLedger(client, register=False)
-            lease = _started_lease(ledger, 120)
-            os.kill(worker.pid, signal.SIGSTOP)
-            stopped = time.monotonic()
-            try:
-                while time.monotonic() - stopped < 60 and ledger.get(lease.run_id) is not None:
-                    time.sleep(0.2)
-                held_s = time.monotonic() - stopped
-                results = _results(host, 60)  # the placing process says the run is lost, at once
-                lost_s = time.monotonic() - stopped
-            finally:
-                os.kill(worker.pid, signal.SIGCONT)
-            # the worker, back, learns its lease is gone: the body stops and the slot stays free
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and ledger.state().leases:
+        os.kill(worker.pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            while time.monotonic() - stopped < 60 and ledger.get(lease.run_id) is not None:
                 time.sleep(0.2)
-            assert not ledger.state().leases
-            ledger.close()
+            held_s = time.monotonic() - stopped
+            results = _results(host, 60)  # the placing process says the run is lost, at once
+            lost_s = time.monotonic() - stopped
+        finally:
+            os.kill(worker.pid, signal.SIGCONT)
+        # the worker, back, learns its lease is gone: the body stops and the slot stays free
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and ledger.state().leases:
+            time.sleep(0.2)
+        assert not ledger.state().leases
     assert held_s < 4.0 + 4.0, f"the hung worker's lease was held {held_s:.0f} s"
     (run,) = [r for r in results if "summary" not in r]
     assert run["status"] == "failed" and "RunLost" in run["error"] and lost_s < 30, (run, lost_s)
@@ -266,25 +275,15 @@ def test_a_run_outlasts_its_schedulers_stall_and_is_measured_once_in_full(tmp_pa
     review: a scheduler stopped for 25 s). Now the placer waits for a silent scheduler up to a
     minute, and the ledger restarts every lease's clock when it wakes (its unit test is in
     tests/test_runtime_ledger.py)."""
-    with cli_pool(tmp_path, {"t4-0": 1}, lease_timeout_s=4.0) as pool:
-        from distributed import Client
-
-        from gogh_flows.runtime.leases import PoolLedger
-
-        host = _host(tmp_path, "host", pool["address"], "--runs", "1", "--threads", "1", "--hold-s", "20",
-                     "--min-throughput", "0.5")
+    with _one_running_run(tmp_path, hold_s=20) as (pool, host, ledger, _):
         scheduler = pool["procs"]["scheduler"]
-        with Client(pool["address"], timeout=30, set_as_default=False) as client:
-            ledger = PoolLedger(client, register=False)
-            _started_lease(ledger, 120)
-            os.kill(scheduler.pid, signal.SIGSTOP)
-            try:
-                time.sleep(12.0)  # three lease timeouts
-            finally:
-                os.kill(scheduler.pid, signal.SIGCONT)
-            results = _results(host, 120)
-            counts = ledger.state().counts
-            ledger.close()
+        os.kill(scheduler.pid, signal.SIGSTOP)
+        try:
+            time.sleep(12.0)  # three lease timeouts
+        finally:
+            os.kill(scheduler.pid, signal.SIGCONT)
+        results = _results(host, 120)
+        counts = ledger.state().counts
     (run,) = [r for r in results if "summary" not in r]
     assert run["status"] == "completed" and run["gpu"] == "t4-0", run
     assert counts.get("expired", 0) == 0, counts  # the ledger kept the lease through its stall
