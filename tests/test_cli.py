@@ -299,6 +299,7 @@ def test_a_folder_given_as_an_output_file_is_refused_with_a_file_name_to_use(tmp
     (["--trace", "generate:5", "--rebalance-gain", "-1"], r"--rebalance-gain must be a fraction in \[0, 1\)"),
     (["--trace", "generate:5", "--seed", "-1"], "--seed must be an integer >= 0, got -1"),
     (["--trace", "generate:5", "--seeds", "0,-2"], "--seeds must be integers >= 0, got -2"),
+    (["--trace", "generate:5", "--seeds", "0,1,0"], "--seeds names 0 more than once"),
     (["--trace", "generate:5", "--plot", "{tmp}/plot.txt"], "'.txt' is not one matplotlib writes"),
     (["--trace", "generate:5", "--policy", "orcale"], "unknown simulation policy 'orcale'"),
     (["--trace", "generate:5", "--policy", "gogh", "--predictors", "{repo}/models/gavel", "--holdout-family", "lm"],

@@ -215,6 +215,10 @@ def _seeds(args: argparse.Namespace) -> list[int]:
     negative = [s for s in seeds if s < 0]
     if negative:
         raise ValueError(f"--seeds must be integers >= 0, got {', '.join(map(str, negative))}")
+    twice = sorted({s for s in seeds if seeds.count(s) > 1})
+    if twice:  # the same run twice would count twice in the spread and look like agreement
+        raise ValueError(f"--seeds names {', '.join(map(str, twice))} more than once; a seed's run is the same "
+                         "every time, so name each seed once (e.g. --seeds 0,1,2)")
     return seeds
 
 
