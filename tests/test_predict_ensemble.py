@@ -11,6 +11,7 @@ from gogh_flows.predict import evaluate as ev
 from gogh_flows.predict.data import MeasuredSet
 from gogh_flows.predict.encoding import job_summary
 from gogh_flows.predict.ensemble import CASES, BaselineRows, Domain, Ensemble, roofline_log
+from gogh_flows.predict.intervals import choose_rule, rule_halfwidth
 from gogh_flows.predict.layout import Layout
 from gogh_flows.predict.p1 import P1Config, train_p1
 from gogh_flows.predict.p2 import P2Config, train_p2
@@ -277,10 +278,14 @@ def test_the_intervals_are_the_ensembles_own(trained):
     assert "of the ensemble" in intervals.calibration
     inner = ev.inner_family_errors(data, data, layout, oof, CFG, methods=ev.ENSEMBLE_CANDIDATES,
                                    protocols=CASES)
+    assert set(intervals.rules) == set(CASES)
     for case in CASES:
-        errs = ev.choice_aware_errors(inner, case)
-        errs = errs[np.isfinite(errs)]
-        assert intervals.halfwidth(case, 0.9) == pytest.approx(min(ev.conformal_halfwidth(errs, 0.9), errs.max()))
+        parts = [e[np.isfinite(e)] for e in ev.choice_aware_parts(inner, case)]
+        rule, _ = choose_rule(ev.ensemble_folds(inner, case), ev.conformal_halfwidth)
+        assert intervals.rules[case] == rule and f"{case} {rule}" in intervals.calibration
+        top = max(e.max() for e in parts if e.size)
+        assert intervals.halfwidth(case, 0.9) == pytest.approx(
+            min(rule_halfwidth(parts, 0.9, rule, ev.conformal_halfwidth), top))
 
 
 def test_a_gpu_type_no_training_job_ran_on_keeps_p2s_ratio_to_the_others(trained):

@@ -25,7 +25,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
@@ -40,7 +40,9 @@ from gogh_flows.predict.ensemble import Domain, setting_name
 from gogh_flows.predict.ensemble import BaselineRows, Ensemble
 from gogh_flows.predict.ensemble import roofline_log as job_roofline_log
 from gogh_flows.predict.intervals import CASES as INTERVAL_CASES
-from gogh_flows.predict.intervals import Intervals, from_errors
+from gogh_flows.predict.intervals import (
+    RULES, Fold, Intervals, choose_rule, from_errors, leave_one_out_folds, rule_halfwidth,
+)
 from gogh_flows.predict.layout import Layout
 from gogh_flows.predict.p1 import ENCODERS, KINDS, MEAN, P1Config, P1Model, train_p1
 from gogh_flows.predict.p2 import P2Config, P2Model, train_p2
@@ -468,6 +470,10 @@ class HoldoutResult:
     jobs: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # job -> method -> metric
     by_revealed_type: dict[str, dict[str, float]] = field(default_factory=dict)  # method -> gpu -> male
     covered: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)  # method -> cover metric -> (in, n)
+    #: method -> interval rule -> cover metric -> (in, n), had that rule been used throughout
+    covered_by_rule: dict[str, dict[str, dict[str, tuple[int, int]]]] = field(default_factory=dict)
+    #: method -> protocol -> {"chosen": rule, "nested_cover": rule -> level -> coverage on the inner split}
+    interval_rules: dict[str, dict[str, dict]] = field(default_factory=dict)
     #: P2's weight in the ensemble per case (:data:`ENSEMBLE_CASES`), chosen on the inner split
     ensemble_weights: dict[str, float] | None = None
     #: and the reach that came with it (inf: every job)
@@ -614,11 +620,11 @@ def choose_ensemble(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]]
 
 
 def _choose_case(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]], case: str,
-                 skip: int | None = None) -> tuple[tuple[str, float, float], dict[str, float]]:
-    """:func:`choose_ensemble` for one case, without the inner family at index ``skip``:
+                 skip: Collection[int] = ()) -> tuple[tuple[str, float, float], dict[str, float]]:
+    """:func:`choose_ensemble` for one case, without the inner families at the indices ``skip``:
     ((baseline, weight, reach), every candidate's error)."""
     def err(name: str) -> float:
-        means = [_capped_mean(e) for k, e in enumerate(by_family[name][case]) if e.size and k != skip]
+        means = [_capped_mean(e) for k, e in enumerate(by_family[name][case]) if e.size and k not in skip]
         return float(np.mean(means)) if means else math.inf
 
     kinds = ENSEMBLE_CANDIDATE[case]
@@ -634,8 +640,16 @@ def _choose_case(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]], ca
 
 
 def choice_aware_errors(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]], case: str) -> np.ndarray:
-    """The errors the ensemble's *choice* makes on unseen families, for its intervals: each inner
-    family's errors under the setting chosen on the other inner families.
+    """:func:`choice_aware_parts`, every family's errors together."""
+    parts = choice_aware_parts(by_family, case)
+    return np.concatenate(parts) if parts else np.empty(0)
+
+
+def choice_aware_parts(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]], case: str,
+                       skip: Collection[int] = ()) -> list[np.ndarray]:
+    """The errors the ensemble's *choice* makes on unseen families, for its intervals, one array
+    per inner family: each family's errors under the setting chosen on the other inner families
+    (and without those at ``skip``, whose arrays are left empty).
 
     Calibrating on the chosen setting's own inner errors is optimistic: the setting won there
     because those errors were the smallest of 17 candidates, and a held-out family did not take
@@ -643,15 +657,27 @@ def choice_aware_errors(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray
     so calibrated). Here every calibration family is out of the choice as well as out of the
     training, as the held-out family will be. With fewer than two inner families there is no
     choice to leave one out of, and the chosen setting's errors are returned."""
-    (b, w, r), _ = _choose_case(by_family, case)
+    skip = set(skip)
+    (b, w, r), _ = _choose_case(by_family, case, skip)
     parts = by_family[ensemble_candidate(case, w, r, b)][case]
-    if sum(1 for e in parts if e.size) < 2:
-        return np.concatenate(list(parts)) if parts else np.empty(0)
+    if sum(1 for k, e in enumerate(parts) if e.size and k not in skip) < 2:
+        return [np.empty(0) if k in skip else e for k, e in enumerate(parts)]
     out = []
     for k in range(len(parts)):
-        (bk, wk, rk), _ = _choose_case(by_family, case, skip=k)
+        if k in skip:
+            out.append(np.empty(0))
+            continue
+        (bk, wk, rk), _ = _choose_case(by_family, case, skip | {k})
         out.append(by_family[ensemble_candidate(case, wk, rk, bk)][case][k])
-    return np.concatenate(out)
+    return out
+
+
+def ensemble_folds(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]], case: str) -> list[Fold]:
+    """The folds that judge an interval rule for the ensemble (:func:`~gogh_flows.predict.intervals.choose_rule`):
+    each inner family's choice-aware errors against the others' as they would be without it (their
+    setting chosen without either), so the family judged takes no part in what calibrates it."""
+    own = choice_aware_parts(by_family, case)
+    return [(choice_aware_parts(by_family, case, skip=(k,)), own[k]) for k in range(len(own))]
 
 
 def inner_family_errors(full: MeasuredSet, train: MeasuredSet, layout: Layout, oof: np.ndarray,
@@ -740,11 +766,6 @@ def choose_decay(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]]) ->
     return min(finite, key=lambda d: (finite[d], d != DECAY)), errors
 
 
-def pooled(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]]) -> dict[str, dict[str, np.ndarray]]:
-    """Per-family error arrays concatenated, per method and protocol."""
-    return {m: {p: np.concatenate(v) if v else np.empty(0) for p, v in ps.items()} for m, ps in by_family.items()}
-
-
 def calibrate_refiner(data: MeasuredSet, oof: np.ndarray, config: EvalConfig) -> tuple[Intervals, Ensemble]:
     """What the product predicts with besides a P2 trained on ``data``, from one inner split (every
     family of ``data`` predicted by a P2 trained on the others' out-of-family P1 vectors,
@@ -758,9 +779,11 @@ def calibrate_refiner(data: MeasuredSet, oof: np.ndarray, config: EvalConfig) ->
     weights, reaches, errors, baselines = choose_ensemble(inner)
     where = (f"{len(data.families)} families left out in turn ({', '.join(data.families)}), {len(data.names)} job "
              f"types, GPU types {', '.join(data.gpus)}")
-    intervals = from_errors({case: choice_aware_errors(inner, case) for case in INTERVAL_CASES},
-                            f"split conformal on {where}, of the ensemble's choice (each family's errors under "
-                            f"the setting chosen without it)", conformal_halfwidth)
+    rules = {case: choose_rule(ensemble_folds(inner, case), conformal_halfwidth)[0] for case in INTERVAL_CASES}
+    intervals = from_errors({case: choice_aware_parts(inner, case) for case in INTERVAL_CASES},
+                            f"conformal on {where}, of the ensemble's choice (each family's errors under "
+                            f"the setting chosen without it); rule per case chosen by nested coverage: "
+                            + ", ".join(f"{c} {r}" for c, r in rules.items()), conformal_halfwidth, rules)
     rows = BaselineRows.fit(layout, layout.truth(data, data.names))
     domain = Domain.fit(np.stack([job_summary(data.jobs[n]) for n in data.names]))
     return intervals, Ensemble(weights, rows, f"weights, reaches and baselines chosen on {where}", errors, reaches,
@@ -800,20 +823,31 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
                                 decays=SIBLING_DECAYS if len(test) > 1 else (), trained=inner_p2)
     decay, decay_errors = choose_decay(inner)
     inner = {k: v for k, v in inner.items() if not k.startswith("siblings@")}
-    calib = pooled(inner)
     weights, reaches, _, baselines = choose_ensemble(inner)
+    # each method's calibration errors per inner family (the ensemble's: those of its choice)
+    calib: dict[str, dict[str, list[np.ndarray]]] = {}
     if intervals:
-        calib["ensemble"] = {p: choice_aware_errors(inner, p) for p in INTERVAL_PROTOCOLS}
+        calib = {m: {p: list(inner[m][p]) for p in INTERVAL_PROTOCOLS} for m in METHODS if m != "ensemble"}
+        calib["ensemble"] = {p: choice_aware_parts(inner, p) for p in INTERVAL_PROTOCOLS}
     methods = build_methods(full, train, test, layout, p1_test, p2, config.seed, ensemble=weights, reaches=reaches,
                             baselines=baselines)
     scores = {name: score_all(methods[name], truth_test, layout) for name in METHODS}
     metrics = {name: {**dict(sc.pooled), **dict.fromkeys(INTERVAL_METRICS, math.nan)} for name, sc in scores.items()}
     covered: dict[str, dict[str, tuple[int, int]]] = {name: {} for name in scores}
+    # what each rule alone would have covered, for the report (the choice never sees it)
+    covered_by_rule: dict[str, dict[str, dict[str, tuple[int, int]]]] = {n: {r: {} for r in RULES} for n in scores}
+    rules: dict[str, dict[str, dict]] = {name: {} for name in scores}
     if intervals:
         for name, sc in scores.items():
             for p in INTERVAL_PROTOCOLS:
+                folds = (ensemble_folds(inner, p) if name == "ensemble" else leave_one_out_folds(calib[name][p]))
+                rule, nested = choose_rule(folds, conformal_halfwidth)
+                rules[name][p] = {"chosen": rule, "nested_cover": nested}
                 for level in LEVELS:
-                    half = conformal_halfwidth(calib[name][p], level)
+                    for r in RULES:
+                        covered_by_rule[name][r][interval_name(p, "cover", level)] = inside(
+                            sc.abs_errors[p], rule_halfwidth(calib[name][p], level, r, conformal_halfwidth))
+                    half = rule_halfwidth(calib[name][p], level, rule, conformal_halfwidth)
                     n_in, n = inside(sc.abs_errors[p], half)
                     metrics[name][interval_name(p, "halfwidth", level)] = half
                     metrics[name][interval_name(p, "cover", level)] = n_in / n if n else math.nan
@@ -856,7 +890,8 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
             for m, v in metrics.items()) + f" (mean absolute log error; {secs:.0f} s)")
     return HoldoutResult(holdout, metrics, secs, p1, p2, jobs=jobs,
                          by_revealed_type={name: sc.by_revealed_type for name, sc in scores.items()},
-                         covered=covered, ensemble_weights=weights, ensemble_reaches=reaches,
+                         covered=covered, covered_by_rule=covered_by_rule, interval_rules=rules,
+                         ensemble_weights=weights, ensemble_reaches=reaches,
                          ensemble_baselines=baselines, encoder=encoder,
                          encoder_errors=encoder_errors, siblings_decay=decay, siblings_errors=decay_errors,
                          p2_epochs=p2_epochs, p2_epoch_errors=p2_epoch_errors)
@@ -914,6 +949,8 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
     families, jobs, by_type, weights, reaches, encoders, decays, p2_epochs = {}, {}, {}, {}, {}, {}, {}, {}
     baselines: dict[str, dict[str, str]] = {}
     counts: dict[str, dict[str, list[int]]] = {m: {} for m in METHODS}
+    rule_counts: dict[str, dict[str, dict[str, list[int]]]] = {m: {r: {} for r in RULES} for m in METHODS}
+    rules: dict[str, dict] = {}
     if progress is not None:  # the clock starts now, not when the first family is done
         progress("held-out families", 0, len(holdouts))
     for i, h in enumerate(holdouts):
@@ -933,11 +970,20 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
                 c = counts[m].setdefault(k, [0, 0])
                 c[0] += inside
                 c[1] += n
+        for m, by_rule in result.covered_by_rule.items():
+            for r, by in by_rule.items():
+                for k, (inside, n) in by.items():
+                    c = rule_counts[m][r].setdefault(k, [0, 0])
+                    c[0] += inside
+                    c[1] += n
+        rules[h] = result.interval_rules
         if progress is not None:
             progress("held-out families", i + 1, len(holdouts))
     job_metrics = SCORE_METRICS
     pooled_coverage = {m: {k: (inside / n if n else math.nan) for k, (inside, n) in by.items()}
                        for m, by in counts.items()}
+    pooled_by_rule = {m: {r: {k: (inside / n if n else math.nan) for k, (inside, n) in by.items()}
+                          for r, by in by_rule.items()} for m, by_rule in rule_counts.items()}
     mean = {
         m: {k: _mean_finite([families[h][m][k] for h in holdouts]) for k in METRICS} for m in METHODS
     }
@@ -947,7 +993,8 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
     revealed = {m: {g: _mean_finite([by_type[h][m][g] for h in holdouts]) for g in full.gpus} for m in METHODS}
     return {
         "families": families, "mean": mean, "mean_over_jobs": mean_over_jobs, "jobs": jobs,
-        "coverage_pooled": pooled_coverage, "ensemble_p2_weight": weights,
+        "coverage_pooled": pooled_coverage, "coverage_pooled_by_rule": pooled_by_rule, "interval_rule": rules,
+        "ensemble_p2_weight": weights,
         "ensemble_p2_reach": reaches, "ensemble_baseline": baselines, "p1_encoder": encoders,
         "siblings_decay": decays, "p2_epochs": p2_epochs,
         "isolated_male_1obs_by_revealed_type": revealed,
@@ -960,10 +1007,17 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
                       "(MAPE 100%)",
             "metrics": "male = mean absolute log error, ratio = median of max(pred/true, true/pred), mape = mean "
                        "absolute percentage error (secondary); 'mean' averages families, 'mean_over_jobs' job types",
-            "intervals": "split conformal: halfwidthNN = the NN% quantile (finite-sample corrected) of the method's "
-                         "absolute log errors on the inner split (each training family predicted by the method "
-                         "fitted on the other training families); coverNN = share of the held-out family's scored "
-                         "entries within pred x/÷ exp(halfwidthNN); coverage_pooled pools every held-out entry",
+            "intervals": "conformal: halfwidthNN = the NN% quantile of the method's absolute log errors on the "
+                         "inner split (each training family predicted by the method fitted on the other training "
+                         "families; the ensemble's under the setting chosen without the family), by one of two "
+                         "rules chosen per method and protocol on the inner split (interval_rule): 'entries', "
+                         "every entry pooled (split conformal, finite-sample corrected), or 'families', each "
+                         "family's error distribution weighing the same; the rule whose nested coverage (each "
+                         "inner family inside the interval the others calibrate) is closest to 80% and 90% wins, "
+                         "ties to 'entries'; coverNN = share of the held-out family's scored entries within "
+                         "pred x/÷ exp(halfwidthNN); coverage_pooled pools every held-out entry; "
+                         "coverage_pooled_by_rule: the same had one rule been used throughout (reported, not chosen "
+                         "on)",
             "selection": "chosen on the inner split (the training families, each predicted by models fitted without "
                          "it), never on the held-out family: the ensemble's weights, the intervals and, when "
                          "config.encoders names several, P1's encoder (least mean absolute log error with nothing "
