@@ -162,8 +162,9 @@ def render(report: dict) -> str:
         from gogh_flows.predict.evaluate import INTERVAL_PROTOCOLS, LEVELS, interval_name
 
         heads = [(p, lv) for p in INTERVAL_PROTOCOLS for lv in LEVELS]
-        how = ("conformal, calibrated on the inner split, each method's rule chosen there by nested coverage"
-               if report.get("interval_rule") else "split conformal, calibrated on the inner split")
+        how = ("split conformal, calibrated on the inner split, each level's quantile raised there until the "
+               "inner families left out in turn are covered as promised" if report.get("interval_quantile")
+               else "split conformal, calibrated on the inner split")
         lines += ["", f"Intervals ({how}): share of every held-out entry "
                   f"inside the interval, pooled over the {len(fams)} families, and the interval's mean half-width as a "
                   "factor (x/÷):", "",
@@ -178,7 +179,7 @@ def render(report: dict) -> str:
                 factor = f"x{np.exp(np.mean(widths)):.1f}" if widths else "n/a"
                 cells.append("n/a" if cov is None else f"{100 * cov:.0f}% ({factor})")
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
-        lines += rule_tables(report)
+        lines += level_tables(report)
     choices = choice_table(report)
     if choices:
         lines += ["", "Choices made on the inner split (the training families only; never the held-out one):", "",
@@ -212,42 +213,36 @@ def docs(path: Path = RESULTS / "predictors_gavel.json", target: Path = DOCS) ->
     print(f"wrote the tables of {path} into {target}")
 
 
-def rule_tables(report: dict, methods: tuple[str, ...] = ("ensemble", "p2")) -> list[str]:
-    """The intervals' rule (``entries`` or ``families``): what each held-out family's inner split
-    chose for the ensemble, with the nested coverage it chose by, and the pooled held-out
-    coverage of the chosen rules beside each rule used throughout (which no choice saw); empty
-    for reports from before the rule was chosen."""
+def level_tables(report: dict, methods: tuple[str, ...] = ("ensemble", "p2")) -> list[str]:
+    """The intervals' quantile levels: the pooled held-out coverage of the intervals as reported
+    (each level's quantile raised on the inner split until its nested coverage reaches the level)
+    beside the intervals at the level itself (which no choice saw), and the ensemble's quantiles
+    per held-out family with the nested coverage they were chosen by; empty for reports from
+    before the levels were adjusted."""
     from gogh_flows.predict.evaluate import INTERVAL_PROTOCOLS, LEVELS, interval_name
 
-    rules, by_rule = report.get("interval_rule"), report.get("coverage_pooled_by_rule")
-    if not rules or not by_rule:
+    quantiles, plain = report.get("interval_quantile"), report.get("coverage_pooled_unadjusted")
+    if not quantiles or not plain:
         return []
     heads = [(p, lv) for p in INTERVAL_PROTOCOLS for lv in LEVELS]
     pct = lambda v: "n/a" if v is None or not np.isfinite(v) else f"{100 * v:.1f}%"  # noqa: E731
-    out = ["", "The same coverage by interval rule: the rules chosen (as above) and each rule used throughout "
-           "(`entries`: every inner entry pooled, split conformal; `families`: each inner family weighing the "
-           "same), pooled over the held-out entries:", "",
-           "| method | rule | " + " | ".join(f"{p} {round(100 * lv)}%" for p, lv in heads) + " |",
+    out = ["", "The same coverage with each level's quantile raised on the inner split (as above) and at the level "
+           "itself (the split-conformal quantile; reported, not chosen on), pooled over the held-out entries:", "",
+           "| method | quantile | " + " | ".join(f"{p} {round(100 * lv)}%" for p, lv in heads) + " |",
            "|---|---|" + "---:|" * len(heads)]
     for m in methods:
-        chosen = report["coverage_pooled"].get(m, {})
-        out.append(f"| {m} | chosen | " + " | ".join(pct(chosen.get(interval_name(p, "cover", lv)))
-                                                      for p, lv in heads) + " |")
-        for r, cov in by_rule.get(m, {}).items():
-            out.append(f"| {m} | {r} throughout | " + " | ".join(pct(cov.get(interval_name(p, "cover", lv)))
-                                                                  for p, lv in heads) + " |")
-    out += ["", "The ensemble's rule per held-out family and case, with the nested coverage on the inner split it "
-            "was chosen by (80% / 90%; closest to both wins, a tie keeps `entries`):", "",
+        for label, cov in (("raised", report["coverage_pooled"].get(m, {})), ("the level", plain.get(m, {}))):
+            out.append(f"| {m} | {label} | " + " | ".join(pct(cov.get(interval_name(p, "cover", lv)))
+                                                         for p, lv in heads) + " |")
+    out += ["", "The ensemble's quantile per held-out family (80% / 90% interval), with the nested coverage of the "
+            "inner families it was chosen by:", "",
             "| held-out family | " + " | ".join(INTERVAL_PROTOCOLS) + " |", "|---|" + "---|" * len(INTERVAL_PROTOCOLS)]
-    for fam, by in rules.items():
+    for fam, by in quantiles.items():
         cells = []
         for p in INTERVAL_PROTOCOLS:
             c = by.get("ensemble", {}).get(p)
-            if not c:
-                cells.append("n/a")
-                continue
-            nested = "; ".join(f"{r} {pct(v.get('80'))} / {pct(v.get('90'))}" for r, v in c["nested_cover"].items())
-            cells.append(f"**{c['chosen']}** ({nested})")
+            cells.append("n/a" if not c else " / ".join(
+                f"{c[k]['quantile']:.2f} ({pct(c[k]['nested_cover'])})" for k in ("80", "90") if k in c))
         out.append(f"| {fam} | " + " | ".join(cells) + " |")
     return out
 

@@ -11,7 +11,7 @@ from gogh_flows.predict import evaluate as ev
 from gogh_flows.predict.data import MeasuredSet
 from gogh_flows.predict.encoding import job_summary
 from gogh_flows.predict.ensemble import CASES, BaselineRows, Domain, Ensemble, roofline_log
-from gogh_flows.predict.intervals import choose_rule, rule_halfwidth
+from gogh_flows.predict.intervals import LEVELS, adjusted_level
 from gogh_flows.predict.layout import Layout
 from gogh_flows.predict.p1 import P1Config, train_p1
 from gogh_flows.predict.p2 import P2Config, train_p2
@@ -278,14 +278,14 @@ def test_the_intervals_are_the_ensembles_own(trained):
     assert "of the ensemble" in intervals.calibration
     inner = ev.inner_family_errors(data, data, layout, oof, CFG, methods=ev.ENSEMBLE_CANDIDATES,
                                    protocols=CASES)
-    assert set(intervals.rules) == set(CASES)
+    assert set(intervals.quantile_levels) == set(CASES)
     for case in CASES:
-        parts = [e[np.isfinite(e)] for e in ev.choice_aware_parts(inner, case)]
-        rule, _ = choose_rule(ev.ensemble_folds(inner, case), ev.conformal_halfwidth)
-        assert intervals.rules[case] == rule and f"{case} {rule}" in intervals.calibration
-        top = max(e.max() for e in parts if e.size)
-        assert intervals.halfwidth(case, 0.9) == pytest.approx(
-            min(rule_halfwidth(parts, 0.9, rule, ev.conformal_halfwidth), top))
+        parts = ev.choice_aware_parts(inner, case)
+        errs = np.concatenate(parts)
+        errs = errs[np.isfinite(errs)]
+        q, _ = adjusted_level(ev.ensemble_folds(inner, case), 0.9, ev.conformal_halfwidth)
+        assert intervals.quantile_levels[case][LEVELS.index(0.9)] == q >= 0.9
+        assert intervals.halfwidth(case, 0.9) == pytest.approx(min(ev.conformal_halfwidth(errs, q), errs.max()))
 
 
 def test_a_gpu_type_no_training_job_ran_on_keeps_p2s_ratio_to_the_others(trained):

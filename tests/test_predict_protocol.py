@@ -383,38 +383,28 @@ def test_intervals_calibrate_on_the_choice_made_without_each_inner_family():
     assert ev.choice_aware_errors(one, "isolated") == pytest.approx([0.1, 0.1])  # nothing to leave out of
 
 
-def test_the_family_rule_weighs_each_family_the_same_however_many_entries_it_has():
-    """Nine entries of a family the predictor knows well and one of a family it gets 5x wrong:
-    pooled, the 80% quantile does not see the second; weighted by family it is half the mass."""
-    good, bad = np.linspace(0.1, 0.2, 9), np.array([1.6])
-    assert iv.family_weighted_quantile([good, bad], 0.4) == pytest.approx(good[7])  # 8 of 18 halves
-    assert iv.family_weighted_quantile([good, bad], 0.8) == 1.6
-    assert iv.family_weighted_quantile([good, np.empty(0), bad], 0.8) == 1.6  # an empty family takes no part
-    assert math.isnan(iv.family_weighted_quantile([np.empty(0)], 0.9))
-    assert iv.rule_halfwidth([good, bad], 0.8, "entries", ev.conformal_halfwidth) == \
-        ev.conformal_halfwidth(np.concatenate([good, bad]), 0.8) == pytest.approx(0.2)  # 9th of 10
-    with pytest.raises(ValueError, match="unknown interval rule 'median'"):
-        iv.rule_halfwidth([good], 0.9, "median", ev.conformal_halfwidth)
-
-
-def test_the_interval_rule_is_the_one_whose_nested_coverage_comes_closest():
-    """Families alike: the entries cover as asked and keep the choice. Two large families
-    predicted well and three small ones predicted badly: pooled entries calibrate each small
-    family mostly out of the large ones' errors and cover it too rarely; weighted by family less so."""
+def test_the_quantile_is_raised_until_each_calibration_family_is_covered_by_the_others():
+    """Families alike: the level itself covers as promised and is kept. One family of many
+    well-predicted entries and three small ones predicted badly: each small family, calibrated
+    by the others, is missed at the 90% quantile; the quantile is raised until the families
+    left out in turn are 90% covered, and to the largest error when no quantile up to 0.99 does."""
     rng = np.random.default_rng(0)
-    alike = [rng.uniform(0, 1, 20) for _ in range(6)]
-    rule, cover = iv.choose_rule(iv.leave_one_out_folds(alike), ev.conformal_halfwidth)
-    assert rule == "entries" and set(cover) == set(iv.RULES) and set(cover["entries"]) == {"80", "90"}
-    assert cover["entries"]["90"] == pytest.approx(0.9)
-    skewed = [np.linspace(0.1, 0.3, 20), np.linspace(0.1, 0.3, 20), *(np.linspace(1, 2, 10) + 0.05 * k
-                                                                      for k in range(3))]
-    rule, cover = iv.choose_rule(iv.leave_one_out_folds(skewed), ev.conformal_halfwidth)
-    assert rule == "families"
-    assert cover["entries"]["80"] == pytest.approx(53 / 70) and cover["families"]["90"] == pytest.approx(0.9)
-    assert iv.choose_rule([], ev.conformal_halfwidth)[0] == "entries"  # nothing to judge by: the tie
+    alike = [rng.uniform(0, 1, 40) for _ in range(6)]
+    q, cover = iv.adjusted_level(iv.leave_one_out_folds(alike), 0.8, ev.conformal_halfwidth)
+    assert 0.8 <= q <= 0.82 and cover >= 0.8  # at most a step or two of sampling noise
+    skewed = [np.linspace(0.1, 0.3, 40), *(np.linspace(1, 2, 10) + 0.05 * k for k in range(3))]
+    folds = iv.leave_one_out_folds(skewed)
+    assert iv.nested_coverage(folds, 0.8, ev.conformal_halfwidth) < 0.8
+    q, cover = iv.adjusted_level(folds, 0.8, ev.conformal_halfwidth)
+    assert 0.8 < q < 1.0 and cover >= 0.8
+    assert iv.nested_coverage(folds, round(q - 0.01, 4), ev.conformal_halfwidth) < 0.8  # the smallest that does
+    far = [np.full(10, 0.1), np.array([5.0]), np.array([6.0])]  # 6.0 lies beyond every other family's errors
+    q, cover = iv.adjusted_level(iv.leave_one_out_folds(far), 0.95, ev.conformal_halfwidth)
+    assert q == 1.0 and cover == pytest.approx(11 / 12)
+    assert iv.adjusted_level([], 0.9, ev.conformal_halfwidth)[0] == 0.9  # nothing to judge by: the level
 
 
-def test_the_ensembles_rule_is_judged_on_families_kept_out_of_the_choice_that_calibrates_them():
+def test_the_ensembles_level_is_judged_on_families_kept_out_of_the_choice_that_calibrates_them():
     """In the fold that judges family k, every other family's errors are those of the setting
     chosen without it *and* without k: k takes no part in what calibrates it."""
     by_family = {"prior@1": {"isolated": [np.full(2, 0.1), np.full(2, 0.1), np.full(2, 1.0)]},
@@ -428,17 +418,25 @@ def test_the_ensembles_rule_is_judged_on_families_kept_out_of_the_choice_that_ca
     assert [o.tolist() for o in folds[0][0]] == [[], [0.5, 0.5], [1.0, 1.0]]
 
 
-def test_stored_intervals_keep_their_rules_and_refuse_unknown_ones():
-    parts = {c: [np.array([0.1, 0.2, 0.3]), np.array([1.0, math.inf])] for c in iv.CASES}
-    stored = iv.from_errors(parts, "test", ev.conformal_halfwidth, {"isolated": "families"})
-    assert stored.rules == {"isolated": "families", "isolated_1obs": "entries", "colocated": "entries",
-                            "colocated_1obs": "entries"}
+def test_stored_intervals_keep_their_quantile_levels():
+    """Twenty good entries and two small families far off: calibrated by the others, the small
+    families are missed at the 90% quantile and at every one up to 0.99, so the 90% half-width
+    is the largest error; the miss (inf) counts against the coverage but never sets a width."""
+    parts = {c: [np.linspace(0.1, 0.3, 20), np.array([1.0, math.inf]), np.array([1.2, 1.4])] for c in iv.CASES}
+    finite = np.r_[np.linspace(0.1, 0.3, 20), 1.0, 1.2, 1.4]
+    plain = iv.from_errors(parts, "test", ev.conformal_halfwidth)
+    assert plain.quantile_levels == {}
+    assert plain.halfwidth("isolated", 0.9) == pytest.approx(ev.conformal_halfwidth(finite, 0.9)) == 1.2
+    folds = {c: iv.leave_one_out_folds(v) for c, v in parts.items()}
+    stored = iv.from_errors(parts, "test", ev.conformal_halfwidth, folds)
+    assert stored.quantile_levels["isolated"][iv.LEVELS.index(0.9)] == 1.0
+    assert all(q >= lv for q, lv in zip(stored.quantile_levels["isolated"], iv.LEVELS))
+    assert stored.halfwidth("isolated", 0.9) == 1.4
     assert iv.Intervals.from_dict(stored.to_dict()) == stored
-    assert iv.Intervals.from_dict({k: v for k, v in stored.to_dict().items() if k != "rules"}).rules == {}
-    # the miss is left out; the family rule gives the one-entry family half the mass
-    assert stored.halfwidth("isolated", 0.9) == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="interval rules"):
-        iv.Intervals(stored.levels, stored.halfwidths, "", {"isolated": "median"})
+    assert iv.Intervals.from_dict({k: v for k, v in stored.to_dict().items() if k != "quantile_levels"}
+                                  ).quantile_levels == {}
+    with pytest.raises(ValueError, match="quantile levels"):
+        iv.Intervals(stored.levels, stored.halfwidths, "", {"isolated": (0.9,)})
 
 
 def test_a_miss_counts_log_ten_when_the_ensemble_weight_is_chosen():
@@ -485,5 +483,6 @@ def test_the_held_out_familys_measurements_never_move_a_choice():
     assert a.encoder_errors == b.encoder_errors and a.p2_epoch_errors == b.p2_epoch_errors
     half = [k for k in a.metrics["p2"] if "halfwidth" in k]
     assert half and all(a.metrics[m][k] == b.metrics[m][k] for m in ("p2", "ensemble") for k in half)
-    assert a.interval_rules == b.interval_rules and set(a.interval_rules["ensemble"]) == set(ev.INTERVAL_PROTOCOLS)
+    assert a.interval_quantiles == b.interval_quantiles
+    assert set(a.interval_quantiles["ensemble"]) == set(ev.INTERVAL_PROTOCOLS)
     assert a.metrics["p2"]["isolated_male"] != b.metrics["p2"]["isolated_male"]  # the scores did move

@@ -41,7 +41,7 @@ from gogh_flows.predict.ensemble import BaselineRows, Ensemble
 from gogh_flows.predict.ensemble import roofline_log as job_roofline_log
 from gogh_flows.predict.intervals import CASES as INTERVAL_CASES
 from gogh_flows.predict.intervals import (
-    RULES, Fold, Intervals, choose_rule, from_errors, leave_one_out_folds, rule_halfwidth,
+    Fold, Intervals, adjusted_level, from_errors, leave_one_out_folds,
 )
 from gogh_flows.predict.layout import Layout
 from gogh_flows.predict.p1 import ENCODERS, KINDS, MEAN, P1Config, P1Model, train_p1
@@ -470,10 +470,11 @@ class HoldoutResult:
     jobs: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)  # job -> method -> metric
     by_revealed_type: dict[str, dict[str, float]] = field(default_factory=dict)  # method -> gpu -> male
     covered: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)  # method -> cover metric -> (in, n)
-    #: method -> interval rule -> cover metric -> (in, n), had that rule been used throughout
-    covered_by_rule: dict[str, dict[str, dict[str, tuple[int, int]]]] = field(default_factory=dict)
-    #: method -> protocol -> {"chosen": rule, "nested_cover": rule -> level -> coverage on the inner split}
-    interval_rules: dict[str, dict[str, dict]] = field(default_factory=dict)
+    #: method -> cover metric -> (in, n) of the interval at the level itself (no nested adjustment)
+    covered_unadjusted: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
+    #: method -> protocol -> level ("80") -> {"quantile": the level asked of the pooled inner
+    #: errors, "nested_cover": its coverage of the inner families in turn}
+    interval_quantiles: dict[str, dict[str, dict[str, dict[str, float]]]] = field(default_factory=dict)
     #: P2's weight in the ensemble per case (:data:`ENSEMBLE_CASES`), chosen on the inner split
     ensemble_weights: dict[str, float] | None = None
     #: and the reach that came with it (inf: every job)
@@ -673,7 +674,7 @@ def choice_aware_parts(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]
 
 
 def ensemble_folds(by_family: Mapping[str, Mapping[str, Sequence[np.ndarray]]], case: str) -> list[Fold]:
-    """The folds that judge an interval rule for the ensemble (:func:`~gogh_flows.predict.intervals.choose_rule`):
+    """The folds that set the ensemble's interval levels (:func:`~gogh_flows.predict.intervals.adjusted_level`):
     each inner family's choice-aware errors against the others' as they would be without it (their
     setting chosen without either), so the family judged takes no part in what calibrates it."""
     own = choice_aware_parts(by_family, case)
@@ -779,11 +780,11 @@ def calibrate_refiner(data: MeasuredSet, oof: np.ndarray, config: EvalConfig) ->
     weights, reaches, errors, baselines = choose_ensemble(inner)
     where = (f"{len(data.families)} families left out in turn ({', '.join(data.families)}), {len(data.names)} job "
              f"types, GPU types {', '.join(data.gpus)}")
-    rules = {case: choose_rule(ensemble_folds(inner, case), conformal_halfwidth)[0] for case in INTERVAL_CASES}
     intervals = from_errors({case: choice_aware_parts(inner, case) for case in INTERVAL_CASES},
-                            f"conformal on {where}, of the ensemble's choice (each family's errors under "
-                            f"the setting chosen without it); rule per case chosen by nested coverage: "
-                            + ", ".join(f"{c} {r}" for c, r in rules.items()), conformal_halfwidth, rules)
+                            f"split conformal on {where}, of the ensemble's choice (each family's errors under "
+                            f"the setting chosen without it), each level's quantile raised until the families "
+                            f"left out in turn are covered as promised", conformal_halfwidth,
+                            {case: ensemble_folds(inner, case) for case in INTERVAL_CASES})
     rows = BaselineRows.fit(layout, layout.truth(data, data.names))
     domain = Domain.fit(np.stack([job_summary(data.jobs[n]) for n in data.names]))
     return intervals, Ensemble(weights, rows, f"weights, reaches and baselines chosen on {where}", errors, reaches,
@@ -834,20 +835,24 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
     scores = {name: score_all(methods[name], truth_test, layout) for name in METHODS}
     metrics = {name: {**dict(sc.pooled), **dict.fromkeys(INTERVAL_METRICS, math.nan)} for name, sc in scores.items()}
     covered: dict[str, dict[str, tuple[int, int]]] = {name: {} for name in scores}
-    # what each rule alone would have covered, for the report (the choice never sees it)
-    covered_by_rule: dict[str, dict[str, dict[str, tuple[int, int]]]] = {n: {r: {} for r in RULES} for n in scores}
-    rules: dict[str, dict[str, dict]] = {name: {} for name in scores}
+    # what the interval at the level itself would have covered, for the report (no choice sees it)
+    covered_unadjusted: dict[str, dict[str, tuple[int, int]]] = {name: {} for name in scores}
+    quantiles: dict[str, dict[str, dict[str, dict[str, float]]]] = {name: {} for name in scores}
     if intervals:
         for name, sc in scores.items():
             for p in INTERVAL_PROTOCOLS:
                 folds = (ensemble_folds(inner, p) if name == "ensemble" else leave_one_out_folds(calib[name][p]))
-                rule, nested = choose_rule(folds, conformal_halfwidth)
-                rules[name][p] = {"chosen": rule, "nested_cover": nested}
+                errs = np.concatenate(calib[name][p]) if calib[name][p] else np.empty(0)
+                quantiles[name][p] = {}
                 for level in LEVELS:
-                    for r in RULES:
-                        covered_by_rule[name][r][interval_name(p, "cover", level)] = inside(
-                            sc.abs_errors[p], rule_halfwidth(calib[name][p], level, r, conformal_halfwidth))
-                    half = rule_halfwidth(calib[name][p], level, rule, conformal_halfwidth)
+                    q, nested = adjusted_level(folds, level, conformal_halfwidth)
+                    quantiles[name][p][f"{round(100 * level)}"] = {"quantile": q, "nested_cover": nested}
+                    covered_unadjusted[name][interval_name(p, "cover", level)] = inside(
+                        sc.abs_errors[p], conformal_halfwidth(errs, level))
+                    half = conformal_halfwidth(errs, q)
+                    finite = errs[np.isfinite(errs)]
+                    if math.isinf(half) and finite.size:  # beyond the errors: the largest, as the product stores it
+                        half = float(finite.max())
                     n_in, n = inside(sc.abs_errors[p], half)
                     metrics[name][interval_name(p, "halfwidth", level)] = half
                     metrics[name][interval_name(p, "cover", level)] = n_in / n if n else math.nan
@@ -890,7 +895,7 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
             for m, v in metrics.items()) + f" (mean absolute log error; {secs:.0f} s)")
     return HoldoutResult(holdout, metrics, secs, p1, p2, jobs=jobs,
                          by_revealed_type={name: sc.by_revealed_type for name, sc in scores.items()},
-                         covered=covered, covered_by_rule=covered_by_rule, interval_rules=rules,
+                         covered=covered, covered_unadjusted=covered_unadjusted, interval_quantiles=quantiles,
                          ensemble_weights=weights, ensemble_reaches=reaches,
                          ensemble_baselines=baselines, encoder=encoder,
                          encoder_errors=encoder_errors, siblings_decay=decay, siblings_errors=decay_errors,
@@ -949,8 +954,8 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
     families, jobs, by_type, weights, reaches, encoders, decays, p2_epochs = {}, {}, {}, {}, {}, {}, {}, {}
     baselines: dict[str, dict[str, str]] = {}
     counts: dict[str, dict[str, list[int]]] = {m: {} for m in METHODS}
-    rule_counts: dict[str, dict[str, dict[str, list[int]]]] = {m: {r: {} for r in RULES} for m in METHODS}
-    rules: dict[str, dict] = {}
+    plain_counts: dict[str, dict[str, list[int]]] = {m: {} for m in METHODS}
+    quantiles: dict[str, dict] = {}
     if progress is not None:  # the clock starts now, not when the first family is done
         progress("held-out families", 0, len(holdouts))
     for i, h in enumerate(holdouts):
@@ -970,20 +975,19 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
                 c = counts[m].setdefault(k, [0, 0])
                 c[0] += inside
                 c[1] += n
-        for m, by_rule in result.covered_by_rule.items():
-            for r, by in by_rule.items():
-                for k, (inside, n) in by.items():
-                    c = rule_counts[m][r].setdefault(k, [0, 0])
-                    c[0] += inside
-                    c[1] += n
-        rules[h] = result.interval_rules
+        for m, by in result.covered_unadjusted.items():
+            for k, (inside, n) in by.items():
+                c = plain_counts[m].setdefault(k, [0, 0])
+                c[0] += inside
+                c[1] += n
+        quantiles[h] = result.interval_quantiles
         if progress is not None:
             progress("held-out families", i + 1, len(holdouts))
     job_metrics = SCORE_METRICS
     pooled_coverage = {m: {k: (inside / n if n else math.nan) for k, (inside, n) in by.items()}
                        for m, by in counts.items()}
-    pooled_by_rule = {m: {r: {k: (inside / n if n else math.nan) for k, (inside, n) in by.items()}
-                          for r, by in by_rule.items()} for m, by_rule in rule_counts.items()}
+    pooled_plain = {m: {k: (inside / n if n else math.nan) for k, (inside, n) in by.items()}
+                    for m, by in plain_counts.items()}
     mean = {
         m: {k: _mean_finite([families[h][m][k] for h in holdouts]) for k in METRICS} for m in METHODS
     }
@@ -993,7 +997,8 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
     revealed = {m: {g: _mean_finite([by_type[h][m][g] for h in holdouts]) for g in full.gpus} for m in METHODS}
     return {
         "families": families, "mean": mean, "mean_over_jobs": mean_over_jobs, "jobs": jobs,
-        "coverage_pooled": pooled_coverage, "coverage_pooled_by_rule": pooled_by_rule, "interval_rule": rules,
+        "coverage_pooled": pooled_coverage, "coverage_pooled_unadjusted": pooled_plain,
+        "interval_quantile": quantiles,
         "ensemble_p2_weight": weights,
         "ensemble_p2_reach": reaches, "ensemble_baseline": baselines, "p1_encoder": encoders,
         "siblings_decay": decays, "p2_epochs": p2_epochs,
@@ -1007,17 +1012,15 @@ def leave_one_family_out(full: MeasuredSet, holdouts: Sequence[str] | None = Non
                       "(MAPE 100%)",
             "metrics": "male = mean absolute log error, ratio = median of max(pred/true, true/pred), mape = mean "
                        "absolute percentage error (secondary); 'mean' averages families, 'mean_over_jobs' job types",
-            "intervals": "conformal: halfwidthNN = the NN% quantile of the method's absolute log errors on the "
+            "intervals": "split conformal: halfwidthNN = a quantile of the method's absolute log errors on the "
                          "inner split (each training family predicted by the method fitted on the other training "
-                         "families; the ensemble's under the setting chosen without the family), by one of two "
-                         "rules chosen per method and protocol on the inner split (interval_rule): 'entries', "
-                         "every entry pooled (split conformal, finite-sample corrected), or 'families', each "
-                         "family's error distribution weighing the same; the rule whose nested coverage (each "
-                         "inner family inside the interval the others calibrate) is closest to 80% and 90% wins, "
-                         "ties to 'entries'; coverNN = share of the held-out family's scored entries within "
+                         "families; the ensemble's under the setting chosen without the family): the NN% quantile "
+                         "(finite-sample corrected) raised in steps of 0.01 (to at most 0.99, else the largest "
+                         "error) until its nested coverage (each inner family inside the interval the other inner "
+                         "families calibrate) reaches NN% (interval_quantile: the quantile and its nested "
+                         "coverage); coverNN = share of the held-out family's scored entries within "
                          "pred x/÷ exp(halfwidthNN); coverage_pooled pools every held-out entry; "
-                         "coverage_pooled_by_rule: the same had one rule been used throughout (reported, not chosen "
-                         "on)",
+                         "coverage_pooled_unadjusted: the same at the NN% quantile itself (reported, not chosen on)",
             "selection": "chosen on the inner split (the training families, each predicted by models fitted without "
                          "it), never on the held-out family: the ensemble's weights, the intervals and, when "
                          "config.encoders names several, P1's encoder (least mean absolute log error with nothing "

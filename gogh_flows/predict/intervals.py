@@ -13,12 +13,13 @@ The errors come from the same inner split as the evaluation (each family of the 
 data predicted by a P1 trained without it and a P2 trained on the others), so a family is
 never calibrated on itself. Stored in P2's ``trained_on["intervals"]`` (JSON, with the model).
 
-What is exchangeable here is less the entry than the family: a new model family is wrong as a
-whole (docs/predictors.md: a family unlike the training ones is a factor 6 off on every entry),
-and a quantile of every entry pooled lets the families with many job types speak for it. So
-the half-width comes from one of two rules (:data:`RULES`), chosen per case on the
-calibration families themselves (:func:`choose_rule`): each family in turn is covered by the
-interval the others calibrate, and the rule whose coverage comes closest to the levels wins.
+A conformal quantile promises its level for a new *entry* exchangeable with the calibration
+entries; a new model family is not that (it is wrong as a whole: docs/predictors.md has a
+family a factor 6 off on every entry), and on Gavel's families the pooled 90% quantile covered
+82-91% of each calibration family in turn. So the quantile's level is itself calibrated on the
+calibration families (:func:`adjusted_level`): each family in turn is covered by the interval
+the others calibrate, and the level asked of the pooled errors is raised until that nested
+coverage reaches the level promised.
 """
 
 from __future__ import annotations
@@ -33,14 +34,8 @@ import numpy as np
 LEVELS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 #: isolated / co-located entries, of a job with nothing measured / at least one entry measured
 CASES = ("isolated", "isolated_1obs", "colocated", "colocated_1obs")
-#: how calibration errors make a half-width: ``entries``, the split-conformal quantile of every
-#: entry pooled (finite-sample corrected); ``families``, the quantile of the families' error
-#: distributions averaged, each family weighing the same however many entries it has (no
-#: finite-sample correction: counted in families, five or six of them, the correction would ask
-#: a 90% interval for more than the largest error seen)
-RULES = ("entries", "families")
-#: the levels :func:`choose_rule` judges a rule's coverage at (those the evaluation reports)
-RULE_LEVELS = (0.8, 0.9)
+#: the quantile levels :func:`adjusted_level` tries above the one promised (steps of 0.01)
+LEVEL_STEP = 0.01
 
 
 class NoIntervalsError(ValueError):
@@ -52,17 +47,19 @@ class Intervals:
     levels: tuple[float, ...]
     halfwidths: Mapping[str, tuple[float, ...]]  # case -> log half-width per level
     calibration: str = ""
-    #: case -> the rule (:data:`RULES`) its half-widths came from; empty: before rules were chosen
-    rules: Mapping[str, str] = field(default_factory=dict)
+    #: case -> the quantile level of the calibration errors each level's half-width is (above the
+    #: level where the nested coverage asked for it; 1: the largest error); empty: not adjusted
+    quantile_levels: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for case in CASES:
             widths = self.halfwidths.get(case)
             if widths is None or len(widths) != len(self.levels):
                 raise ValueError(f"intervals need a half-width per level for {case!r}; got {widths!r}")
-        unknown = {c: r for c, r in self.rules.items() if r not in RULES or c not in CASES}
-        if unknown:
-            raise ValueError(f"interval rules must map cases {CASES} to one of {RULES}; got {unknown}")
+        for case, qs in self.quantile_levels.items():
+            if case not in CASES or len(qs) != len(self.levels):
+                raise ValueError(f"intervals' quantile levels need one per level for a case of {CASES}; "
+                                 f"got {case!r}: {qs!r}")
 
     def halfwidth(self, case: str, risk: float) -> float:
         """The log half-width at ``risk`` for ``case`` (linear between calibrated levels)."""
@@ -76,76 +73,20 @@ class Intervals:
 
     def to_dict(self) -> dict:
         return {"levels": list(self.levels), "halfwidths": {k: list(v) for k, v in self.halfwidths.items()},
-                "calibration": self.calibration, "rules": dict(self.rules)}
+                "calibration": self.calibration,
+                "quantile_levels": {k: list(v) for k, v in self.quantile_levels.items()}}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> Intervals:
         return cls(tuple(float(x) for x in d["levels"]),
                    {k: tuple(float(x) for x in v) for k, v in d["halfwidths"].items()},
-                   str(d.get("calibration", "")), {str(k): str(v) for k, v in d.get("rules", {}).items()})
+                   str(d.get("calibration", "")),
+                   {k: tuple(float(x) for x in v) for k, v in d.get("quantile_levels", {}).items()})
 
 
-def family_weighted_quantile(parts: Sequence[np.ndarray], level: float) -> float:
-    """The ``level`` quantile of the families' error distributions averaged: the smallest error
-    ``e`` with ``mean over families of (share of the family's errors <= e) >= level``. Families
-    with no errors take no part; NaN with none at all; infinite errors (misses) count, at the top."""
-    kept = [np.asarray(p, dtype=float).ravel() for p in parts]
-    kept = [p for p in kept if p.size]
-    if not kept:
-        return math.nan
-    errs = np.concatenate(kept)
-    weights = np.concatenate([np.full(p.size, 1.0 / (len(kept) * p.size)) for p in kept])
-    order = np.argsort(errs, kind="stable")
-    cum = np.cumsum(weights[order])
-    k = int(np.searchsorted(cum, level - 1e-12))  # the first place the cumulated weight reaches level
-    return float(errs[order][min(k, errs.size - 1)])
-
-
-def rule_halfwidth(parts: Sequence[np.ndarray], level: float, rule: str,
-                   conformal: Callable[[np.ndarray, float], float]) -> float:
-    """The log half-width at ``level`` by ``rule`` from per-family calibration errors ``parts``
-    (``conformal``: the split-conformal quantile of pooled errors, for ``entries``)."""
-    if rule == "entries":
-        kept = [np.asarray(p, dtype=float).ravel() for p in parts]
-        return conformal(np.concatenate(kept) if kept else np.empty(0), level)
-    if rule == "families":
-        return family_weighted_quantile(parts, level)
-    raise ValueError(f"unknown interval rule {rule!r}; expected one of {RULES}")
-
-
-#: per calibration family: (the other families' errors, each as the family would be calibrated
-#: without it, and this family's own errors)
+#: per calibration family: (the other families' errors, each as it would be calibrated without
+#: this family, and this family's own errors)
 Fold = tuple[Sequence[np.ndarray], np.ndarray]
-
-
-def nested_coverage(folds: Sequence[Fold], level: float, rule: str,
-                    conformal: Callable[[np.ndarray, float], float]) -> float:
-    """Share of every calibration family's entries inside the interval the other families
-    calibrate by ``rule`` (entries pooled, as the evaluation reports coverage; a miss is never
-    inside); NaN when no fold has both."""
-    n_in = n = 0
-    for others, own in folds:
-        own = np.asarray(own, dtype=float).ravel()
-        half = rule_halfwidth(others, level, rule, conformal)
-        if not own.size or math.isnan(half):
-            continue
-        n_in += int(np.sum(np.isfinite(own) & (own <= half)))
-        n += own.size
-    return n_in / n if n else math.nan
-
-
-def choose_rule(folds: Sequence[Fold], conformal: Callable[[np.ndarray, float], float],
-                levels: Sequence[float] = RULE_LEVELS) -> tuple[str, dict[str, dict[str, float]]]:
-    """The rule (:data:`RULES`) whose nested coverage (:func:`nested_coverage`) is closest to
-    ``levels`` (mean absolute gap; a tie, or no fold to judge by, goes to ``entries``), and each
-    rule's nested coverage per level (keyed ``"80"``, ``"90"``)."""
-    cover = {r: {f"{round(100 * lv)}": nested_coverage(folds, lv, r, conformal) for lv in levels} for r in RULES}
-
-    def gap(rule: str) -> float:
-        g = [abs(cover[rule][f"{round(100 * lv)}"] - lv) for lv in levels]
-        return float(np.mean(g)) if all(math.isfinite(x) for x in g) else math.inf
-
-    return min(RULES, key=lambda r: (gap(r), RULES.index(r))), cover
 
 
 def leave_one_out_folds(parts: Sequence[np.ndarray]) -> list[Fold]:
@@ -154,24 +95,70 @@ def leave_one_out_folds(parts: Sequence[np.ndarray]) -> list[Fold]:
             for k in range(len(parts))]
 
 
+def _pooled(parts: Sequence[np.ndarray]) -> np.ndarray:
+    kept = [np.asarray(p, dtype=float).ravel() for p in parts]
+    return np.concatenate(kept) if kept else np.empty(0)
+
+
+def nested_coverage(folds: Sequence[Fold], quantile: float,
+                    conformal: Callable[[np.ndarray, float], float]) -> float:
+    """Share of every calibration family's entries inside the interval the other families'
+    pooled errors give at ``quantile`` (entries pooled, as the evaluation reports coverage; a
+    miss is never inside); NaN when no fold has both. A quantile beyond the errors is their
+    largest finite one, as :func:`from_errors` stores it."""
+    n_in = n = 0
+    for others, own in folds:
+        own = np.asarray(own, dtype=float).ravel()
+        pooled = _pooled(others)
+        half = conformal(pooled, quantile)
+        finite = pooled[np.isfinite(pooled)]
+        if math.isinf(half) and finite.size:
+            half = float(finite.max())
+        if not own.size or math.isnan(half):
+            continue
+        n_in += int(np.sum(np.isfinite(own) & (own <= half)))
+        n += own.size
+    return n_in / n if n else math.nan
+
+
+def adjusted_level(folds: Sequence[Fold], level: float,
+                   conformal: Callable[[np.ndarray, float], float]) -> tuple[float, float]:
+    """The quantile level to ask of the pooled errors so that the interval covers ``level`` of a
+    new family's entries: the smallest of ``level``, ``level + 0.01``, ... up to 0.99 whose nested
+    coverage (:func:`nested_coverage`) reaches ``level``, or 1 (the largest error) if none does;
+    ``level`` itself when the folds cannot tell (fewer than two families). Returns (that quantile
+    level, its nested coverage)."""
+    steps = int(round((0.99 - level) / LEVEL_STEP))
+    tried = [round(level + k * LEVEL_STEP, 4) for k in range(max(steps, 0) + 1)]
+    cover = math.nan
+    for q in tried:
+        cover = nested_coverage(folds, q, conformal)
+        if math.isnan(cover):
+            return level, cover
+        if cover >= level - 1e-12:
+            return q, cover
+    return 1.0, nested_coverage(folds, 1.0, conformal)
+
+
 def from_errors(errors: Mapping[str, Sequence[np.ndarray]], calibration: str,
                 conformal: Callable[[np.ndarray, float], float],
-                rules: Mapping[str, str] | None = None) -> Intervals:
-    """Half-widths from each case's calibration errors, one array per family, by the case's rule
-    (``rules``; ``entries`` where not named). Non-finite errors are left out (a plan needs a
-    number), and an infinite half-width, when too few errors for a level, is kept finite at the
-    largest error seen."""
-    widths = {}
-    rules = {case: (rules or {}).get(case, "entries") for case in CASES}
+                folds: Mapping[str, Sequence[Fold]] | None = None) -> Intervals:
+    """Half-widths from each case's calibration errors (one array per family), each level's at
+    the quantile level its case's ``folds`` ask for (:func:`adjusted_level`; the level itself
+    without folds). Non-finite errors are left out (a plan needs a number), and an infinite
+    half-width (too few errors for the quantile, or the quantile 1) is the largest error seen."""
+    widths, quantiles = {}, {}
     for case in CASES:
-        parts = [np.asarray(e, dtype=float).ravel() for e in errors[case]]
-        parts = [p[np.isfinite(p)] for p in parts]
-        if not any(p.size for p in parts):
+        errs = _pooled(errors[case])
+        errs = errs[np.isfinite(errs)]
+        if errs.size == 0:
             raise ValueError(f"no calibration errors for {case!r}: the data has too few families or entries")
-        top = float(max(p.max() for p in parts if p.size))
-        widths[case] = tuple(min(rule_halfwidth(parts, lv, rules[case], conformal), top) for lv in LEVELS)
-    return Intervals(LEVELS, widths, calibration, rules)
+        top = float(errs.max())
+        qs = tuple(adjusted_level(folds[case], lv, conformal)[0] if folds else lv for lv in LEVELS)
+        quantiles[case] = qs
+        widths[case] = tuple(min(conformal(errs, q), top) for q in qs)  # inf (too few errors): the top
+    return Intervals(LEVELS, widths, calibration, quantiles if folds else {})
 
 
-__all__ = ["CASES", "LEVELS", "RULES", "Intervals", "NoIntervalsError", "choose_rule", "family_weighted_quantile",
-           "from_errors", "leave_one_out_folds", "nested_coverage", "rule_halfwidth"]
+__all__ = ["CASES", "LEVELS", "Fold", "Intervals", "NoIntervalsError", "adjusted_level", "from_errors",
+           "leave_one_out_folds", "nested_coverage"]
