@@ -41,7 +41,7 @@ from gogh_flows.predict.ensemble import BaselineRows, Ensemble
 from gogh_flows.predict.ensemble import roofline_log as job_roofline_log
 from gogh_flows.predict.intervals import CASES as INTERVAL_CASES
 from gogh_flows.predict.intervals import (
-    Fold, Intervals, adjusted_level, from_errors, leave_one_out_folds,
+    Fold, Intervals, adjusted_level, capped_halfwidth, from_errors, leave_one_out_folds,
 )
 from gogh_flows.predict.layout import Layout
 from gogh_flows.predict.p1 import ENCODERS, KINDS, MEAN, P1Config, P1Model, train_p1
@@ -849,10 +849,7 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
                     quantiles[name][p][f"{round(100 * level)}"] = {"quantile": q, "nested_cover": nested}
                     covered_unadjusted[name][interval_name(p, "cover", level)] = inside(
                         sc.abs_errors[p], conformal_halfwidth(errs, level))
-                    half = conformal_halfwidth(errs, q)
-                    finite = errs[np.isfinite(errs)]
-                    if math.isinf(half) and finite.size:  # beyond the errors: the largest, as the product stores it
-                        half = float(finite.max())
+                    half = capped_halfwidth(errs, q, conformal_halfwidth)  # as the product stores it
                     n_in, n = inside(sc.abs_errors[p], half)
                     metrics[name][interval_name(p, "halfwidth", level)] = half
                     metrics[name][interval_name(p, "cover", level)] = n_in / n if n else math.nan

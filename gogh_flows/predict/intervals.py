@@ -100,6 +100,14 @@ def _pooled(parts: Sequence[np.ndarray]) -> np.ndarray:
     return np.concatenate(kept) if kept else np.empty(0)
 
 
+def capped_halfwidth(errs: np.ndarray, quantile: float, conformal: Callable[[np.ndarray, float], float]) -> float:
+    """``conformal(errs, quantile)``, a quantile beyond the errors (infinite) kept at their
+    largest finite one: a plan needs a number, and the evaluation scores what is stored."""
+    half = conformal(errs, quantile)
+    finite = errs[np.isfinite(errs)]
+    return float(finite.max()) if math.isinf(half) and finite.size else half
+
+
 def nested_coverage(folds: Sequence[Fold], quantile: float,
                     conformal: Callable[[np.ndarray, float], float]) -> float:
     """Share of every calibration family's entries inside the interval the other families'
@@ -109,11 +117,7 @@ def nested_coverage(folds: Sequence[Fold], quantile: float,
     n_in = n = 0
     for others, own in folds:
         own = np.asarray(own, dtype=float).ravel()
-        pooled = _pooled(others)
-        half = conformal(pooled, quantile)
-        finite = pooled[np.isfinite(pooled)]
-        if math.isinf(half) and finite.size:
-            half = float(finite.max())
+        half = capped_halfwidth(_pooled(others), quantile, conformal)
         if not own.size or math.isnan(half):
             continue
         n_in += int(np.sum(np.isfinite(own) & (own <= half)))
@@ -153,12 +157,11 @@ def from_errors(errors: Mapping[str, Sequence[np.ndarray]], calibration: str,
         errs = errs[np.isfinite(errs)]
         if errs.size == 0:
             raise ValueError(f"no calibration errors for {case!r}: the data has too few families or entries")
-        top = float(errs.max())
         qs = tuple(adjusted_level(folds[case], lv, conformal)[0] if folds else lv for lv in LEVELS)
         quantiles[case] = qs
-        widths[case] = tuple(min(conformal(errs, q), top) for q in qs)  # inf (too few errors): the top
+        widths[case] = tuple(capped_halfwidth(errs, q, conformal) for q in qs)
     return Intervals(LEVELS, widths, calibration, quantiles if folds else {})
 
 
-__all__ = ["CASES", "LEVELS", "Fold", "Intervals", "NoIntervalsError", "adjusted_level", "from_errors",
+__all__ = ["CASES", "LEVELS", "Fold", "Intervals", "NoIntervalsError", "adjusted_level", "capped_halfwidth", "from_errors",
            "leave_one_out_folds", "nested_coverage"]
