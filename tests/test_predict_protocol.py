@@ -421,17 +421,27 @@ def test_the_ensembles_level_is_judged_on_families_kept_out_of_the_choice_that_c
 def test_stored_intervals_keep_their_quantile_levels():
     """Twenty good entries and two small families far off: calibrated by the others, the small
     families are missed at the 90% quantile and at every one up to 0.99, so the 90% half-width
-    is the largest error; the miss (inf) counts against the coverage but never sets a width."""
+    is the largest error. The miss (inf) counts as an error, as in the nested coverage and the
+    evaluation (it lifts the 90% quantile from 1.2 to 1.4 here), and a width that lands on it is
+    the largest finite error: what is stored is what is evaluated."""
     parts = {c: [np.linspace(0.1, 0.3, 20), np.array([1.0, math.inf]), np.array([1.2, 1.4])] for c in iv.CASES}
     finite = np.r_[np.linspace(0.1, 0.3, 20), 1.0, 1.2, 1.4]
+    assert ev.conformal_halfwidth(finite, 0.9) == 1.2  # what dropping the miss would store
     plain = iv.from_errors(parts, "test", ev.conformal_halfwidth)
     assert plain.quantile_levels == {}
-    assert plain.halfwidth("isolated", 0.9) == pytest.approx(ev.conformal_halfwidth(finite, 0.9)) == 1.2
+    assert plain.halfwidth("isolated", 0.9) == 1.4
+    pooled = np.concatenate(parts["isolated"])  # as evaluate_holdout pools the calibration errors
+    assert plain.halfwidths["isolated"] == tuple(iv.capped_halfwidth(pooled, lv, ev.conformal_halfwidth)
+                                                 for lv in iv.LEVELS)
     folds = {c: iv.leave_one_out_folds(v) for c, v in parts.items()}
     stored = iv.from_errors(parts, "test", ev.conformal_halfwidth, folds)
     assert stored.quantile_levels["isolated"][iv.LEVELS.index(0.9)] == 1.0
     assert all(q >= lv for q, lv in zip(stored.quantile_levels["isolated"], iv.LEVELS))
     assert stored.halfwidth("isolated", 0.9) == 1.4
+    assert stored.halfwidths["isolated"] == tuple(iv.capped_halfwidth(pooled, q, ev.conformal_halfwidth)
+                                                  for q in stored.quantile_levels["isolated"])
+    with pytest.raises(ValueError, match="no calibration errors"):
+        iv.from_errors({c: [np.array([math.inf, math.nan])] for c in iv.CASES}, "test", ev.conformal_halfwidth)
     assert iv.Intervals.from_dict(stored.to_dict()) == stored
     assert iv.Intervals.from_dict({k: v for k, v in stored.to_dict().items() if k != "quantile_levels"}
                                   ).quantile_levels == {}

@@ -848,7 +848,7 @@ def evaluate_holdout(full: MeasuredSet, holdout: str, config: EvalConfig = EvalC
                     q, nested = adjusted_level(folds, level, conformal_halfwidth)
                     quantiles[name][p][f"{round(100 * level)}"] = {"quantile": q, "nested_cover": nested}
                     covered_unadjusted[name][interval_name(p, "cover", level)] = inside(
-                        sc.abs_errors[p], conformal_halfwidth(errs, level))
+                        sc.abs_errors[p], capped_halfwidth(errs, level, conformal_halfwidth))
                     half = capped_halfwidth(errs, q, conformal_halfwidth)  # as the product stores it
                     n_in, n = inside(sc.abs_errors[p], half)
                     metrics[name][interval_name(p, "halfwidth", level)] = half

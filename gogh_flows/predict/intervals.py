@@ -149,13 +149,16 @@ def from_errors(errors: Mapping[str, Sequence[np.ndarray]], calibration: str,
                 folds: Mapping[str, Sequence[Fold]] | None = None) -> Intervals:
     """Half-widths from each case's calibration errors (one array per family), each level's at
     the quantile level its case's ``folds`` ask for (:func:`adjusted_level`; the level itself
-    without folds). Non-finite errors are left out (a plan needs a number), and an infinite
-    half-width (too few errors for the quantile, or the quantile 1) is the largest error seen."""
+    without folds). A miss (an infinite error: "does not fit" on a measured entry) stays among
+    the errors, as the nested coverage and the evaluation count it, so the stored half-width is
+    the one evaluated; an infinite half-width (the quantile falls on a miss, or beyond the
+    errors) is the largest finite error (:func:`capped_halfwidth`). NaN (nothing to score) is
+    left out."""
     widths, quantiles = {}, {}
     for case in CASES:
         errs = _pooled(errors[case])
-        errs = errs[np.isfinite(errs)]
-        if errs.size == 0:
+        errs = errs[~np.isnan(errs)]
+        if not np.isfinite(errs).any():
             raise ValueError(f"no calibration errors for {case!r}: the data has too few families or entries")
         qs = tuple(adjusted_level(folds[case], lv, conformal)[0] if folds else lv for lv in LEVELS)
         quantiles[case] = qs
