@@ -36,7 +36,14 @@ import polars as pl
 from filelock import FileLock
 from mlflow.entities import Metric, Param, RunTag
 
-from gogh_flows.tracking.table import MeasurementTable, read_table_folder, unique_rows, with_schema
+from gogh_flows.tracking.table import (
+    PROVISIONAL,
+    MeasurementTable,
+    is_provisional,
+    read_table_folder,
+    unique_rows,
+    with_schema,
+)
 from gogh_flows.tracking.backend import (
     as_uri,
     check_reachable,
@@ -287,8 +294,9 @@ class MeasurementLog:
         return FileLock(str(self.root / ".spool.lock"), timeout=_LOCK_TIMEOUT_S)
 
     # -- the parquet table ---------------------------------------------------------------
-    def _append(self, m: Measurement) -> bool:
-        """Add `m` to the table; False when its key is already there (a retried log)."""
+    def _append(self, m: Measurement) -> str | None:
+        """Add `m` to the table: "added", "superseded" (it replaces its run's provisional record),
+        or None when its key is already there (a retried log)."""
         return self.table.append({**m.to_row(), "logged_at": time.time()})
 
     def read(self, since: float | None = None) -> pl.DataFrame:
@@ -322,7 +330,7 @@ class MeasurementLog:
                                             max_results=1000, page_token=token)
             for run in page:
                 key = run.data.tags.get(KEY_TAG)
-                if not key or self.table.has(key):
+                if not key or self.table.settled(key):
                     continue
                 try:
                     m = measurement_of_run(run)
@@ -347,24 +355,38 @@ class MeasurementLog:
         return self._experiment_id
 
     def _find_logged(self, m: Measurement) -> str | None:
-        """MLflow run id already holding measurement `m`; partial leftovers are deleted."""
+        """MLflow run id already holding measurement `m`; partial leftovers are deleted, and so is
+        a provisional record (telemetry "none") that `m`, the same run as its worker measured it,
+        supersedes (as the table does: ``tracking.table``)."""
         runs = self._client.search_runs(
             [self._experiment_id_or_create()], filter_string=f"tags.`{KEY_TAG}` = '{_quote(m.key)}'", max_results=50
         )
+
+        def provisional(run: Any) -> bool:
+            return run.data.tags.get("gogh.telemetry") == PROVISIONAL[1]
+
+        # a record with telemetry first: of two complete runs of one key, that is the one kept
+        runs = sorted(runs, key=provisional)
         found = None
         for run in runs:
             if run.data.tags.get(COMPLETE_TAG) == "true" and found is None:
                 found = run
             else:
-                try:  # a run whose metrics never landed (the write failed half-way)
-                    self._client.delete_run(run.info.run_id)
-                except Exception as exc:  # noqa: BLE001 - leftovers are harmless, just untidy
-                    log.debug("could not delete partial MLflow run %s: %s", run.info.run_id, exc)
+                self._delete(run.info.run_id)  # a run whose metrics never landed (the write failed half-way)
+        if found is not None and provisional(found) and not is_provisional(m.to_row()):
+            self._delete(found.info.run_id)
+            return None
         if found is None:
             return None
         if found.info.status == "RUNNING":  # metrics landed, termination did not
             self._terminate(found.info.run_id, m)
         return found.info.run_id
+
+    def _delete(self, run_id: str) -> None:
+        try:
+            self._client.delete_run(run_id)
+        except Exception as exc:  # noqa: BLE001 - leftovers are harmless, just untidy
+            log.debug("could not delete MLflow run %s: %s", run_id, exc)
 
     def _terminate(self, run_id: str, m: Measurement) -> None:
         """End the MLflow run as the flow run ended (FAILED mirrors a failed flow run)."""
@@ -521,7 +543,8 @@ class MeasurementLog:
         if not appended:
             log.info("measurement %s is already in %s; making sure MLflow has it too", m.key, self.table_path)
         try:
-            run_id = self._write_mlflow(m, check_existing=not appended)
+            # a superseding row replaces a run MLflow may have: look for it
+            run_id = self._write_mlflow(m, check_existing=appended != "added")
         except Exception as exc:  # noqa: BLE001 - MLflow must never lose a measurement
             try:
                 path = self._spool(m, exc)

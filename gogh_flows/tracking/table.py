@@ -20,7 +20,13 @@ without a claim (a retry adds the same row again and readers keep one), never a 
 without a row (which would drop the measurement). Merges write their result before they
 delete their inputs, so a crash leaves the same rows twice, which readers also keep once.
 Rows with one key are the same measurement (a retried log), so keeping the earliest logged
-is exact. Only merging takes a lock, and an appender that finds it held goes on.
+is exact, with one exception: a *provisional* row (:data:`PROVISIONAL`: a run its placing
+process heard nothing from, telemetry ``"none"``) yields to a later row of its key that has
+telemetry, the record the run's worker made of the same run (a run given up on a silent
+scheduler whose body went on: docs/reliability.md). Such a row claims the key a second time,
+``keys/<digest>.final``, so it too is added once; a provisional appender marks the key
+``keys/<digest>.provisional`` before it claims it, so a superseding row never finds a
+provisional claim unmarked. Only merging takes a lock, and an appender that finds it held goes on.
 
 A table written by an earlier version (one parquet file, given as ``legacy``) is taken in
 as a segment the first time the folder is opened.
@@ -50,8 +56,18 @@ FANOUT = 4
 _OPTIMISTIC_READS = 20
 
 
+#: (column, value) of a provisional row: one that a row of the same key with telemetry supersedes
+PROVISIONAL = ("telemetry", "none")
+_FINAL, _MARKED = ".final", ".provisional"
+
+
 def key_digest(key: str) -> str:
     return hashlib.sha1(key.encode()).hexdigest()
+
+
+def is_provisional(row: Mapping[str, Any]) -> bool:
+    column, value = PROVISIONAL
+    return row.get(column) == value
 
 
 class MeasurementTable:
@@ -89,37 +105,61 @@ class MeasurementTable:
 
     # -- writing ------------------------------------------------------------------------
     def has(self, key: str) -> bool:
+        """Whether a row of ``key`` is in the table (provisional or not)."""
         return self._key_path(key).exists()
 
-    def append(self, row: Mapping[str, Any]) -> bool:
-        """Add one row (its ``key`` not seen before); False, adding nothing, when the key is there.
+    def settled(self, key: str) -> bool:
+        """Whether ``key`` has a row that no later row supersedes (one with telemetry)."""
+        path = self._key_path(key)
+        if not path.exists():
+            return False
+        return not path.with_name(path.name + _MARKED).exists() or path.with_name(path.name + _FINAL).exists()
+
+    def append(self, row: Mapping[str, Any]) -> str | None:
+        """Add one row: ``"added"`` (its ``key`` not seen before), ``"superseded"`` (it replaces
+        the key's provisional row, see the module docstring), or None, adding nothing, when the
+        key is there (settled, or the new row is provisional too).
 
         Cost does not depend on the table's length: one small file written, one key claimed,
         and every ``parts_per_segment`` appends one merge of that many parts.
         """
         key = str(row["key"])
-        if self.has(key):
-            return False
+        provisional = is_provisional(row)
+        if self.has(key) and (provisional or self.settled(key)):
+            return None
         part = self._write(pl.DataFrame([dict(row)], schema=self.schema), self.parts_dir,
                            f"{time.time_ns():020d}-{uuid.uuid4().hex[:12]}")
         try:
-            claimed = self._claim(key)
+            if provisional:
+                self._mark(key)
+            outcome = "added" if self._claim(key) else None
+            if outcome is None and not provisional and not self.settled(key):
+                outcome = "superseded" if self._claim(key, _FINAL) else None
         except OSError:  # the keys cannot be written: the row is not in the table, nor its file
             part.unlink(missing_ok=True)
             raise
-        if not claimed:
+        if outcome is None:
             part.unlink(missing_ok=True)  # another writer logged it first: its row stands
-            return False
+            return None
         if self._count(self.parts_dir) >= self.parts_per_segment:
             self.compact(blocking=False)
-        return True
+        return outcome
 
     def _key_path(self, key: str) -> Path:
         digest = key_digest(key)
         return self.keys_dir / digest[:2] / digest
 
-    def _claim(self, key: str) -> bool:
+    def _mark(self, key: str) -> None:
+        """Say ``key``'s claim is (about to be) a provisional row's; made before the claim and
+        never removed (a provisional writer that loses the claim leaves a mark on a settled row:
+        a later row with telemetry is then added beside it, and readers keep one of the two)."""
         path = self._key_path(key)
+        path.parent.mkdir(exist_ok=True)
+        path.with_name(path.name + _MARKED).touch()
+
+    def _claim(self, key: str, suffix: str = "") -> bool:
+        path = self._key_path(key)
+        path = path.with_name(path.name + suffix)
         path.parent.mkdir(exist_ok=True)
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -297,11 +337,16 @@ def with_schema(frame: pl.DataFrame, schema: Mapping[str, pl.DataType]) -> pl.Da
 
 
 def unique_rows(frame: pl.DataFrame) -> pl.DataFrame:
-    """Each key once: the earliest logged (rows with one key are one measurement, logged again)."""
+    """Each key once: the earliest logged (rows with one key are one measurement, logged again),
+    a provisional row only where its key has no other."""
     if frame.is_empty():
         return frame
-    return frame.sort("logged_at", nulls_last=True).unique("key", keep="first", maintain_order=True)
+    column, value = PROVISIONAL
+    order: list[Any] = ["logged_at"]
+    if column in frame.columns:
+        order.insert(0, (pl.col(column) == value).fill_null(False))
+    return frame.sort(order, nulls_last=True).unique("key", keep="first", maintain_order=True)
 
 
-__all__ = ["FANOUT", "PARTS_PER_SEGMENT", "MeasurementTable", "key_digest", "read_table_folder", "unique_rows",
-           "with_schema"]
+__all__ = ["FANOUT", "PARTS_PER_SEGMENT", "PROVISIONAL", "MeasurementTable", "is_provisional", "key_digest",
+           "read_table_folder", "unique_rows", "with_schema"]
