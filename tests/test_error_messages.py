@@ -184,3 +184,31 @@ def test_a_prefect_server_that_does_not_answer_is_one_line_naming_it_not_a_trace
             err = capsys.readouterr().err
             assert f"no Prefect server answers at PREFECT_API_URL={url}" in err and "prefect server start" in err, err
             assert "Traceback" not in err
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_bad_silent_scheduler_wait_is_said_before_anything_is_placed(monkeypatch):
+    """$GOGH_SILENT_SCHEDULER_S is read while a run waits on its body; a typo found there would
+    fail a run that had already taken a GPU. It is checked when the run starts instead."""
+    from gogh_flows import gogh_placed
+    from gogh_flows.flows import decorator
+
+    opened = []
+    monkeypatch.setattr(decorator, "shared_session", lambda *a, **k: opened.append(a))
+    monkeypatch.setenv("GOGH_SILENT_SCHEDULER_S", "a minute")
+
+    @gogh_placed(model="ResNet-50", batch_size=64, min_throughput=1.0, work_steps=10)
+    def train() -> None: ...
+
+    with pytest.raises(ValueError, match=r"GOGH_SILENT_SCHEDULER_S must be a number of seconds > 0.*'a minute'"):
+        train()
+    assert not opened
+    silent_scheduler_s = decorator.silent_scheduler_s
+
+    monkeypatch.setenv("GOGH_SILENT_SCHEDULER_S", "-1")
+    with pytest.raises(ValueError, match="> 0"):
+        silent_scheduler_s()
+    monkeypatch.setenv("GOGH_SILENT_SCHEDULER_S", "90")
+    assert silent_scheduler_s() == 90.0
+    monkeypatch.delenv("GOGH_SILENT_SCHEDULER_S")
+    assert silent_scheduler_s() == 60.0

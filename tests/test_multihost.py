@@ -91,12 +91,12 @@ def cli_pool(tmp: Path, workers: dict[str, int], *, lease_timeout_s: float = 4.0
                     p.wait(timeout=20)
 
 
-def _host(tmp: Path, name: str, address: str, *args: str) -> subprocess.Popen:
+def _host(tmp: Path, name: str, address: str, *args: str, **env: str) -> subprocess.Popen:
     home = tmp / name
     home.mkdir()
     return subprocess.Popen(
         [sys.executable, str(HOST), address, *args], cwd=str(home),
-        env=_env(GOGH_HOME=str(home), GOGH_MODELS_DIR=str(REPO / "models")),
+        env=_env(GOGH_HOME=str(home), GOGH_MODELS_DIR=str(REPO / "models"), **env),
         stdout=subprocess.PIPE, stderr=open(home / "stderr.log", "w"), text=True)
 
 
@@ -220,7 +220,8 @@ def test_a_run_waiting_for_a_gpu_is_placed_on_a_worker_of_a_type_new_to_its_proc
 
 
 @contextmanager
-def _one_running_run(tmp: Path, *, hold_s: float) -> Iterator[tuple]:
+def _one_running_run(tmp: Path, *, hold_s: float, host_args: tuple[str, ...] = (),
+                     **host_env: str) -> Iterator[tuple]:
     """One emulated T4 (one slot, a 4 s lease) and a host placing one run of ``hold_s`` on it:
     (pool, host process, a ledger of this process, the run's lease once its body started)."""
     from distributed import Client
@@ -229,7 +230,7 @@ def _one_running_run(tmp: Path, *, hold_s: float) -> Iterator[tuple]:
 
     with cli_pool(tmp, {"t4-0": 1}, lease_timeout_s=4.0) as pool:
         host = _host(tmp, "host", pool["address"], "--runs", "1", "--threads", "1", "--hold-s", f"{hold_s:g}",
-                     "--min-throughput", "0.5")
+                     "--min-throughput", "0.5", *host_args, **host_env)
         with Client(pool["address"], timeout=30, set_as_default=False) as client:
             ledger = PoolLedger(client, register=False)
             try:
@@ -290,6 +291,43 @@ def test_a_run_outlasts_its_schedulers_stall_and_is_measured_once_in_full(tmp_pa
     frame = _measurements(tmp_path, ["host"])
     assert frame.height == 1 and frame["status"].to_list() == ["completed"]  # measured once, in full
     assert frame["steps"][0] > 0 and frame["duration_s"][0] >= 19.0, frame.to_dicts()
+
+
+def test_a_run_given_up_on_a_silent_scheduler_is_measured_by_its_worker_once_it_answers(tmp_path):
+    """docs/reliability.md: a scheduler silent for longer than the placing process waits (here 8 s:
+    two lease timeouts) fails the run, which was logged with 0 steps while its body ran on, and the
+    body's own measurement was lost. Now the failed record is provisional: once the scheduler
+    answers, the body is asked to stop, its worker hands in what it did, and the placing process
+    (alive) logs that in its place: one record, with the body's steps, in the table and MLflow."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with _one_running_run(tmp_path, hold_s=90, host_args=("--linger-s", "15", "--tracking-uri", uri),
+                          GOGH_SILENT_SCHEDULER_S="4") as (pool, host, ledger, lease):
+        scheduler = pool["procs"]["scheduler"]
+        os.kill(scheduler.pid, signal.SIGSTOP)
+        try:
+            # beyond the 8 s the placer waits, and the 10 s its way out then asks the scheduler
+            time.sleep(27.0)
+        finally:
+            os.kill(scheduler.pid, signal.SIGCONT)
+        results = _results(host, 150)
+        assert not ledger.state().leases  # the body stopped and freed its slot
+    (run,) = [r for r in results if "summary" not in r]
+    assert run["status"] == "failed" and "did not answer" in run["error"], run
+    frame = _measurements(tmp_path, ["host"])
+    assert frame.height == 1, frame.to_dicts()
+    row = frame.row(0, named=True)
+    assert row["telemetry"] == "emulated" and row["status"] == "failed" and row["steps"] > 0, row
+    assert row["key"] == f"{lease.run_id}:t4-0"
+    # both were logged: the placing process's own record first, then the worker's in its place
+    raw = pl.concat([pl.read_parquet(f) for f in (tmp_path / "host").rglob("table/*/*.parquet")])
+    assert sorted(raw["telemetry"].to_list()) == ["emulated", "none"], raw.select("telemetry", "steps", "logged_at")
+    assert raw.sort("logged_at")["telemetry"].to_list() == ["none", "emulated"]
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("gogh-measurements")
+    runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`gogh.measurement_key` = '{row['key']}'")
+    assert [(r.data.tags["gogh.telemetry"], r.data.metrics["steps"]) for r in runs] == [("emulated", row["steps"])]
 
 
 def test_a_user_models_runs_on_the_pool_are_predicted_beside_by_the_other_machines(tmp_path):

@@ -22,6 +22,7 @@ import functools
 import inspect
 import logging
 import math
+import os
 import re
 import sys
 import threading
@@ -59,7 +60,7 @@ from gogh_flows.flows.placer import (
 from gogh_flows.flows.spec import check_wait_timeout, check_warmup_steps, placed_job
 from gogh_flows.runtime.context import RunCancelled, current_gpu, use_gpu
 from gogh_flows.runtime.leases import PoolLedger
-from gogh_flows.runtime.ledger import PLACER_LOST
+from gogh_flows.runtime.ledger import PLACER_GAVE_UP, PLACER_LOST
 from gogh_flows.runtime.probe import SchedulerUnreachable
 from gogh_flows.runtime.telemetry import DEFAULT_WARMUP_STEPS
 from gogh_flows.workloads.job import JobSpec
@@ -503,7 +504,7 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
     stop_asked = False
     say_waiting_at = time.monotonic() + _SAY_WAITING_S
     # how long a silent scheduler is waited for before the run is given up as lost
-    patience_s = max(_SILENT_SCHEDULER_S, 2 * ledger.lease_timeout_s)
+    patience_s = max(silent_scheduler_s(), 2 * ledger.lease_timeout_s)
     silent_since: float | None = None
     said_silent = False
 
@@ -551,11 +552,16 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
                                 "it (up to %.0f s) while its body runs on", now - silent_since, run_id,
                                 placement.gpu_id, patience_s)
                 continue
-            why = (str(exc) if isinstance(exc, SchedulerUnreachable)
-                   else f"the pool's scheduler did not answer for {now - silent_since:.0f} s")
-            raise RunLost(f"run {run_id} on {placement.gpu_id} lost touch with its pool before the body "
-                          f"returned: {why}. Its measurement is logged as failed; retry the flow run once "
-                          "the scheduler answers") from exc
+            if isinstance(exc, SchedulerUnreachable):
+                raise RunLost(f"run {run_id} on {placement.gpu_id} lost touch with its pool before the body "
+                              f"returned: {exc}. Its measurement is logged as failed; retry the flow run once "
+                              "the scheduler answers") from exc
+            raise RunLost(f"run {run_id} on {placement.gpu_id} lost touch with its pool before the body returned: "
+                          f"the pool's scheduler did not answer for {now - silent_since:.0f} s (waited up to "
+                          f"{patience_s:.0f} s, ${SILENT_SCHEDULER_ENV}). It is logged as failed with nothing "
+                          "measured for now; once the scheduler answers, the body is stopped and its worker's "
+                          "record of what it did replaces that. Retry the flow run once the scheduler answers",
+                          scheduler_silent=True) from exc
         if silent_since is not None:
             start_by += time.monotonic() - silent_since  # time the scheduler took does not count against the start
             if said_silent:
@@ -657,6 +663,7 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
     registry = load_block(PredictorRegistry, settings.registry, PredictorRegistry())
     policy = load_block(PlacementPolicy, settings.policy, PlacementPolicy())
     _check_efficiency_wait(policy, settings.wait_timeout_s)
+    silent_scheduler_s()  # a bad $GOGH_SILENT_SCHEDULER_S is said before anything is placed
     session = shared_session(cluster, registry.resolved_tracking_uri())
     workers_api = _workers_prefect_url(session.pool.address, flow_run or caller)
     # a job type the truth lacks runs from its layer features (the worker's _learn_job)
@@ -727,10 +734,14 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
                 # and keep what it measured up to there. The slot is freed now only if the body
                 # never started; a running body keeps it until it has really stopped, then its
                 # worker frees it.
-                _quietly(ledger.cancel, ledger_id, reason=f"its flow run was stopped ({type(error).__name__})",
-                         timeout_s=_CLEANUP_TIMEOUT_S)
+                gave_up = isinstance(error, RunLost) and error.scheduler_silent
+                reason = PLACER_GAVE_UP if gave_up else f"its flow run was stopped ({type(error).__name__})"
+                asked = _asked_to_stop(ledger, ledger_id, reason)
+                if not asked and gave_up:
+                    _keep_asking_to_stop(ledger, ledger_id, reason)
                 if future is not None:
-                    outcome = _stopped_outcome(ledger, ledger_id, future)
+                    # a scheduler still silent cannot say whether the body stopped: not waited on again
+                    outcome = _stopped_outcome(ledger, ledger_id, future) if asked or not gave_up else None
                     if outcome is None:
                         future.cancel()
             _quietly(ledger.release, ledger_id, if_unstarted=True, timeout_s=_CLEANUP_TIMEOUT_S)
@@ -759,6 +770,60 @@ _START_GRACE_S = 10.0
 _SAY_WAITING_S = 3.0
 #: a run whose pool's scheduler is silent this long (or two lease timeouts, if longer) is lost
 _SILENT_SCHEDULER_S = 60.0
+SILENT_SCHEDULER_ENV = "GOGH_SILENT_SCHEDULER_S"
+#: how long a run given up on a silent scheduler keeps asking it to stop the body, in the background
+_GAVE_UP_ASK_S = 600.0
+
+
+def silent_scheduler_s() -> float:
+    """How long a run waits for a silent scheduler: ``$GOGH_SILENT_SCHEDULER_S``, else 60 s."""
+    raw = os.environ.get(SILENT_SCHEDULER_ENV) or _SILENT_SCHEDULER_S
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"${SILENT_SCHEDULER_ENV} must be a number of seconds > 0 (how long a run waits for a "
+                         f"pool's scheduler that does not answer), got {raw!r}")
+    return value
+
+
+def _asked_to_stop(ledger: PoolLedger, run_id: str, reason: str) -> bool:
+    """Ask the run's body to stop; whether the scheduler answered (a silent one may still act on it)."""
+    try:
+        ledger.cancel(run_id, reason, timeout_s=_CLEANUP_TIMEOUT_S)
+        return True
+    except Exception:  # noqa: BLE001 - the run failed already; the reason stands as it is
+        return False
+
+
+def _keep_asking_to_stop(ledger: PoolLedger, run_id: str, reason: str) -> threading.Thread:
+    """Ask again in the background until the scheduler answers (at most :data:`_GAVE_UP_ASK_S`).
+
+    A run given up on a silent scheduler has a body that may run on: stopped by ``reason``
+    (:data:`PLACER_GAVE_UP`), its worker hands in what it measured, which replaces the failed
+    record this process logs now (``tracking.table``: a provisional row). If this process exits
+    first, its Dask client leaves and the ledger asks the same of the body (a lost placer).
+    """
+    def ask() -> None:
+        deadline = time.monotonic() + _GAVE_UP_ASK_S
+        while time.monotonic() < deadline:
+            try:
+                ledger.cancel(run_id, reason, timeout_s=ledger.lease_timeout_s)
+                log.info("gogh: the pool's scheduler answers again; run %s's body, given up on, is asked to stop "
+                         "and hand in its measurement", run_id)
+                return
+            except SchedulerUnreachable:
+                return  # the connection is gone: the ledger treats the body as a lost placer's
+            except Exception:  # noqa: BLE001 - silent still (or a transient error): ask again
+                time.sleep(min(5.0, ledger.lease_timeout_s))
+        log.warning("gogh: the pool's scheduler did not answer for %.0f s after run %s was given up; its body "
+                    "was not asked to stop from here", _GAVE_UP_ASK_S, run_id)
+
+    thread = threading.Thread(target=ask, name=f"gogh-stop-{run_id}", daemon=True)
+    thread.start()
+    return thread
+
 
 #: how long a run's way out waits for the pool's scheduler (a hung one must not hang the run;
 #: what it did not hear of lapses there on its own)

@@ -50,11 +50,14 @@ class RunLost(RuntimeError):
 
     ``worker_reports``: the worker lived on (Dask cancelled the run because this process's
     connection to the scheduler dropped) and hands in the measurement of what the body did.
+    ``scheduler_silent``: given up because the pool's scheduler did not answer; the body may
+    run on, so it is asked to stop and hand in its measurement once the scheduler answers.
     """
 
-    def __init__(self, message: str, *, worker_reports: bool = False) -> None:
+    def __init__(self, message: str, *, worker_reports: bool = False, scheduler_silent: bool = False) -> None:
         super().__init__(message)
         self.worker_reports = worker_reports
+        self.scheduler_silent = scheduler_silent
 
 
 class Ledger(Protocol):

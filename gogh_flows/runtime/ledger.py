@@ -47,7 +47,8 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
-__all__ = ["DEFAULT_LEASE_TIMEOUT_S", "LEASE_TIMEOUT_ENV", "PLACER_LOST", "PLUGIN_NAME", "LedgerPlugin", "dask_setup"]
+__all__ = ["DEFAULT_LEASE_TIMEOUT_S", "HAND_IN_REASONS", "LEASE_TIMEOUT_ENV", "PLACER_GAVE_UP", "PLACER_LOST",
+           "PLUGIN_NAME", "LedgerPlugin", "dask_setup"]
 
 log = logging.getLogger("gogh_flows.runtime.ledger")
 
@@ -104,6 +105,11 @@ MAX_UNDELIVERED = 10_000
 
 #: why a started body is asked to stop when the process that placed it disconnects
 PLACER_LOST = "its placing process was lost (its Dask client disconnected)"
+#: a stop asked by a placing process that gave the run up while its scheduler was silent: the
+#: body is stopped and, as for a lost placer, its worker hands in what it measured
+PLACER_GAVE_UP = "its placing process gave it up (the pool's scheduler did not answer)"
+#: the stop reasons after which the worker hands in the body's measurement
+HAND_IN_REASONS = (PLACER_LOST, PLACER_GAVE_UP)
 
 
 #: job types whose features the ledger keeps, and the largest document it takes (a job's tokens
@@ -399,7 +405,7 @@ class LedgerPlugin(SchedulerPlugin):
             return {"released": False, "started": True, "placer_lost": False}
         self._drop(run_id, "released")
         # nobody waits for this run's outcome any more: its worker should hand in the measurement
-        placer_lost = lease["cancel_reason"] == PLACER_LOST or (
+        placer_lost = lease["cancel_reason"] in HAND_IN_REASONS or (
             lease["client"] is not None and self.scheduler is not None
             and lease["client"] not in self.scheduler.clients)
         return {"released": True, "started": lease["started_at"] is not None, "placer_lost": placer_lost,

@@ -32,6 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--burst", type=int, default=0, help="start runs in bursts of this many, 1 s apart")
     ap.add_argument("--tracking-uri", help="MLflow tracking URI (default: SQLite under GOGH_HOME)")
     ap.add_argument("--refresh-s", type=float, default=30.0, help="how long a loaded champion is trusted")
+    ap.add_argument("--linger-s", type=float, default=0.0,
+                    help="stay this long after the runs, the session open (its mirror delivers lost runs' records)")
     ap.add_argument("--custom", action="store_true",
                     help="place a user model (a small torch module) instead of zoo families")
     args = ap.parse_args(argv)
@@ -103,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     t0[0] = time.monotonic()
     with ThreadPoolExecutor(args.threads) as ex:
         results = list(ex.map(one, range(args.runs)))
+    time.sleep(args.linger_s)
     close_all()
     print(json.dumps({"summary": True, "completed": sum(r["status"] == "completed" for r in results),
                       "failed": sum(r["status"] == "failed" for r in results)}), flush=True)
