@@ -912,7 +912,7 @@ def test_a_run_whose_scheduler_stops_answering_is_lost_with_the_reason(monkeypat
     from gogh_flows.flows import decorator
     from gogh_flows.flows.decorator import await_run
 
-    monkeypatch.setattr(decorator, "_SILENT_SCHEDULER_S", 0.0)
+    monkeypatch.setenv(decorator.SILENT_SCHEDULER_ENV, "0.001")
     from gogh_flows.runtime.probe import SchedulerUnreachable
 
     class Ledger:
@@ -931,8 +931,10 @@ def test_a_run_whose_scheduler_stops_answering_is_lost_with_the_reason(monkeypat
     with pytest.raises(RunLost, match="r1 on a100-0 lost touch with its pool.*lost the connection to the "
                                       "pool's Dask scheduler at tcp://10.0.0.1:8786.*logged as failed"):
         await_run(Ledger(lost), never_done, placement, start_within_s=60, check_s=0.01)
-    with pytest.raises(RunLost, match="the pool's scheduler did not answer for 3 s"):
+    with pytest.raises(RunLost, match="the pool's scheduler did not answer for 3 s") as silent:
         await_run(Ledger(TimeoutError()), never_done, placement, start_within_s=60, check_s=0.01)
+    # its failed record is provisional: the body is asked to stop and its worker's record replaces it
+    assert silent.value.scheduler_silent and "replaces" in str(silent.value)
 
 
 def test_a_run_waits_out_a_silent_scheduler_and_returns_its_outcome(caplog):
