@@ -27,6 +27,7 @@ import math
 import os
 import random
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,8 +232,9 @@ def run_product_demo(seed: int = 0, out: Path | None = None, waves: int = 3, wav
         flow(name="gogh-demo-start")(lambda: None)()
         say("Prefect server up")
         for w, wave in enumerate(plan):
+            per_family = Counter(j.family for j in wave)
             say(f"wave {w + 1}/{waves} (gogh): {len(wave)} flow runs: "
-                + ", ".join(sorted({j.family for j in wave})))
+                + ", ".join(f + (f" x{n}" if n > 1 else "") for f, n in sorted(per_family.items())))
             results = _run_wave(wave, cluster, gogh)
             say("  placed on " + ", ".join(sorted(r["gpu"] for r in results)))
             if w < waves - 1:

@@ -216,3 +216,15 @@ def test_a_pool_run_holding_its_lease_tells_the_ledger_when_its_board_is_lifted(
                            hold_lease=True, power_limit_w=160.0, required_throughput=95.0)
         assert outcome.telemetry.limit_lifted_from_w == 160.0
         assert ledger.state().counts["limits_lifted"] == 1
+
+
+def test_a_failed_run_is_learned_from_by_what_it_did_before_it_failed():
+    """The retraining said failed runs were not learned from while it learned from them (a new-user
+    review): a failed run's steady window is the GPU's rate all the same, and is learned; a failed
+    run with no step (nothing heard from it) is not."""
+    rows = [{"job_type": "a", "gpu_type": "v100", "partners": [], "throughput": 40.0, "steps": 50.0,
+             "status": "failed", "telemetry": "emulated", "window": "emulated", "extra": json.dumps({})},
+            {"job_type": "b", "gpu_type": "v100", "partners": [], "throughput": 0.0, "steps": 0.0,
+             "status": "failed", "telemetry": "none", "window": None, "extra": json.dumps({})}]
+    obs = observations_from_measurements(pl.DataFrame(rows))
+    assert obs["job_type"].to_list() == ["a"] and obs["throughput"].to_list() == [40.0]

@@ -67,7 +67,10 @@ def observations_from_measurements(frame: pl.DataFrame, *, keys: bool = False) -
     (``advance()``) is the emulated GPU's: a body there that only reported was timed by the
     CPU it ran on. Rows from before the window was recorded are kept only when emulated.
     A run slowed by its board's power limit is learned at full power (its throughput times
-    the slowdown the emulator recorded), since predictions are of the maximum limit.
+    the slowdown the emulator recorded), since predictions are of the maximum limit. A run
+    that failed is learned from by what it did before it failed, when that was a steady
+    window: its rate was the GPU's all the same (one that did no step, such as a run given up
+    on a silent scheduler until its worker's record replaces it, has nothing to learn).
     """
     return _observations(_steady_rows(frame), keys=keys)
 

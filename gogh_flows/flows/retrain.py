@@ -398,9 +398,10 @@ def refine_predictors(
                 "models placed only from other machines; retrain where they were placed to learn them)")
         if obs.height < min_measurements:
             msg = (f"only {obs.height} usable measurements in {root}, with the tracking store's (need {min_measurements}); "
-                   f"nothing retrained. Of the {frame.height} logged, runs that failed, whose company changed while "
-                   "they ran, that shared with two partners, or that reported too little progress to time a steady "
-                   "state are kept in the table but not learned from; place more runs, or lower min_measurements")
+                   f"nothing retrained. Of the {frame.height} logged, runs whose company changed while they ran, "
+                   "that shared with two partners, or that did too little to time a steady state (a failed run "
+                   "counts by the steps it did before it failed; one with none, not at all) are kept in the table "
+                   "but not learned from; place more runs, or lower min_measurements")
             logger.info(msg)
             return {"promoted": False, "reason": msg, "measurements": obs.height,
                     "champion_version": versions["p2"]}
