@@ -320,10 +320,12 @@ def test_a_run_given_up_on_a_silent_scheduler_is_measured_by_its_worker_once_it_
     row = frame.row(0, named=True)
     assert row["telemetry"] == "emulated" and row["status"] == "failed" and row["steps"] > 0, row
     assert row["key"] == f"{lease.run_id}:t4-0"
-    # both were logged: the placing process's own record first, then the worker's in its place
+    # as a rule both were logged, the placing process's own record first and then the worker's in
+    # its place (on a machine so loaded that the scheduler answered the placer's own request to
+    # stop the body, the placer waited for the body and logged its outcome itself: one row)
     raw = pl.concat([pl.read_parquet(f) for f in (tmp_path / "host").rglob("table/*/*.parquet")])
-    assert sorted(raw["telemetry"].to_list()) == ["emulated", "none"], raw.select("telemetry", "steps", "logged_at")
-    assert raw.sort("logged_at")["telemetry"].to_list() == ["none", "emulated"]
+    assert raw.sort("logged_at")["telemetry"].to_list() in (["none", "emulated"], ["emulated"]), \
+        raw.select("telemetry", "steps", "logged_at")
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("gogh-measurements")
     runs = client.search_runs([experiment.experiment_id], filter_string=f"tags.`gogh.measurement_key` = '{row['key']}'")
