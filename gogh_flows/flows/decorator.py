@@ -552,12 +552,11 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
                                 "it (up to %.0f s) while its body runs on", now - silent_since, run_id,
                                 placement.gpu_id, patience_s)
                 continue
+            out_of_touch = f"run {run_id} on {placement.gpu_id} lost touch with its pool before the body returned"
             if isinstance(exc, SchedulerUnreachable):
-                raise RunLost(f"run {run_id} on {placement.gpu_id} lost touch with its pool before the body "
-                              f"returned: {exc}. Its measurement is logged as failed; retry the flow run once "
+                raise RunLost(f"{out_of_touch}: {exc}. Its measurement is logged as failed; retry the flow run once "
                               "the scheduler answers") from exc
-            raise RunLost(f"run {run_id} on {placement.gpu_id} lost touch with its pool before the body returned: "
-                          f"the pool's scheduler did not answer for {now - silent_since:.0f} s (waited up to "
+            raise RunLost(f"{out_of_touch}: the pool's scheduler did not answer for {now - silent_since:.0f} s (waited up to "
                           f"{patience_s:.0f} s, ${SILENT_SCHEDULER_ENV}). It is logged as failed with nothing "
                           "measured for now; once the scheduler answers, the body is stopped and its worker's "
                           "record of what it did replaces that. Retry the flow run once the scheduler answers",
@@ -736,7 +735,7 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
                 # worker frees it.
                 gave_up = isinstance(error, RunLost) and error.scheduler_silent
                 reason = PLACER_GAVE_UP if gave_up else f"its flow run was stopped ({type(error).__name__})"
-                asked = _asked_to_stop(ledger, ledger_id, reason)
+                asked = _quietly(ledger.cancel, ledger_id, reason, timeout_s=_CLEANUP_TIMEOUT_S)
                 if not asked and gave_up:
                     _keep_asking_to_stop(ledger, ledger_id, reason)
                 if future is not None:
@@ -786,15 +785,6 @@ def silent_scheduler_s() -> float:
         raise ValueError(f"${SILENT_SCHEDULER_ENV} must be a number of seconds > 0 (how long a run waits for a "
                          f"pool's scheduler that does not answer), got {raw!r}")
     return value
-
-
-def _asked_to_stop(ledger: PoolLedger, run_id: str, reason: str) -> bool:
-    """Ask the run's body to stop; whether the scheduler answered (a silent one may still act on it)."""
-    try:
-        ledger.cancel(run_id, reason, timeout_s=_CLEANUP_TIMEOUT_S)
-        return True
-    except Exception:  # noqa: BLE001 - the run failed already; the reason stands as it is
-        return False
 
 
 def _keep_asking_to_stop(ledger: PoolLedger, run_id: str, reason: str) -> threading.Thread:
@@ -861,11 +851,14 @@ def _wait_timeout(settings: _Settings, policy: PlacementPolicy) -> float:
     return settings.wait_timeout_s if settings.wait_timeout_s is not None else policy.wait_timeout_s
 
 
-def _quietly(call: Callable, *args: Any, **kwargs: Any) -> None:
+def _quietly(call: Callable, *args: Any, **kwargs: Any) -> bool:
+    """Whether ``call`` went through; a failure is said, never raised."""
     try:
         call(*args, **kwargs)
+        return True
     except Exception as exc:  # the scheduler is gone: the lease lapses there on its own
         log.warning("gogh: %s failed (the lease lapses on its own): %s", getattr(call, "__name__", call), exc)
+        return False
 
 
 __all__ = ["PlacedFlow", "artifact_key", "gogh_placed", "place_run", "placement_tags", "run_placed"]

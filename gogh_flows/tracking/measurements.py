@@ -39,7 +39,6 @@ from mlflow.entities import Metric, Param, RunTag
 from gogh_flows.tracking.table import (
     PROVISIONAL,
     MeasurementTable,
-    is_provisional,
     read_table_folder,
     unique_rows,
     with_schema,
@@ -373,7 +372,7 @@ class MeasurementLog:
                 found = run
             else:
                 self._delete(run.info.run_id)  # a run whose metrics never landed (the write failed half-way)
-        if found is not None and provisional(found) and not is_provisional(m.to_row()):
+        if found is not None and provisional(found) and m.telemetry != PROVISIONAL[1]:
             self._delete(found.info.run_id)
             return None
         if found is None:
