@@ -23,6 +23,7 @@ the page).
     .venv/bin/python benchmarks/energy_seeds.py            # runs everything (about 45 min)
     .venv/bin/python benchmarks/energy_seeds.py report     # the tables again from the saved JSON
     .venv/bin/python benchmarks/energy_seeds.py modern     # the modern fleet's learned runs only
+    .venv/bin/python benchmarks/energy_seeds.py unseen     # (b)'s and (f)'s own streams, every family unseen
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from collections import Counter
 from gogh_flows.sim.account import energy_accounts
 from gogh_flows.sim.bound import floor_rows
 from gogh_flows.sim.engine import SimConfig, TrueRates, attainment_text
-from gogh_flows.sim.holdout import train_holdout
+from gogh_flows.sim.holdout import train_each_unseen, train_holdout
 from gogh_flows.sim.run import DEFAULT_LIMIT_LEVELS, parse_cluster, run_policies
 from gogh_flows.sim.traces import read_trace
 from gogh_flows.truth.gavel import gavel_dir, read_gavel_json
@@ -162,6 +163,34 @@ def modern_runs(bars: Progress) -> dict[str, dict]:
     return out
 
 
+#: the scenarios whose own mix runs with every job's family unseen: (scenario key, label)
+UNSEEN = (("gavel-physical", "(b)"), ("modern-mixed", "(f)"))
+
+
+def unseen_runs(bars: Progress) -> dict[str, dict]:
+    """The learned policies on the scenarios' own streams, every job planned with predictors trained
+    without its family (``sim.unseen``; one training per family, seed 0), noise 0 and 0.1, seeds 0-2."""
+    out: dict[str, dict] = {}
+    for k, (key, letter) in enumerate(UNSEEN):
+        base = {sc.key: sc for sc in scenarios(SEED)}[key]
+        t0 = time.perf_counter()
+        pred = train_each_unseen(base.truth, p1_epochs=P1_EPOCHS, p2_epochs=P2_EPOCHS, seed=SEED, intervals=True)
+        print(f"{letter} every family unseen: training {time.perf_counter() - t0:.1f} s", flush=True)
+        for seed in SEEDS:
+            sc = {s.key: s for s in scenarios(seed)}[key]
+            for nz in (0.0, NOISE):
+                t0 = time.perf_counter()
+                on = run_policies(sc.jobs, parse_cluster(sc.cluster), sc.truth, LEARNED,
+                                  config=SimConfig(seed=seed, noise=nz), predictors=pred)
+                entry = out.setdefault(f"{letter} every family unseen, noise {nz:g}", {"runs": {}, "floors": {}})
+                entry["runs"][str(seed)] = figures(on)
+                entry["floors"][str(seed)] = floor(sc.jobs, sc.cluster, sc.truth, nz, seed, on)
+                print(f"{letter} every family unseen, noise {nz:g}, seed {seed}: {time.perf_counter() - t0:.1f} s",
+                      flush=True)
+        bars.update("every family unseen", k + 1, len(UNSEEN))
+    return out
+
+
 def report(scen: dict, learned: dict, wall_s: float) -> list[str]:
     lines = [
         "## Issue 12's bar over seeds 0-2",
@@ -185,7 +214,9 @@ def report(scen: dict, learned: dict, wall_s: float) -> list[str]:
                          f"{spread([r[name]['parked'] for r in runs])} | {attainment_text(min(r[name]['sla'] for r in runs))} |")
     lines += ["", "The learned policies of (e) (Gavel's physical-cluster trace re-labelled to a held-out family; "
               f"'modern fleet': scenario (f)'s stream re-labelled to {HOLDOUTS[0]}, as in (e)'s last table, its "
-              "predictors trained on (f)'s truth without the family, seed 0):", "",
+              "predictors trained on (f)'s truth without the family, seed 0; '(b)/(f) every family unseen': "
+              "that scenario's own stream and mix, every job planned with predictors trained without its "
+              "family, one training per family, seed 0, `gogh_flows/sim/unseen.py`):", "",
               "| held-out family | policy | always on vs greedy-fastest | parked vs greedy-fastest | SLA, lowest |",
               "| --- | --- | ---: | ---: | ---: |"]
     for key, entry in learned.items():
@@ -230,7 +261,8 @@ def report(scen: dict, learned: dict, wall_s: float) -> list[str]:
 
 def tables(saved: dict) -> list[str]:
     """The report of a saved run (``energy_seeds.json``)."""
-    return report(saved["scenarios"], {**saved["learned"], **saved.get("learned_modern", {})}, saved["wall_s"])
+    return report(saved["scenarios"], {**saved["learned"], **saved.get("learned_modern", {}),
+                                       **saved.get("learned_unseen", {})}, saved["wall_s"])
 
 
 def write_block(lines: list[str]) -> None:
@@ -245,18 +277,26 @@ def write_block(lines: list[str]) -> None:
     DOC.write_text(text)
 
 
+#: the parts a mode reruns alone, into the saved JSON (the rest as saved): mode -> (runner, key, seconds key)
+PARTS = {"modern": (modern_runs, "learned_modern", "modern_s"), "unseen": (unseen_runs, "learned_unseen", "unseen_s")}
+
+
 def main(argv: list[str]) -> None:
     """``report``: rewrite the tables from the saved JSON, without running anything; ``modern``:
-    run the modern fleet's learned runs only, into the saved JSON (the rest as saved)."""
-    if argv[:1] in (["report"], ["modern"]):
+    run the modern fleet's learned runs only, ``unseen``: the runs with every family unseen only,
+    into the saved JSON (the rest as saved)."""
+    if argv[:1] and argv[0] not in ("report", *PARTS):
+        raise SystemExit(f"unknown mode {argv[0]!r}; choose report, {', '.join(PARTS)} or nothing (run everything)")
+    if argv[:1]:
         saved = json.loads((OUT / "energy_seeds.json").read_text())
-        if argv[:1] == ["modern"]:
+        if argv[0] in PARTS:
+            run, key, secs = PARTS[argv[0]]
             t0 = time.perf_counter()
             with Progress() as bars:
-                modern = modern_runs(bars)
+                part = run(bars)
             took = time.perf_counter() - t0
-            saved.update(learned_modern=modern, modern_s=round(took, 1),
-                         wall_s=round(saved["wall_s"] - saved.get("modern_s", 0.0) + took, 1))
+            saved.update({key: part, secs: round(took, 1)},
+                         wall_s=round(saved["wall_s"] - saved.get(secs, 0.0) + took, 1))
             (OUT / "energy_seeds.json").write_text(json.dumps(saved, indent=1))
     else:
         t0 = time.perf_counter()
@@ -265,10 +305,12 @@ def main(argv: list[str]) -> None:
             learned = learned_runs(bars)
             t1 = time.perf_counter()
             modern = modern_runs(bars)
+            t2 = time.perf_counter()
+            unseen = unseen_runs(bars)
         wall = time.perf_counter() - t0
         saved = {"seeds": list(SEEDS), "policies": list(POLICIES), "learned_policies": list(LEARNED),
-                 "scenarios": scen, "learned": learned, "learned_modern": modern,
-                 "modern_s": round(wall - (t1 - t0), 1), "wall_s": round(wall, 1)}
+                 "scenarios": scen, "learned": learned, "learned_modern": modern, "learned_unseen": unseen,
+                 "modern_s": round(t2 - t1, 1), "unseen_s": round(wall - (t2 - t0), 1), "wall_s": round(wall, 1)}
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / "energy_seeds.json").write_text(json.dumps(saved, indent=1))
     lines = tables(saved)

@@ -213,6 +213,20 @@ def test_cli_simulate_gogh_with_holdout_family_and_with_a_predictors_dir(tmp_pat
                  "--risk-level", "0.9"]) != 0
     err = capsys.readouterr().err
     assert f"gogh predictors calibrate --model {tmp_path / 'm'}`, or drop --risk-level" in err, err
+    # every family unseen: the trace keeps its own types (all four families), each planned without its own
+    rc = main(["simulate", "--truth", str(tmp_path / "truth.json"), "--trace", str(trace),
+               "--cluster", "v100=2,t4=2", "--policy", "oracle,gogh", "--holdout-family", "Each",
+               "--p1-epochs", "3", "--p2-epochs", "10", "--json", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    assert "4 times, each without one family" in capsys.readouterr().err
+    figures = json.loads(out.read_text())
+    assert figures["holdout_family"] == "each" and figures["jobs"] == len(SPEEDS)
+    assert "once per family, each without it (LM, ResNet-18, ResNet-50, Transformer)" in figures["predictors"]
+    assert figures["policies"]["gogh"]["jobs_completed"] == len(SPEEDS)
+    assert main(["simulate", "--truth", str(tmp_path / "truth.json"), "--trace", str(trace),
+                 "--cluster", "v100=2,t4=2", "--policy", "gogh", "--predictors", str(tmp_path / "m"),
+                 "--holdout-family", "each"]) != 0
+    assert "--holdout-family each trains P1/P2 here once per family" in capsys.readouterr().err
     assert main(["simulate", "--truth", str(tmp_path / "truth.json"), "--trace", str(trace),
                  "--cluster", "v100=2,t4=2", "--policy", "gogh"]) != 0
     assert "--predictors" in capsys.readouterr().err
@@ -400,3 +414,36 @@ def test_gogh_simulate_at_a_risk_level_names_its_flag_when_the_intervals_cannot_
     err = capsys.readouterr().err
     assert rc == 2
     assert "--risk-level 0.9: choosing the ensemble's weights" in err and "(drop --risk-level)" in err
+
+
+def test_every_family_unseen_plans_each_job_with_predictors_trained_without_its_family(truth):
+    """A mixed stream (``sim.unseen``): each family's jobs are predicted, and learned from, by the
+    predictors trained without that family; a pair asks each side's own family."""
+    from gogh_flows.sim.holdout import train_each_unseen
+    from gogh_flows.sim.unseen import UnseenThroughputs
+
+    unseen = train_each_unseen(truth, p1_epochs=5, p2_epochs=20, seed=0)
+    assert set(unseen.by_family) == {"ResNet-18", "LM", "Transformer", "ResNet-50"}
+    assert "once per family, each without it" in unseen.description
+    for fam, pred in unseen.by_family.items():  # none of them saw its own family, as job or partner
+        assert pred.p2.layout.partners and not any(unseen.family_of[p] == fam for p in pred.p2.layout.partners)
+    view = UnseenThroughputs(unseen, TYPES)
+    a, b = Job("a", "ResNet-50 (batch size 32)", 1.0, 1.0), Job("b", "LM (batch size 20)", 1.0, 1.0)
+    alone = {f: LearnedThroughputs(unseen.by_family[f], TYPES) for f in ("ResNet-50", "LM")}
+    assert view.isolated(a, "t4") == pytest.approx(alone["ResNet-50"].isolated(a, "t4"))
+    assert view.isolated(b, "t4") == pytest.approx(alone["LM"].isolated(b, "t4"))
+    assert view.pair(a, b, "v100") == pytest.approx((alone["ResNet-50"].pair_side(a, b, "v100"),
+                                                     alone["LM"].pair_side(b, a, "v100")))
+    lm_before = view.isolated(b, "t4")
+    view.observe(a, "v100", None, 3.0 * view.isolated(a, "v100"))  # goes to ResNet-50's learning base only
+    assert view.isolated(Job("a2", a.job_type, 1.0, 1.0), "t4") != pytest.approx(alone["ResNet-50"].isolated(a, "t4"))
+    assert view.views["ResNet-50"].refinements == 1 and view.refinements == 1
+    assert view.isolated(b, "t4") == pytest.approx(lm_before)
+    with pytest.raises(ValueError, match="'A3C' has no predictors trained without its family .*ResNet-50"):
+        view.isolated(Job("x", "A3C", 1.0, 1.0), "v100")
+    # the simulator runs the learned policies on it like on one family's predictors
+    mixed = [J(f"m{i}", jt, 600.0 * v, 90.0 * i, 0.4 * v) for i, (jt, v, _) in enumerate(SPEEDS)]
+    res = run_policies(mixed, GPUS, truth, ["gogh", "gogh+limits"], config=SimConfig(seed=0, observe_after_s=60.0),
+                       predictors=unseen)
+    for name, r in res.items():
+        assert r.summary()["jobs_completed"] == len(mixed) and not r.unfinished, name

@@ -46,6 +46,8 @@ from gogh_flows.truth.table import ThroughputTable
 DEFAULT_RATE = 6.0
 #: P1's and P2's epochs when --holdout-family trains them here
 HOLDOUT_EPOCHS = (100, 300)
+#: ``--holdout-family each``: every job keeps its type, planned by predictors trained without its family
+EACH = "each"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -61,7 +63,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--holdout-family",
                    help="train P1/P2 in this command without this model family, and draw every "
                         "job from it (generate:N: its job types; a trace file: each job re-labelled "
-                        "to one of its types, same duration on the reference GPU type)")
+                        "to one of its types, same duration on the reference GPU type); 'each': keep "
+                        "the jobs' own types and plan each with P1/P2 trained without its family (one "
+                        "training per family of the truth)")
     p.add_argument("--p1-epochs", type=int, default=None,
                    help=f"P1 epochs with --holdout-family (default {HOLDOUT_EPOCHS[0]})")
     p.add_argument("--p2-epochs", type=int, default=None,
@@ -106,7 +110,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _jobs(args: argparse.Namespace, truth: ThroughputTable, gpus: list):
     ref = "v100" if "v100" in truth.gpu_types else sorted({g.gpu_type for g in gpus})[0]
     family = None
-    if args.holdout_family:
+    if args.holdout_family and args.holdout_family != EACH:
         from gogh_flows.sim.holdout import family_types
 
         family = family_types(truth, args.holdout_family)
@@ -184,10 +188,23 @@ def _predictors(args: argparse.Namespace, truth: ThroughputTable, names: list[st
                                  f"calibrate --model {args.predictors}`, or drop --risk-level")
         return predictors
     if args.holdout_family:
-        from gogh_flows.sim.holdout import CalibrationError, train_holdout
+        from gogh_flows.sim.holdout import CalibrationError, train_each_unseen, train_holdout
 
         p1_epochs, p2_epochs = (HOLDOUT_EPOCHS[0] if args.p1_epochs is None else args.p1_epochs,
                                 HOLDOUT_EPOCHS[1] if args.p2_epochs is None else args.p2_epochs)
+        if args.holdout_family == EACH:
+            from gogh_flows.predict.data import MeasuredSet
+
+            families = MeasuredSet.from_table(truth).families
+            print(f"training P1 ({p1_epochs} epochs) and P2 ({p2_epochs} epochs) {len(families)} times, each without "
+                  f"one family ({', '.join(families)}), and choosing each one's ensemble weights and intervals on the "
+                  "families it was trained on ...", file=sys.stderr, flush=True)
+            with _notes():
+                try:
+                    return train_each_unseen(truth, p1_epochs=p1_epochs, p2_epochs=p2_epochs, seed=args.seed,
+                                             intervals=True, strict=args.risk_level is not None)
+                except CalibrationError as exc:
+                    raise ValueError(f"--risk-level {args.risk_level:g}: {exc} (drop --risk-level)") from None
         print(f"training P1 ({p1_epochs} epochs) and P2 ({p2_epochs} epochs) without "
               f"family {args.holdout_family!r}, and choosing the ensemble's weights and intervals on the "
               "families left ...", file=sys.stderr, flush=True)
@@ -403,6 +420,10 @@ def _check_arguments(args: argparse.Namespace, truth: ThroughputTable, names: li
         raise ValueError("--p1-epochs and --p2-epochs set the training of --holdout-family F; without it nothing is "
                          "trained here (--predictors DIR loads trained models). Add --holdout-family or drop them")
     if args.predictors and args.holdout_family and any(base_policy(n) in LEARNED_POLICIES for n in names):
+        if args.holdout_family == EACH:
+            raise ValueError(f"--holdout-family {EACH} trains P1/P2 here once per family, each without it; "
+                             f"--predictors {args.predictors!r} is one model, which saw every family but those it was "
+                             f"trained without. Drop --predictors, or name one family it excludes")
         _check_holdout_predictors(args.predictors, args.holdout_family)
 
 
@@ -442,7 +463,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     import polars as pl
 
     truth = load_truth(args.truth)
-    if args.holdout_family:  # the truth's spelling, whatever the case given: it names results and messages
+    if args.holdout_family and args.holdout_family.lower() == EACH:
+        args.holdout_family = EACH
+    elif args.holdout_family:  # the truth's spelling, whatever the case given: it names results and messages
         from gogh_flows.predict.data import MeasuredSet
 
         args.holdout_family = MeasuredSet.from_table(truth).family_named(args.holdout_family)

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from gogh_flows.sim.learned import Predictors, gang_scaling
+from gogh_flows.sim.unseen import UnseenFamilies
 from gogh_flows.truth.table import ThroughputTable
 
 
@@ -87,6 +88,31 @@ def train_holdout(truth: ThroughputTable, family: str | None, *, p1_epochs: int 
                                     f"epochs; seed {seed})")
 
 
+
+def train_each_unseen(truth: ThroughputTable, families: Sequence[str] | None = None, *,
+                      p1_epochs: int | None = None, p2_epochs: int | None = None, seed: int = 0,
+                      log: Callable[[str], None] | None = None, intervals: bool = False,
+                      strict: bool = True) -> UnseenFamilies:
+    """:func:`train_holdout` once per family (default: every family of ``truth``), each without it:
+    predictors for a mixed stream in which every job's family is unseen (``sim.unseen``)."""
+    from gogh_flows.predict.data import MeasuredSet
+
+    full = MeasuredSet.from_table(truth)
+    chosen = [full.family_named(f) for f in families] if families is not None else list(full.families)
+    by_family = {}
+    for fam in chosen:
+        if log:
+            log(f"training without {fam}")
+        by_family[fam] = train_holdout(truth, fam, p1_epochs=p1_epochs, p2_epochs=p2_epochs, seed=seed, log=log,
+                                       intervals=intervals, strict=strict)
+    if not by_family:
+        raise ValueError("train_each_unseen: name at least one family")
+    # "trained in-run on SRC without family 'F' (P1 ...; seed S)" -> one line for all of them
+    head, tail = next(iter(by_family.values())).description.split(" without ", 1)
+    detail = tail[tail.index("("):] if "(" in tail else ""
+    return UnseenFamilies(by_family, dict(full.family),
+                          f"{head} once per family, each without it ({', '.join(chosen)}) {detail}".rstrip())
+
 def load_predictors(directory: str | Path, truth: ThroughputTable) -> Predictors:
     """``DIR/p1`` and ``DIR/p2`` as written by ``gogh predictors train --out DIR``.
 
@@ -129,4 +155,4 @@ def relabel_to_family(jobs: Sequence, types: Sequence[str], throughput_of: Calla
     return out
 
 
-__all__ = ["family_types", "load_predictors", "relabel_to_family", "train_holdout"]
+__all__ = ["family_types", "load_predictors", "relabel_to_family", "train_each_unseen", "train_holdout"]

@@ -315,13 +315,14 @@ class LearnedThroughputs:
     def pair(self, job: Job, partner: Job, gpu_type: str) -> tuple[float, float]:
         if gpu_type not in self.col:
             return 0.0, 0.0
-        own = self._pair_side(job, partner, gpu_type)
-        other = self._pair_side(partner, job, gpu_type)
+        own = self.pair_side(job, partner, gpu_type)
+        other = self.pair_side(partner, job, gpu_type)
         if not (own > 0 and other > 0):
             return 0.0, 0.0  # memory: the pair does not fit
         return own, other
 
-    def _pair_side(self, job: Job, partner: Job, gpu_type: str) -> float:
+    def pair_side(self, job: Job, partner: Job, gpu_type: str) -> float:
+        """``job``'s rate next to ``partner`` on ``gpu_type`` (one side of :meth:`pair`)."""
         seen = self._pair_seen.get((job.job_type, partner.job_type, gpu_type))
         if seen and job.num_gpus == 1:
             return _geomean(seen)  # measured for this pair of types

@@ -153,7 +153,8 @@ def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
                 time_limit_s: float = 2.0, predictors=None, gpu_types=None,
                 risk_level: float | None = None, rltune_model=None, patience: Patience | None = None,
                 limit_levels: Sequence[float] | None = None) -> SimPolicy:
-    """``predictors`` (a ``sim.learned.Predictors``) is needed by the learned policies only;
+    """``predictors`` (a ``sim.learned.Predictors``, or ``sim.unseen.UnseenFamilies`` to plan every
+    job with predictors trained without its family) is needed by the learned policies only;
     ``patience``, by the ``+wait`` policies (default ``WAIT_S``, ``WAIT_SAVING``);
     ``limit_levels``, by the ``+limits`` policies (default ``DEFAULT_LIMIT_LEVELS``).
 
@@ -179,14 +180,14 @@ def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
         if predictors is None:
             raise ValueError(f"policy {name!r} needs trained predictors: pass --predictors DIR "
                              "or --holdout-family F (gogh simulate), or predictors=... here")
-        from gogh_flows.sim.learned import LearnedThroughputs
+        from gogh_flows.sim.unseen import planning_view
 
         types = list(gpu_types) if gpu_types is not None else list(truth.gpu_types)
         refine = name == "gogh"
         # the intervals are calibrated on the refiner's (the ensemble's) errors; P1 alone errs far
         # more, so for gogh-p1 they would not be intervals at any level: it plans with its points
         return SimPolicy(name, GoghOptimizer(time_limit_s=time_limit_s, name=name),
-                         LearnedThroughputs(predictors, types, refine=refine, risk_level=risk_level if refine else None))
+                         planning_view(predictors, types, refine=refine, risk_level=risk_level if refine else None))
     if name in PEER_POLICIES:
         return SimPolicy(name, make_peer(name, seed, rltune_model), TableThroughputs(truth), rounds=True)
     if name == "oracle":
