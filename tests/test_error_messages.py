@@ -212,3 +212,28 @@ def test_a_bad_silent_scheduler_wait_is_said_before_anything_is_placed(monkeypat
     assert silent_scheduler_s() == 90.0
     monkeypatch.delenv("GOGH_SILENT_SCHEDULER_S")
     assert silent_scheduler_s() == 60.0
+
+
+def test_every_seconds_setting_is_read_one_way(monkeypatch):
+    """The runtime's three seconds settings: a blank value is unset, and a word, 0, a negative or an
+    infinite value is refused in one form, naming the variable, what it bounds and what it was given."""
+    from gogh_flows.flows.decorator import silent_scheduler_s
+    from gogh_flows.runtime.ledger import lease_timeout_from_env
+    from gogh_flows.runtime.pool import _start_timeout
+
+    readers = {"GOGH_LEASE_TIMEOUT_S": (lease_timeout_from_env, 30.0, "lease timeout"),
+               "GOGH_POOL_START_TIMEOUT_S": (_start_timeout, 60.0, "worker processes may take to start"),
+               "GOGH_SILENT_SCHEDULER_S": (silent_scheduler_s, 60.0, "scheduler that does not answer")}
+    for env, (read, default, what) in readers.items():
+        monkeypatch.setenv(env, "  ")
+        assert read() == default, env
+        monkeypatch.setenv(env, "12.5")
+        assert read() == 12.5, env
+        for bad in ("soon", "0", "-3", "inf", "nan"):
+            monkeypatch.setenv(env, bad)
+            with pytest.raises(ValueError, match=rf"^\${env} must be a number of seconds > 0 \(.*{what}.*\), "
+                                                 rf"got '{bad}'$"):
+                read()
+        monkeypatch.delenv(env)
+    with pytest.raises(ValueError, match=r"^lease_timeout_s must be a number of seconds > 0 .*got -1$"):
+        lease_timeout_from_env(-1)

@@ -776,15 +776,10 @@ _GAVE_UP_ASK_S = 600.0
 
 def silent_scheduler_s() -> float:
     """How long a run waits for a silent scheduler: ``$GOGH_SILENT_SCHEDULER_S``, else 60 s."""
-    raw = os.environ.get(SILENT_SCHEDULER_ENV) or _SILENT_SCHEDULER_S
-    try:
-        value = float(raw)
-    except (TypeError, ValueError):
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"${SILENT_SCHEDULER_ENV} must be a number of seconds > 0 (how long a run waits for a "
-                         f"pool's scheduler that does not answer), got {raw!r}")
-    return value
+    from gogh_flows.runtime.settings import seconds
+
+    return seconds(SILENT_SCHEDULER_ENV, _SILENT_SCHEDULER_S, "how long a run waits for a pool's scheduler that "
+                   "does not answer")
 
 
 def _keep_asking_to_stop(ledger: PoolLedger, run_id: str, reason: str) -> threading.Thread:

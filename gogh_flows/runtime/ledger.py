@@ -39,13 +39,13 @@ from __future__ import annotations
 
 import importlib
 import logging
-import math
-import os
 from time import monotonic, time
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
+
+from gogh_flows.runtime.settings import seconds
 
 __all__ = ["DEFAULT_LEASE_TIMEOUT_S", "HAND_IN_REASONS", "LEASE_TIMEOUT_ENV", "PLACER_GAVE_UP", "PLACER_LOST",
            "PLUGIN_NAME", "LedgerPlugin", "dask_setup"]
@@ -59,16 +59,8 @@ DEFAULT_LEASE_TIMEOUT_S = 30.0
 
 def lease_timeout_from_env(value: float | None = None) -> float:
     """The lease timeout: ``value``, else ``$GOGH_LEASE_TIMEOUT_S``, else 30 s; checked > 0."""
-    raw: Any = value if value is not None else os.environ.get(LEASE_TIMEOUT_ENV) or DEFAULT_LEASE_TIMEOUT_S
-    try:
-        timeout = float(raw)
-    except (TypeError, ValueError):
-        raise ValueError(f"the ledger's lease timeout must be a number of seconds > 0, got {raw!r} "
-                         f"(argument lease_timeout_s or ${LEASE_TIMEOUT_ENV})") from None
-    if not math.isfinite(timeout) or timeout <= 0:
-        raise ValueError(f"the ledger's lease timeout must be a number of seconds > 0, got {raw!r} "
-                         f"(argument lease_timeout_s or ${LEASE_TIMEOUT_ENV})")
-    return timeout
+    return seconds(LEASE_TIMEOUT_ENV, DEFAULT_LEASE_TIMEOUT_S, "the ledger's lease timeout: how long a holder "
+                   "may go unheard before its GPU is freed", value=value, argument="lease_timeout_s")
 
 
 #: what a decorated run's task graph names beyond the runtime (which the ledger's own imports

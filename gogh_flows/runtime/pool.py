@@ -23,7 +23,6 @@ import atexit
 import logging
 import math
 import multiprocessing
-import os
 import textwrap
 import threading
 import time
@@ -427,15 +426,10 @@ def _visible_index(cluster: Any, client: Client) -> dict[Any, str]:
 
 def _start_timeout(value: float | None = None) -> float:
     """The start-up bound: ``value``, else ``GOGH_POOL_START_TIMEOUT_S``, else 60 s."""
-    if value is None:
-        raw = os.environ.get("GOGH_POOL_START_TIMEOUT_S", "").strip()
-        try:
-            value = float(raw) if raw else START_TIMEOUT_S
-        except ValueError:
-            raise ValueError(f"GOGH_POOL_START_TIMEOUT_S must be a number of seconds, got {raw!r}") from None
-    if not value > 0:
-        raise ValueError(f"the pool start timeout must be > 0 seconds, got {value!r}")
-    return float(value)
+    from gogh_flows.runtime.settings import seconds
+
+    return seconds("GOGH_POOL_START_TIMEOUT_S", START_TIMEOUT_S, "how long a pool's worker processes may take "
+                   "to start", value=value, argument="start_timeout_s")
 
 
 class PoolStartTimeout(TimeoutError):
