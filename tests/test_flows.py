@@ -63,6 +63,27 @@ def test_body_runs_on_the_worker_pinned_to_the_chosen_gpu(gogh_home):
     assert row["throughput"] > 0 and row["energy_j"] > 0 and row["telemetry"] == "emulated"
 
 
+def test_a_body_reporting_far_more_steps_than_declared_is_told_to_fix_work_steps(gogh_home, monkeypatch):
+    """Measured by its own count (never the declared work added to it), and told in the run's log
+    that placements estimate from work_steps; a body near its declared work is not told."""
+    from gogh_flows.flows import measure
+
+    said: list[str] = []
+    monkeypatch.setattr(measure, "_warn", said.append)
+
+    @gogh_placed(model="ResNet-18", batch_size=32, min_throughput=1.0, work_steps=10)
+    def steps(n: int) -> None:
+        current_placement().report(n)
+
+    steps(n=50)
+    steps(n=12)
+    rows = _env().measurements.read().sort("started_at")
+    assert rows["steps"].to_list() == [50, 12] and set(rows["status"]) == {"completed"}
+    assert len(said) == 1, said
+    assert "reported 50 steps and its @gogh_placed(work_steps=10) declares 10 (5x)" in said[0]
+    assert "Set work_steps to the steps a run of 'steps' reports" in said[0]
+
+
 def test_placement_artifacts_and_tags_say_where_a_run_went(gogh_home):
     """The explanation as markdown and as a table, keyed per flow; the flow run tagged with where it ran."""
     from prefect.client.orchestration import get_client

@@ -133,9 +133,42 @@ def record_run(session: Session, job: JobSpec, placement: RunPlacement, outcome:
                               device=session.pool.device(placement.gpu_id).where)
         session.measurements.log(m, defer=True)  # durable now; the session's mirror writes MLflow
         session.mirror.kick()
+        _say_if_work_differs(job, m)
     except Exception as exc:  # MeasurementLost holds the row; anything else failed before it was built
         log.error("gogh: could not record the measurement of run %s on %s: %s", placement.run_id,
                   placement.gpu_id, exc)
+
+
+#: a completed run whose body reported more than this factor more (or fewer) steps than its
+#: declared ``work_steps`` is told so
+WORK_MISMATCH = 2.0
+
+
+def _say_if_work_differs(job: JobSpec, m: Measurement) -> None:
+    """Placements estimate a run's time and energy (and a waiting run's chances) from its declared
+    ``work_steps``; a body that reports far more or fewer steps makes those estimates off by the
+    same factor for every run of the flow. Said in the flow run's log, not refused: the measurement
+    is the body's own count either way (never the declared work added to it)."""
+    if m.status != "completed" or not m.steps > 0:
+        return
+    ratio = m.steps / job.work_steps
+    if 1 / WORK_MISMATCH <= ratio <= WORK_MISMATCH:
+        return
+    message = (f"gogh: run {m.run_id}'s body reported {m.steps:,.0f} steps and its @gogh_placed(work_steps="
+               f"{job.work_steps}) declares {job.work_steps:,} ({ratio:.3g}x): the throughput measured is right, "
+               f"but placements estimate a run's time and energy from work_steps. Set work_steps to the steps a "
+               f"run of {m.flow_name!r} reports")
+    _warn(message)
+
+
+def _warn(message: str) -> None:
+    """Into the flow run's log (the Prefect UI shows it beside the run), else the library's."""
+    try:
+        from prefect.logging import get_run_logger
+
+        get_run_logger().warning(message)
+    except Exception:  # noqa: BLE001 - outside a flow run's context
+        log.warning(message)
 
 
 def record_if_placer_lost(job: JobSpec, placement: RunPlacement, started: float, flow_run: Any, flow_name: str,
