@@ -88,7 +88,6 @@ def train_holdout(truth: ThroughputTable, family: str | None, *, p1_epochs: int 
                                     f"epochs; seed {seed})")
 
 
-
 def train_each_unseen(truth: ThroughputTable, families: Sequence[str] | None = None, *,
                       p1_epochs: int | None = None, p2_epochs: int | None = None, seed: int = 0,
                       log: Callable[[str], None] | None = None, intervals: bool = False,
@@ -99,19 +98,20 @@ def train_each_unseen(truth: ThroughputTable, families: Sequence[str] | None = N
 
     full = MeasuredSet.from_table(truth)
     chosen = [full.family_named(f) for f in families] if families is not None else list(full.families)
+    if not chosen:
+        raise ValueError("train_each_unseen: name at least one family")
     by_family = {}
     for fam in chosen:
         if log:
             log(f"training without {fam}")
         by_family[fam] = train_holdout(truth, fam, p1_epochs=p1_epochs, p2_epochs=p2_epochs, seed=seed, log=log,
                                        intervals=intervals, strict=strict)
-    if not by_family:
-        raise ValueError("train_each_unseen: name at least one family")
     # "trained in-run on SRC without family 'F' (P1 ...; seed S)" -> one line for all of them
     head, tail = next(iter(by_family.values())).description.split(" without ", 1)
     detail = tail[tail.index("("):] if "(" in tail else ""
     return UnseenFamilies(by_family, dict(full.family),
                           f"{head} once per family, each without it ({', '.join(chosen)}) {detail}".rstrip())
+
 
 def load_predictors(directory: str | Path, truth: ThroughputTable) -> Predictors:
     """``DIR/p1`` and ``DIR/p2`` as written by ``gogh predictors train --out DIR``.
