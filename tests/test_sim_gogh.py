@@ -218,7 +218,7 @@ def test_cli_simulate_gogh_with_holdout_family_and_with_a_predictors_dir(tmp_pat
                "--cluster", "v100=2,t4=2", "--policy", "oracle,gogh", "--holdout-family", "Each",
                "--p1-epochs", "3", "--p2-epochs", "10", "--json", str(out)])
     assert rc == 0, capsys.readouterr().err
-    assert "4 times, each without one family" in capsys.readouterr().err
+    assert "once for each family of the jobs (LM, ResNet-18, ResNet-50, Transformer)" in capsys.readouterr().err
     figures = json.loads(out.read_text())
     assert figures["holdout_family"] == "each" and figures["jobs"] == len(SPEEDS)
     assert "once per family, each without it (LM, ResNet-18, ResNet-50, Transformer)" in figures["predictors"]
@@ -227,6 +227,25 @@ def test_cli_simulate_gogh_with_holdout_family_and_with_a_predictors_dir(tmp_pat
                  "--cluster", "v100=2,t4=2", "--policy", "gogh", "--predictors", str(tmp_path / "m"),
                  "--holdout-family", "each"]) != 0
     assert "--holdout-family each trains P1/P2 here once per family" in capsys.readouterr().err
+    # refused before anything runs: nothing learned to train for; a misspelt family names 'each' too
+    assert main(["simulate", "--truth", str(tmp_path / "truth.json"), "--trace", str(trace),
+                 "--cluster", "v100=2,t4=2", "--policy", "oracle", "--holdout-family", " each "]) != 0
+    assert "none of ['oracle'] is a learned policy" in capsys.readouterr().err
+    assert main(["simulate", "--truth", str(tmp_path / "truth.json"), "--trace", str(trace),
+                 "--cluster", "v100=2,t4=2", "--policy", "gogh", "--holdout-family", "eahc"]) != 0
+    assert "or 'each' to keep the jobs' own types" in capsys.readouterr().err
+    # several seeds: one training (the first seed's) serves them all, for the families of their jobs
+    lm_only = tmp_path / "lm.trace"
+    lm_only.write_text("".join(line for line in trace.read_text().splitlines(keepends=True)
+                               if line.startswith(("LM", "ResNet-50"))))
+    rc = main(["simulate", "--truth", str(tmp_path / "truth.json"), "--trace", str(lm_only),
+               "--cluster", "v100=2,t4=2", "--policy", "gogh", "--holdout-family", "each", "--seeds", "0,1",
+               "--p1-epochs", "3", "--p2-epochs", "10", "--json", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert err.count("training P1") == 1 and "once for each family of the jobs (LM, ResNet-50)" in err, err
+    figures = json.loads(out.read_text())
+    assert figures["predictors"].endswith("seed 0)") and set(figures["per_seed"]) == {"0", "1"}
     assert main(["simulate", "--truth", str(tmp_path / "truth.json"), "--trace", str(trace),
                  "--cluster", "v100=2,t4=2", "--policy", "gogh"]) != 0
     assert "--predictors" in capsys.readouterr().err

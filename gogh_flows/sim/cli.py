@@ -70,9 +70,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"P1 epochs with --holdout-family (default {HOLDOUT_EPOCHS[0]})")
     p.add_argument("--p2-epochs", type=int, default=None,
                    help=f"P2 epochs with --holdout-family (default {HOLDOUT_EPOCHS[1]})")
-    p.add_argument("--seed", type=int, default=0, help="seeds the requirements, arrivals and noise (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the requirements, arrivals, noise and any training in the command (default 0)")
     p.add_argument("--seeds", help="comma-separated seeds (e.g. 0,1,2): one run per seed, then each "
-                   "policy's spread over them; overrides --seed")
+                   "policy's spread over them (predictors trained in the command are trained once, with the first seed, "
+                   "and serve every seed); overrides --seed")
     p.add_argument("--rate", type=float, default=None,
                    help=f"arrivals per hour for generate:N (default {DEFAULT_RATE:g}); a trace file has its own")
     p.add_argument("--noise", type=float, default=0.0, help="log-normal sigma on true throughputs (default 0)")
@@ -170,8 +171,9 @@ def _notes() -> Iterator[None]:
         print(f"note: {w.message}", file=sys.stderr)
 
 
-def _predictors(args: argparse.Namespace, truth: ThroughputTable, names: list[str]):
-    """Predictors for the learned policies: loaded, trained in-command, or none needed."""
+def _predictors(args: argparse.Namespace, truth: ThroughputTable, names: list[str], jobs: list):
+    """Predictors for the learned policies: loaded, trained in-command, or none needed (``jobs``: every
+    seed's; ``--holdout-family each`` trains for their families)."""
     if not any(base_policy(n) in LEARNED_POLICIES for n in names):
         return None
     if args.predictors:
@@ -195,14 +197,15 @@ def _predictors(args: argparse.Namespace, truth: ThroughputTable, names: list[st
         if args.holdout_family == EACH:
             from gogh_flows.predict.data import MeasuredSet
 
-            families = MeasuredSet.from_table(truth).families
-            print(f"training P1 ({p1_epochs} epochs) and P2 ({p2_epochs} epochs) {len(families)} times, each without "
-                  f"one family ({', '.join(families)}), and choosing each one's ensemble weights and intervals on the "
-                  "families it was trained on ...", file=sys.stderr, flush=True)
+            family_of = MeasuredSet.from_table(truth).family
+            families = sorted({family_of[j.job_type] for j in jobs})
+            print(f"training P1 ({p1_epochs} epochs) and P2 ({p2_epochs} epochs) once for each family of the jobs "
+                  f"({', '.join(families)}), without it, and choosing each one's ensemble weights and intervals on "
+                  "the families it was trained on ...", file=sys.stderr, flush=True)
             with _notes():
                 try:
-                    return train_each_unseen(truth, p1_epochs=p1_epochs, p2_epochs=p2_epochs, seed=args.seed,
-                                             intervals=True, strict=args.risk_level is not None)
+                    return train_each_unseen(truth, families, p1_epochs=p1_epochs, p2_epochs=p2_epochs,
+                                             seed=args.seed, intervals=True, strict=args.risk_level is not None)
                 except CalibrationError as exc:
                     raise ValueError(f"--risk-level {args.risk_level:g}: {exc} (drop --risk-level)") from None
         print(f"training P1 ({p1_epochs} epochs) and P2 ({p2_epochs} epochs) without "
@@ -239,14 +242,15 @@ def _seeds(args: argparse.Namespace) -> list[int]:
     return seeds
 
 
+def _seeded(args: argparse.Namespace, seed: int) -> argparse.Namespace:
+    return argparse.Namespace(**{**vars(args), "seed": seed})
+
+
 def _run_one(args: argparse.Namespace, truth: ThroughputTable, gpus: list, names: list[str], seed: int,
-             patience=None):
+             jobs: list, predictors, patience=None):
     from gogh_flows.sim.account import energy_accounts
     from gogh_flows.sim.engine import SimConfig
 
-    one = argparse.Namespace(**{**vars(args), "seed": seed})
-    jobs = _jobs(one, truth, gpus)
-    predictors = _predictors(one, truth, names)
     config = SimConfig(seed=seed, noise=args.noise, rebalance=not args.no_rebalance,
                        rebalance_gain=args.rebalance_gain, migration_s=args.migration_s)
     from gogh_flows.progress import Progress
@@ -264,7 +268,7 @@ def _run_one(args: argparse.Namespace, truth: ThroughputTable, gpus: list, names
 
         policies.update(floor_rows(jobs, Counter(g.gpu_type for g in gpus), TrueRates(truth, args.noise, seed),
                                    results, levels=_floor_levels(names)))
-    return jobs, predictors, results, policies
+    return results, policies
 
 
 #: What the spread table shows per policy, over the seeds.
@@ -419,7 +423,20 @@ def _check_arguments(args: argparse.Namespace, truth: ThroughputTable, names: li
     if (args.p1_epochs is not None or args.p2_epochs is not None) and not args.holdout_family:
         raise ValueError("--p1-epochs and --p2-epochs set the training of --holdout-family F; without it nothing is "
                          "trained here (--predictors DIR loads trained models). Add --holdout-family or drop them")
-    if args.predictors and args.holdout_family and any(base_policy(n) in LEARNED_POLICIES for n in names):
+    learned = any(base_policy(n) in LEARNED_POLICIES for n in names)
+    if args.holdout_family == EACH and not learned:
+        raise ValueError(f"--holdout-family {EACH} trains the predictors of the learned policies and leaves the jobs as "
+                         f"they are, and none of {names} is a learned policy (gogh, gogh-p1 and their +limits, +fleet, "
+                         "+wait variants): add one, or drop --holdout-family")
+    if args.holdout_family == EACH:
+        from gogh_flows.predict.data import MeasuredSet
+
+        families = MeasuredSet.from_table(truth).families
+        if len(families) < 3:
+            raise ValueError(f"--holdout-family {EACH} trains P1/P2 once per family without it, and each training needs "
+                             f"at least two families left; the truth ({truth.source}) has {len(families)} "
+                             f"({', '.join(families)}): use a truth with at least three families")
+    if args.predictors and args.holdout_family and learned:
         if args.holdout_family == EACH:
             raise ValueError(f"--holdout-family {EACH} trains P1/P2 here once per family, each without it; "
                              f"--predictors {args.predictors!r} is one model, which saw every family but those it was "
@@ -463,12 +480,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     import polars as pl
 
     truth = load_truth(args.truth)
-    if args.holdout_family and args.holdout_family.lower() == EACH:
+    if args.holdout_family and args.holdout_family.strip().casefold() == EACH:
         args.holdout_family = EACH
     elif args.holdout_family:  # the truth's spelling, whatever the case given: it names results and messages
         from gogh_flows.predict.data import MeasuredSet
 
-        args.holdout_family = MeasuredSet.from_table(truth).family_named(args.holdout_family)
+        try:
+            args.holdout_family = MeasuredSet.from_table(truth).family_named(args.holdout_family)
+        except ValueError as exc:
+            raise ValueError(f"--holdout-family: {exc}, or '{EACH}' to keep the jobs' own types and plan each without "
+                             "its own family") from None
     if args.capacity not in (1, 2):
         raise ValueError(f"--capacity must be 1 (one job per GPU) or 2 (pairs may share), got {args.capacity}: "
                          "the predictors and the truth tables know pairs at most")
@@ -491,9 +512,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                          f"none is among {names}; drop them or add one")
     patience = _patience(args) if waits else None  # bad values stop here, before anything runs
     per_seed: dict[int, dict[str, dict]] = {}
-    results = jobs = predictors = None
+    # every seed's jobs first, then the predictors once (the first seed's training) for all of them, as
+    # benchmarks/energy_seeds.py does: the spread is the workload's, not the training's
+    streams = {seed: _jobs(_seeded(args, seed), truth, gpus) for seed in seeds}
+    predictors = _predictors(_seeded(args, seeds[0]), truth, names, [j for js in streams.values() for j in js])
+    results = jobs = None
     for seed in seeds:
-        jobs, predictors, run, per_seed[seed] = _run_one(args, truth, gpus, names, seed, patience)
+        jobs = streams[seed]
+        run, per_seed[seed] = _run_one(args, truth, gpus, names, seed, jobs, predictors, patience)
         results = results or run  # the plot shows the seed the JSON's "policies" are for
     figures = {"policies": per_seed[seeds[0]], "jobs": len(jobs), "gpus": len(gpus), "seed": seeds[0],
                "truth": truth.source, "trace": args.trace, "cluster": args.cluster,
