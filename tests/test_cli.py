@@ -304,6 +304,10 @@ def test_a_folder_given_as_an_output_file_is_refused_with_a_file_name_to_use(tmp
     (["--trace", "generate:5", "--policy", "orcale"], "unknown simulation policy 'orcale'"),
     (["--trace", "generate:5", "--policy", "gogh", "--predictors", "{repo}/models/gavel", "--holdout-family", "lm"],
      r"trained with family 'LM' \(trained without: none\).*--exclude-family LM"),
+    (["--trace", "generate:5", "--policy", "oracle", "--holdout-family", "Each"],
+     r"--holdout-family each trains the predictors of the learned policies .*none of \['oracle'\]"),
+    (["--trace", "generate:5", "--policy", "gogh", "--holdout-family", "eahc"],
+     r"--holdout-family: unknown model family 'eahc'.*or 'each' to keep the jobs' own types"),
 ])
 def test_simulate_says_which_option_is_wrong_before_anything_runs(extra, match, gavel_dir, tmp_path, capsys):
     from pathlib import Path
@@ -314,6 +318,16 @@ def test_simulate_says_which_option_is_wrong_before_anything_runs(extra, match, 
                  *extra]) == 2
     err = capsys.readouterr().err
     assert re.search(match, err) and "Traceback" not in err and "note:" not in err  # refused before any job was read
+
+
+def test_simulate_names_the_truth_and_what_to_do_for_job_types_it_lacks(gavel_dir, tmp_path, capsys):
+    trace = tmp_path / "bert.trace"
+    trace.write_text("BERT (batch size 32)\tpython3 main.py\tdir\t--num_steps\t1\t600\t1\t1\t-1.000000\t0\n")
+    assert main(["simulate", "--truth", str(gavel_dir / "simulation_throughputs.json"), "--cluster", "v100=1",
+                 "--trace", str(trace), "--policy", "greedy-fastest"]) == 2
+    err = capsys.readouterr().err
+    assert "missing from the truth table (" in err and "['BERT (batch size 32)']; it knows 26 job types" in err
+    assert "give a --truth that measures them" in err
 
 
 def test_calibrate_uses_the_data_the_refiner_was_trained_on(gavel_dir, capsys):

@@ -151,7 +151,11 @@ def _jobs(args: argparse.Namespace, truth: ThroughputTable, gpus: list):
                          "was dropped); give a trace with at least one job, or --trace generate:N")
     unknown = sorted({j.job_type for j in jobs if not truth.knows(j.job_type)})
     if unknown:
-        raise ValueError(f"trace job types missing from the truth table: {unknown}")
+        known = sorted(truth.job_types)
+        raise ValueError(f"trace job types missing from the truth table ({truth.source}): {unknown}; it knows "
+                         f"{len(known)} job types, e.g. {known[:3]}: give a --truth that measures them (a Gavel-format "
+                         "JSON, or 'synthetic' for the zoo's models on the catalog's GPUs), or drop their jobs from the "
+                         "trace")
     try:
         q_low, q_high = (float(x) for x in args.requirement_q.split(","))
     except ValueError:
