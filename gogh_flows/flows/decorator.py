@@ -22,7 +22,6 @@ import functools
 import inspect
 import logging
 import math
-import os
 import re
 import sys
 import threading
