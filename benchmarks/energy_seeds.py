@@ -216,7 +216,8 @@ def report(scen: dict, learned: dict, wall_s: float) -> list[str]:
         "noise; traces, fleets and truth stay; (e)'s predictors trained once per family, seed 0), GPUs "
         "always on. Energy over one common window against greedy-fastest, mean [min, max] over the seeds, "
         "always on and parked (what the jobs drew, from the same run; the tables above simulate a parked "
-        "fleet apart); SLA attainment, the lowest seed. Seed 0 repeats the runs above with fewer policies, so its common window, and its ratios, can differ from theirs by about 0.01. "
+        "fleet apart); SLA attainment, the lowest seed. Seed 0 repeats the runs above with fewer policies, so its "
+        "common window, and its ratios, can differ from theirs by about 0.01. "
         "The oracle beside a learned run is from that run: where the learned policies finish later, its window is "
         "longer, and its always-on ratio higher, than in the scenario's own run" + window_note(scen, learned) + ".",
         "",

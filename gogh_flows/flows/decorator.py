@@ -555,9 +555,9 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
             if isinstance(exc, SchedulerUnreachable):
                 raise RunLost(f"{out_of_touch}: {exc}. Its measurement is logged as failed; retry the flow run once "
                               "the scheduler answers") from exc
-            raise RunLost(f"{out_of_touch}: the pool's scheduler did not answer for {now - silent_since:.0f} s (waited up to "
-                          f"{patience_s:.0f} s, ${SILENT_SCHEDULER_ENV}). It is logged as failed with nothing "
-                          "measured for now; once the scheduler answers, the body is stopped and its worker's "
+            raise RunLost(f"{out_of_touch}: the pool's scheduler did not answer for {now - silent_since:.0f} s "
+                          f"(waited up to {patience_s:.0f} s, ${SILENT_SCHEDULER_ENV}). It is logged as failed with "
+                          "nothing measured for now; once the scheduler answers, the body is stopped and its worker's "
                           "record of what it did replaces that. Retry the flow run once the scheduler answers",
                           scheduler_silent=True) from exc
         if silent_since is not None:

@@ -6,6 +6,7 @@ Kept apart from ``gogh_flows/cli.py`` so the main command stays a thin router.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import sys
@@ -65,15 +66,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                         "job from it (generate:N: its job types; a trace file: each job re-labelled "
                         "to one of its types, same duration on the reference GPU type); 'each': keep "
                         "the jobs' own types and plan each with P1/P2 trained without its family (one "
-                        "training per family of the truth)")
+                        "training per family of the jobs)")
     p.add_argument("--p1-epochs", type=int, default=None,
                    help=f"P1 epochs with --holdout-family (default {HOLDOUT_EPOCHS[0]})")
     p.add_argument("--p2-epochs", type=int, default=None,
                    help=f"P2 epochs with --holdout-family (default {HOLDOUT_EPOCHS[1]})")
-    p.add_argument("--seed", type=int, default=0, help="seeds the requirements, arrivals, noise and any training in the command (default 0)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds the requirements, arrivals, noise and any training in the command (default 0)")
     p.add_argument("--seeds", help="comma-separated seeds (e.g. 0,1,2): one run per seed, then each "
-                   "policy's spread over them (predictors trained in the command are trained once, with the first seed, "
-                   "and serve every seed); overrides --seed")
+                   "policy's spread over them (predictors trained in the command are trained once, with the "
+                   "first seed, and serve every seed); overrides --seed")
     p.add_argument("--rate", type=float, default=None,
                    help=f"arrivals per hour for generate:N (default {DEFAULT_RATE:g}); a trace file has its own")
     p.add_argument("--noise", type=float, default=0.0, help="log-normal sigma on true throughputs (default 0)")
@@ -153,9 +155,9 @@ def _jobs(args: argparse.Namespace, truth: ThroughputTable, gpus: list):
     if unknown:
         known = sorted(truth.job_types)
         raise ValueError(f"trace job types missing from the truth table ({truth.source}): {unknown}; it knows "
-                         f"{len(known)} job types, e.g. {known[:3]}: give a --truth that measures them (a Gavel-format "
-                         "JSON, or 'synthetic' for the zoo's models on the catalog's GPUs), or drop their jobs from the "
-                         "trace")
+                         f"{len(known)} job types, e.g. {known[:3]}: give a --truth that measures them (a "
+                         "Gavel-format JSON, or 'synthetic' for the zoo's models on the catalog's GPUs), or drop "
+                         "their jobs from the trace")
     try:
         q_low, q_high = (float(x) for x in args.requirement_q.split(","))
     except ValueError:
@@ -206,21 +208,17 @@ def _predictors(args: argparse.Namespace, truth: ThroughputTable, names: list[st
             print(f"training P1 ({p1_epochs} epochs) and P2 ({p2_epochs} epochs) once for each family of the jobs "
                   f"({', '.join(families)}), without it, and choosing each one's ensemble weights and intervals on "
                   "the families it was trained on ...", file=sys.stderr, flush=True)
-            with _notes():
-                try:
-                    return train_each_unseen(truth, families, p1_epochs=p1_epochs, p2_epochs=p2_epochs,
-                                             seed=args.seed, intervals=True, strict=args.risk_level is not None)
-                except CalibrationError as exc:
-                    raise ValueError(f"--risk-level {args.risk_level:g}: {exc} (drop --risk-level)") from None
-        print(f"training P1 ({p1_epochs} epochs) and P2 ({p2_epochs} epochs) without "
-              f"family {args.holdout_family!r}, and choosing the ensemble's weights and intervals on the "
-              "families left ...", file=sys.stderr, flush=True)
+            train = functools.partial(train_each_unseen, truth, families)
+        else:
+            print(f"training P1 ({p1_epochs} epochs) and P2 ({p2_epochs} epochs) without "
+                  f"family {args.holdout_family!r}, and choosing the ensemble's weights and intervals on the "
+                  "families left ...", file=sys.stderr, flush=True)
+            train = functools.partial(train_holdout, truth, args.holdout_family)
         # what `gogh predictors train` ships: the ensemble and its intervals, chosen on the inner split
         with _notes():
             try:
-                return train_holdout(truth, args.holdout_family, p1_epochs=p1_epochs,
-                                     p2_epochs=p2_epochs, seed=args.seed, intervals=True,
-                                     strict=args.risk_level is not None)
+                return train(p1_epochs=p1_epochs, p2_epochs=p2_epochs, seed=args.seed, intervals=True,
+                             strict=args.risk_level is not None)
             except CalibrationError as exc:
                 raise ValueError(f"--risk-level {args.risk_level:g}: {exc} (drop --risk-level)") from None
     raise ValueError(f"policies {[n for n in names if base_policy(n) in LEARNED_POLICIES]} need predictors: pass "
@@ -428,17 +426,17 @@ def _check_arguments(args: argparse.Namespace, truth: ThroughputTable, names: li
         raise ValueError("--p1-epochs and --p2-epochs set the training of --holdout-family F; without it nothing is "
                          "trained here (--predictors DIR loads trained models). Add --holdout-family or drop them")
     learned = any(base_policy(n) in LEARNED_POLICIES for n in names)
-    if args.holdout_family == EACH and not learned:
-        raise ValueError(f"--holdout-family {EACH} trains the predictors of the learned policies and leaves the jobs as "
-                         f"they are, and none of {names} is a learned policy (gogh, gogh-p1 and their +limits, +fleet, "
-                         "+wait variants): add one, or drop --holdout-family")
     if args.holdout_family == EACH:
         from gogh_flows.predict.data import MeasuredSet
 
+        if not learned:
+            raise ValueError(f"--holdout-family {EACH} trains the predictors of the learned policies and leaves the "
+                             f"jobs as they are, and none of {names} is a learned policy (gogh, gogh-p1 and their "
+                             "+limits, +fleet, +wait variants): add one, or drop --holdout-family")
         families = MeasuredSet.from_table(truth).families
         if len(families) < 3:
-            raise ValueError(f"--holdout-family {EACH} trains P1/P2 once per family without it, and each training needs "
-                             f"at least two families left; the truth ({truth.source}) has {len(families)} "
+            raise ValueError(f"--holdout-family {EACH} trains P1/P2 once per family without it, and each training "
+                             f"needs at least two families left; the truth ({truth.source}) has {len(families)} "
                              f"({', '.join(families)}): use a truth with at least three families")
     if args.predictors and args.holdout_family and learned:
         if args.holdout_family == EACH:
