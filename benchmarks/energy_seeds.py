@@ -38,7 +38,7 @@ from gogh_flows.predict.data import MeasuredSet
 from gogh_flows.progress import Progress
 from collections import Counter
 
-from gogh_flows.sim.account import energy_accounts
+from gogh_flows.sim.account import busy_gpu_hours, energy_accounts
 from gogh_flows.sim.bound import floor_rows
 from gogh_flows.sim.engine import SimConfig, TrueRates, attainment_text
 from gogh_flows.sim.holdout import train_each_unseen, train_holdout
@@ -76,10 +76,16 @@ BEGIN, END = SEEDS_BEGIN, SEEDS_END
 
 
 def figures(results: dict) -> dict[str, dict[str, float]]:
-    """Per policy: always-on and parked energy over one common window against greedy-fastest, SLA."""
+    """Per policy: always-on and parked energy over one common window against greedy-fastest, SLA;
+    and its makespan and busy GPU-hours per type (what sets the window: the report's tables leave
+    them to the JSON)."""
     acc = energy_accounts(results)
-    return {name: {"on": acc[name].always_on_vs["greedy-fastest"], "parked": acc[name].parked_vs["greedy-fastest"],
-                   "sla": results[name].summary()["sla_attainment"]} for name in results}
+    out = {}
+    for name, r in results.items():
+        s = r.summary()
+        out[name] = {"on": acc[name].always_on_vs["greedy-fastest"], "parked": acc[name].parked_vs["greedy-fastest"],
+                     "sla": s["sla_attainment"], "makespan_h": s["makespan_s"] / 3600, "busy_gpu_h": busy_gpu_hours(r)}
+    return out
 
 
 def floor(jobs: list, cluster: str, truth, noise: float, seed: int, results: dict) -> dict[str, float | str]:

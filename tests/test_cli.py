@@ -158,8 +158,13 @@ def test_simulate_on_gavel_trace_writes_every_policy(gavel_dir, tmp_path, capsys
         assert keys <= set(figures)
         assert 0.0 <= figures["sla_attainment"] <= 1.0
         assert figures["jobs_completed"] == data["jobs"]
+        # where the work went: every type of the cluster, busy no longer than its GPUs over the window
+        busy, count = figures["busy_gpu_h"], {"v100": 2, "p100": 2, "k80": 4}
+        assert set(busy) == set(count) and sum(busy.values()) > 0
+        assert all(0 <= busy[t] <= count[t] * figures["window_h"] + 1e-9 for t in count)
     assert data["policies"]["oracle"]["sla_attainment"] == 1.0
     assert png.stat().st_size > 10_000
+    assert "v100 busy_gpu_h" in capsys.readouterr().out
 
 
 def test_simulate_over_seeds_reports_one_window_for_every_policy_and_the_spread(gavel_dir, tmp_path, capsys):

@@ -6,7 +6,7 @@ import pytest
 
 from gogh_flows.catalog import get_gpu_type
 from gogh_flows.placement import Gpu, get_policy
-from gogh_flows.sim.account import energy_accounts
+from gogh_flows.sim.account import busy_gpu_hours, energy_accounts
 from gogh_flows.sim.engine import SimConfig, simulate
 from gogh_flows.sim.run import parse_cluster, run_policies
 from test_sim_engine import J, _random_stream, _table
@@ -30,6 +30,25 @@ def test_hand_computed_window_charges_the_early_finisher_its_idle_tail():
     assert acc["first-fit"].always_on_vs["greedy-fastest"] == pytest.approx(
         acc["first-fit"].always_on_kwh / acc["greedy-fastest"].always_on_kwh)
     assert "oracle" not in acc["first-fit"].parked_vs  # only references that ran
+
+
+def test_busy_gpu_hours_say_where_the_work_went():
+    gpus = [Gpu("v", "v100"), Gpu("t", "t4")]
+    fast = simulate([J("x", "a", 1000.0, 0.0, 8.0)], gpus, _table(), get_policy("greedy-fastest"))
+    slow = simulate([J("x", "a", 1000.0, 0.0, 2.0)], gpus, _table(), get_policy("first-fit"))
+    assert busy_gpu_hours(fast) == pytest.approx({"v100": 100.0 / 3600, "t4": 0.0})
+    assert busy_gpu_hours(slow)["v100"] + busy_gpu_hours(slow)["t4"] == pytest.approx(slow.end_s / 3600)
+    # many jobs of one type (no pair to share a board), gangs among them, no moves: the busy
+    # GPU-hours are each job's time on its GPUs times their number
+    jobs = [j for j in _random_stream(40, seed=7) if j.job_type == "a"]
+    assert any(j.num_gpus == 2 for j in jobs)
+    run = run_policies(jobs, parse_cluster("v100=3,t4=3"), _table(), ["greedy-fastest"],
+                       config=SimConfig(rebalance=False))["greedy-fastest"]
+    on_gpus: dict[str, float] = {}
+    for j in jobs:
+        r = run.jobs[j.id]
+        on_gpus[r.gpu_type] = on_gpus.get(r.gpu_type, 0.0) + j.num_gpus * (r.finished_s - r.placed_s) / 3600
+    assert busy_gpu_hours(run) == pytest.approx({t: on_gpus.get(t, 0.0) for t in ("v100", "t4")})
 
 
 def test_parked_account_of_an_always_on_run_equals_a_parked_run():

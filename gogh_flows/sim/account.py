@@ -23,7 +23,7 @@ from gogh_flows.catalog import get_gpu_type
 from gogh_flows.energy import kwh
 from gogh_flows.sim.engine import SimResult
 
-__all__ = ["EnergyAccount", "energy_accounts", "empty_idle_j"]
+__all__ = ["EnergyAccount", "busy_gpu_hours", "energy_accounts", "empty_idle_j"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,22 @@ def empty_idle_j(result: SimResult) -> float:
         if t1 > t0:
             total += _idle_w(result.fleet, busy) * (t1 - t0)
     return total
+
+
+def busy_gpu_hours(result: SimResult) -> dict[str, float]:
+    """GPU-hours each GPU type of the fleet was busy (one or two jobs on a board count once).
+
+    Where the work went explains a ratio the energy alone does not: a policy that sends more jobs
+    to the scarce efficient type queues them for it and finishes later, which lengthens every
+    policy's common window (docs/evaluation.md, issue 12's bar)."""
+    steps = sorted(result.occupancy, key=lambda s: s[0])
+    out = {t: 0.0 for t in result.fleet}
+    for (t0, busy), (t1, _) in zip(steps, [*steps[1:], (result.end_s, {})]):
+        t1 = min(t1, result.end_s)
+        if t1 > t0:
+            for t, n in busy.items():
+                out[t] = out.get(t, 0.0) + n * (t1 - t0) / 3600
+    return out
 
 
 def energy_accounts(results: Mapping[str, SimResult], *, parked_run: bool = False,

@@ -250,7 +250,7 @@ def _seeded(args: argparse.Namespace, seed: int) -> argparse.Namespace:
 
 def _run_one(args: argparse.Namespace, truth: ThroughputTable, gpus: list, names: list[str], seed: int,
              jobs: list, predictors, patience=None):
-    from gogh_flows.sim.account import energy_accounts
+    from gogh_flows.sim.account import busy_gpu_hours, energy_accounts
     from gogh_flows.sim.engine import SimConfig
 
     config = SimConfig(seed=seed, noise=args.noise, rebalance=not args.no_rebalance,
@@ -261,7 +261,8 @@ def _run_one(args: argparse.Namespace, truth: ThroughputTable, gpus: list, names
         results = run_policies(jobs, gpus, truth, names, config=config, progress=bars.update, predictors=predictors,
                                risk_level=args.risk_level, rltune_model=args.rltune_model, patience=patience)
     accounts = energy_accounts(results)
-    policies = {name: {**r.summary(), **accounts[name].as_row()} for name, r in results.items()}
+    policies = {name: {**r.summary(), **accounts[name].as_row(), "busy_gpu_h": busy_gpu_hours(r)}
+                for name, r in results.items()}
     if args.floor:
         from collections import Counter
 
@@ -310,6 +311,15 @@ def _table(figures: dict[str, dict]):
             out["sla_attainment"] = attainment_text(out["sla_attainment"])
         rows.append(out)
     return pl.DataFrame(rows)
+
+
+def _busy_table(figures: dict[str, dict]):
+    """Per policy, the GPU-hours each type was busy: where the work went (a separate table: the
+    main one is wide already)."""
+    import polars as pl
+
+    return pl.DataFrame([{"policy": name, **{f"{t} busy_gpu_h": h for t, h in row["busy_gpu_h"].items()}}
+                         for name, row in figures.items() if row.get("busy_gpu_h")])
 
 
 def unfinished_notes(per_seed: dict[int, dict[str, dict]]) -> list[str]:
@@ -553,6 +563,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             if len(seeds) > 1:
                 print(f"seed {seed}")
             print(_table(per_seed[seed]))
+            print(_busy_table(per_seed[seed]))
         if len(seeds) > 1:
             def cell(key: str, v: dict[str, float]) -> tuple[str, str]:
                 scale, name = (3600.0, key.removesuffix("_s") + "_h") if key.endswith("_s") else (1.0, key)
@@ -563,7 +574,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             print(f"over seeds {', '.join(map(str, seeds))}: mean [min, max]")
             print(pl.DataFrame(rows))
     print("energy_kwh: each policy's own run; energy_kwh_on / _parked: one common window for every "
-          "policy, always on / idle GPUs parked; on_vs_X, parked_vs_X: ratios to policy X", file=sys.stderr)
+          "policy, always on / idle GPUs parked; on_vs_X, parked_vs_X: ratios to policy X; <type> busy_gpu_h: "
+          "GPU-hours that type's GPUs were busy (a board shared by two jobs counts once)", file=sys.stderr)
     if args.risk_level is not None and any(base_policy(n) == "gogh-p1" for n in names):
         print("gogh-p1 planned with P1's point predictions: the intervals are calibrated on the refiner's errors, "
               "not on P1 alone's, so --risk-level applies to gogh only", file=sys.stderr)
