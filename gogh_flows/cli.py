@@ -199,8 +199,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
     blocks = sub.add_parser("blocks", help="Prefect blocks of gogh-flows")
     blocks_sub = blocks.add_subparsers(dest="blocks", required=True)
-    ba = blocks_sub.add_parser("apply", help="validate and save every block document (*.json) of a folder")
-    ba.add_argument("folder", nargs="?", default="blocks")
+    ba = blocks_sub.add_parser("apply", help="validate and save every block document (*.json) of a folder, "
+                               "or one document")
+    ba.add_argument("folder", nargs="?", default="blocks", help="a folder of *.json block documents, or one of "
+                    "them (default: blocks)")
     ba.set_defaults(func=cmd_blocks_apply)
 
     serve = sub.add_parser("serve", help="serve the refiner-retraining flow as a scheduled deployment")
@@ -253,7 +255,7 @@ def _name_subcommands(parser: argparse.ArgumentParser) -> None:
 
 
 # options naming a file a command writes, and those naming a file or a folder it writes into
-# (a command whose --out is a folder sets ``out_is_folder``)
+# (a command whose --out is a folder sets ``out_is_folder``; one whose --out is a file, ``out_is_file``)
 _FILE_OUTPUTS = ("json", "plot")
 _FOLDER_OUTPUTS = ("out",)
 
@@ -274,6 +276,8 @@ def check_outputs_writable(args: argparse.Namespace) -> None:
         if name in _FILE_OUTPUTS and path.is_dir():
             suffix = "png" if name == "plot" else "json"
             raise ValueError(f"{option} {value!r} is a folder; give a file name in it (e.g. {path / ('out.' + suffix)})")
+        if name == "out" and getattr(args, "out_is_file", False) and path.is_dir():
+            raise ValueError(f"{option} {value!r} is a folder; give a file name in it (e.g. {path / 'out.json'})")
         if name in _FOLDER_OUTPUTS and getattr(args, "out_is_folder", False) and path.exists() and not path.is_dir():
             raise ValueError(f"{option} {value!r} is a file; it names a folder to write into (one that does not "
                              "exist yet is made)")

@@ -804,4 +804,4 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "(gogh_flows/power_limit_model.json is the shipped model).")
     fit.add_argument("--data", help=data_help)
     fit.add_argument("--out", help="write the model's JSON to this file")
-    fit.set_defaults(func=cmd_power_fit)
+    fit.set_defaults(func=cmd_power_fit, out_is_file=True)

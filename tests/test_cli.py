@@ -280,6 +280,9 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_command_runs(arg
 def test_a_folder_given_as_an_output_file_is_refused_with_a_file_name_to_use(tmp_path, capsys):
     assert main(["bench", "placement", "--gpus", "4", "--json", str(tmp_path)]) == 2
     assert f"is a folder; give a file name in it (e.g. {tmp_path / 'out.json'})" in capsys.readouterr().err
+    # `gogh power fit --out` is a file too: refused before the fit, not by a traceback after it (a review)
+    assert main(["power", "fit", "--out", str(tmp_path)]) == 2
+    assert f"--out '{tmp_path}' is a folder; give a file name in it" in capsys.readouterr().err
     out = tmp_path / "new" / "deeper" / "b.json"  # a missing parent is created, not refused
     assert main(["bench", "placement", "--gpus", "8", "--running", "4", "--arrivals", "1", "--repeat", "1",
                  "--json", str(out)]) == 0

@@ -17,6 +17,9 @@ def test_a_missing_block_folder_is_named_as_missing(tmp_path):
         apply_block_documents(tmp_path / "no-such-dir")
     with pytest.raises(FileNotFoundError, match=r"no block documents \(\*\.json\)"):
         apply_block_documents(tmp_path)
+    (tmp_path / "notes.txt").write_text("")
+    with pytest.raises(ValueError, match=r"notes.txt is not a block document \(\*\.json\)"):
+        apply_block_documents(tmp_path / "notes.txt")
 
 
 class ReadsValues(nn.Module):

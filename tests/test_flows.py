@@ -471,6 +471,36 @@ def test_block_documents_are_validated_saved_and_used_by_name(gogh_home, tmp_pat
     assert "to the Prefect server at http" in capsys.readouterr().out
     with pytest.raises(ValueError):
         GpuCluster.load("broken")
+    # one document applies alone (a review found it refused as "not a folder")
+    one = tmp_path / "one.json"
+    one.write_text(json.dumps({"type": "gpu-cluster", "name": "just-one", "data": {"fleet": {"t4": 3}}}))
+    assert main(["blocks", "apply", str(one)]) == 0
+    assert "saved gogh-gpu-cluster/just-one" in capsys.readouterr().out
+    assert GpuCluster.load("just-one").fleet == {"t4": 3}
+
+
+def test_a_relative_sqlite_registry_is_one_registry_from_every_folder(tmp_path, monkeypatch):
+    """``sqlite:///mlflow.db`` is relative to each process's folder: saved that way, placements run
+    from one folder and a retraining run from another used two registries, and the promoted
+    champion was never seen by the placements (a new-user review). The block stores it absolute."""
+    from gogh_flows.flows.blocks import PredictorRegistry, read_block_document
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    block = PredictorRegistry(tracking_uri="sqlite:///mlflow.db")
+    assert block.tracking_uri == f"sqlite:///{tmp_path / 'a' / 'mlflow.db'}"
+    doc = tmp_path / "reg.json"
+    doc.write_text(json.dumps({"type": "predictor-registry", "name": "rel", "data": block.model_dump(
+        include={"tracking_uri", "p1_name", "p2_name", "alias", "prior"})}))
+    monkeypatch.chdir(tmp_path / "b")  # another process's folder: the same registry
+    assert read_block_document(doc)[1].resolved_tracking_uri() == block.tracking_uri
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:///runs/mlflow.db?timeout=5")
+    assert PredictorRegistry(tracking_uri=None).resolved_tracking_uri() == (
+        f"sqlite:///{tmp_path / 'b' / 'runs' / 'mlflow.db'}?timeout=5")
+    for kept in ("sqlite:////srv/mlflow.db", "sqlite:///:memory:", "http://127.0.0.1:5000",
+                 "postgresql+psycopg://db/mlflow"):
+        assert PredictorRegistry(tracking_uri=kept).tracking_uri == kept
 
 
 def test_misspelt_block_fields_and_bad_registry_settings_are_refused(tmp_path):

@@ -90,7 +90,8 @@ class GpuCluster(Block):
         "and the predictors still see the catalog type, as they would at a site with those boards")
     time_scale: float = Field(default=0.0, ge=0.0, allow_inf_nan=False, description="emulated mode: wall seconds per "
                               "emulated second (0 = do not sleep)")
-    seed: int = 0
+    seed: int = Field(default=0, description="emulated mode: seeds the synthetic truth and the emulated "
+                      "runs")
     lease_timeout_s: float = Field(default=30.0, gt=0.0, allow_inf_nan=False, description="a GPU slot whose holder stops "
                                    "refreshing it (placing process or worker died) is freed after this "
                                    "many seconds; a shared scheduler keeps the value it was started with")
@@ -189,6 +190,22 @@ class GpuCluster(Block):
         return json.dumps(self.model_dump(mode="json", exclude={"block_type_slug"}), sort_keys=True)
 
 
+def _absolute_sqlite(uri: str) -> str:
+    """``sqlite:///mlflow.db`` made absolute (``sqlite:////<cwd>/mlflow.db``).
+
+    A relative SQLite path is relative to each process's working folder: a block saved with one
+    gave the placements run from one folder and the retraining run from another two registries,
+    and the champion promoted in one was never seen by the other (a new-user review). Stored
+    absolute, like ``prior``: a block is loaded by processes started elsewhere."""
+    head, sep, rest = uri.partition(":///")
+    if not sep or head.split("+", 1)[0].lower() != "sqlite":
+        return uri
+    path, q, query = rest.partition("?")
+    if not path or path.startswith("/") or path == ":memory:":
+        return uri
+    return f"{head}:///{Path(path).expanduser().resolve()}{q}{query}"
+
+
 class PredictorRegistry(Block):
     """Where P1/P2 live: an MLflow tracking/registry URI, the model names and the alias to load."""
 
@@ -226,7 +243,7 @@ class PredictorRegistry(Block):
             raise ValueError(f"tracking_uri {value!r} is not an MLflow tracking URI; use one of "
                              "sqlite:///path/mlflow.db, http(s)://host:port, file:///path, or a database "
                              f"URI ({', '.join(sorted(s for s in TRACKING_SCHEMES if s not in ('http', 'https')))})")
-        return value
+        return _absolute_sqlite(value)
 
     @field_validator("prior")
     @classmethod
@@ -424,11 +441,18 @@ def require_prefect_server() -> None:
 
 
 def apply_block_documents(folder: Path, *, overwrite: bool = True) -> list[tuple[str, str]]:
-    """Validate every ``*.json`` in ``folder`` first, then save them all: (type, name) per block."""
-    if not Path(folder).is_dir():
-        raise FileNotFoundError(f"block document folder {folder} does not exist (or is not a folder); give the "
-                                "folder that holds the *.json block documents, e.g. blocks/")
-    paths = sorted(Path(folder).glob("*.json"))
+    """Validate every ``*.json`` in ``folder`` (or the one document ``folder`` names) first, then
+    save them all: (type, name) per block."""
+    if Path(folder).is_file():
+        if Path(folder).suffix.lower() != ".json":
+            raise ValueError(f"{folder} is not a block document (*.json); give one, or the folder that holds "
+                             "them, e.g. blocks/")
+        paths = [Path(folder)]
+    elif not Path(folder).is_dir():
+        raise FileNotFoundError(f"{folder} does not exist; give the folder that holds the *.json block "
+                                "documents (e.g. blocks/) or one of them (e.g. blocks/demo-fleet.json)")
+    else:
+        paths = sorted(Path(folder).glob("*.json"))
     if not paths:
         raise FileNotFoundError(f"no block documents (*.json) in {folder}")
     docs = [read_block_document(p) for p in paths]  # all-or-nothing: validate before saving

@@ -496,8 +496,13 @@ def refine_predictors(
             "champion_trained_measurements": learned,
             "seconds": round(time.time() - started, 2),
         }
+        # a challenger that did worse is said to have (a review read "not 1% better" of one 4% worse)
+        c, h = chall_score["mape"], champ_score["mape"]
+        short = (f"no better than the champion (holdout MAPE {c:.2%} against {h:.2%})" if not c < h else
+                 f"{1 - c / h:.1%} better than the champion, less than the {min_improvement:.0%} required "
+                 f"(holdout MAPE {c:.2%} against {h:.2%})")
         verdict = "promoted to champion" if promoted else (
-            f"not promoted: not {min_improvement:.0%} better than the champion" if not better
+            f"not promoted: {short}" if not better
             else "not promoted (promote=False)" if not promote
             else (f"not promoted: the champion moved from v{alias_before} to v{now} while this challenger "
                   "was trained; the next retraining compares against it"))
@@ -511,7 +516,8 @@ def refine_predictors(
             f"Trained on {train.height} measurements, scored on the {test.height} most recent{unseen_text}, "
             "each predicted without the earlier measurements of its own entry (job, GPU type, partner), "
             "as a placement would. "
-            f"{how}. Site offsets per type: {offsets or 'none learned'}.",
+            f"{how}. Site offsets per type: "
+            f"{', '.join(f'{g} {v}' for g, v in offsets.items()) if offsets else 'none learned'}.",
         ]))
         logger.info("refiner challenger v%s: MAPE %.2f%% vs champion v%s %.2f%% -> %s", version,
                     100 * chall_score["mape"], versions["p2"], 100 * champ_score["mape"], verdict)
