@@ -206,9 +206,23 @@ def window_note(scen: dict, learned: dict) -> str:
     own, beside = scen.get("gavel-physical"), learned.get("(b) every family unseen, noise 0")
     if not own or not beside:
         return ""
-    name = "oracle+limits+fleet+wait"
-    return (f" (on (b), {name} {spread([r[name]['on'] for r in beside['runs'].values()])} beside the learned "
-            f"policies, {spread([r[name]['on'] for r in own['runs'].values()])} in (b)'s own run, on the same jobs)")
+    name, learner = "oracle+limits+fleet+wait", "gogh+limits+fleet+wait"
+    runs = list(beside["runs"].values())
+    why = ""
+    if all("makespan_h" in r[n] for r in runs for n in (name, learner)):  # saved since 2026-11-29
+        def mean(n: str, key) -> float:
+            return statistics.fmean(key(r[n]) for r in runs)
+
+        top = max(runs[0][name]["busy_gpu_h"], key=lambda t: mean(name, lambda f: f["busy_gpu_h"][t]))
+        ends = [mean(n, lambda f: f["makespan_h"]) for n in (learner, name)]
+        busy = [mean(n, lambda f: f["busy_gpu_h"][top]) for n in (learner, name)]
+        why = (f"; there {learner} ended at {ends[0]:.1f} h on average against {ends[1]:.1f} h, the {top} GPUs "
+               f"(the type the oracle kept busiest) busy {busy[0]:.0f} GPU-hours against {busy[1]:.0f}"
+               + (": it queued more work for them, on predicted rates" if ends[0] > ends[1] and busy[0] > busy[1]
+                  else ""))
+    return (f" (on (b), {name} {spread([r[name]['on'] for r in runs])} beside the learned "
+            f"policies, {spread([r[name]['on'] for r in own['runs'].values()])} in (b)'s own run, on the same jobs"
+            f"{why})")
 
 
 def report(scen: dict, learned: dict, wall_s: float) -> list[str]:
