@@ -16,7 +16,7 @@ Both come from one run: the empty GPUs' idle draw is integrated from the run's o
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from gogh_flows.catalog import get_gpu_type
@@ -50,15 +50,18 @@ def _idle_w(fleet: Mapping[str, int], busy: Mapping[str, int]) -> float:
     return sum((n - busy.get(t, 0)) * get_gpu_type(t).idle_w for t, n in fleet.items())
 
 
-def empty_idle_j(result: SimResult) -> float:
-    """Joules the run's empty GPUs would draw at idle from 0 to its end (its occupancy steps)."""
+def _spans(result: SimResult) -> Iterator[tuple[Mapping[str, int], float]]:
+    """The run's occupancy as (busy GPUs per type, seconds it lasted), from 0 to the run's end."""
     steps = sorted(result.occupancy, key=lambda s: s[0])
-    total = 0.0
     for (t0, busy), (t1, _) in zip(steps, [*steps[1:], (result.end_s, {})]):
         t1 = min(t1, result.end_s)
         if t1 > t0:
-            total += _idle_w(result.fleet, busy) * (t1 - t0)
-    return total
+            yield busy, t1 - t0
+
+
+def empty_idle_j(result: SimResult) -> float:
+    """Joules the run's empty GPUs would draw at idle from 0 to its end (its occupancy steps)."""
+    return sum(_idle_w(result.fleet, busy) * s for busy, s in _spans(result))
 
 
 def busy_gpu_hours(result: SimResult) -> dict[str, float]:
@@ -67,13 +70,10 @@ def busy_gpu_hours(result: SimResult) -> dict[str, float]:
     Where the work went explains a ratio the energy alone does not: a policy that sends more jobs
     to the scarce efficient type queues them for it and finishes later, which lengthens every
     policy's common window (docs/evaluation.md, issue 12's bar)."""
-    steps = sorted(result.occupancy, key=lambda s: s[0])
     out = {t: 0.0 for t in result.fleet}
-    for (t0, busy), (t1, _) in zip(steps, [*steps[1:], (result.end_s, {})]):
-        t1 = min(t1, result.end_s)
-        if t1 > t0:
-            for t, n in busy.items():
-                out[t] = out.get(t, 0.0) + n * (t1 - t0) / 3600
+    for busy, s in _spans(result):
+        for t, n in busy.items():
+            out[t] = out.get(t, 0.0) + n * s / 3600
     return out
 
 
