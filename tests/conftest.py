@@ -87,13 +87,58 @@ _hyp_settings.load_profile("gogh")
 
 # -- the Prefect layer --------------------------------------------------------------------
 # One Prefect test server for the whole session (about 12 s to start, DESIGN §8), started
-# only by tests that ask for it; its database lives in a temp dir.
+# only by tests that ask for it. Its records are thrown away, so they are kept in memory, as
+# the demo's are (localenv.MEMORY_DATABASE): Prefect's own harness puts them in a SQLite file,
+# where concurrent writers wait on the file's lock and a flow run stalled for Prefect's 60 s busy
+# timeout in about half of the full suites (docs/performance.md).
 @pytest.fixture(scope="session")
 def prefect_server():
-    from prefect.testing.utilities import prefect_test_harness
+    import prefect.context
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_DATABASE_CONNECTION_URL, temporary_settings
 
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+    from gogh_flows.localenv import MEMORY_DATABASE
+
+    memory = MEMORY_DATABASE["PREFECT_SERVER_DATABASE_CONNECTION_URL"]
+    with temporary_settings(updates={PREFECT_SERVER_DATABASE_CONNECTION_URL: memory}):
+        server = SubprocessASGIServer(port=_free_port())
+        # ... registered as the default, so that Prefect code asking for a temporary server during
+        # a flow run finds this one instead of starting another (what Prefect's harness does too)
+        before = SubprocessASGIServer._instances.get(None)
+        SubprocessASGIServer._instances[None] = server
+        server.start(timeout=120)
+        try:
+            with temporary_settings(updates={PREFECT_API_URL: server.api_url}), \
+                    prefect.context._temporary_global_settings_context(prefect.context.get_settings_context()):
+                yield server.api_url
+                _drain_prefect_workers()
+        finally:
+            server.stop()
+            if before is None:
+                SubprocessASGIServer._instances.pop(None, None)
+            else:
+                SubprocessASGIServer._instances[None] = before
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _drain_prefect_workers() -> None:
+    """Logs and events still queued in this process reach the server before it stops (they
+    raised connection errors at shutdown otherwise)."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        try:
+            worker.drain_all(timeout=5)
+        except Exception:  # noqa: BLE001 - shutting down: nothing left to report to
+            pass
 
 
 @pytest.fixture(scope="session")
