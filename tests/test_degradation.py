@@ -275,10 +275,39 @@ def test_deciding_is_bounded_by_placement_timeout_s_apart_from_waiting():
             time.sleep(0.05)
             return Claim(ok=False, version=1, reason="changed")
 
+    class Free(Contended):
+        def claim(self, *args, timeout_s=None, **kwargs):
+            return Claim(ok=True, version=1)
+
+    # a first decision imports the solver and the predictors' modules (seconds when this test runs
+    # alone): warmed up, the time measured below is the loop's own
+    assert _place(Free()).gpu_id == "a100-0"
     start = time.monotonic()
     with pytest.raises(PlacementTimeout, match=r"placement_timeout_s=0\.5 s.*claim\(s\) refused|claim\(s\) refused.*placement_timeout_s=0\.5"):
         _place(Contended(), placement_timeout_s=0.5)
     assert time.monotonic() - start < 3.0
+
+
+def test_a_pool_with_no_live_worker_says_so_not_that_the_fleet_was_busy():
+    """With every worker gone nothing is predicted: the wait and the timeout said "best predicted nan
+    steps/s ... the fleet can run it but was busy" (a test-suite review)."""
+
+    class Empty:
+        def state(self, *, timeout_s=None):
+            return LedgerState(now=time.time(), lease_timeout_s=30.0, versions={}, leases=(),
+                               workers=frozenset(), counts={})
+
+        def claim(self, *args, timeout_s=None, **kwargs):
+            raise AssertionError("nothing to claim on a pool without workers")
+
+    said: list[str] = []
+    with pytest.raises(PlacementTimeout) as err:
+        _place(Empty(), devices=lambda state: [], wait_timeout_s=0.05, poll_s=0.01, on_wait=said.append)
+    message = str(err.value)
+    assert "no worker of the pool was alive" in message and "gogh pool status" in message, message
+    assert "nan" not in message and "busy" not in message, message
+    assert said and "no GPU of the pool has a live worker (required 1 steps/s)" in said[0], said
+    assert "nan" not in said[0]
 
 
 def test_a_scheduler_that_does_not_answer_fails_the_placement_within_its_bound():

@@ -325,16 +325,26 @@ def place_with_retry(
             if not best >= job.required_throughput:
                 raise InfeasibleRequirement(_infeasible_message(job, best, sorted({d.gpu_type for d in live})))
         if elapsed >= wait_timeout_s:
+            if not live:  # nothing was predicted: a busy fleet it is not
+                raise PlacementTimeout(
+                    f"no GPU could run {job.job_type!r} within {wait_timeout_s:g} s: no worker of the pool was "
+                    "alive to run it. Start its workers (one per GPU: `dask worker ADDRESS --name v100-0 --resources "
+                    "slot=2`, docs/runtime.md), see which answer with `gogh pool status ADDRESS`, or raise "
+                    "wait_timeout_s")
             raise PlacementTimeout(
                 f"no GPU could run {job.job_type!r} at its required {job.required_throughput:g} steps/s "
                 f"within {wait_timeout_s:g} s ({reason}); the fleet can run it (best predicted "
                 f"{best:.4g} steps/s) but was busy. Raise wait_timeout_s, or add GPUs")
         if on_wait is not None and not said_waiting:
-            planned = _planned(problem, run_id) if live else job.required_throughput
-            raised = (f", planned against {planned:.4g} with the policy's headroom for up to "
-                      f"{headroom_for_s:g} s" if planned > job.required_throughput else "")
-            on_wait(f"run {run_id} waits for a GPU: {reason} (best predicted {best:.4g} steps/s, "
-                    f"required {job.required_throughput:g}{raised}); retrying every {poll_s:g} s for up to "
+            if live:
+                planned = _planned(problem, run_id)
+                raised = (f", planned against {planned:.4g} with the policy's headroom for up to "
+                          f"{headroom_for_s:g} s" if planned > job.required_throughput else "")
+                why = (f"{reason} (best predicted {best:.4g} steps/s, required "
+                       f"{job.required_throughput:g}{raised})")
+            else:
+                why = f"{reason} (required {job.required_throughput:g} steps/s)"
+            on_wait(f"run {run_id} waits for a GPU: {why}; retrying every {poll_s:g} s for up to "
                     f"{wait_timeout_s:g} s")
             said_waiting = True
         if held_note is not None and run_id not in held and on_wait is not None and not said_unheld:
