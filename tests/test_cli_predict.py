@@ -62,7 +62,6 @@ def _check_row(row: WhatIfRow, job: str, gpu: str, partner: str | None) -> None:
 
 
 def test_every_zoo_job_alone_on_every_catalog_type(predictor):
-    start = time.monotonic()
     for name in ZOO_JOBS:
         job = resolve_job(name)
         assert job.job_type == name
@@ -73,7 +72,6 @@ def test_every_zoo_job_alone_on_every_catalog_type(predictor):
             _check_row(row, name, row.gpu_type, None)
             assert row.throughput == table.isolated(name, row.gpu_type)  # the predictor's own figure
         assert any(r.fits for r in rows), f"{name} fits no catalog GPU type"
-    assert time.monotonic() - start < 30
 
 
 def test_every_zoo_job_next_to_one_partner(predictor):

@@ -59,6 +59,28 @@ def test_only_the_jobs_named_as_waiting_can_be_held():
     assert held == {} and kept is placement
 
 
+@pytest.mark.parametrize("running_on_t4", [False, True], ids=["a-new-pair", "a-join"])
+def test_a_job_sharing_a_board_is_never_held(running_on_t4):
+    """Its partner was placed counting on it: holding one half of a pair (or a job joining a
+    running one) would leave the other planned next to a job that is not there."""
+    rows = [r for r in _table().frame.iter_rows(named=True) if r["partner"] is None]
+    rows.append({"job_type": "gain", "gpu_type": "t4", "scale_factor": 1, "partner": "gain", "throughput": 8.0,
+                 "partner_throughput": 8.0})
+    gpus = [Gpu("h", "h100", 1), Gpu("t", "t4", 2)]
+    jobs = [Job("first", "gain", 1.0, 1e6, gpus=("h",)), Job("new", "gain", 1.0, 1e6),
+            Job("other", "gain", 1.0, 1e6, gpus=("t",) if running_on_t4 else ())]
+    problem = PlacementProblem.build(gpus, jobs, ThroughputTable.from_rows(rows))
+    placement = GoghOptimizer().place(problem)
+    new = placement.assignment("new")
+    assert new.gpu_type == "t4" and new.partner == "other"
+    waited = {"new": 0.0} if running_on_t4 else {"new": 0.0, "other": 0.0}
+    kept, held = hold_for_efficiency(placement, problem, waited, Patience(3600.0))
+    assert held == {} and kept is placement
+    # alone on the T4, the same job would have been held for the H100
+    alone = PlacementProblem.build(gpus, jobs[:2], ThroughputTable.from_rows(rows))
+    assert set(hold_for_efficiency(GoghOptimizer().place(alone), alone, {"new": 0.0}, Patience(3600.0))[1]) == {"new"}
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({"max_wait_s": -1.0}, "max_wait_s"), ({"max_wait_s": float("inf")}, "max_wait_s"),
     ({"max_wait_s": 60.0, "min_saving": 0.0}, "min_saving"), ({"max_wait_s": 60.0, "min_saving": 1.0}, "min_saving"),

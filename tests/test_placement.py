@@ -230,6 +230,35 @@ def test_unknown_policy_lists_known_ones():
 def test_optimizer_options_are_validated():
     with pytest.raises(ValueError, match="time_limit_s"):
         GoghOptimizer(time_limit_s=0)
+    with pytest.raises(ValueError, match="num_workers must be >= 1, got 0"):
+        GoghOptimizer(num_workers=0)
+    for gap in (-0.1, 1.0):
+        with pytest.raises(ValueError, match=r"relative_gap must be in \[0, 1\)"):
+            GoghOptimizer(relative_gap=gap)
+
+
+@pytest.mark.parametrize("fleet", [8, 2], ids=["every-arrival-fits", "too-few-gpus"])
+def test_a_solver_out_of_time_falls_back_to_the_greedy_placement_and_says_so(monkeypatch, fleet):
+    """When CP-SAT finds nothing within its time (a loaded machine, a huge fleet), the decision is the
+    greedy placement it was hinted with, marked "feasible" with an unknown gap, never nothing; both
+    stages: the energy stage (greedy places every arrival) and the counting stage before it."""
+    from ortools.sat.python import cp_model
+
+    from gogh_flows.truth.synthetic import synthetic_table
+
+    problem = random_problem(synthetic_table(), num_gpus=fleet, running=0, arrivals=6, seed=3)
+    calls: list[float] = []
+
+    def out_of_time(self, model, deadline, share, linearization):
+        calls.append(share)
+        return cp_model.UNKNOWN, None
+
+    monkeypatch.setattr(GoghOptimizer, "_run", out_of_time)
+    placement = GoghOptimizer(time_limit_s=1).place(problem)
+    assert calls == ([1.0] if fleet == 8 else [0.5])  # which stage gave up
+    assert placement.status == "feasible" and math.isnan(placement.gap)
+    assert placement.assignments and violations(problem, placement) == []
+    assert placement.energy_j == pytest.approx(placement_energy(problem, placement), rel=1e-9, abs=1e-6)
 
 
 def test_large_problem_solves_within_gap():

@@ -37,10 +37,17 @@ def test_the_budget_bounds_moves_and_a_small_gain_moves_nothing():
     problem = PlacementProblem.build(gpus, jobs, _table())
     assert reoptimize(problem, budget=1).moves == ()  # the swap needs two moves
     assert reoptimize(problem, budget=0).moves == ()
-    # 'flat' alone to a free H100: its energy barely changes, below the 10% bar
-    lone = PlacementProblem.build([Gpu("h", "h100"), Gpu("t", "t4")], [Job("f", "flat", 1.0, 1e6, gpus=("t",))],
-                                  _table())
-    assert reoptimize(lone, min_gain=0.5).moves == ()
+    # a job on a T4 that an idle H100 would run for about 4% less energy (40 W x 1e5 s on the T4;
+    # 'flat' of _table gains nothing at any bar, so it could not show the bar at work)
+    near = ThroughputTable.from_rows([{"job_type": "near", "gpu_type": t, "scale_factor": 1, "throughput": rate,
+                                       "activity": 0.5} for t, rate in (("h100", 100.0), ("t4", 10.0))])
+    lone = PlacementProblem.build([Gpu("h", "h100"), Gpu("t", "t4")], [Job("n", "near", 1.0, 1e6, gpus=("t",))],
+                                  near)
+    free = reoptimize(lone, min_gain=0.0, migration_s=0.0)
+    assert [(m.job_id, m.to_type) for m in free.moves] == [("n", "h100")]
+    assert 0.03 < free.saving_j / 4e6 < 0.05
+    assert reoptimize(lone, min_gain=0.05, migration_s=0.0).moves == ()  # below the bar: it stays
+    assert reoptimize(lone, migration_s=0.0).moves == ()  # the default bar, 10%
 
 
 def test_pinned_jobs_and_a_pair_member_leaving_its_board():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 
@@ -12,6 +13,7 @@ from gogh_flows.runtime import emulated_pool
 from gogh_flows.runtime.ledger import LedgerPlugin, lease_timeout_from_env
 from gogh_flows.runtime.worker import RunNotStarted
 from gogh_flows.truth.table import ThroughputTable
+from waits import until
 
 
 def _truth() -> ThroughputTable:
@@ -189,6 +191,7 @@ def _advance(steps: int) -> int:
 
 # bodies shipped to in-process workers are pickled: what they share with the test lives here
 _GATE = threading.Event()
+_GONE = SimpleNamespace(started_at=None)  # a lease no longer in the ledger: its body never starts there
 _STEPS: list[int] = []
 
 
@@ -242,8 +245,7 @@ def test_cancel_stops_the_body_at_its_next_report_and_then_frees_the_slot(pool):
     steps = _STEPS
     steps.clear()
     future = pool.submit(_reporting, gpu_id="v100-0", job_type="a", run_id="run-c", hold_lease=True)
-    while ledger.get("run-c").started_at is None:
-        time.sleep(0.02)
+    until(lambda: (ledger.get("run-c") or _GONE).started_at is not None, "run-c's body started")
     assert ledger.cancel("run-c")
     outcome = future.result(timeout=10)
     assert isinstance(outcome.exception, RunCancelled) and len(steps) < 200
@@ -265,8 +267,7 @@ def test_a_started_body_whose_placing_process_leaves_is_stopped_then_its_slot_fr
         led = PoolLedger(placer, register=False)
         assert _claim(led, "orphan").ok
         future = pool.submit(_reporting, gpu_id="v100-0", job_type="a", run_id="orphan", hold_lease=True)
-        while pool.ledger.get("orphan").started_at is None:
-            time.sleep(0.02)
+        until(lambda: (pool.ledger.get("orphan") or _GONE).started_at is not None, "the orphan's body started")
         led.close()
     # while the body runs on, its slot stays taken (it is still computing)
     assert pool.ledger.get("orphan") is not None or future.done()
@@ -304,8 +305,7 @@ def test_the_measurement_of_a_lost_placers_run_is_kept_by_the_ledger_until_deliv
         assert _claim(led, "lost").ok
         future = pool.submit(_reporting, gpu_id="v100-0", job_type="a", run_id="lost", hold_lease=True,
                              record_if_placer_lost=functools.partial(_row_for, "store-1"))
-        while pool.ledger.get("lost").started_at is None:
-            time.sleep(0.02)
+        until(lambda: (pool.ledger.get("lost") or _GONE).started_at is not None, "the lost run's body started")
         led.close()
     outcome = future.result(timeout=10)
     deadline = time.monotonic() + 5

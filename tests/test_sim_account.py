@@ -17,18 +17,23 @@ def test_hand_computed_window_charges_the_early_finisher_its_idle_tail():
     gpus = [Gpu("v", "v100"), Gpu("t", "t4")]
     fast = simulate([J("x", "a", 1000.0, 0.0, 8.0)], gpus, _table(), get_policy("greedy-fastest"))
     assert fast.end_s == pytest.approx(100.0)  # 1000 steps at 10/s on the V100
-    slow = simulate([J("x", "a", 1000.0, 0.0, 2.0)], gpus, _table(), get_policy("first-fit"))
+    # first-fit with the T4 listed first: 1000 steps at 4/s, so it sets the window's end
+    slow = simulate([J("x", "a", 1000.0, 0.0, 2.0)], gpus[::-1], _table(), get_policy("first-fit"))
+    assert slow.end_s == pytest.approx(250.0) and slow.jobs["x"].gpu_type == "t4"
     acc = energy_accounts({"greedy-fastest": fast, "first-fit": slow})
-    window = max(fast.end_s, slow.end_s)
-    both_idle = v100.idle_w + t4.idle_w
-    assert acc["greedy-fastest"].window_s == window == acc["first-fit"].window_s
-    # always on: the run's own energy (idle included) plus the whole fleet idling to the window's end
-    assert acc["greedy-fastest"].always_on_kwh * 3.6e6 == pytest.approx(fast.energy_j + both_idle * (window - 100.0))
-    # parked: only what the job drew (the V100 alone at activity 0.5 for 100 s)
-    assert acc["greedy-fastest"].parked_kwh * 3.6e6 == pytest.approx(
-        (v100.idle_w + 0.5 * (v100.tdp_w - v100.idle_w)) * 100.0)
-    assert acc["first-fit"].always_on_vs["greedy-fastest"] == pytest.approx(
-        acc["first-fit"].always_on_kwh / acc["greedy-fastest"].always_on_kwh)
+    assert acc["greedy-fastest"].window_s == 250.0 == acc["first-fit"].window_s
+    # by hand (activity 0.5): V100 busy 40 + 0.5 x 260 = 170 W, T4 busy 10 + 0.5 x 60 = 40 W
+    assert (v100.idle_w, v100.tdp_w, t4.idle_w, t4.tdp_w) == (40, 300, 10, 70)
+    # greedy-fastest, always on: 100 s of the V100 busy and the T4 idle (17,000 + 1,000 J), then
+    # both idle (50 W) for the 150 s the window runs on past its end: 25,500 J
+    assert acc["greedy-fastest"].always_on_kwh * 3.6e6 == pytest.approx(25_500.0)
+    # first-fit: 250 s of the T4 busy and the V100 idle (10,000 + 10,000 J), no tail
+    assert acc["first-fit"].always_on_kwh * 3.6e6 == pytest.approx(20_000.0)
+    # parked: only what the boards with a job drew
+    assert acc["greedy-fastest"].parked_kwh * 3.6e6 == pytest.approx(17_000.0)
+    assert acc["first-fit"].parked_kwh * 3.6e6 == pytest.approx(10_000.0)
+    assert acc["first-fit"].always_on_vs["greedy-fastest"] == pytest.approx(20_000 / 25_500)
+    assert acc["first-fit"].parked_vs["greedy-fastest"] == pytest.approx(10_000 / 17_000)
     assert "oracle" not in acc["first-fit"].parked_vs  # only references that ran
 
 

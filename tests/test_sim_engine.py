@@ -122,7 +122,13 @@ def test_occupancy_counts_busy_gpus_per_type():
     for _, counts in res.occupancy:
         assert 0 <= counts["v100"] <= 3 and 0 <= counts["t4"] <= 1
     assert res.occupancy[-1][1] == {"v100": 0, "t4": 0}  # everything finished
-    assert max(c["v100"] for _, c in res.occupancy) >= 2  # the gang took two V100s
+    # a1 and b1 share one V100 from t=0; the gang arrives at 50 and takes two more, for 100 steps
+    # at 1.8 x 10 steps/s
+    g = res.jobs["g"]
+    assert (g.gpu_type, g.placed_s) == ("v100", 50.0) and g.finished_s == pytest.approx(50.0 + 100.0 / 18.0)
+    at_50 = [c for t, c in res.occupancy if t == 50.0]
+    assert at_50[-1] == {"v100": 3, "t4": 0}
+    assert max(c["v100"] for _, c in res.occupancy) == 3
 
 
 def _planning_and_truth():

@@ -611,14 +611,27 @@ def test_a_sqlite_store_whose_folder_cannot_be_made_is_said_so():
         mlflow_client("sqlite:////proc/gogh-nope/mlflow.db")
 
 
-def test_a_timeout_raised_into_the_thread_creating_a_sqlite_store_leaves_a_whole_store(tmp_path: Path):
+def test_a_timeout_raised_into_the_thread_creating_a_sqlite_store_leaves_a_whole_store(tmp_path: Path, monkeypatch):
     """Prefect's timeout_seconds on a sync flow raises into the flow's thread; on a first run
     that was often inside MLflow's schema migrations, and the half-migrated store failed every
     later run ("duplicate column name"). The migration now finishes on its own thread."""
     import ctypes
     import threading
 
+    import mlflow.store.db.utils as mlflow_db
+
     from gogh_flows.tracking.backend import initialise_sqlite
+
+    # the timeout is raised once MLflow's migrations have begun (they take seconds on a fresh store;
+    # a fixed sleep before it missed them on a fast machine and landed before them on a slow one)
+    migrating = threading.Event()
+    upgrade = mlflow_db._upgrade_db
+
+    def upgrade_db(engine):
+        migrating.set()
+        return upgrade(engine)
+
+    monkeypatch.setattr(mlflow_db, "_upgrade_db", upgrade_db)
 
     db = tmp_path / "fresh" / "mlflow.db"
     db.parent.mkdir()
@@ -633,7 +646,7 @@ def test_a_timeout_raised_into_the_thread_creating_a_sqlite_store_leaves_a_whole
 
     caller = threading.Thread(target=first_run)
     caller.start()
-    time.sleep(0.3)  # MLflow's migrations take seconds on a fresh store
+    assert migrating.wait(60), "MLflow never began its migrations"
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(caller.ident), ctypes.py_object(TimeoutError))
     caller.join(60)
     assert caught, "the injected timeout reached the caller"
