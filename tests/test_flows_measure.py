@@ -323,3 +323,65 @@ def test_an_interrupted_run_says_it_was_interrupted():
 
     assert error_of(KeyboardInterrupt()) == "KeyboardInterrupt"
     assert error_of(RuntimeError("the pool is gone")) == "RuntimeError: the pool is gone"
+
+
+def _reading(steps: int):
+    from gogh_flows.runtime.telemetry import TelemetryReading
+
+    return TelemetryReading(source="emulated", duration_s=10.0, steps=steps, throughput=steps / 10.0,
+                            mean_power_w=300.0, energy_j=3000.0, max_memory_bytes=None, mean_utilisation=None,
+                            wall_s=10.0, attributed_energy_j=3000.0, energy_method="model", window="emulated",
+                            window_steps=steps, run_energy_j=3000.0, board_run_energy_j=3000.0)
+
+
+def _placed(run_id: str = "r1"):
+    from types import SimpleNamespace
+
+    from gogh_flows.runtime.outcome import RunOutcome
+    from gogh_flows.workloads.job import JobSpec
+
+    job = JobSpec.from_zoo("ResNet-50", 64, required_throughput=10.0, work_steps=300)
+    placement = SimpleNamespace(run_id=run_id, policy="optimizer", predicted_energy_j=1.0, waited_s=0.0,
+                                predictor_versions={}, partner_runs=(), partners=(), gpu_id="h100-0",
+                                gpu_type="h100", predicted_throughput=20.0, limit_trial=False)
+    return job, placement, lambda steps: RunOutcome(value=None, telemetry=_reading(steps), partners=(), error=None,
+                                                    gpu_id="h100-0", gpu_type="h100", job_type=job.job_type,
+                                                    run_id=run_id)
+
+
+def test_a_measurement_that_cannot_be_logged_is_said_and_never_raised_over_the_runs_result(caplog):
+    """record_run's promise: the run's result reaches its caller whatever the table does."""
+    from types import SimpleNamespace
+
+    from gogh_flows.flows.measure import record_run
+
+    job, placement, outcome = _placed()
+    kicked: list[bool] = []
+
+    def full_disk(m, *, defer):
+        raise OSError(28, "No space left on device")
+
+    session = SimpleNamespace(pool=SimpleNamespace(device=lambda gpu_id: SimpleNamespace(where="local")),
+                              measurements=SimpleNamespace(log=full_disk),
+                              mirror=SimpleNamespace(kick=lambda: kicked.append(True)))
+    with caplog.at_level("ERROR", logger="gogh_flows"):
+        assert record_run(session, job, placement, outcome(300), None, started=1.0, flow_run=None,
+                          flow_name="f") is None
+    assert "could not record the measurement of run r1 on h100-0" in caplog.text
+    assert "No space left on device" in caplog.text and not kicked
+
+
+@pytest.mark.parametrize(("steps", "told"), [(300, False), (600, False), (150, False), (3_000, True), (30, True)])
+def test_a_body_far_from_its_declared_work_either_way_is_told(monkeypatch, steps, told):
+    """work_steps=300: within a factor 2 either way nothing is said; 10x more or 10x fewer, told."""
+    from gogh_flows.flows import measure
+
+    said: list[str] = []
+    monkeypatch.setattr(measure, "_warn", said.append)
+    job, placement, outcome = _placed()
+    m = measure.build_measurement(job, placement, outcome(steps), None, started=1.0, wall_s=10.0, flow_run=None,
+                                  flow_name="f", device="local")
+    measure._say_if_work_differs(job, m)
+    assert bool(said) == told, said
+    if told:
+        assert f"reported {steps:,} steps" in said[0] and "declares 300" in said[0]
