@@ -474,3 +474,31 @@ def test_a_user_models_features_are_published_again_to_a_ledger_that_forgot_them
     # a zoo job type is never sent: every process rebuilds it from its name
     mine.put("ResNet-18 (batch size 16)", feats)
     assert "ResNet-18 (batch size 16)" not in wire.plugin.features
+
+
+def test_the_ledgers_keeps_are_bounded_and_drop_the_oldest(monkeypatch, caplog):
+    """A scheduler lives for weeks: the runs of lost placing processes nobody collects, and the
+    features of job types published, are capped, the oldest dropped first, and a drop is counted
+    and said (a test-suite review: no test reached the caps)."""
+    from gogh_flows.runtime import ledger as ledger_mod
+
+    monkeypatch.setattr(ledger_mod, "MAX_UNDELIVERED", 3)
+    monkeypatch.setattr(ledger_mod, "MAX_FEATURE_TYPES", 2)
+    monkeypatch.setattr(ledger_mod, "MAX_FEATURES_DOC", 10)
+    plugin = LedgerPlugin(1.0)
+    with caplog.at_level("WARNING", logger="gogh_flows"):
+        for i in range(5):
+            plugin.deposit(f"run-{i}", "team", {"steps": float(i)})
+        plugin.deposit("run-4", "team", {"steps": 4.5})  # a run already kept is replaced, nothing dropped
+    assert list(plugin.undelivered) == ["run-2", "run-3", "run-4"]
+    assert plugin.undelivered["run-4"]["row"] == {"steps": 4.5}
+    assert plugin.counts["undelivered_dropped"] == 2
+    assert caplog.text.count("were never collected; dropping the oldest") == 2 and "(run run-0)" in caplog.text
+    # features: a document over the size cap is refused with the reason; past the count cap the
+    # oldest type goes; the first published for a type stays
+    assert plugin.put_features("big", "x" * 11) == {"ok": False, "reason": "11 characters, more than 10"}
+    for t in ("a", "b", "c"):
+        assert plugin.put_features(t, f"doc-{t}")["ok"]
+    assert plugin.put_features("c", "other")["ok"] and plugin.get_features(["a", "b", "c"]) == {
+        "a": None, "b": "doc-b", "c": "doc-c"}
+    assert plugin.put_features("a") == {"ok": False}  # a placer asked: not here, send it again
