@@ -13,7 +13,9 @@ from gogh_flows.localenv import OFFLINE, THROWAWAY_SERVER, set_defaults, sqlite_
 set_defaults({
     **OFFLINE,
     **THROWAWAY_SERVER,  # a test server is thrown away too: no SQLite lock-outs of a minute
-    # the test server is SQLite: room for dozens of concurrent flow runs (the 40-run test)
+    # the pool for a server on a file; the session's server keeps its records in memory (below),
+    # where Prefect opens one connection and requests queue for it: up to the pool timeout while
+    # twenty flow runs write at once (the 40-run test)
     **sqlite_server(40),
     "PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_TIMEOUT": "120",
     # ... and clients wait out a busy server: the default 5 retries back off for about 30 s in

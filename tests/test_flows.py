@@ -261,10 +261,11 @@ def test_failing_flow_still_logs_its_measurement_marked_failed(gogh_home):
 def test_forty_concurrent_runs_never_overbook_and_lose_no_measurement(gogh_home):
     """40 runs racing for 12 slots (6 GPUs x 2), at most 20 in flight, the first 20 ramped in over 5 s.
 
-    20, not 40, flow runs are started at once because beyond that the Prefect *test* server
-    (SQLite) answers flow-run creation with "database is locked" and clients back off for
-    minutes; the placements still contend (20 > 12 slots), and 40 placements race in
-    tests/test_runtime_ledger.py at the ledger level.
+    20, not 40, flow runs are started at once: beyond that the Prefect *test* server, on a SQLite
+    file then, answered flow-run creation with "database is locked" and clients backed off for
+    minutes (it keeps its records in memory now, conftest.py; 40 at once was not tried since); the
+    placements still contend (20 > 12 slots), and 40 placements race in tests/test_runtime_ledger.py
+    at the ledger level.
     """
     cluster = GpuCluster(fleet={"v100": 2, "t4": 2, "k80": 2}, capacity=2, time_scale=2e-3)
     lock = threading.Lock()
