@@ -502,3 +502,20 @@ def test_the_ledgers_keeps_are_bounded_and_drop_the_oldest(monkeypatch, caplog):
     assert plugin.put_features("c", "other")["ok"] and plugin.get_features(["a", "b", "c"]) == {
         "a": None, "b": "doc-b", "c": "doc-c"}
     assert plugin.put_features("a") == {"ok": False}  # a placer asked: not here, send it again
+
+
+def test_a_worker_leaving_drops_its_leases_unless_another_process_serves_its_name():
+    """A worker restarted under its name (a nanny's restart, a new process before the old one's
+    removal reached the scheduler) keeps the GPU's runs: only the last process serving a name
+    takes its leases with it (a test-suite review: the branch had no test)."""
+    plugin = LedgerPlugin(1.0)
+    plugin.scheduler = _FakeScheduler()
+    plugin.names = {"tcp://old": "v100-0", "tcp://new": "v100-0", "tcp://t4": "t4-0"}
+    for run_id, gpu in (("on-v100", "v100-0"), ("on-t4", "t4-0")):
+        assert plugin.claim(run_id, gpu, gpu, 2, "a", 1.0, 1.0, 0, client="c1")["ok"]
+    plugin.remove_worker(plugin.scheduler, "tcp://old", stimulus_id="test")
+    assert set(plugin.leases) == {"on-v100", "on-t4"}  # the new process still serves v100-0
+    plugin.remove_worker(plugin.scheduler, "tcp://new", stimulus_id="test")
+    assert set(plugin.leases) == {"on-t4"} and plugin.counts.get("worker_left") == 1
+    plugin.remove_worker(plugin.scheduler, "tcp://unknown", stimulus_id="test")  # never seen: nothing
+    assert set(plugin.leases) == {"on-t4"}
