@@ -519,3 +519,30 @@ def test_a_worker_leaving_drops_its_leases_unless_another_process_serves_its_nam
     assert set(plugin.leases) == {"on-t4"} and plugin.counts.get("worker_left") == 1
     plugin.remove_worker(plugin.scheduler, "tcp://unknown", stimulus_id="test")  # never seen: nothing
     assert set(plugin.leases) == {"on-t4"}
+
+
+def test_a_workers_lease_keeper_passes_a_stop_on_and_says_when_the_lease_is_gone(caplog):
+    """The worker's side of a lease: a stop asked at the scheduler reaches the body (``on_cancel``);
+    a lease dropped under a running body is said once (its GPU may be given away) and no longer
+    refreshed."""
+    from gogh_flows.runtime.leases import WorkerLease
+
+    answers = iter([{"cancel": {}, "gone": []}, {"cancel": {"r1": "cancelled in Prefect"}, "gone": []},
+                    {"cancel": {}, "gone": ["r1"]}])
+    calls: list[str] = []
+
+    def call(op: str, **kwargs):
+        calls.append(op)
+        if op == "gogh_ledger_begin":
+            return {"ok": True, "lease_timeout_s": 0.04}
+        return next(answers)
+
+    stops: list[str] = []
+    lease = WorkerLease("r1", call, stops.append)
+    with caplog.at_level("WARNING", logger="gogh_flows"):
+        assert lease.begin("v100-0")
+        lease._thread.join(10)
+    assert not lease._thread.is_alive()  # it stopped refreshing a lease that is gone
+    assert calls == ["gogh_ledger_begin"] + ["gogh_ledger_refresh"] * 3
+    assert stops == ["cancelled in Prefect"]
+    assert caplog.text.count("the lease of run r1 was dropped while its body runs") == 1
