@@ -186,6 +186,15 @@ def test_job_type_names_round_trip_for_gavel_batch_sizes():
     assert parse_job_type(job_type_name("A3C", 40)) == ("A3C", 40)  # non-Gavel sizes stay distinct
 
 
+@pytest.mark.parametrize("typed", ["LM (batch size20)", "LM (batchsize 20)", "LM (batch 20)"])
+def test_a_mistyped_job_type_name_is_told_its_form_not_called_an_unknown_family(typed):
+    """`gogh predict --job "LM (batch size20)"` said "unknown model family 'LM (batch size20)'" and
+    listed every family (a new user's walk-through of the user guide)."""
+    with pytest.raises(ValueError, match=r"cannot read the job type .*write it as 'FAMILY \(batch size N\)', "
+                                         r"e\.g\. 'LM \(batch size 20\)'$"):
+        parse_job_type(typed)
+
+
 def test_inference_job_types_are_named_apart_and_round_trip():
     from gogh_flows.workloads.zoo import parse_job_kind
 

@@ -517,6 +517,10 @@ def parse_job_kind(job_type: str) -> tuple[str, int, str]:
     match = _JOB_TYPE.match(text)
     if match:
         return canonical_family(match["family"]), check_batch_size(int(match["bs"])), kind
+    if "(" in text and "batch" in text.lower():  # meant as a job-type name, mistyped: say its form
+        family = text.split("(", 1)[0].strip() or "ResNet-50"
+        raise ValueError(f"cannot read the job type {job_type!r}: write it as 'FAMILY (batch size N)', "
+                         f"e.g. '{family} (batch size 20)'")
     return (*_resolve(text.strip(), None), kind)
 
 
