@@ -257,10 +257,24 @@ def test_a_hung_worker_holds_its_gpu_slot_no_longer_than_the_lease(tmp_path):
             lost_s = time.monotonic() - stopped
         finally:
             os.kill(worker.pid, signal.SIGCONT)
-        # the worker, back, learns its lease is gone: the body stops and the slot stays free
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and ledger.state().leases:
-            time.sleep(0.2)
+        # the worker, back, learns its lease is gone: the body stops and the slot stays free (the body
+        # ran on, unseen by the ledger, until its 60 s were up)
+        from distributed import Client
+
+        def runs_on_t4() -> list:  # in the worker's process
+            from gogh_flows.runtime.worker import occupancy
+
+            return occupancy.snapshot().get("t4-0", [])
+
+        with Client(pool["address"], timeout=30, set_as_default=False) as client:
+            def on_board() -> list:
+                return client.run(runs_on_t4, workers=[worker_address])[worker_address]
+
+            worker_address = next(iter(client.scheduler_info()["workers"]))
+            until_s = time.monotonic() + 30
+            while time.monotonic() < until_s and on_board():
+                time.sleep(0.2)
+            assert on_board() == [], "the hung worker's body ran on after its lease was dropped"
         assert not ledger.state().leases
     # The ledger drops the lease a lease timeout (4 s) after its last refresh and its worker's last
     # heartbeat, at its next sweep (1 s). A scheduler that itself stood still for more than 4 s on a

@@ -252,8 +252,9 @@ class WorkerLease:
     """The lease of one run, held by the worker while its body runs.
 
     :meth:`begin` asks the scheduler whether the body may start (the lease is still held, for
-    this worker, and no stop was asked); a background thread then refreshes it and sets
-    ``on_cancel(reason)`` when a stop is asked; :meth:`end` frees the slot when the body has stopped.
+    this worker, and no stop was asked); a background thread then refreshes it and calls
+    ``on_cancel(reason)`` when a stop is asked or the lease is found dropped; :meth:`end` frees the
+    slot when the body has stopped.
     """
 
     def __init__(self, run_id: str, call: Callable[..., Any], on_cancel: Callable[[str], None]) -> None:
@@ -288,9 +289,14 @@ class WorkerLease:
             if self.run_id in answer["cancel"]:
                 self._on_cancel(answer["cancel"][self.run_id])
             if self.run_id in answer["gone"]:
-                log.warning("gogh: the lease of run %s was dropped while its body runs; its GPU may be "
-                            "given to another run (raise the lease timeout if this host is overloaded)",
+                # The ledger may already have given the slot to another run, and the placing process
+                # has given this one up (RunLost): a body left running would share the GPU unseen.
+                log.warning("gogh: the lease of run %s was dropped while its body runs (its worker went "
+                            "unheard for the lease timeout); the body is stopped at its next report, as its GPU "
+                            "may be given to another run (raise the lease timeout if this host is overloaded)",
                             self.run_id)
+                self._on_cancel("its GPU slot's lease was dropped (its worker went unheard for the lease "
+                                "timeout) and its placing process has given the run up")
                 return
 
     def lift(self, from_w: float) -> None:
