@@ -168,6 +168,55 @@ def test_the_ledgers_own_stall_restarts_every_leases_clock():
     assert not plugin.leases and plugin.counts["expired"] == 2
 
 
+def test_a_stall_of_more_than_half_the_lease_restarts_the_clocks_of_a_four_second_lease():
+    """docs/runtime.md: a stall of more than half the lease timeout is forgiven. With a 4 s lease
+    (1 s checks) a stall of 3 s was not (the bar was four checks), and a lease refreshed 1.5 s
+    before it began looked lapsed on waking: its body would be stopped."""
+    import types
+    from time import monotonic
+
+    plugin = LedgerPlugin(4.0)
+    plugin.scheduler = sched = _FakeScheduler()
+    plugin._every_s = 1.0  # what start() sets for a 4 s lease
+    plugin.names = {"tcp://w": "v100-0"}
+    assert plugin.claim("running", "v100-0", "v100-0", 9, "a", 1.0, 1.0, 0, client="c1")["ok"]
+    plugin.begin("running", "v100-0", key="k-run")
+    plugin._expire()
+    plugin._ticked = monotonic() - 3.0  # the scheduler stood still for 3 s
+    now = time.time()
+    sched.tasks["k-run"] = types.SimpleNamespace(
+        state="processing", processing_on=types.SimpleNamespace(name="v100-0", last_seen=now - 4.5))
+    plugin.leases["running"]["seen_at"] = now - 4.5
+    plugin._expire()
+    assert set(plugin.leases) == {"running"} and not plugin.counts.get("expired")
+    # a gap of one check's period is no stall: the same lease, unheard, lapses
+    plugin._ticked = monotonic() - 1.0
+    plugin.awake_since = now - 10.0
+    plugin._expire()
+    assert not plugin.leases and plugin.counts["expired"] == 1
+
+
+def test_a_claim_of_a_placing_process_that_hung_lapses_though_its_client_is_connected():
+    """docs/runtime.md: a holder that hung without Dask noticing does not keep a GPU. Dask keeps a
+    silent client connected, and an unstarted claim was kept for as long as its client was: a
+    placing process stopped between its claim and its body's start held the slot indefinitely.
+    Its client's heartbeats (every 5 s) must be heard too, three of them or a lease timeout."""
+    import types
+
+    plugin = LedgerPlugin(4.0)
+    plugin.scheduler = sched = _FakeScheduler()
+    plugin.names = {"tcp://w": "v100-0"}
+    now = time.time()
+    sched.clients = {"beating": types.SimpleNamespace(last_seen=now - 10.0),
+                     "hung": types.SimpleNamespace(last_seen=now - 20.0)}
+    for run_id in ("beating", "hung"):
+        assert plugin.claim(run_id, "v100-0", "v100-0", 9, "a", 1.0, 1.0, plugin.versions.get("v100-0", 0),
+                            client=run_id)["ok"]
+        plugin.leases[run_id]["seen_at"] = now - 5.0  # its refreshes stopped a lease timeout ago
+    plugin._expire()
+    assert set(plugin.leases) == {"beating"} and plugin.counts["expired"] == 1
+
+
 def test_worker_leaving_drops_its_leases_and_its_gpu_leaves_the_live_devices(pool):
     ledger = pool.ledger
     assert _claim(ledger, "r1", gpu="t4-0").ok and _claim(ledger, "r2", gpu="v100-0").ok

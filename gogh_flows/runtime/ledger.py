@@ -43,6 +43,7 @@ from time import monotonic, time
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.scheduler import heartbeat_interval
 from tornado.ioloop import PeriodicCallback
 
 from gogh_flows.runtime.settings import seconds
@@ -102,6 +103,8 @@ PLACER_LOST = "its placing process was lost (its Dask client disconnected)"
 PLACER_GAVE_UP = "its placing process gave it up (the pool's scheduler did not answer)"
 #: the stop reasons after which the worker hands in the body's measurement
 HAND_IN_REASONS = (PLACER_LOST, PLACER_GAVE_UP)
+#: Dask's ``distributed.client.heartbeat``: how often a client beats until the scheduler says otherwise
+CLIENT_HEARTBEAT_S = 5.0
 
 
 #: job types whose features the ledger keeps, and the largest document it takes (a job's tokens
@@ -254,11 +257,28 @@ class LedgerPlugin(SchedulerPlugin):
         if self.scheduler is None:
             return False
         if lease["started_at"] is None:
-            return lease["client"] is not None and lease["client"] in self.scheduler.clients
+            return self._client_heard(lease["client"])
         ts = self.scheduler.tasks.get(lease["key"]) if lease["key"] else None
         ws = ts.processing_on if ts is not None and ts.state == "processing" else None
         return (ws is not None and str(ws.name) == lease["worker"]
                 and time() - max(ws.last_seen, self.awake_since) <= self.lease_timeout_s)
+
+    def _client_heard(self, client: str | None) -> bool:
+        """Whether the claiming process's Dask client is connected and has sent a heartbeat lately.
+
+        Dask keeps a connected client however long it is silent, so a placing process that hung
+        between its claim and its body's start (stopped, or its interpreter blocked) held the slot
+        for as long as it hung. Clients beat less often than workers (every 5 s, and 10 worker
+        intervals on a larger pool, as the scheduler tells them), so three beats, or the lease
+        timeout if longer, may pass unheard."""
+        cs = self.scheduler.clients.get(client) if client is not None else None
+        if cs is None:
+            return False
+        last_seen = getattr(cs, "last_seen", None)
+        if last_seen is None:
+            return True
+        beat_s = max(CLIENT_HEARTBEAT_S, 10 * heartbeat_interval(len(self.scheduler.clients)))
+        return time() - max(last_seen, self.awake_since) <= max(self.lease_timeout_s, 3 * beat_s)
 
     def _woke_from_stall(self) -> bool:
         """Whether the scheduler stood still since the last check (stopped, its event loop blocked).
@@ -268,10 +288,16 @@ class LedgerPlugin(SchedulerPlugin):
         looks lapsed, and whether the first expiry check on waking dropped them depended on whether
         the queued heartbeats happened to be read before it: a dropped lease frees a GPU that a
         body still runs on. So the ledger's own stall restarts every clock: a lease lapses no
-        sooner than a lease timeout after the ledger woke."""
+        sooner than a lease timeout after the ledger woke.
+
+        A stall is a gap of more than half the lease timeout (at least two of the check's periods):
+        the gap of four periods used before let a 4 s lease go unforgiven for stalls of 2-4 s, in
+        which a refresh sent a second before the stall and the stall itself add up to the lease.
+        A gap taken for a stall only restarts the clocks (holders keep their slots a little
+        longer); a stall missed drops leases whose bodies run, and their bodies are stopped."""
         tick = monotonic()
         last, self._ticked = self._ticked, tick
-        return last is not None and tick - last > max(4 * self._every_s, self.lease_timeout_s / 2)
+        return last is not None and tick - last > max(2 * self._every_s, self.lease_timeout_s / 2)
 
     def _expire(self) -> None:
         now = time()
