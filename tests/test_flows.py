@@ -1104,8 +1104,12 @@ def test_a_dropped_connection_to_the_scheduler_logs_the_workers_record_of_the_ru
         row = rows.row(0, named=True)
         assert row["status"] == "failed" and row["steps"] > 0 and "worker" in json.loads(row["extra"])["logged_by"]
         with get_client(sync_client=True) as prefect:
-            state = prefect.read_flow_run(row["run_id"].split("#")[0]).state
+            flow_run_id = row["run_id"].split("#")[0]
+            state = prefect.read_flow_run(flow_run_id).state
+            history = [s.type.value for s in prefect.read_flow_run_states(flow_run_id)]
         assert state.is_failed() and not state.is_crashed()
+        # never Crashed on the way: Prefect retries only a run that goes from Running to Failed
+        assert "CRASHED" not in history, history
 
 
 def test_a_failed_reconnect_keeps_the_lost_session_until_a_new_one_opens(gogh_home, monkeypatch):

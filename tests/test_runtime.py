@@ -243,6 +243,30 @@ def test_a_stop_during_the_declared_work_of_a_silent_body_ends_it_as_a_bodys_sto
     assert 0 < meter.steps < 100_000
 
 
+def test_a_placer_back_after_a_blip_is_left_to_end_its_flow_run_and_a_lost_one_is_marked_crashed(monkeypatch):
+    """Dask cancels a disconnected client's runs even when it is back within a second: the worker
+    marked such a flow run Crashed at once, and the placer's Failed came after it (Crashed ->
+    Failed, which Prefect never retries). The worker now waits for the placer to come back."""
+    from waits import until
+
+    from gogh_flows.flows import decorator
+
+    monkeypatch.setattr(decorator, "PLACER_BACK_GRACE_S", 0.5)
+    monkeypatch.setattr(decorator, "_PLACER_POLL_S", 0.02)
+    crashed: list[str] = []
+    monkeypatch.setattr(decorator, "_mark_crashed", crashed.append)
+    back = iter([False, False, True])
+    asked_back: list[bool] = []
+    decorator._mark_crashed_unless_placer_back(lambda: asked_back.append(True) or next(back), "blip")
+    asked_gone: list[bool] = []
+    decorator._mark_crashed_unless_placer_back(lambda: asked_gone.append(True) and None, "lost")
+    until(lambda: crashed, "the lost placer's flow run marked crashed", timeout_s=10)
+    time.sleep(0.2)
+    assert crashed == ["lost"] and len(asked_back) == 3 and len(asked_gone) >= 3
+    decorator._mark_crashed_unless_placer_back(None, "no lease")  # nobody to ask: at once
+    assert crashed == ["lost", "no lease"]
+
+
 _meet = threading.Barrier(2)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import inspect
 import logging
@@ -433,12 +434,48 @@ def _execute_body(fn: Callable, args: tuple, kwargs: dict, context: dict, placem
                     gpu.report(work_steps)
         except RunCancelled:
             if gpu is not None and gpu.stop_reason == PLACER_LOST:
-                _mark_crashed(f"the process that placed this run was lost (killed) while its body ran on "
-                              f"{placement.gpu_id}; the body was stopped at its next progress report and "
-                              "the GPU freed. Its measurement is kept by the pool's ledger until a placing "
-                              "process logging to the same tracking store logs it; retry the flow run")
+                _mark_crashed_unless_placer_back(
+                    gpu.placer_connected,
+                    f"the process that placed this run was lost (killed) while its body ran on "
+                    f"{placement.gpu_id}; the body was stopped at its next progress report and "
+                    "the GPU freed. Its measurement is kept by the pool's ledger until a placing "
+                    "process logging to the same tracking store logs it; retry the flow run")
             raise
     return result
+
+
+#: How long a worker waits for a placing process whose connection dropped to come back before it
+#: says in Prefect that the flow run crashed: Dask reconnects a client within seconds of a blip.
+PLACER_BACK_GRACE_S = 10.0
+_PLACER_POLL_S = 0.5
+
+
+def _mark_crashed_unless_placer_back(placer_connected: Callable[[], bool | None] | None, message: str) -> None:
+    """Mark the flow run crashed, unless its placing process is connected again within the grace.
+
+    Dask cancels a disconnected client's runs even when it is back within a second, and the
+    ledger asks their bodies to stop as if the placer were lost. A placer that came back ends its
+    flow run itself (``RunLost``, Failed), and a Crashed mark before that left the run
+    Crashed -> Failed, which Prefect does not retry (it retries Running -> Failed only). The
+    wait runs beside the worker, which frees the GPU meanwhile; unknown (no lease) marks at once.
+    """
+    if placer_connected is None:
+        _mark_crashed(message)
+        return
+    context = contextvars.copy_context()  # the flow run's Prefect context, for the mark
+
+    def watch() -> None:
+        deadline = time.monotonic() + PLACER_BACK_GRACE_S
+        while True:
+            if placer_connected():
+                log.info("gogh: the placing process is connected again; it ends its flow run itself")
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(_PLACER_POLL_S)
+        context.run(_mark_crashed, message)
+
+    threading.Thread(target=watch, name="gogh-placer-back", daemon=True).start()
 
 
 def _mark_crashed(message: str) -> None:

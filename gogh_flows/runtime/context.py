@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -46,6 +46,9 @@ class GpuContext:
     stop_requested: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
     #: why the stop was asked (shown in the RunCancelled the body raises)
     stop_reason: str = field(default="cancelled", repr=False, compare=False)
+    #: whether the run's placing process is connected to the pool now (None: not known); set
+    #: where the worker holds the run's lease
+    placer_connected: Callable[[], bool | None] | None = field(default=None, repr=False, compare=False)
 
     def request_stop(self, reason: str = "cancelled") -> None:
         """Ask the body to stop at its next progress report (thread-safe)."""

@@ -266,6 +266,7 @@ class WorkerLease:
         self._released: dict[str, Any] = {}  # the ledger's answer to end()
         self.board_limit_known = False  # begin() heard the board's limit from the ledger
         self.board_limit_w: float | None = None
+        self.placer_client: str | None = None
 
     def begin(self, worker: str, key: str | None = None) -> bool:
         d = self._call("gogh_ledger_begin", run_id=self.run_id, worker=worker, key=key)
@@ -273,6 +274,7 @@ class WorkerLease:
             return False
         self.board_limit_known = "power_limit_w" in d
         self.board_limit_w = d.get("power_limit_w")  # the board's limit now: the last claim's there
+        self.placer_client = d.get("client")  # the placing process's Dask client
         every = d["lease_timeout_s"] / 4
         self._thread = threading.Thread(target=self._keep, args=(every,), name=f"gogh-lease-{self.run_id}",
                                         daemon=True)
@@ -298,6 +300,18 @@ class WorkerLease:
                 self._on_cancel("its GPU slot's lease was dropped (its worker went unheard for the lease "
                                 "timeout) and its placing process has given the run up")
                 return
+
+    def placer_connected(self) -> bool | None:
+        """Whether the placing process's Dask client is connected now (None: not known).
+
+        Dask cancels a client's runs when its connection drops, even if it is back within a
+        second with the same id; such a placer ends its flow run itself."""
+        if not self.placer_client:
+            return None
+        try:
+            return bool(self._call("gogh_ledger_connected", clients=[self.placer_client])[self.placer_client])
+        except Exception:  # noqa: BLE001 - unknown: an older ledger, or the scheduler unreachable
+            return None
 
     def lift(self, from_w: float) -> None:
         """Tell the ledger the run's board went back to its full limit from ``from_w``."""

@@ -171,6 +171,7 @@ class LedgerPlugin(SchedulerPlugin):
             "gogh_ledger_refresh": self.refresh,
             "gogh_ledger_begin": self.begin,
             "gogh_ledger_lift": self.lift,
+            "gogh_ledger_connected": self.connected,
             "gogh_ledger_release": self.release,
             "gogh_ledger_cancel": self.cancel,
             "gogh_ledger_deposit": self.deposit,
@@ -393,7 +394,13 @@ class LedgerPlugin(SchedulerPlugin):
         lease["key"] = key
         # the board's limit is the last claim's on it, not this run's own: bodies start in any
         # order, and one placed earlier (at its own limit) may start after a later claim reset it
-        return {"ok": True, "lease_timeout_s": self.lease_timeout_s, "power_limit_w": lease["power_limit_w"]}
+        return {"ok": True, "lease_timeout_s": self.lease_timeout_s, "power_limit_w": lease["power_limit_w"],
+                "client": lease["client"]}
+
+    def connected(self, clients: list[str]) -> dict[str, bool]:
+        """Which of these Dask clients the scheduler has connected now (a placer back after a blip)."""
+        known = self.scheduler.clients if self.scheduler is not None else {}
+        return {c: c in known for c in clients}
 
     def lift(self, run_id: str, from_w: float) -> dict[str, Any]:
         """The run's worker put its board back to its full limit (the run measured short under

@@ -371,6 +371,7 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
             return RunOutcome(value=None, telemetry=meter.stop(), partners=(), error=f"RunNotStarted: {not_started}",
                               gpu_id=device.id, gpu_type=device.gpu_type, job_type=spec.job_type,
                               run_id=spec.run_id, worker=worker_name, exception=not_started)
+        ctx.placer_connected = lease.placer_connected
     meter.start()
     limiter = None if emulated else active_limiter()
     if spec.power_limit_w is not None and not emulated and limiter is None:
