@@ -245,7 +245,24 @@ def test_a_hung_worker_holds_its_gpu_slot_no_longer_than_the_lease(tmp_path):
     "processing" until Dask's worker-ttl (5 minutes), and the ledger renewed the lease on that
     alone: the slot was held, and `gogh pool status` showed it refreshed, for 335 s of a 10 s lease
     (a new-user review). A lease now needs its worker's heartbeat within the timeout too."""
-    with _one_running_run(tmp_path, hold_s=60) as (pool, host, ledger, lease):
+    from distributed import Client
+
+    def runs_on_t4() -> list:  # in the worker's process
+        from gogh_flows.runtime.worker import occupancy
+
+        return occupancy.snapshot().get("t4-0", [])
+
+    with _one_running_run(tmp_path, hold_s=60) as (pool, host, ledger, lease), \
+            Client(pool["address"], timeout=30, set_as_default=False) as client:
+        worker_address = next(iter(client.scheduler_info()["workers"]))
+
+        def on_board() -> list:
+            return client.run(runs_on_t4, workers=[worker_address])[worker_address]
+
+        until_s = time.monotonic() + 30
+        while time.monotonic() < until_s and not on_board():  # the lease is begun just before the board
+            time.sleep(0.1)
+        assert len(on_board()) == 1, "the run's body never joined its board"
         worker = pool["procs"]["t4-0"]
         os.kill(worker.pid, signal.SIGSTOP)
         stopped = time.monotonic()
@@ -259,22 +276,10 @@ def test_a_hung_worker_holds_its_gpu_slot_no_longer_than_the_lease(tmp_path):
             os.kill(worker.pid, signal.SIGCONT)
         # the worker, back, learns its lease is gone: the body stops and the slot stays free (the body
         # ran on, unseen by the ledger, until its 60 s were up)
-        from distributed import Client
-
-        def runs_on_t4() -> list:  # in the worker's process
-            from gogh_flows.runtime.worker import occupancy
-
-            return occupancy.snapshot().get("t4-0", [])
-
-        with Client(pool["address"], timeout=30, set_as_default=False) as client:
-            def on_board() -> list:
-                return client.run(runs_on_t4, workers=[worker_address])[worker_address]
-
-            worker_address = next(iter(client.scheduler_info()["workers"]))
-            until_s = time.monotonic() + 30
-            while time.monotonic() < until_s and on_board():
-                time.sleep(0.2)
-            assert on_board() == [], "the hung worker's body ran on after its lease was dropped"
+        until_s = time.monotonic() + 30
+        while time.monotonic() < until_s and on_board():
+            time.sleep(0.2)
+        assert on_board() == [], "the hung worker's body ran on after its lease was dropped"
         assert not ledger.state().leases
     # The ledger drops the lease a lease timeout (4 s) after its last refresh and its worker's last
     # heartbeat, at its next sweep (1 s). A scheduler that itself stood still for more than 4 s on a

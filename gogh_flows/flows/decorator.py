@@ -46,7 +46,7 @@ from gogh_flows.flows.current import _CURRENT, CurrentPlacement
 from gogh_flows.flows.predictors import predictor_source
 from gogh_flows.predict.intervals import NoIntervalsError
 from gogh_flows.flows.session import Session, shared_session
-from gogh_flows.flows.lost_runs import handling, take_workers_record
+from gogh_flows.flows.lost_runs import crash_flow_run, handling, take_workers_record
 from gogh_flows.flows.measure import record_if_placer_lost, record_run
 from gogh_flows.placement.patience import Patience
 from gogh_flows.flows.placer import (
@@ -435,7 +435,7 @@ def _execute_body(fn: Callable, args: tuple, kwargs: dict, context: dict, placem
         except RunCancelled:
             if gpu is not None and gpu.stop_reason == PLACER_LOST:
                 _mark_crashed_unless_placer_back(
-                    gpu.placer_connected,
+                    gpu.placer_connected, gpu.run_id,
                     f"the process that placed this run was lost (killed) while its body ran on "
                     f"{placement.gpu_id}; the body was stopped at its next progress report and "
                     "the GPU freed. Its measurement is kept by the pool's ledger until a placing "
@@ -450,7 +450,8 @@ PLACER_BACK_GRACE_S = 10.0
 _PLACER_POLL_S = 0.5
 
 
-def _mark_crashed_unless_placer_back(placer_connected: Callable[[], bool | None] | None, message: str) -> None:
+def _mark_crashed_unless_placer_back(placer_connected: Callable[[], bool | None] | None, run_id: str | None,
+                                     message: str) -> None:
     """Mark the flow run crashed, unless its placing process is connected again within the grace.
 
     Dask cancels a disconnected client's runs even when it is back within a second, and the
@@ -458,6 +459,8 @@ def _mark_crashed_unless_placer_back(placer_connected: Callable[[], bool | None]
     flow run itself (``RunLost``, Failed), and a Crashed mark before that left the run
     Crashed -> Failed, which Prefect does not retry (it retries Running -> Failed only). The
     wait runs beside the worker, which frees the GPU meanwhile; unknown (no lease) marks at once.
+    A mark after the wait is taken only while that attempt still runs (``crash_flow_run``): a placer
+    that gave the run up during a long blip may have had Prefect start its next attempt meanwhile.
     """
     if placer_connected is None:
         _mark_crashed(message)
@@ -473,7 +476,10 @@ def _mark_crashed_unless_placer_back(placer_connected: Callable[[], bool | None]
             if time.monotonic() >= deadline:
                 break
             time.sleep(_PLACER_POLL_S)
-        context.run(_mark_crashed, message)
+        if run_id:
+            context.run(crash_flow_run, run_id, message)
+        else:
+            context.run(_mark_crashed, message)
 
     threading.Thread(target=watch, name="gogh-placer-back", daemon=True).start()
 

@@ -23,6 +23,7 @@ class RunCancelled(Exception):
     """The run was cancelled while its body ran; raised at the body's next progress report."""
 
 
+_STOP_LOCK = threading.Lock()
 _CURRENT: contextvars.ContextVar[GpuContext | None] = contextvars.ContextVar("gogh_gpu", default=None)
 
 
@@ -51,9 +52,12 @@ class GpuContext:
     placer_connected: Callable[[], bool | None] | None = field(default=None, repr=False, compare=False)
 
     def request_stop(self, reason: str = "cancelled") -> None:
-        """Ask the body to stop at its next progress report (thread-safe)."""
-        self.stop_reason = reason
-        self.stop_requested.set()
+        """Ask the body to stop at its next progress report (thread-safe); the first reason stands,
+        as in the ledger (a lease found gone after its placer was lost keeps "placer lost")."""
+        with _STOP_LOCK:
+            if not self.stop_requested.is_set():
+                self.stop_reason = reason
+            self.stop_requested.set()
 
     def _check_stop(self) -> None:
         if self.stop_requested.is_set():

@@ -309,7 +309,8 @@ class WorkerLease:
         if not self.placer_client:
             return None
         try:
-            return bool(self._call("gogh_ledger_connected", clients=[self.placer_client])[self.placer_client])
+            answer = self._call("gogh_ledger_connected", clients=[self.placer_client], timeout_s=5.0)
+            return bool(answer[self.placer_client])
         except Exception:  # noqa: BLE001 - unknown: an older ledger, or the scheduler unreachable
             return None
 

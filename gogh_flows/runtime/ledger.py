@@ -269,9 +269,9 @@ class LedgerPlugin(SchedulerPlugin):
 
         Dask keeps a connected client however long it is silent, so a placing process that hung
         between its claim and its body's start (stopped, or its interpreter blocked) held the slot
-        for as long as it hung. Clients beat less often than workers (every 5 s, and 10 worker
-        intervals on a larger pool, as the scheduler tells them), so three beats, or the lease
-        timeout if longer, may pass unheard."""
+        for as long as it hung. Clients beat less often than workers (every 5 s while at most ten
+        clients are connected, then ten worker intervals, as the scheduler tells them), so three
+        beats, or the lease timeout if longer, may pass unheard."""
         cs = self.scheduler.clients.get(client) if client is not None else None
         if cs is None:
             return False

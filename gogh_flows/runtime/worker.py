@@ -302,8 +302,8 @@ def _predicted_power(device: GpuDevice, job_type: str | None, truth: ThroughputT
 def _scheduler_call(worker: Any) -> Callable[..., Any]:
     from distributed.utils import sync
 
-    def call(op: str, **kwargs: Any) -> Any:
-        return sync(worker.loop, getattr(worker.scheduler, op), **kwargs)
+    def call(op: str, *, timeout_s: float | None = None, **kwargs: Any) -> Any:
+        return sync(worker.loop, getattr(worker.scheduler, op), callback_timeout=timeout_s, **kwargs)
 
     return call
 
