@@ -293,12 +293,13 @@ class WorkerLease:
             if self.run_id in answer["gone"]:
                 # The ledger may already have given the slot to another run, and the placing process
                 # has given this one up (RunLost): a body left running would share the GPU unseen.
-                log.warning("gogh: the lease of run %s was dropped while its body runs (its worker went "
-                            "unheard for the lease timeout); the body is stopped at its next report, as its GPU "
-                            "may be given to another run (raise the lease timeout if this host is overloaded)",
-                            self.run_id)
-                self._on_cancel("its GPU slot's lease was dropped (its worker went unheard for the lease "
-                                "timeout) and its placing process has given the run up")
+                log.warning("gogh: the lease of run %s was dropped while its body runs (it lapsed while this "
+                            "worker went unheard, or the scheduler restarted); the body is stopped at its next "
+                            "report, as its GPU may be given to another run (raise the lease timeout if this "
+                            "host is overloaded)", self.run_id)
+                self._on_cancel("its GPU slot's lease was dropped by the pool's ledger (it lapsed while its "
+                                "worker went unheard, or the scheduler restarted), and its placing process "
+                                "gives such a run up")
                 return
 
     def placer_connected(self) -> bool | None:
