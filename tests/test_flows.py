@@ -258,6 +258,24 @@ def test_failing_flow_still_logs_its_measurement_marked_failed(gogh_home):
     assert _env().measuring() == frozenset()  # and its measurement is in: trials of its type are open again
 
 
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, SystemExit])
+def test_a_body_interrupted_or_exiting_is_measured_frees_its_slot_and_raises_in_the_flow_run(gogh_home, stop):
+    """docs/runtime.md: a body that raises KeyboardInterrupt or calls sys.exit() is measured and logged
+    as failed, its slot freed, and the exception raised in the flow run (neither is an Exception)."""
+    @gogh_placed(model="ResNet-18", batch_size=32, min_throughput=1.0, work_steps=100)
+    def stopped() -> None:
+        current_placement().advance(30)
+        raise stop()
+
+    with pytest.raises(stop):
+        stopped()
+    rows = _env().measurements.read()
+    assert rows.height == 1
+    row = rows.row(0, named=True)
+    assert row["status"] == "failed" and row["steps"] == 30 and stop.__name__ in row["extra"]
+    assert not _env().pool.ledger.state().leases
+
+
 def test_forty_concurrent_runs_never_overbook_and_lose_no_measurement(gogh_home):
     """40 runs racing for 12 slots (6 GPUs x 2), at most 20 in flight, the first 20 ramped in over 5 s.
 
