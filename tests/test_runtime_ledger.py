@@ -97,7 +97,7 @@ class _FakeScheduler:
     """Just what the ledger reads of Dask's state: connected clients, tasks, workers."""
 
     def __init__(self) -> None:
-        self.clients: dict[str, object] = {"c1": object()}
+        self.clients: dict[str, object] = {"c1": SimpleNamespace(last_seen=time.time())}  # a ClientState
         self.tasks: dict[str, object] = {}
         self.workers: dict[str, object] = {}
         self.handlers: dict[str, object] = {}
@@ -399,7 +399,7 @@ def test_a_placer_that_comes_back_is_not_reported_lost():
     """A client that reconnects (same id) carries on with its runs: nobody else ends them."""
 
     class Scheduler:
-        clients = {"placer-1": object()}
+        clients = {"placer-1": SimpleNamespace(last_seen=time.time())}
 
     plugin = LedgerPlugin(0.4)
     plugin.scheduler = Scheduler()

@@ -275,11 +275,8 @@ class LedgerPlugin(SchedulerPlugin):
         cs = self.scheduler.clients.get(client) if client is not None else None
         if cs is None:
             return False
-        last_seen = getattr(cs, "last_seen", None)
-        if last_seen is None:
-            return True
         beat_s = max(CLIENT_HEARTBEAT_S, 10 * heartbeat_interval(len(self.scheduler.clients)))
-        return time() - max(last_seen, self.awake_since) <= max(self.lease_timeout_s, 3 * beat_s)
+        return time() - max(cs.last_seen, self.awake_since) <= max(self.lease_timeout_s, 3 * beat_s)
 
     def _woke_from_stall(self) -> bool:
         """Whether the scheduler stood still since the last check (stopped, its event loop blocked).
