@@ -257,15 +257,18 @@ def test_a_placer_back_after_a_blip_is_left_to_end_its_flow_run_and_a_lost_one_i
     monkeypatch.setattr(decorator, "_mark_crashed", crashed.append)
     # after the wait, only that attempt is marked (a later one may run): the ledger's run id
     monkeypatch.setattr(decorator, "crash_flow_run", lambda run_id, message: crashed.append(f"{run_id}: {message}"))
+    def gpu(placer_connected, run_id: str) -> types.SimpleNamespace:  # what the mark reads of a GpuContext
+        return types.SimpleNamespace(placer_connected=placer_connected, run_id=run_id)
+
     back = iter([False, False, True])
     asked_back: list[bool] = []
-    decorator._mark_crashed_unless_placer_back(lambda: asked_back.append(True) or next(back), "r#1", "blip")
+    decorator._mark_crashed_unless_placer_back(gpu(lambda: asked_back.append(True) or next(back), "r#1"), "blip")
     asked_gone: list[bool] = []
-    decorator._mark_crashed_unless_placer_back(lambda: asked_gone.append(True) and None, "r#2", "lost")
+    decorator._mark_crashed_unless_placer_back(gpu(lambda: asked_gone.append(True) and None, "r#2"), "lost")
     until(lambda: crashed, "the lost placer's flow run marked crashed", timeout_s=10)
     time.sleep(0.2)
     assert crashed == ["r#2: lost"] and len(asked_back) == 3 and len(asked_gone) >= 3
-    decorator._mark_crashed_unless_placer_back(None, "r#3", "no lease")  # nobody to ask: at once
+    decorator._mark_crashed_unless_placer_back(gpu(None, "r#3"), "no lease")  # nobody to ask: at once
     assert crashed == ["r#2: lost", "no lease"]
 
 

@@ -58,7 +58,7 @@ from gogh_flows.flows.placer import (
     with_point_prediction,
 )
 from gogh_flows.flows.spec import check_wait_timeout, check_warmup_steps, placed_job
-from gogh_flows.runtime.context import RunCancelled, current_gpu, use_gpu
+from gogh_flows.runtime.context import GpuContext, RunCancelled, current_gpu, use_gpu
 from gogh_flows.runtime.leases import PoolLedger
 from gogh_flows.runtime.ledger import PLACER_GAVE_UP, PLACER_LOST
 from gogh_flows.runtime.probe import SchedulerUnreachable
@@ -435,7 +435,7 @@ def _execute_body(fn: Callable, args: tuple, kwargs: dict, context: dict, placem
         except RunCancelled:
             if gpu is not None and gpu.stop_reason == PLACER_LOST:
                 _mark_crashed_unless_placer_back(
-                    gpu.placer_connected, gpu.run_id,
+                    gpu,
                     f"the process that placed this run was lost (killed) while its body ran on "
                     f"{placement.gpu_id}; the body was stopped at its next progress report and "
                     "the GPU freed. Its measurement is kept by the pool's ledger until a placing "
@@ -450,8 +450,7 @@ PLACER_BACK_GRACE_S = 10.0
 _PLACER_POLL_S = 0.5
 
 
-def _mark_crashed_unless_placer_back(placer_connected: Callable[[], bool | None] | None, run_id: str | None,
-                                     message: str) -> None:
+def _mark_crashed_unless_placer_back(gpu: GpuContext, message: str) -> None:
     """Mark the flow run crashed, unless its placing process is connected again within the grace.
 
     Dask cancels a disconnected client's runs even when it is back within a second, and the
@@ -459,10 +458,12 @@ def _mark_crashed_unless_placer_back(placer_connected: Callable[[], bool | None]
     flow run itself (``RunLost``, Failed), and a Crashed mark before that left the run
     Crashed -> Failed, which Prefect does not retry (it retries Running -> Failed only). The
     wait runs beside the worker, which frees the GPU meanwhile; unknown (no lease) marks at once.
+    Only a run holding a lease, hence a ledger run id, has ``placer_connected``.
     A mark after the wait is taken only while that attempt still runs (``crash_flow_run``): a placer
     that gave the run up during a long blip may have had Prefect start its next attempt meanwhile.
     """
-    if placer_connected is None:
+    placer_connected, run_id = gpu.placer_connected, gpu.run_id
+    if placer_connected is None or not run_id:
         _mark_crashed(message)
         return
     context = contextvars.copy_context()  # the flow run's Prefect context, for the mark
@@ -476,10 +477,7 @@ def _mark_crashed_unless_placer_back(placer_connected: Callable[[], bool | None]
             if time.monotonic() >= deadline:
                 break
             time.sleep(_PLACER_POLL_S)
-        if run_id:
-            context.run(crash_flow_run, run_id, message)
-        else:
-            context.run(_mark_crashed, message)
+        context.run(crash_flow_run, run_id, message)
 
     threading.Thread(target=watch, name="gogh-placer-back", daemon=True).start()
 
