@@ -420,6 +420,30 @@ def test_a_placer_that_comes_back_is_not_reported_lost():
     assert set(plugin.undelivered) == {"r2"}
 
 
+def test_a_collector_that_stays_connected_but_never_says_delivered_loses_the_run_after_a_lease():
+    """Delivery is at least once: a taker still connected but silent for a lease timeout (hung,
+    or its tracking store down) no longer holds the row, and its late word counts once."""
+
+    class Scheduler:
+        clients = {"collector-a": SimpleNamespace(last_seen=time.time()),
+                   "collector-b": SimpleNamespace(last_seen=time.time())}
+
+    plugin = LedgerPlugin(0.4)
+    plugin.scheduler = Scheduler()
+    plugin.deposit("r1", "s", {"run_id": "r1"}, client="placer-gone", gpu_id="v100-0")
+    plugin.undelivered["r1"]["since"] -= 1.0  # its placer left more than a lease timeout ago
+    taken = plugin.collect("s", "collector-a")["rows"]
+    assert [(r["run_id"], r["placer_gone"]) for r in taken] == [("r1", True)]
+    assert plugin.collect("s", "collector-b")["rows"] == []  # collector-a has it, and is connected
+    time.sleep(0.45)  # ...but says nothing for a lease timeout
+    again = plugin.collect("s", "collector-b")["rows"]
+    assert [r["run_id"] for r in again] == ["r1"] and again[0]["row"] == {"run_id": "r1"}
+    assert plugin.collect("s", "collector-a")["rows"] == []  # collector-b holds it now
+    assert plugin.delivered(["r1"]) == {"delivered": 1}
+    assert plugin.delivered(["r1"]) == {"delivered": 0}  # collector-a's late word: logged once
+    assert plugin.counts["delivered"] == 1 and plugin.undelivered == {}
+
+
 def test_a_run_whose_placer_stays_is_not_handed_in(pool):
     import functools
 
