@@ -96,3 +96,18 @@ def test_the_simulators_limit_levels_are_the_ones_chosen_on_the_selection_seeds(
     saved = json.loads((REPO / "benchmarks" / "results" / "limit_levels.json").read_text())
     assert list(DEFAULT_LIMIT_LEVELS) == saved["chosen_levels"], "set sim.run.DEFAULT_LIMIT_LEVELS to the choice"
     assert not set(saved["seeds"]) & {0, 1, 2}
+
+
+def test_the_simulators_fleet_re_solve_settings_are_the_ones_chosen_on_the_selection_seeds():
+    """``sim.run.FLEET_REOPT_S`` and ``SimConfig``'s ``reopt_budget`` and ``reopt_gain`` (the ``+fleet``
+    policies) are what `benchmarks/fleet_settings.py` chose on seeds 10-12, which no report uses."""
+    import json
+
+    from gogh_flows.sim.engine import SimConfig
+    from gogh_flows.sim.run import FLEET_REOPT_S
+
+    saved = json.loads((REPO / "benchmarks" / "results" / "fleet_settings.json").read_text())
+    chosen = saved["candidates"][saved["chosen"]]
+    assert (FLEET_REOPT_S, SimConfig().reopt_budget, SimConfig().reopt_gain) == (
+        chosen["reoptimize_s"], chosen["reopt_budget"], chosen["reopt_gain"]), "set them to the choice"
+    assert not set(saved["seeds"]) & {0, 1, 2} and {r["seed"] for r in saved["rows"]} == set(saved["seeds"])
