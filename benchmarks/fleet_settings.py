@@ -32,7 +32,7 @@ from gogh_flows.sim.run import FLEET_REOPT_S, make_policy, parse_cluster, run_po
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evaluate_policies import scenarios  # noqa: E402 - the scenarios are defined once, there
-from wait_tradeoff import KEYS, OUT, SELECTION_SEEDS, TIE, least  # noqa: E402 - one set of selection runs
+from wait_tradeoff import KEYS, OUT, SELECTION_SEEDS, TIE, least, spread  # noqa: E402 - one set of selection runs
 
 POLICY = "oracle+limits+fleet+wait"
 _NOW = SimConfig()
@@ -91,9 +91,8 @@ def main() -> None:
     for key in KEYS:
         for name in CANDIDATES:
             rs = [r for r in rows if r["scenario"] == key and r["settings"] == name]
-            on, pk = [r["always_on_vs_greedy"] for r in rs], [r["parked_vs_greedy"] for r in rs]
-            lines.append(f"| {key} | {name} | {statistics.fmean(on):.3f} [{min(on):.3f}, {max(on):.3f}] | "
-                         f"{statistics.fmean(pk):.3f} [{min(pk):.3f}, {max(pk):.3f}] | "
+            lines.append(f"| {key} | {name} | {spread([r['always_on_vs_greedy'] for r in rs])} | "
+                         f"{spread([r['parked_vs_greedy'] for r in rs])} | "
                          f"{attainment_text(min(r['sla_attainment'] for r in rs))} | "
                          f"{statistics.fmean(r['avg_jct_h'] for r in rs):.2f} | {sum(r['migrations'] for r in rs)} | "
                          f"{sum(r['rebalanced'] for r in rs)} |")

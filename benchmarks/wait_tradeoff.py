@@ -148,7 +148,7 @@ def saving_means(saving_rows: list[dict]) -> dict[float, float]:
             for x in SAVINGS}
 
 
-def _spread(values: list[float], digits: int = 3) -> str:
+def spread(values: list[float], digits: int = 3) -> str:
     return f"{statistics.fmean(values):.{digits}f} [{min(values):.{digits}f}, {max(values):.{digits}f}]"
 
 
@@ -165,8 +165,8 @@ def report(rows: list[dict], titles: dict[str, str], chosen: float, wall: float,
                   "SLA, lowest | avg JCT h | avg queue h | makespan h |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for name in ["greedy-fastest", *(f"{h} h" for h in HOURS)]:
             rs = [r for r in rows if r["scenario"] == key and r["patience"] == name]
-            lines.append(f"| {name} | {_spread([r['always_on_vs_greedy'] for r in rs])} | "
-                         f"{_spread([r['parked_vs_greedy'] for r in rs])} | {attainment_text(min(r['sla_attainment'] for r in rs))} | "
+            lines.append(f"| {name} | {spread([r['always_on_vs_greedy'] for r in rs])} | "
+                         f"{spread([r['parked_vs_greedy'] for r in rs])} | {attainment_text(min(r['sla_attainment'] for r in rs))} | "
                          f"{statistics.fmean(r['avg_jct_h'] for r in rs):.2f} | "
                          f"{statistics.fmean(r['avg_queue_h'] for r in rs):.2f} | "
                          f"{statistics.fmean(r['makespan_h'] for r in rs):.1f} |")
@@ -186,8 +186,8 @@ def report(rows: list[dict], titles: dict[str, str], chosen: float, wall: float,
         for key, title in titles.items():
             for x in SAVINGS:
                 rs = [r for r in saving_rows if r["scenario"] == key and r["saving"] == f"{x:g}"]
-                lines.append(f"| {title} | {x:.0%} | {_spread([r['always_on_vs_greedy'] for r in rs])} | "
-                             f"{_spread([r['parked_vs_greedy'] for r in rs])} | "
+                lines.append(f"| {title} | {x:.0%} | {spread([r['always_on_vs_greedy'] for r in rs])} | "
+                             f"{spread([r['parked_vs_greedy'] for r in rs])} | "
                              f"{attainment_text(min(r['sla_attainment'] for r in rs))} | "
                              f"{statistics.fmean(r['avg_jct_h'] for r in rs):.2f} |")
         means = saving_means(saving_rows)
