@@ -250,8 +250,11 @@ def _cancel_from_prefect(bench: Bench) -> dict:
             "gpu_blocked_s": round(freed_s, 2)}
 
 
-def _prefect_states_after(run_ids: set[str], t0: float, timeout_s: float = 60.0) -> tuple[float | None, dict]:
-    """The Prefect state of each lost placer's flow run, once all are final (or after ``timeout_s``)."""
+def _prefect_states_after(run_ids: set[str], t0: float, timeout_s: float = 120.0) -> tuple[float | None, dict]:
+    """The Prefect state of each lost placer's flow run, once all are final (or after ``timeout_s``).
+
+    Longer than Prefect's 60 s SQLite busy timeout, so a server that stands still on a lock for
+    that minute delays the figure instead of leaving a run unmarked in the report (run 10)."""
     from prefect.client.orchestration import get_client
 
     with get_client(sync_client=True) as pc:
