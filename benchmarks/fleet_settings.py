@@ -26,13 +26,11 @@ import sys
 import time
 from pathlib import Path
 
-from gogh_flows.sim.account import energy_accounts
-from gogh_flows.sim.engine import SimConfig, attainment_text, simulate
-from gogh_flows.sim.run import FLEET_REOPT_S, make_policy, parse_cluster, run_policies
+from gogh_flows.sim.engine import SimConfig, simulate
+from gogh_flows.sim.run import FLEET_REOPT_S, make_policy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from evaluate_policies import scenarios  # noqa: E402 - the scenarios are defined once, there
-from wait_tradeoff import KEYS, OUT, SELECTION_SEEDS, TIE, least, spread  # noqa: E402 - one set of selection runs
+from wait_tradeoff import KEYS, OUT, SELECTION_SEEDS, TIE, candidate_rows, energy_cells, least  # noqa: E402 - one set of selection runs
 
 POLICY = "oracle+limits+fleet+wait"
 _NOW = SimConfig()
@@ -48,30 +46,18 @@ CANDIDATES = {
 }
 
 
+def _run(sc, gpus, config: SimConfig, settings: tuple[float, int, float]):
+    period_s, budget, gain = settings
+    policy = make_policy(POLICY, sc.truth, config.seed, gpu_types=sorted({g.gpu_type for g in gpus}))
+    return simulate(sc.jobs, gpus, sc.truth, policy.policy, planning=policy.planning,
+                    config=dataclasses.replace(config, reopt_budget=budget, reopt_gain=gain),
+                    reoptimize_s=period_s, patience=policy.patience)
+
+
 def main() -> None:
     t_all = time.perf_counter()
-    rows: list[dict] = []
-    for seed in SELECTION_SEEDS:
-        for sc in (s for s in scenarios(seed) if s.key in KEYS):
-            t0 = time.perf_counter()
-            gpus = parse_cluster(sc.cluster)
-            types = sorted({g.gpu_type for g in gpus})
-            config = SimConfig(seed=seed, noise=sc.noise)
-            results = run_policies(sc.jobs, gpus, sc.truth, ["greedy-fastest"], config=config)
-            for name, (period_s, budget, gain) in CANDIDATES.items():
-                policy = make_policy(POLICY, sc.truth, seed, gpu_types=types)
-                results[name] = simulate(sc.jobs, gpus, sc.truth, policy.policy, planning=policy.planning,
-                                         config=dataclasses.replace(config, reopt_budget=budget, reopt_gain=gain),
-                                         reoptimize_s=period_s, patience=policy.patience)
-            acc = energy_accounts(results)
-            for name in CANDIDATES:
-                s = results[name].summary()
-                rows.append({"scenario": sc.key, "seed": seed, "settings": name,
-                             "always_on_vs_greedy": acc[name].always_on_vs["greedy-fastest"],
-                             "parked_vs_greedy": acc[name].parked_vs["greedy-fastest"],
-                             "sla_attainment": s["sla_attainment"], "avg_jct_h": s["avg_jct_s"] / 3600,
-                             "migrations": s["migrations"], "rebalanced": s["rebalances"]})
-            print(f"{sc.key} seed {seed}: {time.perf_counter() - t0:.1f} s", flush=True)
+    rows = candidate_rows(CANDIDATES, "settings", _run,
+                          lambda s: {"migrations": s["migrations"], "rebalanced": s["rebalances"]})
     means = {n: statistics.fmean(r["always_on_vs_greedy"] for r in rows if r["settings"] == n) for n in CANDIDATES}
     chosen = least(means)  # the settings as they are come first
     wall = time.perf_counter() - t_all
@@ -91,10 +77,7 @@ def main() -> None:
     for key in KEYS:
         for name in CANDIDATES:
             rs = [r for r in rows if r["scenario"] == key and r["settings"] == name]
-            lines.append(f"| {key} | {name} | {spread([r['always_on_vs_greedy'] for r in rs])} | "
-                         f"{spread([r['parked_vs_greedy'] for r in rs])} | "
-                         f"{attainment_text(min(r['sla_attainment'] for r in rs))} | "
-                         f"{statistics.fmean(r['avg_jct_h'] for r in rs):.2f} | {sum(r['migrations'] for r in rs)} | "
+            lines.append(f"| {key} | {name} | {energy_cells(rs)} | {sum(r['migrations'] for r in rs)} | "
                          f"{sum(r['rebalanced'] for r in rs)} |")
     lines += ["", "Mean over the scenarios and seeds: " + ", ".join(f"{n} {m:.4f}" for n, m in means.items())
               + f". Chosen: **{chosen}** (a difference under {TIE} is a tie, to the settings as they are).", "",

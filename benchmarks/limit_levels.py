@@ -25,13 +25,10 @@ import sys
 import time
 from pathlib import Path
 
-from gogh_flows.sim.account import energy_accounts
-from gogh_flows.sim.engine import SimConfig, attainment_text
-from gogh_flows.sim.run import parse_cluster, run_policies
+from gogh_flows.sim.run import run_policies
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from evaluate_policies import scenarios  # noqa: E402 - the scenarios are defined once, there
-from wait_tradeoff import KEYS, OUT, SELECTION_SEEDS, TIE, least, spread  # noqa: E402 - one set of selection runs
+from wait_tradeoff import KEYS, OUT, SELECTION_SEEDS, TIE, candidate_rows, energy_cells, least  # noqa: E402 - one set of selection runs
 
 POLICY = "oracle+limits+fleet+wait"
 CANDIDATES = {"4 levels": (0.0, 0.25, 0.5, 0.75), "8 levels": tuple(i / 8 for i in range(8)),
@@ -40,25 +37,10 @@ CANDIDATES = {"4 levels": (0.0, 0.25, 0.5, 0.75), "8 levels": tuple(i / 8 for i 
 
 def main() -> None:
     t_all = time.perf_counter()
-    rows: list[dict] = []
-    for seed in SELECTION_SEEDS:
-        for sc in (s for s in scenarios(seed) if s.key in KEYS):
-            t0 = time.perf_counter()
-            gpus = parse_cluster(sc.cluster)
-            config = SimConfig(seed=seed, noise=sc.noise)
-            results = run_policies(sc.jobs, gpus, sc.truth, ["greedy-fastest"], config=config)
-            for name, levels in CANDIDATES.items():
-                results[name] = run_policies(sc.jobs, gpus, sc.truth, [POLICY], config=config,
-                                             limit_levels=levels)[POLICY]
-            acc = energy_accounts(results)
-            for name in CANDIDATES:
-                s = results[name].summary()
-                rows.append({"scenario": sc.key, "seed": seed, "levels": name,
-                             "always_on_vs_greedy": acc[name].always_on_vs["greedy-fastest"],
-                             "parked_vs_greedy": acc[name].parked_vs["greedy-fastest"],
-                             "sla_attainment": s["sla_attainment"], "avg_jct_h": s["avg_jct_s"] / 3600,
-                             "decision_p99_ms": s["decision_p99_ms"]})
-            print(f"{sc.key} seed {seed}: {time.perf_counter() - t0:.1f} s", flush=True)
+    rows = candidate_rows(CANDIDATES, "levels",
+                          lambda sc, gpus, config, levels: run_policies(sc.jobs, gpus, sc.truth, [POLICY], config=config,
+                                                                        limit_levels=levels)[POLICY],
+                          lambda s: {"decision_p99_ms": s["decision_p99_ms"]})
     means = {n: statistics.fmean(r["always_on_vs_greedy"] for r in rows if r["levels"] == n) for n in CANDIDATES}
     chosen = least(means)  # in order: fewer levels first
     wall = time.perf_counter() - t_all
@@ -76,10 +58,7 @@ def main() -> None:
     for key in KEYS:
         for name in CANDIDATES:
             rs = [r for r in rows if r["scenario"] == key and r["levels"] == name]
-            lines.append(f"| {key} | {name} | {spread([r['always_on_vs_greedy'] for r in rs])} | "
-                         f"{spread([r['parked_vs_greedy'] for r in rs])} | "
-                         f"{attainment_text(min(r['sla_attainment'] for r in rs))} | {statistics.fmean(r['avg_jct_h'] for r in rs):.2f} | "
-                         f"{max(r['decision_p99_ms'] or 0 for r in rs):.1f} |")
+            lines.append(f"| {key} | {name} | {energy_cells(rs)} | {max(r['decision_p99_ms'] or 0 for r in rs):.1f} |")
     lines += ["", "Mean over the scenarios and seeds: " + ", ".join(f"{n} {m:.3f}" for n, m in means.items())
               + f". Chosen: **{chosen}** (a difference under {TIE} is a tie, to the fewer levels).", "",
               f"Wall time: {wall:.0f} s."]

@@ -35,11 +35,13 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from gogh_flows.placement.patience import Patience
 from gogh_flows.sim.account import energy_accounts
-from gogh_flows.sim.engine import SimConfig, attainment_text
+from gogh_flows.sim.engine import SimConfig, SimResult, attainment_text
 from gogh_flows.sim.run import WAIT_SAVING, WAIT_SUFFIX, parse_cluster, run_policies
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -140,6 +142,39 @@ def _rows(results: dict, key: str, seed: int, column: str) -> list[dict]:
             row["hours"] = None if name == "greedy-fastest" else int(name.split()[0])
         out.append(row)
     return out
+
+
+def candidate_rows(candidates: Mapping[str, Any], column: str,
+                   run: Callable[[Any, list, SimConfig, Any], SimResult],
+                   extra: Callable[[dict], dict]) -> list[dict]:
+    """Every candidate beside greedy-fastest on the selection scenarios and seeds, each scenario
+    and seed over one energy window: a row per candidate run, named in ``column``, with the
+    energy ratios, the lowest SLA, the mean JCT and what ``extra`` takes from its summary.
+    ``run(scenario, gpus, config, value)`` simulates one candidate."""
+    rows: list[dict] = []
+    for seed in SELECTION_SEEDS:
+        for sc in (s for s in scenarios(seed) if s.key in KEYS):
+            t0 = time.perf_counter()
+            gpus = parse_cluster(sc.cluster)
+            config = SimConfig(seed=seed, noise=sc.noise)
+            results = run_policies(sc.jobs, gpus, sc.truth, ["greedy-fastest"], config=config)
+            for name, value in candidates.items():
+                results[name] = run(sc, gpus, config, value)
+            acc = energy_accounts(results)
+            for name in candidates:
+                s = results[name].summary()
+                rows.append({"scenario": sc.key, "seed": seed, column: name,
+                             "always_on_vs_greedy": acc[name].always_on_vs["greedy-fastest"],
+                             "parked_vs_greedy": acc[name].parked_vs["greedy-fastest"],
+                             "sla_attainment": s["sla_attainment"], "avg_jct_h": s["avg_jct_s"] / 3600, **extra(s)})
+            print(f"{sc.key} seed {seed}: {time.perf_counter() - t0:.1f} s", flush=True)
+    return rows
+
+
+def energy_cells(rs: list[dict]) -> str:
+    """A candidate's always-on and parked ratios, lowest SLA and mean JCT over its rows, as table cells."""
+    return (f"{spread([r['always_on_vs_greedy'] for r in rs])} | {spread([r['parked_vs_greedy'] for r in rs])} | "
+            f"{attainment_text(min(r['sla_attainment'] for r in rs))} | {statistics.fmean(r['avg_jct_h'] for r in rs):.2f}")
 
 
 def saving_means(saving_rows: list[dict]) -> dict[float, float]:
