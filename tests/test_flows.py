@@ -425,6 +425,16 @@ def test_unknown_block_name_is_a_clear_error_before_anything_runs(gogh_home):
         mixed_up()
 
 
+def test_a_block_name_prefect_cannot_hold_is_refused_when_the_flow_is_defined():
+    """The fleet's text form given as ``cluster=`` passed the decorator and failed at run time
+    with "save a block under that name", a name Prefect refuses (a new-user review)."""
+    with pytest.raises(ValueError, match=r"cluster=\.\.\.\): 'v100=1,t4=1' is not the name .*"
+                                         r"GpuCluster\(fleet='v100=1,t4=1'\)"):
+        gogh_placed(model="LM", batch_size=20, min_throughput=1, work_steps=10, cluster="v100=1,t4=1")
+    with pytest.raises(ValueError, match=r"policy=\.\.\.\): 'Energy_First' .*lowercase letters, numbers and dashes"):
+        gogh_placed(model="LM", batch_size=20, min_throughput=1, work_steps=10, policy="Energy_First")
+
+
 def test_requirement_no_gpu_type_can_meet_fails_at_once_with_best_throughput(gogh_home):
     @gogh_placed(model="ResNet-50", batch_size=64, min_throughput=1e6, work_steps=10, wait_timeout_s=600)
     def impossible() -> None:

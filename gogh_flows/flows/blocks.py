@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -466,6 +467,27 @@ def apply_block_documents(folder: Path, *, overwrite: bool = True) -> list[tuple
     return saved
 
 
+#: what Prefect accepts as a block document's name (``prefect.types.names``)
+_BLOCK_NAME = re.compile(r"^[a-z0-9-]+$")
+
+
+def check_block_name(kind: type[Block], value: str, where: str) -> None:
+    """Refuse a name no block can be saved under, before anything runs, and say what was meant.
+
+    Without this, ``cluster="v100=1,t4=1"`` (the text form of a fleet, which the fleet field
+    takes) passed the decorator and failed at run time with "save one under that name", a
+    name Prefect refuses.
+    """
+    if _BLOCK_NAME.match(value):
+        return
+    hint = ""
+    if kind.__name__ == "GpuCluster" and "=" in value:
+        hint = (f" That looks like a fleet: pass GpuCluster(fleet={value!r}), or save that block under a "
+                "name and give the name.")
+    raise ValueError(f"{where}: {value!r} is not the name of a saved {kind.__name__} block; block names hold only "
+                     f"lowercase letters, numbers and dashes (e.g. 'lab-fleet').{hint}")
+
+
 def load_block(kind: type[Block], value: Any, default: Block) -> Block:
     """A block given by instance, by saved name, or the embedded default (``None``)."""
     if value is None:
@@ -473,6 +495,7 @@ def load_block(kind: type[Block], value: Any, default: Block) -> Block:
     if isinstance(value, kind):
         return value
     if isinstance(value, str):
+        check_block_name(kind, value, f"a {kind.__name__} by name")
         try:
             # _sync: an async flow's body runs in a worker thread that Prefect may still take for
             # an async context, and would hand back a coroutine instead of the block

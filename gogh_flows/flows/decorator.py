@@ -41,7 +41,7 @@ from prefect.logging import get_run_logger
 from prefect.utilities.annotations import quote
 
 from gogh_flows.flows.cancellation import PrefectCancellation
-from gogh_flows.flows.blocks import GpuCluster, PlacementPolicy, PredictorRegistry, load_block
+from gogh_flows.flows.blocks import GpuCluster, PlacementPolicy, PredictorRegistry, check_block_name, load_block
 from gogh_flows.flows.current import _CURRENT, CurrentPlacement
 from gogh_flows.flows.predictors import predictor_source
 from gogh_flows.predict.intervals import NoIntervalsError
@@ -81,6 +81,8 @@ def _check_block_arg(name: str, value: Any, kind: type) -> None:
     if value is not None and not isinstance(value, (str, kind)):
         raise TypeError(f"@gogh_placed({name}=...) must be the name of a saved {kind.__name__} "
                         f"block, a {kind.__name__}, or None (embedded default); got {value!r}")
+    if isinstance(value, str):
+        check_block_name(kind, value, f"@gogh_placed({name}=...)")
 
 
 def gogh_placed(
@@ -485,20 +487,15 @@ def _mark_crashed_unless_placer_back(gpu: GpuContext, message: str) -> None:
 def _mark_crashed(message: str) -> None:
     """Nobody is left to end this flow run: say in Prefect that it crashed (from its worker).
 
-    A Prefect runner or worker that launched the lost process says the same when it sees the
-    process die; the state orchestration keeps whichever comes first.
+    The flow run context names the run and its attempt, which is what ``crash_flow_run`` needs
+    to mark only this attempt (never one Prefect started after it). A Prefect runner or worker
+    that launched the lost process says the same when it sees the process die; the state
+    orchestration keeps whichever comes first.
     """
     ctx = FlowRunContext.get()
     if ctx is None or ctx.flow_run is None:
         return
-    try:
-        from prefect.client.orchestration import get_client
-        from prefect.states import Crashed
-
-        with get_client(sync_client=True) as client:
-            client.set_flow_run_state(ctx.flow_run.id, Crashed(message=message))
-    except Exception as exc:  # noqa: BLE001 - the server may be gone too; the body's error stands
-        log.warning("gogh: could not mark flow run %s as crashed: %s", ctx.flow_run.id, exc)
+    crash_flow_run(f"{ctx.flow_run.id}#{max(ctx.flow_run.run_count, 1)}", message)
 
 
 def _done_event(future: Any) -> threading.Event:
