@@ -330,3 +330,18 @@ def test_a_negative_batch_size_in_a_job_type_is_named_as_such():
         with pytest.raises(ValueError, match="batch_size must be a positive int"):
             parse_job_kind(bad)
     assert parse_job_kind("ResNet-50 (batch size 64)") == ("ResNet-50", 64, "training")
+
+
+def test_a_mistyped_family_is_answered_with_the_families_meant_everywhere_it_is_read():
+    """`gogh predict --job "ResNet50 (batch size 64)"` listed every family and batch size but not
+    the one meant, where the decorator said "did you mean" (a new-user review)."""
+    from gogh_flows.workloads.job import JobSpec
+    from gogh_flows.workloads.zoo import canonical_family, families_like
+
+    assert families_like("ResNet50") == ["ResNet-18", "ResNet-50"]
+    assert families_like("transfomer") == ["Transformer"]
+    assert families_like("zzz") == [] and families_like("  ") == []
+    with pytest.raises(ValueError, match=r"unknown model family 'ResNet50' \(did you mean 'ResNet-18' or 'ResNet-50'\?\)"):
+        canonical_family("ResNet50")
+    with pytest.raises(ValueError, match=r"'Transfomer' \(did you mean 'Transformer'\?\).*JobSpec.from_model"):
+        JobSpec(name="t", family="Transfomer", batch_size=16, required_throughput=1.0, work_steps=10)

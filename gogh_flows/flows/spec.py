@@ -9,7 +9,6 @@ the CLI and the simulator use.
 
 from __future__ import annotations
 
-import difflib
 import math
 from typing import Any
 
@@ -20,7 +19,7 @@ from gogh_flows.runtime.telemetry import DEFAULT_WARMUP_STEPS
 from gogh_flows.workloads.features import WorkloadFeatures, check_example_batch, check_kind, extract_features
 from gogh_flows.workloads.job import JobSpec
 from gogh_flows.workloads.zoo import (
-    _BUILDERS, FAMILIES, canonical_family, job_type_name, parse_job_kind, zoo_features,
+    _BUILDERS, FAMILIES, canonical_family, families_like, job_type_name, parse_job_kind, zoo_features,
 )
 
 _ZOO_BY_BUILDER = {builder: family for family, builder in _BUILDERS.items()}
@@ -43,10 +42,7 @@ def _family_named(model: str) -> str:
     try:  # a job-type string, as the tables and the UI show them: "ResNet-50 (batch size 64)"
         family, bs, kind = parse_job_kind(model)
     except ValueError:
-        close = difflib.get_close_matches(model.strip().lower(), [f.lower() for f in FAMILIES], n=3, cutoff=0.5)
-        close += [f.lower() for f in FAMILIES if model.strip() and f.lower().startswith(model.strip().lower())]
-        meant = [f for f in FAMILIES if f.lower() in close]
-        raise ValueError(error + (f"; did you mean {' or '.join(map(repr, meant))}?" if meant else
+        raise ValueError(error + ("" if families_like(model) else  # the error says what was meant
                                   "; for a model of your own pass the torch.nn.Module (or a function "
                                   "returning one) with example_inputs=...")) from None
     extra = ", kind='inference'" if kind == "inference" else ""

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from gogh_flows import catalog
 from gogh_flows.workloads.features import WorkloadFeatures, extract_features
-from gogh_flows.workloads.zoo import DEFAULT_BATCH_SIZES, FAMILIES, job_type_name, zoo_features
+from gogh_flows.workloads.zoo import DEFAULT_BATCH_SIZES, canonical_family, job_type_name, zoo_features
 
 #: Fraction of a GPU's memory a job may use (CUDA context, allocator slack).
 MEMORY_HEADROOM = 0.9
@@ -41,13 +41,10 @@ class JobSpec(BaseModel):
     def _known_family(cls, value: str | None) -> str | None:
         if value is None:
             return None
-        for fam in FAMILIES:
-            if fam.lower() == value.strip().lower():
-                return fam
-        raise ValueError(
-            f"unknown model family {value!r}; zoo families are {', '.join(FAMILIES)} "
-            "(use JobSpec.from_model for your own torch model)"
-        )
+        try:
+            return canonical_family(value)
+        except ValueError as exc:
+            raise ValueError(f"{exc}; use JobSpec.from_model for your own torch model") from None
 
     @field_validator("required_throughput")
     @classmethod

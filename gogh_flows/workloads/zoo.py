@@ -26,6 +26,7 @@ allocates nothing even for the large embedding tables.
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
 from collections.abc import Callable
@@ -406,6 +407,16 @@ _INPUTS: dict[str, Callable[[int, torch.device], tuple[torch.Tensor, ...]]] = {
 }
 
 
+def families_like(name: str) -> list[str]:
+    """Zoo families a mistyped name probably meant ("ResNet50", "resnet", "transfomer")."""
+    typed = name.strip().lower() if isinstance(name, str) else ""
+    if not typed:
+        return []
+    close = difflib.get_close_matches(typed, [f.lower() for f in FAMILIES], n=3, cutoff=0.5)
+    close += [f.lower() for f in FAMILIES if f.lower().startswith(typed)]
+    return [f for f in FAMILIES if f.lower() in close]
+
+
 def canonical_family(family: str) -> str:
     """The family as Gavel spells it; matching ignores case and surrounding spaces."""
     if isinstance(family, str):
@@ -413,9 +424,11 @@ def canonical_family(family: str) -> str:
         for name in FAMILIES:
             if name.lower() == wanted:
                 return name
+    meant = families_like(family)
     raise ValueError(
-        f"unknown model family {family!r}; known families are {', '.join(FAMILIES)} "
-        "(matched case-insensitively, e.g. 'resnet-50')"
+        f"unknown model family {family!r}"
+        + (f" (did you mean {' or '.join(map(repr, meant))}?)" if meant else "")
+        + f"; known families are {', '.join(FAMILIES)} (matched case-insensitively, e.g. 'resnet-50')"
     )
 
 
