@@ -372,6 +372,8 @@ def test_the_explanation_says_what_the_headroom_held_the_run_to():
     text = explain_markdown(job, "r1", placement, problem, "v100-0", 0.0, {})
     assert "| required throughput | 2 steps/s |" in text
     assert "| planned against | 2.2 steps/s (the policy's headroom of 10%" in text
+    # which slot was too slow, and by how much: the T4's prediction beside what it was held to
+    assert "**Rejected slots:** 1 too slow (too slow alone: t4 2.05 steps/s predicted, under 2.2)" in text
     placement, problem = decide(job, "r1", devices, [], table, "greedy-fastest", 0.1)
     assert "planned against" not in explain_markdown(job, "r1", placement, problem, "v100-0", 0.0, {})
 

@@ -405,6 +405,25 @@ def _partner_limit(problem: PlacementProblem, run_id: str, gpu_id: str, a: Any) 
     return f"; a board has one limit, so its partner runs at it too (it ran at {was})"
 
 
+def _rejected_types(problem: PlacementProblem, run_id: str) -> str:
+    """The GPU types ruled out for the run on its own figures, with the prediction that ruled them out.
+
+    A count alone ("1 too slow") left a user guessing which board, and by how much (a new-user
+    review); the reasons that depend on partners stay counts.
+    """
+    job = next(j for j in problem.jobs if j.id == run_id)
+    slow, no_memory = [], []
+    for t in problem.gpu_types:
+        iso = problem.throughputs.isolated(job, t)
+        if iso <= 0:
+            no_memory.append(t)
+        elif iso < job.required_throughput:
+            slow.append(f"{t} {iso:.3g} steps/s")
+    said = ([f"too slow alone: {', '.join(slow)} predicted, under {job.required_throughput:.4g}"] if slow else []) + (
+        [f"too little memory: {', '.join(no_memory)}"] if no_memory else [])
+    return f" ({'; '.join(said)})" if said else ""
+
+
 def explain_markdown(job: JobSpec, run_id: str, placement: Placement, problem: PlacementProblem,
                      gpu_id: str, waited_s: float, versions: dict, held_note: str | None = None) -> str:
     """The Prefect artifact: chosen slot, its predicted figures, runner-ups, and rejections;
@@ -453,7 +472,7 @@ def explain_markdown(job: JobSpec, run_id: str, placement: Placement, problem: P
             lines += [f"The first runner-up is predicted cheaper for this run alone; not chosen because {why}.", ""]
     if ex is not None and any(ex.rejected.values()):
         lines.append("**Rejected slots:** " + ", ".join(
-            f"{n} {reason}" for reason, n in sorted(ex.rejected.items()) if n))
+            f"{n} {reason}" for reason, n in sorted(ex.rejected.items()) if n) + _rejected_types(problem, run_id))
     lines += ["", f"Fleet: {len(problem.gpus)} GPUs ({', '.join(problem.gpu_types)}), "
               f"{len(problem.running)} runs already placed."]
     return "\n".join(lines)
