@@ -1117,6 +1117,11 @@ def test_a_dropped_connection_to_the_scheduler_logs_the_workers_record_of_the_ru
         while not (open_sessions() and any(lease.started_at for lease in _env().pool.ledger.state().leases)):
             assert time.monotonic() < deadline and runner.is_alive(), raised
             time.sleep(0.2)
+        # the worker waits for a dropped placer as long as the placer's Dask client tries to come back
+        # (distributed's Client._reconnect gives up after the client's timeout)
+        from gogh_flows.flows.decorator import PLACER_BACK_GRACE_S
+
+        assert _env().pool.client._timeout == PLACER_BACK_GRACE_S
         time.sleep(1.0)  # some steps done
         client = _env().pool.client
 

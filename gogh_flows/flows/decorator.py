@@ -61,6 +61,7 @@ from gogh_flows.flows.spec import check_wait_timeout, check_warmup_steps, placed
 from gogh_flows.runtime.context import GpuContext, RunCancelled, current_gpu, use_gpu
 from gogh_flows.runtime.leases import PoolLedger
 from gogh_flows.runtime.ledger import PLACER_GAVE_UP, PLACER_LOST
+from gogh_flows.runtime.pool import CLIENT_TIMEOUT_S
 from gogh_flows.runtime.probe import SchedulerUnreachable
 from gogh_flows.runtime.telemetry import DEFAULT_WARMUP_STEPS
 from gogh_flows.workloads.job import JobSpec
@@ -447,8 +448,10 @@ def _execute_body(fn: Callable, args: tuple, kwargs: dict, context: dict, placem
 
 
 #: How long a worker waits for a placing process whose connection dropped to come back before it
-#: says in Prefect that the flow run crashed: Dask reconnects a client within seconds of a blip.
-PLACER_BACK_GRACE_S = 10.0
+#: says in Prefect that the flow run crashed: as long as the placer's Dask client tries to
+#: reconnect (its timeout; a blip is usually over in seconds), so a placer that is still
+#: reconnecting is never marked crashed under its feet.
+PLACER_BACK_GRACE_S = CLIENT_TIMEOUT_S
 _PLACER_POLL_S = 0.5
 
 

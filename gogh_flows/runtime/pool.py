@@ -796,7 +796,13 @@ def discover_workers(client: Client, address: str, warned: set[str] | None = Non
     return devices, pins, emulated, {str(w["name"]) for w in info.values()}, left_out
 
 
-def remote_pool(address: str, *, timeout: float = 10.0, min_workers: int = 1,
+#: a remote pool's Dask client timeout, which is also how long it tries to reconnect after its
+#: connection to the scheduler drops (``Client._reconnect`` gives up after the client's timeout);
+#: a worker waits as long for a placing process to come back before it calls the run crashed
+CLIENT_TIMEOUT_S = 10.0
+
+
+def remote_pool(address: str, *, timeout: float = CLIENT_TIMEOUT_S, min_workers: int = 1,
                 truth: ThroughputTable | None = None, time_scale: float | None = None,
                 energy: EnergyModel | None = None, lease_timeout_s: float | None = None) -> GpuPool:
     """Connect to a running scheduler whose workers each advertise one GPU.
