@@ -127,6 +127,12 @@ def test_config_claiming_p1_over_p2_tensors_is_refused(saved):
     (d1 / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelFormatError, match="does not hold the tensors of the p1 model"):
         load_model(d1)
+    # and without a checksum at all, the tampered weights are not taken on trust (a review
+    # scaled every tensor and removed the field, and the model loaded)
+    del cfg["weights_sha256"]
+    (d1 / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelFormatError, match="records no weights_sha256"):
+        load_model(d1)
 
 
 def test_wrong_kind_and_bad_config_are_refused(saved):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 
 import math
 import random
@@ -361,6 +362,53 @@ def test_runs_starting_together_register_the_shipped_prior_once(gogh_home):
     for name in (block.p1_name, block.p2_name):
         assert reg.versions(name).height == 1, name
         assert reg.version_for(name, block.alias) == 1
+
+
+def test_a_prior_is_registered_whole_or_not_at_all_and_never_beside_another_priors_half(gogh_home, gogh_models,
+                                                                                            tmp_path, monkeypatch):
+    """A prior whose P2 was damaged left its P1 champion and no P2, and the next start with the
+    shipped prior gave that P1 a P2 it was not trained with, without a word (a review)."""
+    from mlflow import MlflowClient
+
+    from gogh_flows.flows.blocks import PredictorRegistry
+    from gogh_flows.flows.predictors import PRIOR_ID_TAG, PredictorSource, prior_id
+    from gogh_flows.predict.io import prior_dir
+
+    shutil.copytree(gogh_models / "gavel", tmp_path / "ours")
+    config = tmp_path / "ours" / "p2" / "config.json"
+    text = config.read_text()
+    config.write_text(text[: len(text) // 2])
+    damaged = PredictorSource(PredictorRegistry(prior=str(tmp_path / "ours")))
+    with pytest.raises(ValueError, match=r"cannot be registered: its p2/ does not load .*nothing was registered"):
+        damaged.ensure_prior()
+    assert damaged.registry._model_names() == []
+    # the shipped prior registers both halves, tagged with the pair they make
+    shipped = PredictorSource(PredictorRegistry())
+    shipped.ensure_prior()
+    pair = prior_id(prior_dir("synthetic"))
+    for name in ("gogh-p1", "gogh-p2"):
+        assert shipped.registry.version_tags(name, 1)[PRIOR_ID_TAG] == pair
+    # its P2's alias gone (deleted by hand): another prior may not fill that half in
+    MlflowClient(shipped.registry.tracking_uri).delete_registered_model_alias("gogh-p2", "champion")
+    config.write_text(text)  # repaired: a whole prior, but not the one the registry's P1 came from
+    with pytest.raises(ValueError, match=r"gogh-p1 v1 \(@champion\) .* is another prior's .*gogh-p2 from it would "
+                                         r"pair models not trained together"):
+        PredictorSource(PredictorRegistry(prior=str(tmp_path / "ours"))).ensure_prior()
+    shipped.ensure_prior()  # the same prior may
+    assert shipped.registry.version_for("gogh-p2", "champion") == 2
+
+
+def test_a_prior_written_as_a_path_is_the_folder_not_a_shipped_name(gogh_models, tmp_path, monkeypatch):
+    """docs/user-guide.md: "a shipped name wins over a folder of that name, so write `./gavel` for
+    yours"; `gogh predict --predictors ./gavel` read the shipped one (a review)."""
+    from gogh_flows.predict.io import prior_dir
+
+    monkeypatch.setenv("GOGH_MODELS_DIR", str(gogh_models))
+    shutil.copytree(gogh_models / "gavel", tmp_path / "gavel")
+    monkeypatch.chdir(tmp_path)
+    assert prior_dir("gavel") == gogh_models / "gavel"
+    assert prior_dir("./gavel").resolve() == (tmp_path / "gavel").resolve()
+    assert prior_dir(str(tmp_path / "gavel")) == tmp_path / "gavel"
 
 
 def test_min_improvement_must_be_a_fraction(gogh_home):

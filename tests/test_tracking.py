@@ -239,6 +239,27 @@ def test_ensure_registered_is_idempotent(registry: ModelRegistry, tmp_path: Path
     assert registry.versions("p1").height == 2
 
 
+def test_a_prior_claimed_by_a_process_that_died_is_registered_after_the_wait(registry: ModelRegistry, tmp_path: Path,
+                                                                               caplog):
+    """The registry decides which process registers the shipped prior (the one that created the
+    model, tagged meanwhile; tests/test_tracking_server.py starts three hosts together): one that
+    died holding the tag delays a first start by the wait, not for ever; a model left without the
+    alias and untagged (an alias deleted by hand) is registered into at once."""
+    from gogh_flows.tracking.registry import PRIOR_TAG
+
+    prior = make_model_dir(tmp_path / "prior")
+    registry._ready().create_registered_model("p1", tags={PRIOR_TAG: "gone-host:1"})
+    start = time.monotonic()
+    with caplog.at_level("WARNING", logger="gogh_flows.tracking.registry"):
+        assert registry.ensure_registered("p1", prior, wait_s=1.0) == 1
+    assert 1.0 <= time.monotonic() - start and "gone-host:1" in caplog.text and "registering it here" in caplog.text
+    assert PRIOR_TAG not in registry._ready().get_registered_model("p1").tags  # the next start does not wait
+    registry._ready().delete_registered_model_alias("p1", "champion")
+    start = time.monotonic()
+    assert registry.ensure_registered("p1", prior, wait_s=60.0) == 2
+    assert time.monotonic() - start < 30
+
+
 def test_a_misspelt_model_name_that_would_start_a_registry_of_its_own_is_warned(
         registry: ModelRegistry, tmp_path: Path, caplog):
     prior = make_model_dir(tmp_path / "prior")

@@ -110,3 +110,40 @@ def test_measurements_through_server(server: str, tmp_path: Path):
     exp = client.get_experiment_by_name("gogh-measurements")
     keys = sorted(r.data.tags[KEY_TAG] for r in client.search_runs([exp.experiment_id]))
     assert keys == sorted(mlog.read()["key"].to_list()) == [m.key, second.key]
+
+
+def test_hosts_starting_together_on_an_empty_registry_register_the_shipped_prior_once(server: str, tmp_path: Path):
+    """Two machines' first runs against one empty registry each registered the shipped prior: two
+    versions of each model and a champion P1 from one host beside a champion P2 from the other (a
+    review rehearsing a team's first day). A lock file spans the threads and processes of one
+    GOGH_HOME only; the registry itself decides which host registers."""
+    repo = Path(__file__).resolve().parent.parent
+    go = tmp_path / "go"
+    script = ("import sys, time, pathlib\n"
+              "from gogh_flows.flows.blocks import PredictorRegistry\n"
+              "from gogh_flows.flows.predictors import PredictorSource\n"
+              "source = PredictorSource(PredictorRegistry(tracking_uri=sys.argv[1]))\n"
+              "while not pathlib.Path(sys.argv[2]).exists(): time.sleep(0.01)\n"
+              "source.ensure_prior()\n"
+              "print(source.registry.version_for('gogh-p1', 'champion'), "
+              "source.registry.version_for('gogh-p2', 'champion'))\n")
+    hosts = []
+    for name in ("host-a", "host-b", "host-c"):
+        home = tmp_path / name
+        home.mkdir()
+        env = {**os.environ, "GOGH_HOME": str(home), "GOGH_MODELS_DIR": str(repo / "models"),
+               "PYTHONPATH": str(repo), "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
+        hosts.append(subprocess.Popen([sys.executable, "-c", script, server, str(go)], env=env, cwd=home,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    time.sleep(8.0)  # every host imported and waiting (they start together below)
+    go.touch()
+    answers = []
+    for proc in hosts:
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err[-3000:]
+        answers.append(out.split())
+    client = MlflowClient(server)
+    for name in ("gogh-p1", "gogh-p2"):
+        versions = client.search_model_versions(f"name='{name}'")
+        assert len(versions) == 1, [(v.version, v.tags.get("gogh.origin")) for v in versions]
+    assert answers == [["1", "1"]] * 3

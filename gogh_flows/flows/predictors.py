@@ -8,6 +8,7 @@ milliseconds, a download more, and a flow run should pay neither.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -33,6 +34,16 @@ from gogh_flows.tracking.registry import ModelRegistry
 log = logging.getLogger("gogh_flows")
 
 
+#: the tag naming which prior (both halves, by their weights' checksums) a registered version is
+PRIOR_ID_TAG = "gogh.prior_id"
+
+
+def prior_id(base: Path) -> str:
+    """One prior's identity: its P1's and P2's weights, by the checksums their configs record."""
+    sums = [json.loads((base / sub / "config.json").read_text())["weights_sha256"] for sub in ("p1", "p2")]
+    return hashlib.sha256(":".join(sums).encode()).hexdigest()[:16]
+
+
 @dataclass
 class PredictorSource:
     """P1/P2 from the registry by alias, reloaded when the alias moves (checked every refresh_s)."""
@@ -55,6 +66,8 @@ class PredictorSource:
     _asking: Future | None = None
     _asked_at: float = 0.0
     _asking_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: what the open question is doing besides asking the registry, for a late answer's message
+    _doing: str | None = None
 
     def __post_init__(self) -> None:
         self.registry = ModelRegistry(self.block.resolved_tracking_uri())
@@ -68,19 +81,53 @@ class PredictorSource:
                    if self.registry.version_for(name, self.block.alias) is None]
         if not pending:
             return
+        pair = self._check_prior(base, [name for name, _ in pending])
         # Flow runs started together (threads or processes on this machine) would otherwise
         # each see an empty alias and register the prior once each: one registers, the others
         # find the alias set once they get the lock.
+        # Processes on other machines have locks of their own: there the registry decides
+        # (``ensure_registered``).
         lock_dir = state_dir() / "locks"
         lock_dir.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(lock_dir / f"registry-{self._uri_key()}.lock"), timeout=300):
-            for name, sub in pending:
-                if not (base / sub).is_dir():
-                    raise FileNotFoundError(
-                        f"prior {base / sub} not found; set GOGH_MODELS_DIR to the models/ folder of "
-                        "gogh-flows, or give the folder `gogh predictors train --out DIR` wrote")
-                self.registry.ensure_registered(name, base / sub, alias=self.block.alias,
-                                                p1_uri=f"models:/{self.block.p1_name}@{self.block.alias}")
+        self._doing = "registering the shipped prior, or waiting for another process that is"
+        try:
+            with FileLock(str(lock_dir / f"registry-{self._uri_key()}.lock"), timeout=300):
+                for name, sub in pending:
+                    self.registry.ensure_registered(name, base / sub, alias=self.block.alias,
+                                                    p1_uri=f"models:/{self.block.p1_name}@{self.block.alias}",
+                                                    tags={PRIOR_ID_TAG: pair})
+        finally:
+            self._doing = None
+
+    def _check_prior(self, base: Path, pending: list[str]) -> str:
+        """Both halves of the prior load, and a half already registered came from this prior,
+        before anything is registered.
+
+        Registered one after the other, a prior whose P2 was damaged left its P1 champion and
+        no P2, and the next start with another prior gave that P1 a P2 it was not trained with,
+        without a word (a review)."""
+        for sub, load in (("p1", load_p1), ("p2", load_p2)):
+            if not (base / sub).is_dir():
+                raise FileNotFoundError(
+                    f"prior {base / sub} not found; set GOGH_MODELS_DIR to the models/ folder of "
+                    "gogh-flows, or give the folder `gogh predictors train --out DIR` wrote")
+            try:
+                load(base / sub)
+            except (ModelFormatError, UnsafeArtifactError, ValueError, OSError) as exc:
+                raise ValueError(f"the prior {base} cannot be registered: its {sub}/ does not load "
+                                 f"({short_error(exc)}); nothing was registered. Copy the folder again, or train it "
+                                 "again with `gogh predictors train --out DIR`") from None
+        pair = prior_id(base)
+        for name in (self.block.p1_name, self.block.p2_name):
+            version = None if name in pending else self.registry.version_for(name, self.block.alias)
+            tags = self.registry.version_tags(name, version) if version is not None else {}
+            if tags.get(PRIOR_ID_TAG) not in (None, pair):  # by content: the same prior has other paths elsewhere
+                raise ValueError(
+                    f"{name} v{version} (@{self.block.alias}) in {self.block.resolved_tracking_uri()} is another "
+                    f"prior's (registered from {tags.get('gogh.prior_dir', '?')}), and this PredictorRegistry's prior "
+                    f"is {base}: registering {', '.join(pending)} from it would pair models not trained together. "
+                    "Give the block that prior, or register both halves of yours under new p1_name/p2_name")
+        return pair
 
     def _uri_key(self) -> str:
         """Short name of the tracking URI for the files kept per registry (lock, model cache)."""
@@ -151,8 +198,9 @@ class PredictorSource:
 
     def _stalled(self) -> ThroughputPredictor:
         """The registry has not answered in time: place with what is at hand, without waiting for it."""
+        doing = self._doing  # a slow answer is not always a slow registry: say what it waits for
         reason = (f"the MLflow registry at {self.block.resolved_tracking_uri()} did not answer within "
-                  f"{self.block.timeout_s:g} s")
+                  f"{self.block.timeout_s:g} s" + (f" (this process is {doing})" if doing else ""))
         # not under the lock: the open question holds it while it waits for the registry
         predictor, using = self._predictor, self._using
         if predictor is None:

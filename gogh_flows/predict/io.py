@@ -42,7 +42,12 @@ def models_dir() -> Path:
 
 def prior_dir(prior: str) -> Path:
     """A shipped prior's folder under :func:`models_dir`, else ``prior`` read as a path (the folder
-    `gogh predictors train --out DIR` wrote), so a team's own predictors can serve flow runs."""
+    `gogh predictors train --out DIR` wrote), so a team's own predictors can serve flow runs.
+
+    Only a bare name can be a shipped one: ``./gavel`` is the folder here, as the user guide
+    says, where it used to find the shipped ``gavel`` first (a review)."""
+    if Path(prior).name != prior or prior in (".", ".."):  # "./gavel", "~/p", "/x/y": a path, never a shipped name
+        return Path(prior).expanduser()
     shipped = models_dir() / prior
     return shipped if (shipped / "p1").is_dir() else Path(prior).expanduser()
 
@@ -95,7 +100,11 @@ def load_model(directory: str | Path) -> P1Model | P2Model:
     config = _read_config(d / CONFIG)
     kind = config["kind"]
     expected_sha = config.get("weights_sha256")
-    if expected_sha is not None and _sha256(d / WEIGHTS) != expected_sha:
+    if expected_sha is None:  # every model save_model wrote records it: without it the check could be switched off
+        raise ModelFormatError(
+            f"{d / CONFIG} records no weights_sha256, so its weights cannot be checked against what was saved; "
+            "save the model again with save_model() (gogh predictors train writes it)")
+    if _sha256(d / WEIGHTS) != expected_sha:
         raise ModelFormatError(
             f"{d / WEIGHTS} does not match the SHA-256 recorded in {CONFIG}: the weights were "
             "replaced or damaged after saving. Re-save the model with save_model()."

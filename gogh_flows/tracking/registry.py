@@ -21,6 +21,7 @@ import math
 import os
 import re
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Mapping
@@ -48,6 +49,10 @@ log = logging.getLogger(__name__)
 MODELS_EXPERIMENT = "gogh-models"
 ARTIFACT_PATH = "model"  # sub-folder of the run's artifacts that holds the model directory
 DEFAULT_ALIAS = "champion"
+#: the tag a registered model carries while a process registers the shipped prior into it
+PRIOR_TAG = "gogh.registering_prior"
+#: how long a process waits for another one registering the shipped prior before doing it itself
+PRIOR_WAIT_S = 120.0
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
 _MAX_LISTED = 20
 
@@ -407,25 +412,79 @@ class ModelRegistry:
         )
 
     def ensure_registered(self, name: str, directory: Path, *, alias: str = DEFAULT_ALIAS,
-                          p1_uri: str | None = None) -> int:
+                          p1_uri: str | None = None, wait_s: float = PRIOR_WAIT_S,
+                          tags: Mapping[str, str] | None = None) -> int:
         """Register the shipped prior the first time only; afterwards return the aliased version.
 
         Idempotent by alias, not by content: once `alias` exists we never overwrite it, so a
         champion promoted by retraining is not replaced by the prior on the next start.
+
+        Processes on several machines may start on one empty registry at once, and a lock
+        file spans one machine only: the registry decides. Whoever creates the registered model
+        registers the prior into it, the model tagged :data:`PRIOR_TAG` meanwhile; the others
+        wait (up to ``wait_s``) for its alias instead of registering a copy each (which left two
+        versions of each model and a champion P1 from one host beside a champion P2 from
+        another). A model that exists untagged without the alias (an alias deleted by hand) is
+        registered into at once; one whose registering process died, after the wait.
         """
         existing = self.version_for(name, alias)
         if existing is not None:
             return existing
         others = [m for m in self._model_names() if m != name and _near(m, name)]
+        if not self._claim_model(name):
+            waited = self._wait_for_alias(name, alias, wait_s)
+            if waited is not None:
+                return waited
         if others:  # a misspelt name starts a registry of its own, which no placement reads
             log.warning("registering the shipped prior as a new model %r in %s, which already holds %s: if %r is "
                         "a misspelling, fix the PredictorRegistry's name (its champion and retrainings live "
                         "under the name it gives)", name, self.tracking_uri, ", ".join(repr(m) for m in others), name)
-        return self.register(
-            name, directory, alias=alias, tags={"gogh.origin": "prior", "gogh.prior_dir": str(Path(directory).parent)},
-            description=f"prior from {Path(directory)}",
-            p1_uri=p1_uri,
-        )
+        try:
+            return self.register(
+                name, directory, alias=alias,
+                tags={"gogh.origin": "prior", "gogh.prior_dir": str(Path(directory).parent), **(tags or {})},
+                description=f"prior from {Path(directory)}",
+                p1_uri=p1_uri,
+            )
+        finally:
+            with contextlib.suppress(MlflowException):  # a tag left behind only makes a first start wait
+                self._ready().delete_registered_model_tag(name, PRIOR_TAG)
+
+    def _claim_model(self, name: str) -> bool:
+        """Create the registered model, tagged as being given the prior; False if it existed."""
+        try:
+            self._ready().create_registered_model(
+                name, tags={PRIOR_TAG: f"{socket.gethostname()}:{os.getpid()}"},
+                description="gogh-flows predictor (safetensors + JSON config; never pickled)")
+            return True
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            return False
+
+    def _wait_for_alias(self, name: str, alias: str, wait_s: float) -> int | None:
+        """The version another process's registration of the prior points ``alias`` at, once it
+        does; None if nobody is registering it (no tag) or the wait ran out."""
+        client = self._ready()
+        deadline = time.monotonic() + wait_s
+        said = False
+        while True:
+            model = client.get_registered_model(name)
+            version = (model.aliases or {}).get(alias)
+            if version is not None:
+                return int(version)
+            holder = (model.tags or {}).get(PRIOR_TAG)
+            if holder is None:
+                return None
+            if time.monotonic() >= deadline:
+                log.warning("gogh: %s (%s) began registering the shipped prior as %r in %s and has not set its alias "
+                            "%r within %g s; registering it here", holder, PRIOR_TAG, name, self.tracking_uri, alias,
+                            wait_s)
+                return None
+            if not said:
+                log.info("gogh: waiting for %s, which is registering the shipped prior as %r", holder, name)
+                said = True
+            time.sleep(0.5)
 
 
 def _near(a: str, b: str) -> bool:
