@@ -403,6 +403,7 @@ def test_a_run_whose_worker_is_killed_fails_clearly_and_frees_the_gpu(tmp_path):
             ledger.close()
     (run,) = [r for r in results if "summary" not in r]
     assert run["status"] == "failed" and "RunLost" in run["error"] and lease.gpu_id in run["error"]
+    assert "its worker left the pool" in run["error"] and "lapsed" not in run["error"], run["error"]
     assert ended < 30  # within the lease and the checks, not the 120 s body
     (row,) = _measurements(tmp_path, ["host"]).iter_rows(named=True)
     assert row["status"] == "failed" and row["telemetry"] == "none"  # measured, marked failed

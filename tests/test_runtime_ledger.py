@@ -91,6 +91,7 @@ def test_a_claim_whose_client_leaves_is_dropped_at_once(pool):
     while time.monotonic() < deadline and pool.ledger.get("doomed") is not None:
         time.sleep(0.05)
     assert pool.ledger.get("doomed") is None and pool.ledger.state().counts["client_left"] == 1
+    assert pool.ledger.why_dropped("doomed") == "client_left"
 
 
 class _FakeScheduler:
@@ -136,6 +137,7 @@ def test_a_lease_lapses_only_when_unrefreshed_and_dask_shows_its_holder_gone():
     # a refresh thread that missed its turn does not free a GPU whose holder Dask shows at work
     assert set(plugin.leases) == {"queued-live-client", "running"}
     assert plugin.counts["expired"] == 3
+    assert set(plugin.why_dropped(list(plugin.dropped)).values()) == {"expired"} and len(plugin.dropped) == 3
 
 
 def test_the_ledgers_own_stall_restarts_every_leases_clock():
@@ -228,6 +230,8 @@ def test_worker_leaving_drops_its_leases_and_its_gpu_leaves_the_live_devices(poo
     state = ledger.state()
     assert ledger.get("r1") is None and ledger.get("r2") is not None
     assert "t4-0" not in state.workers and state.counts["worker_left"] == 1
+    # why, for the placing process's error (it said "lease lapsed" of a killed worker's run)
+    assert ledger.why_dropped("r1") == "worker_left" and ledger.why_dropped("r2") is None
     assert [d.id for d in pool.live_devices(state.workers)] == ["v100-0", "v100-1"]
 
 

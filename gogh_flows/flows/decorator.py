@@ -521,6 +521,23 @@ def _lease_held(ledger: PoolLedger, run_id: str) -> bool:
         return False
 
 
+#: what the ledger's reason for dropping a run's lease means, in the run's error
+_DROPPED = {
+    "worker_left": "its worker left the pool (the process died or was stopped, or its machine was lost)",
+    "client_left": "this process's connection to the pool's scheduler dropped",
+}
+
+
+def _lost_gpu(ledger: PoolLedger, run_id: str, gpu_id: str) -> str:
+    """The error of a run whose lease is gone while its body ran, with why the ledger dropped it."""
+    why = ledger.why_dropped(run_id)
+    what = _DROPPED.get(why or "", f"its worker stopped answering (the run's lease lapsed, {ledger.lease_timeout_s:g} "
+                                   "s without a sign of life)" if why == "expired" else
+                       "its worker left the pool or stopped answering (its lease is gone)")
+    return (f"run {run_id} lost its GPU {gpu_id}: {what}, before the body returned. Its measurement is logged as "
+            "failed; retry the flow run (Prefect retries place it again)")
+
+
 def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start_within_s: float,
               check_s: float = 1.0, cancelled_in_prefect: Callable[[], bool] | None = None,
               prefect_check_s: float = 5.0, stop: threading.Event | None = None) -> Any:
@@ -564,9 +581,6 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
                           "before the body returned; its measurement is logged as failed")
         return future.result()  # done: returns the outcome, or raises what the pool raised
 
-    lost = (f"run {run_id} lost its GPU {placement.gpu_id}: the worker left the pool or stopped answering (the "
-            f"run's lease lapsed, {ledger.lease_timeout_s:g} s without a sign of life) before the body returned. Its "
-            "measurement is logged as failed; retry the flow run (Prefect retries place it again)")
     while True:
         if done.wait(check_s):
             return outcome()
@@ -611,7 +625,7 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
             # the body may have just ended (the worker frees the lease first): a moment's grace
             if done.wait(max(check_s, 2.0)):
                 return outcome()
-            raise RunLost(lost)
+            raise RunLost(_lost_gpu(ledger, run_id, placement.gpu_id))
         if lease.started_at is not None:
             # its worker keeps the lease now: refreshed from here too, the lease of a hung worker
             # (stopped, its event loop blocked) lived on until Dask's worker-ttl removed it

@@ -168,6 +168,14 @@ class PoolLedger:
         found = self._call("gogh_ledger_features", timeout_s=timeout_s, job_types=list(job_types))
         return {t: doc for t, doc in found.items() if doc is not None}
 
+    def why_dropped(self, run_id: str, *, timeout_s: float | None = 5.0) -> str | None:
+        """Why the ledger dropped ``run_id``'s lease: ``worker_left``, ``client_left``, ``expired``;
+        None when it does not say (released, unknown, or a ledger from before it kept reasons)."""
+        try:
+            return self._call("gogh_ledger_dropped", run_ids=[run_id], timeout_s=timeout_s).get(run_id)
+        except Exception:  # noqa: BLE001 - only words an error: the generic one stands
+            return None
+
     def get(self, run_id: str, *, timeout_s: float | None = None) -> Lease | None:
         found = self._call("gogh_ledger_get", timeout_s=timeout_s, run_ids=[run_id]).get(run_id)
         return Lease.from_wire(found) if found else None

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections import OrderedDict
 from time import monotonic, time
 from typing import Any
 
@@ -56,6 +57,8 @@ log = logging.getLogger("gogh_flows.runtime.ledger")
 PLUGIN_NAME = "gogh-ledger"
 LEASE_TIMEOUT_ENV = "GOGH_LEASE_TIMEOUT_S"
 DEFAULT_LEASE_TIMEOUT_S = 30.0
+#: how many dropped leases' reasons the ledger remembers (for the placing process's error)
+DROPPED_KEPT = 1000
 
 
 def lease_timeout_from_env(value: float | None = None) -> float:
@@ -148,6 +151,10 @@ class LedgerPlugin(SchedulerPlugin):
         # partner of every other's placements, which predict next to it from its features; a user
         # model's can be read only where it was decorated, so its placers publish them here
         self.features: dict[str, str] = {}
+        # {run_id: why its lease was dropped ("worker_left", "client_left", "expired")}, the last
+        # DROPPED_KEPT of them: a placing process told only "gone" said "lease lapsed" of a run
+        # whose worker had been killed a second before (a review)
+        self.dropped: OrderedDict[str, str] = OrderedDict()
         self.scheduler: Any = None
         # the ledger's own clock of being awake: when its expiry check last ran (monotonic), and
         # when it last woke from a stall (wall time); nobody can be heard while the scheduler
@@ -179,6 +186,7 @@ class LedgerPlugin(SchedulerPlugin):
             "gogh_ledger_delivered": self.delivered,
             "gogh_ledger_put_features": self.put_features,
             "gogh_ledger_features": self.get_features,
+            "gogh_ledger_dropped": self.why_dropped,
         })
         self.names = {addr: str(ws.name) for addr, ws in scheduler.workers.items()}
         # check often enough that a lapsed lease is dropped within a quarter of its timeout
@@ -235,6 +243,9 @@ class LedgerPlugin(SchedulerPlugin):
         self._bump(lease["gpu_id"])
         self._count(why)
         if why != "released":
+            self.dropped[run_id] = why
+            while len(self.dropped) > DROPPED_KEPT:
+                self.dropped.popitem(last=False)
             log.warning("gogh ledger: dropped the lease of run %s on %s (%s)", run_id, lease["gpu_id"], {
                 "worker_left": "its worker left", "client_left": "its placing process's client left",
             }.get(why, f"not refreshed for {self.lease_timeout_s:g} s, and its holder is gone"))
@@ -363,6 +374,10 @@ class LedgerPlugin(SchedulerPlugin):
                 lease["power_limit_w"] = self.leases[run_id]["power_limit_w"]
         self._count("claimed")
         return {"ok": True, "version": self._bump(gpu_id)}
+
+    def why_dropped(self, run_ids: list[str]) -> dict[str, str | None]:
+        """Why each run's lease was dropped (None: released by its run, never held, or forgotten)."""
+        return {r: self.dropped.get(r) for r in run_ids}
 
     def get(self, run_ids: list[str]) -> dict[str, dict[str, Any] | None]:
         return {r: (dict(self.leases[r]) if r in self.leases else None) for r in run_ids}
