@@ -29,9 +29,21 @@ def verbose() -> bool:
     return os.environ.get(VERBOSE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def dask_cli() -> bool:
+    """Whether this process is a ``dask scheduler`` / ``dask worker`` someone started, which imports
+    gogh_flows only through ``--preload``: its own log lines (the address it listens on, the
+    workers it sees) are what its operator reads, and quieting them left a scheduler started with
+    the ledger preloaded saying nothing at all (a review)."""
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return name in ("dask", "dask-scheduler", "dask-worker") or "distributed.cli" in " ".join(sys.argv[:2])
+
+
 def quiet_by_default() -> None:
     """Apply the quiet defaults unless ``GOGH_VERBOSE`` is set; a no-op for what the user set."""
     if verbose():
+        return
+    if dask_cli():  # Dask's lines are the point of a Dask CLI; MLflow's still are not
+        set_defaults({k: v for k, v in QUIET.items() if not k.startswith("DASK_")})
         return
     set_defaults(QUIET)
     if "mlflow" in sys.modules and os.environ.get("MLFLOW_LOGGING_LEVEL", "").upper() == "WARNING":
@@ -40,4 +52,4 @@ def quiet_by_default() -> None:
         logging.getLogger("distributed").setLevel(logging.WARNING)  # likewise: its config was read on import
 
 
-__all__ = ["QUIET", "VERBOSE_ENV", "quiet_by_default", "verbose"]
+__all__ = ["QUIET", "VERBOSE_ENV", "dask_cli", "quiet_by_default", "verbose"]

@@ -60,3 +60,33 @@ def test_dask_info_lines_are_quiet_by_default_and_back_with_gogh_verbose():
     loud = _run_dask(GOGH_VERBOSE="1")
     assert loud.returncode == 0, loud.stderr
     assert "INFO:distributed" in loud.stderr
+
+
+def test_a_dask_scheduler_started_with_the_ledger_preloaded_keeps_its_own_log_lines(tmp_path):
+    """Importing gogh_flows quieted Dask's INFO lines in every process, also in a `dask scheduler`
+    an operator started with `--preload gogh_flows.runtime.ledger`: it printed nothing, not even
+    the address it listens on (a review)."""
+    import time
+    from pathlib import Path
+
+    bin_dir = Path(sys.executable).parent
+    clean = {k: v for k, v in os.environ.items() if k not in ("GOGH_VERBOSE", "DASK_LOGGING__DISTRIBUTED")}
+    log = tmp_path / "scheduler.log"
+    sched_file = tmp_path / "scheduler.json"
+    with log.open("w") as out:
+        proc = subprocess.Popen([str(bin_dir / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
+                                 "--no-dashboard", "--scheduler-file", str(sched_file),
+                                 "--preload", "gogh_flows.runtime.ledger"],
+                                env={**clean, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)},
+                                stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 90
+        while not sched_file.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        time.sleep(1.0)
+        assert sched_file.exists(), log.read_text()[-2000:]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    text = log.read_text()
+    assert "Scheduler at:" in text and "tcp://127.0.0.1" in text, text[-2000:]
