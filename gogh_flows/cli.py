@@ -312,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_outputs_writable(args)
         return args.func(args)
-    except (ValueError, FileNotFoundError, KeyError) as exc:
+    except (ValueError, FileNotFoundError, KeyError, ConnectionError) as exc:  # TrackingUnavailableError too
         print(f"gogh: error: {exc}", file=sys.stderr)
         return 2
 

@@ -468,3 +468,10 @@ def test_commands_given_wrong_things_say_what_and_run_nothing(gavel_dir, tmp_pat
         assert main(["predict", "--job", "LM (batch size 20)"]) == 2
         err = capsys.readouterr().err
         assert f"GOGH_HOME={str(home)!r} {said}" in err and "Traceback" not in err
+    # an MLflow SQLite store whose folder cannot be made: one line about the path, no traceback
+    monkeypatch.setenv("GOGH_HOME", str(tmp_path / "gogh"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "sqlite:////proc/gogh-nope/mlflow.db")
+    assert main(["predict", "--job", "LM (batch size 20)"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot create the folder /proc/gogh-nope" in err and "give a path where this user can write" in err
+    assert "mlflow server" not in err and "Traceback" not in err

@@ -82,13 +82,21 @@ def check_reachable(uri: str, *, timeout: float = 3.0) -> None:
         return
     db = sqlite_path(uri)
     if db is not None:
-        try:
-            db.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise TrackingUnavailableError(
-                f"cannot create the folder {db.parent} for the MLflow database of {uri} ({exc}); {START_HINT}"
-            ) from exc
+        _make_folder(uri, db)
         initialise_sqlite(uri, db)
+
+
+def _make_folder(uri: str, db: Path) -> None:
+    """The SQLite database's folder, made as MLflow would; a path that cannot be is the user's to change
+    (the hint used to be "start a server", which a path problem is not)."""
+    try:
+        db.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TrackingUnavailableError(
+            f"cannot create the folder {db.parent} for the MLflow database of {uri} ({exc.strerror or exc}): give a "
+            "path where this user can write, in MLFLOW_TRACKING_URI or the PredictorRegistry block's tracking_uri "
+            "(e.g. sqlite:///$HOME/gogh/mlflow.db), or a tracking server's http:// address"
+        ) from None
 
 
 def mlflow_client(tracking_uri: str, registry_uri: str | None = None) -> MlflowClient:
@@ -97,12 +105,7 @@ def mlflow_client(tracking_uri: str, registry_uri: str | None = None) -> MlflowC
     for uri in {tracking_uri, registry_uri or tracking_uri}:
         db = sqlite_path(uri)
         if db is not None:
-            try:
-                db.parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:  # said as check_reachable says it, not a bare FileNotFoundError
-                raise TrackingUnavailableError(
-                    f"cannot create the folder {db.parent} for the MLflow database of {uri} ({exc}); {START_HINT}"
-                ) from exc
+            _make_folder(uri, db)
             initialise_sqlite(uri, db)
     return MlflowClient(tracking_uri=tracking_uri, registry_uri=registry_uri or tracking_uri)
 
