@@ -346,6 +346,12 @@ def test_a_retraining_learns_from_what_other_machines_logged_to_the_shared_store
 def test_too_few_measurements_retrain_nothing(gogh_home):
     out = refine_predictors(min_measurements=8)
     assert out["promoted"] is False and "nothing retrained" in out["reason"]
+    # a block instance, as @gogh_placed(registry=...) takes one (refused by the flow's parameter
+    # validation before: "registry: Input should be a valid string", a review)
+    from gogh_flows.flows.blocks import PredictorRegistry
+
+    out = refine_predictors(registry=PredictorRegistry(prior="gavel"), min_measurements=8)
+    assert out["promoted"] is False and "nothing retrained" in out["reason"]
 
 
 def test_runs_starting_together_register_the_shipped_prior_once(gogh_home):

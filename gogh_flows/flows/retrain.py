@@ -335,13 +335,14 @@ DATA_INPUTS_TAG = "gogh.data_inputs"
 
 @flow(name="gogh-refine-predictors", log_prints=True)
 def refine_predictors(
-    registry: str | None = None, measurements_dir: str | None = None, min_measurements: int = 8,
+    registry: PredictorRegistry | str | None = None, measurements_dir: str | None = None, min_measurements: int = 8,
     holdout_fraction: float = 0.25, epochs: int = 300, seed: int = 0, promote: bool = True,
     base_data: str = "prior", min_improvement: float = 0.01, lock_wait_s: float = 3600.0,
 ) -> dict[str, Any]:
     """Train a challenger P2 on logged measurements; promote it to champion only if it is better.
 
-    ``registry`` names a saved PredictorRegistry block (None: the embedded default);
+    ``registry`` names a saved PredictorRegistry block, or is one (as ``@gogh_placed(registry=...)``
+    takes; a deployment's parameter is the name), None: the embedded default;
     ``measurements_dir`` is where placed runs log (default ``$GOGH_HOME/measurements``).
     ``base_data`` is what the challenger learns from besides the measurements, so a few
     dozen runs refine the refiner instead of replacing it: "prior" (the data the shipped
