@@ -202,9 +202,11 @@ def test_mlflow_model_layout_is_refused(registry: ModelRegistry, tmp_path: Path)
     ("setup", "expected"),
     [
         (lambda d: (d / "model.pt").write_bytes(b"\x80\x04junk"), r"model\.pt: refused.*pickle"),
-        (lambda d: (d / "weights.safetensors").write_bytes(pickle.dumps([1, 2])), r"weights\.safetensors: refused.*pickle"),
+        (lambda d: (d / "weights.safetensors").write_bytes(pickle.dumps([1, 2])),
+         r"is not weights-only; refusing it:\n  - weights\.safetensors: refused.*pickle"),
         (lambda d: (d / "config.json").unlink(), r"config\.json: missing"),
-        (lambda d: (d / "config.json").write_text("{not json"), r"config\.json: refused, not valid UTF-8 JSON"),
+        (lambda d: (d / "config.json").write_text("{not json"),
+         r"is damaged or incomplete; refusing it:\n  - config\.json: refused, not valid UTF-8 JSON.*\nCopy it again"),
         (lambda d: (d / "sub").mkdir(), r"sub/: sub-directories are refused"),
         (lambda d: (d / "hook.py").write_text("import os"), r"hook\.py: refused, executable code"),
         (lambda d: (d / "link.json").symlink_to(d / "config.json"), r"link\.json: symbolic links"),

@@ -134,7 +134,8 @@ def verify_weights_only(directory: Path) -> list[Path]:
     directory = Path(directory)
     if not directory.is_dir():
         raise UnsafeArtifactError(f"model directory {directory} does not exist or is not a directory")
-    problems: list[str] = []
+    problems: list[str] = []  # what could run code, or hide it
+    damaged: list[str] = []  # allowed kinds of file that do not read as such
     files: list[Path] = []
     for entry in sorted(directory.rglob("*")):
         rel = entry.relative_to(directory)
@@ -163,18 +164,23 @@ def verify_weights_only(directory: Path) -> list[Path]:
             why = _check_json(entry)
         else:
             why = _check_markdown(entry)
-        if why:
-            problems.append(f"{rel}: refused, {why}")
+        if why:  # a pickle in disguise is unsafe; anything else that does not parse, damaged
+            (problems if "pickle" in why else damaged).append(f"{rel}: refused, {why}")
             continue
         files.append(entry)
     present = {f.name for f in files if f.parent == directory}
     for required in REQUIRED_FILES:
-        if required not in present and not any(p.startswith(f"{required}:") for p in problems):
-            problems.append(f"{required}: missing (a gogh model needs {' and '.join(REQUIRED_FILES)})")
+        if required not in present and not any(p.startswith(f"{required}:") for p in problems + damaged):
+            damaged.append(f"{required}: missing (a gogh model needs {' and '.join(REQUIRED_FILES)})")
     if problems:
         raise UnsafeArtifactError(
             f"model directory {directory} is not weights-only; refusing it:\n  - "
-            + "\n  - ".join(problems)
+            + "\n  - ".join(problems + damaged)
             + "\nSave models with gogh_flows.predict.io.save_model (safetensors + JSON), never pickle."
+        )
+    if damaged:  # files of the right kinds, cut short or corrupted: nothing unsafe, nothing to load either
+        raise UnsafeArtifactError(
+            f"model directory {directory} is damaged or incomplete; refusing it:\n  - " + "\n  - ".join(damaged)
+            + "\nCopy it again, or save it again with gogh_flows.predict.io.save_model (gogh predictors train)."
         )
     return files
