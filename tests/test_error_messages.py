@@ -166,6 +166,44 @@ def test_a_served_flow_run_on_a_process_local_pool_is_told_its_runs_do_not_see_e
         assert "do not see each other" in said and "GpuCluster(mode='remote'" in said
 
 
+def test_a_shared_pool_or_a_missing_block_without_prefect_api_url_says_where_the_runs_and_blocks_went(
+        monkeypatch, caplog):
+    """A one-machine rehearsal of a team's setup ran a remote pool without PREFECT_API_URL without a
+    word (its flow runs on a temporary server nobody else sees), and on a second host the block
+    saved on the team's server was "not on the Prefect server", save one (a review)."""
+    import logging
+
+    from prefect.blocks.core import Block
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from gogh_flows import GpuCluster
+    from gogh_flows.flows.blocks import load_block
+    from gogh_flows.flows.session import _say_if_shared_without_a_server
+
+    caplog.set_level(logging.WARNING, logger="gogh_flows")
+    shared = GpuCluster(mode="remote", address="tcp://127.0.0.1:8786")
+
+    def missing(cls, name, **kwargs):
+        raise ValueError(f"Unable to find block document named {name}")
+
+    monkeypatch.setattr(Block, "load", classmethod(missing))
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
+        _say_if_shared_without_a_server(shared)
+        assert not caplog.records
+        with pytest.raises(ValueError, match="no GpuCluster block named 'team-fleet'") as err:
+            load_block(GpuCluster, "team-fleet", GpuCluster())
+        assert "PREFECT_API_URL" not in str(err.value)
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        _say_if_shared_without_a_server(GpuCluster(fleet={"t4": 1}))  # a pool of its own: nothing to say
+        assert not caplog.records
+        _say_if_shared_without_a_server(shared)
+        (record,) = caplog.records
+        assert "tcp://127.0.0.1:8786 with no PREFECT_API_URL" in record.getMessage()
+        assert "temporary Prefect server of its own" in record.getMessage()
+        with pytest.raises(ValueError, match="set PREFECT_API_URL to that server: this process has none set"):
+            load_block(GpuCluster, "team-fleet", GpuCluster())
+
+
 def test_a_prefect_server_that_does_not_answer_is_one_line_naming_it_not_a_traceback(capsys):
     """PREFECT_API_URL set, nothing listening: `gogh serve`, `gogh blocks apply` and `gogh predict
     --registry` ended in httpx's 80-line ConnectError traceback (the user guide says serve refuses)."""

@@ -510,7 +510,7 @@ def load_block(kind: type[Block], value: Any, default: Block) -> Block:
                     f"pass it where a {other} goes, or give a {kind.__name__}'s name") from exc
             raise ValueError(
                 f"no {kind.__name__} block named {value!r} on the Prefect server ({exc}). Save one "
-                f"with `gogh blocks apply blocks/` or {kind.__name__}(...).save({value!r})"
+                f"with `gogh blocks apply blocks/` or {kind.__name__}(...).save({value!r})" + _no_server_hint()
             ) from exc
         except RuntimeError as exc:  # Prefect's "failed validation": the saved values no longer pass
             cause = exc.__cause__
@@ -524,6 +524,16 @@ def load_block(kind: type[Block], value: Any, default: Block) -> Block:
                 f".save({value!r}, overwrite=True)"
             ) from exc
     raise TypeError(f"expected a {kind.__name__}, the name of a saved one, or None; got {value!r}")
+
+
+def _no_server_hint() -> str:
+    """Why a block saved on the team's server is missing here, when that is the likely reason."""
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return ""
+    return ("; or, if it was saved on your team's Prefect server, set PREFECT_API_URL to that server: this "
+            "process has none set and looked on a temporary server of its own")
 
 
 def _saved_as_other_kind(kind: type[Block], name: str) -> str | None:

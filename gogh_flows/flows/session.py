@@ -92,6 +92,7 @@ class Session:
                     pool = open_pool("remote", address=cluster.address, lease_timeout_s=lease)
             stack.callback(pool.close)
             _say_if_alone(cluster)
+            _say_if_shared_without_a_server(cluster)
             with starting("the MLflow measurement store", _safe_uri(tracking_uri)):
                 measurements = MeasurementLog(tracking_uri, root / "measurements")
             stack.callback(measurements.flush_spool)  # what is left at exit, after the mirror stopped
@@ -250,6 +251,22 @@ def open_sessions() -> Mapping[str, Session]:
 
 
 __all__ = ["Session", "close_all", "open_sessions", "shared_session", "starting"]
+
+
+def _say_if_shared_without_a_server(cluster: GpuCluster) -> None:
+    """Warn when a shared pool is placed onto from a process with no ``PREFECT_API_URL``.
+
+    Placements are safe (the ledger is the pool's), but this process's flow runs go to a
+    temporary Prefect server of its own, which the team's UI and the other hosts never see. A
+    rehearsal on one machine ran that way without a word (workers elsewhere are refused: they
+    could not reach the server), so the first real host found out late (a review)."""
+    from prefect.settings import PREFECT_API_URL
+
+    if cluster.mode == "remote" and not PREFECT_API_URL.value():
+        log.warning("gogh: placing onto the shared pool at %s with no PREFECT_API_URL: this process's flow runs go "
+                    "to a temporary Prefect server of its own, which the other hosts and your Prefect UI do not see. "
+                    "Set PREFECT_API_URL to the team's server (docs/runtime.md, 'A team on three machines')",
+                    cluster.address)
 
 
 def _say_if_alone(cluster: GpuCluster) -> None:
