@@ -159,7 +159,8 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
     idle = sorted((usable & set(state.workers)) - {lease.worker for lease in state.leases})
     console.print(f"workers: {len(state.workers)} ({len(idle)} idle: {', '.join(idle) or '-'}"
                   + (f"; {len(left_out)} left out of the pool (misconfigured or not answering): {', '.join(left_out)}" if left_out else "")
-                  + "); " + ", ".join(f"{k} {v}" for k, v in sorted(state.counts.items())))
+                  + ")" + ("; " + ", ".join(f"{k} {v}" for k, v in sorted(state.counts.items()))
+                           if state.counts else "; no claims yet"))
     if state.undelivered:
         console.print(f"{state.undelivered} run(s) whose placing process was lost wait for a placing process "
                       "logging to their tracking store to log their measurements and mark their flow runs Crashed")

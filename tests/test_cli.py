@@ -78,6 +78,8 @@ def test_pool_status_prints_who_holds_what(capsys):
         assert main(["pool", "status", address]) == 0
         assert "no gogh ledger yet" in capsys.readouterr().out
         seen = pool.ledger.state()
+        assert main(["pool", "status", address]) == 0  # a ledger, nothing claimed: said, not a trailing "; "
+        assert "workers: 2 (2 idle: t4-0, v100-0); no claims yet" in capsys.readouterr().out
         assert pool.ledger.claim("run-7", "t4-0", worker="t4-0", capacity=2, job_type="A3C",
                                  required_throughput=2.0, work=10.0, expect_version=seen.version("t4-0")).ok
         assert main(["pool", "status", address]) == 0

@@ -258,7 +258,7 @@ def test_headroom_is_kept_while_the_type_that_clears_it_is_busy():
     # waited headroom_wait_s for the V100, then took the T4 that meets 2.0 itself (not at the
     # end of wait_timeout_s: a GPU meeting the requirement is not left idle for ten minutes)
     assert now[0] == 10.0 and placed.gpu_id == "t4-0" and ledger.claimed == ["t4-0"]
-    assert "planned against 2.2 with the policy's headroom for up to 10 s" in said[0]
+    assert "planned against 2.2 with the policy's headroom for 10 s more (10 s from the placement's start)" in said[0]
     assert "no GPU cleared its requirement with the policy's headroom (10%) within 10 s" in said[-1]
     # with no type that could clear 2.0 x 1.1 (the V100 as slow as the T4), the T4 is taken at once
     table, devices, ledger = _two_types(v100_rate=2.0, t4_rate=2.05)

@@ -338,8 +338,11 @@ def place_with_retry(
         if on_wait is not None and not said_waiting:
             if live:
                 planned = _planned(problem, run_id)
-                raised = (f", planned against {planned:.4g} with the policy's headroom for up to "
-                          f"{headroom_for_s:g} s" if planned > job.required_throughput else "")
+                # the clock runs from the placement's start (loading the predictors counts): the time left
+                left = max(0.0, headroom_for_s - (time.monotonic() - start))
+                raised = (f", planned against {planned:.4g} with the policy's headroom for {left:.0f} s more "
+                          f"({headroom_for_s:g} s from the placement's start)" if planned > job.required_throughput
+                          else "")
                 why = (f"{reason} (best predicted {best:.4g} steps/s, required "
                        f"{job.required_throughput:g}{raised})")
             else:
