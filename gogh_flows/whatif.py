@@ -327,7 +327,7 @@ def _placement_predictors(registry_name: str | None, use_measurements: bool, fol
         versions = source.versions()
         info = {"p1": registry.p1_name, "p1_version": versions["p1"], "p2": registry.p2_name,
                 "p2_version": versions["p2"], "alias": registry.alias,
-                "tracking_uri": registry.resolved_tracking_uri(), "degraded": source.degraded, "using": source.using}
+                "tracking_uri": registry.resolved_tracking_uri(), "degraded": source.degraded, "degraded_reason": source.degraded_reason, "using": source.using}
     observations = None
     if use_measurements:
         log = MeasurementLog(registry.resolved_tracking_uri(), state_dir() / "measurements")
@@ -392,7 +392,8 @@ def print_what_if(result: WhatIf, console: Any = None) -> None:
     if "folder" in p:
         which = f"{p['folder']} (P1{' + P2' if p.get('refiner') else ' alone, no p2/'}; not the registry's)"
     elif p.get("degraded"):  # not the champion: say what was used instead, and why
-        which = f"{p.get('using')}, not the {p.get('alias')} at {p.get('tracking_uri')} (unavailable)"
+        which = (f"{p.get('using')}, not the {p.get('alias')} at {p.get('tracking_uri')}: "
+                 f"{p.get('degraded_reason') or 'it could not be used'}")
     else:
         which = f"{p.get('p1')} v{p.get('p1_version')} + {p.get('p2')} v{p.get('p2_version')} " \
                 f"({p.get('alias')} at {p.get('tracking_uri')})"

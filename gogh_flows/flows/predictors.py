@@ -56,6 +56,8 @@ class PredictorSource:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     #: why the predictors in use are not the registry's current champion (None when they are)
     degraded: str | None = None
+    #: why, alone (``degraded`` is the whole warning): for a one-line summary
+    degraded_reason: str | None = None
     _using: str = ""
     _fell_back_to: str = ""
     #: champion versions (P1, P2) that could not be loaded, and why: not downloaded again
@@ -254,7 +256,7 @@ class PredictorSource:
                 self._using = f"the predictors already loaded (P1 v{v1}, P2 v{v2})"
                 log.info("gogh: loaded predictors %s v%s, %s v%s (alias %s)", self.block.p1_name, v1,
                          self.block.p2_name, v2, self.block.alias)
-            self.degraded = None
+            self.degraded = self.degraded_reason = None
             return self._predictor
 
     def _fall_back(self, reason: str) -> ThroughputPredictor:
@@ -282,7 +284,7 @@ class PredictorSource:
                    f"{self.block.refresh_s:g} s)")
         if message != self.degraded:
             log.warning(message)
-        self.degraded = message
+        self.degraded, self.degraded_reason = message, reason
         return predictor
 
     def _newest_cached(self) -> tuple[tuple[Path, int], tuple[Path | None, int | None]] | None:
