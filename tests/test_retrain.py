@@ -194,6 +194,8 @@ def test_scheduled_deployment_promotes_a_better_challenger(gogh_home, tmp_path):
                       parameters={"base_data": "none", "epochs": 200, "min_measurements": 8})
     assert result["challenger_mape"] < result["champion_mape"]
     assert result["promoted"] is True and result["previous_champion_version"] == weak
+    # what it read, as every outcome says (a promoted one lacked the key, a review)
+    assert result["measurements"] >= result["train_measurements"] + result["holdout_measurements"] > 0
     registry = predictor_source(PredictorRegistry()).registry
     assert registry.version_for("gogh-p2", "champion") == result["challenger_version"]
     assert registry.version_for("gogh-p2", "challenger") == result["challenger_version"]

@@ -493,6 +493,10 @@ def refine_predictors(
             "previous_champion_version": versions["p2"],
             "challenger_mape": chall_score["mape"], "champion_mape": champ_score["mape"],
             "p1_mape": p1_score["mape"], "trust_scale": trust, "weights": p2.trained_on.get("weights"),
+            # why the challenger kept the champion's weights, if it did (said in its model card too)
+            **({"weights_reason": p2.trained_on["weights_reason"]} if p2.trained_on.get("weights_reason") else {}),
+            # every outcome names how many measurements it read, as the ones that retrained nothing do
+            "measurements": obs.height,
             "train_measurements": train.height, "holdout_measurements": test.height,
             "champion_trained_measurements": learned,
             "seconds": round(time.time() - started, 2),
