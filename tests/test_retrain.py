@@ -406,6 +406,28 @@ def test_a_prior_is_registered_whole_or_not_at_all_and_never_beside_another_prio
     assert shipped.registry.version_for("gogh-p2", "champion") == 2
 
 
+def test_a_half_registered_elsewhere_from_another_prior_while_this_process_waited_is_not_completed(gogh_home,
+                                                                                                  monkeypatch):
+    """Two hosts with different priors on one empty registry: the one that lost the race for P1
+    must not add its own P2 beside the other's P1."""
+    from gogh_flows.flows.blocks import PredictorRegistry
+    from gogh_flows.flows.predictors import PRIOR_ID_TAG, PredictorSource, prior_id
+    from gogh_flows.predict.io import prior_dir
+
+    source = PredictorSource(PredictorRegistry())  # the synthetic prior
+    real = source.registry.ensure_registered
+
+    def racing(name, directory, **kwargs):
+        if name == "gogh-p1":  # what the host that won registered, while this one waited for the alias
+            return real(name, prior_dir("gavel") / "p1", **{**kwargs, "tags": {PRIOR_ID_TAG: prior_id(prior_dir("gavel"))}})
+        return real(name, directory, **kwargs)
+
+    monkeypatch.setattr(source.registry, "ensure_registered", racing)
+    with pytest.raises(ValueError, match=r"gogh-p1 v1 \(@champion\) .* is another prior's .*registering gogh-p2 from it"):
+        source.ensure_prior()
+    assert source.registry.version_for("gogh-p2", "champion") is None
+
+
 def test_a_prior_written_as_a_path_is_the_folder_not_a_shipped_name(gogh_models, tmp_path, monkeypatch):
     """docs/user-guide.md: "a shipped name wins over a folder of that name, so write `./gavel` for
     yours"; `gogh predict --predictors ./gavel` read the shipped one (a review)."""

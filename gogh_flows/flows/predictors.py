@@ -95,9 +95,12 @@ class PredictorSource:
         try:
             with FileLock(str(lock_dir / f"registry-{self._uri_key()}.lock"), timeout=300):
                 for name, sub in pending:
-                    self.registry.ensure_registered(name, base / sub, alias=self.block.alias,
-                                                    p1_uri=f"models:/{self.block.p1_name}@{self.block.alias}",
-                                                    tags={PRIOR_ID_TAG: pair})
+                    version = self.registry.ensure_registered(
+                        name, base / sub, alias=self.block.alias,
+                        p1_uri=f"models:/{self.block.p1_name}@{self.block.alias}", tags={PRIOR_ID_TAG: pair})
+                    # a process elsewhere may have registered this half from another prior while this one
+                    # waited: the other half is then not this prior's to add either
+                    self._check_same_prior(name, version, base, pair, [n for n, _ in pending if n != name])
         finally:
             self._doing = None
 
@@ -122,14 +125,22 @@ class PredictorSource:
         pair = prior_id(base)
         for name in (self.block.p1_name, self.block.p2_name):
             version = None if name in pending else self.registry.version_for(name, self.block.alias)
-            tags = self.registry.version_tags(name, version) if version is not None else {}
-            if tags.get(PRIOR_ID_TAG) not in (None, pair):  # by content: the same prior has other paths elsewhere
-                raise ValueError(
-                    f"{name} v{version} (@{self.block.alias}) in {self.block.resolved_tracking_uri()} is another "
-                    f"prior's (registered from {tags.get('gogh.prior_dir', '?')}), and this PredictorRegistry's prior "
-                    f"is {base}: registering {', '.join(pending)} from it would pair models not trained together. "
-                    "Give the block that prior, or register both halves of yours under new p1_name/p2_name")
+            if version is not None:
+                self._check_same_prior(name, version, base, pair, pending)
         return pair
+
+    def _check_same_prior(self, name: str, version: int, base: Path, pair: str, pending: list[str]) -> None:
+        """Refuse to add ``pending`` beside ``name`` v``version`` if that is another prior's (by content:
+        the same prior lies at other paths on other machines); versions from before the tag pass."""
+        if not pending:
+            return
+        tags = self.registry.version_tags(name, version)
+        if tags.get(PRIOR_ID_TAG) not in (None, pair):
+            raise ValueError(
+                f"{name} v{version} (@{self.block.alias}) in {self.block.resolved_tracking_uri()} is another "
+                f"prior's (registered from {tags.get('gogh.prior_dir', '?')}), and this PredictorRegistry's prior "
+                f"is {base}: registering {', '.join(pending)} from it would pair models not trained together. "
+                "Give the block that prior, or register both halves of yours under new p1_name/p2_name")
 
     def _uri_key(self) -> str:
         """Short name of the tracking URI for the files kept per registry (lock, model cache)."""
