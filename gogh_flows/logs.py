@@ -34,8 +34,10 @@ def dask_cli() -> bool:
     gogh_flows only through ``--preload``: its own log lines (the address it listens on, the
     workers it sees) are what its operator reads, and quieting them left a scheduler started with
     the ledger preloaded saying nothing at all (a review)."""
-    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    return name in ("dask", "dask-scheduler", "dask-worker") or "distributed.cli" in " ".join(sys.argv[:2])
+    path = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    parts = path.replace("\\", "/").split("/")
+    # the console scripts, and `python -m distributed.cli.dask_scheduler` (argv[0] is then that file)
+    return parts[-1] in ("dask", "dask-scheduler", "dask-worker") or parts[-3:-1] == ["distributed", "cli"]
 
 
 def quiet_by_default() -> None:

@@ -90,3 +90,13 @@ def test_a_dask_scheduler_started_with_the_ledger_preloaded_keeps_its_own_log_li
         proc.wait(timeout=30)
     text = log.read_text()
     assert "Scheduler at:" in text and "tcp://127.0.0.1" in text, text[-2000:]
+
+
+def test_a_dask_cli_is_told_apart_by_its_console_script_or_its_module(monkeypatch):
+    from gogh_flows.logs import dask_cli
+
+    for argv, expected in ((["/venv/bin/dask", "scheduler"], True), (["/venv/bin/dask-worker", "tcp://x"], True),
+                           (["/venv/lib/python3.11/site-packages/distributed/cli/dask_scheduler.py"], True),
+                           (["/venv/bin/gogh", "demo"], False), (["flow.py"], False), ([""], False), ([], False)):
+        monkeypatch.setattr(sys, "argv", argv)
+        assert dask_cli() is expected, argv

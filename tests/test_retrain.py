@@ -196,6 +196,11 @@ def test_scheduled_deployment_promotes_a_better_challenger(gogh_home, tmp_path):
     assert result["promoted"] is True and result["previous_champion_version"] == weak
     # what it read, as every outcome says (a promoted one lacked the key, a review)
     assert result["measurements"] >= result["train_measurements"] + result["holdout_measurements"] > 0
+    # a challenger descends from its P1's prior, and says so (no other prior's P1 goes beside it)
+    from gogh_flows.flows.predictors import PRIOR_ID_TAG
+
+    lineage = predictor_source(PredictorRegistry()).registry.version_tags
+    assert lineage("gogh-p2", result["challenger_version"])[PRIOR_ID_TAG] == lineage("gogh-p1", 1)[PRIOR_ID_TAG]
     registry = predictor_source(PredictorRegistry()).registry
     assert registry.version_for("gogh-p2", "champion") == result["challenger_version"]
     assert registry.version_for("gogh-p2", "challenger") == result["challenger_version"]
@@ -352,8 +357,16 @@ def test_too_few_measurements_retrain_nothing(gogh_home):
     # validation before: "registry: Input should be a valid string", a review)
     from gogh_flows.flows.blocks import PredictorRegistry
 
-    out = refine_predictors(registry=PredictorRegistry(prior="gavel"), min_measurements=8)
+    other = f"sqlite:///{gogh_home / 'other' / 'mlflow.db'}"
+    out = refine_predictors(registry=PredictorRegistry(tracking_uri=other, prior="gavel"), min_measurements=8)
     assert out["promoted"] is False and "nothing retrained" in out["reason"]
+    from gogh_flows.flows.predictors import PRIOR_ID_TAG, prior_id
+    from gogh_flows.predict.io import prior_dir
+    from gogh_flows.tracking.registry import ModelRegistry
+
+    used = ModelRegistry(other)  # the block's store and prior, not the embedded default's
+    assert used.version_tags("gogh-p1", used.version_for("gogh-p1", "champion"))[PRIOR_ID_TAG] == prior_id(
+        prior_dir("gavel"))
 
 
 def test_runs_starting_together_register_the_shipped_prior_once(gogh_home):
@@ -399,7 +412,7 @@ def test_a_prior_is_registered_whole_or_not_at_all_and_never_beside_another_prio
     # its P2's alias gone (deleted by hand): another prior may not fill that half in
     MlflowClient(shipped.registry.tracking_uri).delete_registered_model_alias("gogh-p2", "champion")
     config.write_text(text)  # repaired: a whole prior, but not the one the registry's P1 came from
-    with pytest.raises(ValueError, match=r"gogh-p1 v1 \(@champion\) .* is another prior's .*gogh-p2 from it would "
+    with pytest.raises(ValueError, match=r"gogh-p1 v1 \(@champion\) .* is not from this PredictorRegistry's prior .*gogh-p2 from it would "
                                          r"pair models not trained together"):
         PredictorSource(PredictorRegistry(prior=str(tmp_path / "ours"))).ensure_prior()
     shipped.ensure_prior()  # the same prior may
@@ -423,9 +436,27 @@ def test_a_half_registered_elsewhere_from_another_prior_while_this_process_waite
         return real(name, directory, **kwargs)
 
     monkeypatch.setattr(source.registry, "ensure_registered", racing)
-    with pytest.raises(ValueError, match=r"gogh-p1 v1 \(@champion\) .* is another prior's .*registering gogh-p2 from it"):
+    with pytest.raises(ValueError, match=r"gogh-p1 v1 \(@champion\) .* is not from this PredictorRegistry's prior .*registering gogh-p2 from it"):
         source.ensure_prior()
     assert source.registry.version_for("gogh-p2", "champion") is None
+
+
+def test_a_prior_half_registered_before_the_tag_is_judged_by_its_weights(gogh_home):
+    """Versions registered by an earlier gogh-flows carry no prior tag: the half missing is added
+    beside one only if that one is the same prior's, by its weights (a code review)."""
+    from gogh_flows.flows.blocks import PredictorRegistry
+    from gogh_flows.flows.predictors import PredictorSource
+    from gogh_flows.predict.io import prior_dir
+
+    source = PredictorSource(PredictorRegistry())  # the synthetic prior
+    source.registry.ensure_registered("gogh-p1", prior_dir("gavel") / "p1")  # untagged, another prior's
+    with pytest.raises(ValueError, match=r"gogh-p1 v1 \(@champion\) .* is not from this PredictorRegistry's prior"):
+        source.ensure_prior()
+    assert source.registry.version_for("gogh-p2", "champion") is None
+    same = PredictorSource(PredictorRegistry(p1_name="old-p1", p2_name="old-p2"))
+    same.registry.ensure_registered("old-p1", prior_dir("synthetic") / "p1")  # untagged, this prior's
+    same.ensure_prior()
+    assert same.registry.version_for("old-p2", "champion") == 1
 
 
 def test_a_prior_written_as_a_path_is_the_folder_not_a_shipped_name(gogh_models, tmp_path, monkeypatch):

@@ -138,6 +138,9 @@ def test_a_lease_lapses_only_when_unrefreshed_and_dask_shows_its_holder_gone():
     assert set(plugin.leases) == {"queued-live-client", "running"}
     assert plugin.counts["expired"] == 3
     assert set(plugin.why_dropped(list(plugin.dropped)).values()) == {"expired"} and len(plugin.dropped) == 3
+    # a run that claims again is not the lease that was dropped: its old reason is not told of it
+    claim("queued-dead-client", "c1")
+    assert plugin.why_dropped(["queued-dead-client"]) == {"queued-dead-client": None}
 
 
 def test_the_ledgers_own_stall_restarts_every_leases_clock():

@@ -123,6 +123,7 @@ def test_hosts_starting_together_on_an_empty_registry_register_the_shipped_prior
               "from gogh_flows.flows.blocks import PredictorRegistry\n"
               "from gogh_flows.flows.predictors import PredictorSource\n"
               "source = PredictorSource(PredictorRegistry(tracking_uri=sys.argv[1]))\n"
+              "pathlib.Path(sys.argv[3]).touch()\n"
               "while not pathlib.Path(sys.argv[2]).exists(): time.sleep(0.01)\n"
               "source.ensure_prior()\n"
               "print(source.registry.version_for('gogh-p1', 'champion'), "
@@ -133,10 +134,13 @@ def test_hosts_starting_together_on_an_empty_registry_register_the_shipped_prior
         home.mkdir()
         env = {**os.environ, "GOGH_HOME": str(home), "GOGH_MODELS_DIR": str(repo / "models"),
                "PYTHONPATH": str(repo), "MLFLOW_DISABLE_TELEMETRY": "true", "DO_NOT_TRACK": "true"}
-        hosts.append(subprocess.Popen([sys.executable, "-c", script, server, str(go)], env=env, cwd=home,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    time.sleep(8.0)  # every host imported and waiting (they start together below)
-    go.touch()
+        hosts.append(subprocess.Popen([sys.executable, "-c", script, server, str(go), str(home / "ready")],
+                                      env=env, cwd=home, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / h / "ready").exists() for h in ("host-a", "host-b", "host-c")):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in hosts), "a host did not get ready"
+        time.sleep(0.1)
+    go.touch()  # every host imported and waiting: they start together
     answers = []
     for proc in hosts:
         out, err = proc.communicate(timeout=240)

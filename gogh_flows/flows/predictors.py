@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from filelock import FileLock
+from filelock import Timeout as FileLockTimeout
 from mlflow.exceptions import MlflowException
 
 from gogh_flows.flows.blocks import PredictorRegistry, state_dir
@@ -29,10 +30,18 @@ from gogh_flows.predict.io import ModelFormatError, load_p1, load_p2, models_dir
 from gogh_flows.predict.service import ThroughputPredictor
 from gogh_flows.tracking.backend import check_reachable, is_http
 from gogh_flows.tracking.errors import TrackingUnavailableError, UnsafeArtifactError, short_error
-from gogh_flows.tracking.registry import ModelRegistry
+from gogh_flows.tracking.registry import PRIOR_WAIT_S, ModelRegistry
 
 log = logging.getLogger("gogh_flows")
 
+
+class PriorRegistrationBusy(Exception):
+    """Another process of this machine has held the prior's registration lock too long."""
+
+
+#: how long a process waits for another of this machine registering the prior: both halves' waits
+#: for a host elsewhere (``PRIOR_WAIT_S`` each) and their uploads
+_PRIOR_LOCK_WAIT_S = 2 * PRIOR_WAIT_S + 180.0
 
 #: the tag naming which prior (both halves, by their weights' checksums) a registered version is
 PRIOR_ID_TAG = "gogh.prior_id"
@@ -79,34 +88,42 @@ class PredictorSource:
         if not self.block.prior:
             return
         base = prior_dir(self.block.prior)
-        pending = [(name, sub) for name, sub in ((self.block.p1_name, "p1"), (self.block.p2_name, "p2"))
-                   if self.registry.version_for(name, self.block.alias) is None]
-        if not pending:
+        if not self._unset():
             return
-        pair = self._check_prior(base, [name for name, _ in pending])
+        pair = self._check_prior_loads(base)
         # Flow runs started together (threads or processes on this machine) would otherwise
         # each see an empty alias and register the prior once each: one registers, the others
         # find the alias set once they get the lock.
         # Processes on other machines have locks of their own: there the registry decides
-        # (``ensure_registered``).
+        # (``ensure_registered``), and a half may be set by another host while this one waits.
         lock_dir = state_dir() / "locks"
         lock_dir.mkdir(parents=True, exist_ok=True)
         self._doing = "registering the shipped prior, or waiting for another process that is"
+        lock = FileLock(str(lock_dir / f"registry-{self._uri_key()}.lock"), timeout=_PRIOR_LOCK_WAIT_S)
         try:
-            with FileLock(str(lock_dir / f"registry-{self._uri_key()}.lock"), timeout=300):
-                for name, sub in pending:
-                    version = self.registry.ensure_registered(
+            with lock:
+                for name, sub in ((self.block.p1_name, "p1"), (self.block.p2_name, "p2")):
+                    if name not in self._unset():  # set meanwhile, here or on another machine
+                        continue
+                    # a half may be added only beside the other half of the same prior
+                    self._refuse_beside_another(base, pair, name)
+                    self.registry.ensure_registered(
                         name, base / sub, alias=self.block.alias,
                         p1_uri=f"models:/{self.block.p1_name}@{self.block.alias}", tags={PRIOR_ID_TAG: pair})
-                    # a process elsewhere may have registered this half from another prior while this one
-                    # waited: the other half is then not this prior's to add either
-                    self._check_same_prior(name, version, base, pair, [n for n, _ in pending if n != name])
+        except FileLockTimeout:
+            raise PriorRegistrationBusy(f"another process of this machine has been registering the prior in "
+                               f"{self.block.resolved_tracking_uri()} for over {_PRIOR_LOCK_WAIT_S:g} s (its lock "
+                               f"{lock.lock_file}); if none is running, remove that file") from None
         finally:
             self._doing = None
 
-    def _check_prior(self, base: Path, pending: list[str]) -> str:
-        """Both halves of the prior load, and a half already registered came from this prior,
-        before anything is registered.
+    def _unset(self) -> list[str]:
+        """The model names whose alias is not set in the registry."""
+        return [name for name in (self.block.p1_name, self.block.p2_name)
+                if self.registry.version_for(name, self.block.alias) is None]
+
+    def _check_prior_loads(self, base: Path) -> str:
+        """Both halves of the prior load, before anything is registered; the pair's identity.
 
         Registered one after the other, a prior whose P2 was damaged left its P1 champion and
         no P2, and the next start with another prior gave that P1 a P2 it was not trained with,
@@ -122,25 +139,33 @@ class PredictorSource:
                 raise ValueError(f"the prior {base} cannot be registered: its {sub}/ does not load "
                                  f"({short_error(exc)}); nothing was registered. Copy the folder again, or train it "
                                  "again with `gogh predictors train --out DIR`") from None
-        pair = prior_id(base)
-        for name in (self.block.p1_name, self.block.p2_name):
-            version = None if name in pending else self.registry.version_for(name, self.block.alias)
-            if version is not None:
-                self._check_same_prior(name, version, base, pair, pending)
-        return pair
+        return prior_id(base)
 
-    def _check_same_prior(self, name: str, version: int, base: Path, pair: str, pending: list[str]) -> None:
-        """Refuse to add ``pending`` beside ``name`` v``version`` if that is another prior's (by content:
-        the same prior lies at other paths on other machines); versions from before the tag pass."""
-        if not pending:
+    def _refuse_beside_another(self, base: Path, pair: str, adding: str) -> None:
+        """Refuse to register ``adding`` beside the other half if that one is another prior's."""
+        other = self.block.p2_name if adding == self.block.p1_name else self.block.p1_name
+        version = self.registry.version_for(other, self.block.alias)
+        if version is None or self._of_prior(other, version, base, pair):
             return
+        raise ValueError(
+            f"{other} v{version} (@{self.block.alias}) in {self.block.resolved_tracking_uri()} is not from this "
+            f"PredictorRegistry's prior {base}: registering {adding} from it would pair models not trained "
+            "together. Give the block the prior the registry holds, or register both halves of yours under new "
+            "p1_name/p2_name")
+
+    def _of_prior(self, name: str, version: int, base: Path, pair: str) -> bool:
+        """Whether a registered version belongs with this prior: by its tag (a prior's halves, and
+        the refiners retrained from them, carry it), else, for a prior's half registered before the
+        tag, by its weights against the same half here; a version of unknown lineage is not judged."""
         tags = self.registry.version_tags(name, version)
-        if tags.get(PRIOR_ID_TAG) not in (None, pair):
-            raise ValueError(
-                f"{name} v{version} (@{self.block.alias}) in {self.block.resolved_tracking_uri()} is another "
-                f"prior's (registered from {tags.get('gogh.prior_dir', '?')}), and this PredictorRegistry's prior "
-                f"is {base}: registering {', '.join(pending)} from it would pair models not trained together. "
-                "Give the block that prior, or register both halves of yours under new p1_name/p2_name")
+        if PRIOR_ID_TAG in tags:
+            return tags[PRIOR_ID_TAG] == pair
+        if tags.get("gogh.origin") != "prior":
+            return True
+        sub = "p1" if name == self.block.p1_name else "p2"
+        ours = json.loads((base / sub / "config.json").read_text())["weights_sha256"]
+        theirs = json.loads((self._fetch(name, version) / "config.json").read_text()).get("weights_sha256")
+        return theirs == ours
 
     def _uri_key(self) -> str:
         """Short name of the tracking URI for the files kept per registry (lock, model cache)."""
@@ -241,6 +266,8 @@ class PredictorSource:
                 self.ensure_prior()
                 v1 = self.registry.version_for(self.block.p1_name, self.block.alias)
                 v2 = self.registry.version_for(self.block.p2_name, self.block.alias)
+            except PriorRegistrationBusy as exc:  # not the registry's fault: said as it is
+                return self._fall_back(str(exc))
             except (TrackingUnavailableError, MlflowException, OSError) as exc:
                 return self._fall_back(f"the MLflow registry at {uri} is unreachable ({short_error(exc)})")
             if v1 is None:

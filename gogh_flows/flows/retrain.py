@@ -333,6 +333,16 @@ INPUTS_TAG = "gogh.inputs"
 DATA_INPUTS_TAG = "gogh.data_inputs"
 
 
+def _lineage(registry: Any, p1_name: str, p1_version: int | None) -> dict[str, str]:
+    """The prior tag of the P1 a challenger refines, to carry on the challenger (none: none)."""
+    from gogh_flows.flows.predictors import PRIOR_ID_TAG
+
+    if p1_version is None:
+        return {}
+    found = registry.version_tags(p1_name, p1_version).get(PRIOR_ID_TAG)
+    return {PRIOR_ID_TAG: found} if found else {}
+
+
 @flow(name="gogh-refine-predictors", log_prints=True)
 def refine_predictors(
     registry: PredictorRegistry | str | None = None, measurements_dir: str | None = None, min_measurements: int = 8,
@@ -476,7 +486,9 @@ def refine_predictors(
                          "p1_holdout_mape": p1_score["mape"], "train_measurements": float(train.height), "holdout_measurements": float(test.height)},
                 tags={"trained_until": f"{float(frame['started_at'].max()):.3f}", "trained_by": "refine_predictors",
                       "p1_version": str(versions["p1"]), "trust_scale": "full" if trust is None else f"{trust:g}",
-                      INPUTS_TAG: inputs, DATA_INPUTS_TAG: data_inputs},
+                      INPUTS_TAG: inputs, DATA_INPUTS_TAG: data_inputs,
+                      # the prior it descends from (its P1's), so no other prior's P1 is registered beside it
+                      **_lineage(source.registry, block.p1_name, versions["p1"])},
                 description=f"challenger from {train.height} measurements",
                 p1_uri=f"models:/{block.p1_name}/{versions['p1']}")
         # the champion it beat must still be the champion (the lock keeps other retrainings out,

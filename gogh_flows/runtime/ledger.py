@@ -362,6 +362,7 @@ class LedgerPlugin(SchedulerPlugin):
             self._count("refused_full")
             return {"ok": False, "reason": "full", "version": version}
         now = time()
+        self.dropped.pop(run_id, None)  # a run that claims again is not the lease that was dropped
         self.leases[run_id] = {
             "run_id": run_id, "gpu_id": gpu_id, "worker": worker, "job_type": job_type,
             "required_throughput": float(required_throughput), "work": float(work),

@@ -425,7 +425,12 @@ class ModelRegistry:
         wait (up to ``wait_s``) for its alias instead of registering a copy each (which left two
         versions of each model and a champion P1 from one host beside a champion P2 from
         another). A model that exists untagged without the alias (an alias deleted by hand) is
-        registered into at once; one whose registering process died, after the wait.
+        registered into at once; one whose registering process died, after the wait. Every path
+        sets the alias only where it is still unset, so a slow holder and a waiter that gave up on
+        it never move each other's alias (each may leave one unaliased version). The claim is
+        atomic on SQL-backed stores (SQLite, PostgreSQL, MySQL, and an ``mlflow server`` over one);
+        MLflow's ``file:`` store creates a model without a transaction, and two processes can
+        both believe they created it there.
         """
         existing = self.version_for(name, alias)
         if existing is not None:
@@ -440,12 +445,19 @@ class ModelRegistry:
                         "a misspelling, fix the PredictorRegistry's name (its champion and retrainings live "
                         "under the name it gives)", name, self.tracking_uri, ", ".join(repr(m) for m in others), name)
         try:
-            return self.register(
-                name, directory, alias=alias,
+            version = self.register(
+                name, directory, alias=None,
                 tags={"gogh.origin": "prior", "gogh.prior_dir": str(Path(directory).parent), **(tags or {})},
                 description=f"prior from {Path(directory)}",
                 p1_uri=p1_uri,
             )
+            now = self.version_for(name, alias)
+            if now is not None:  # set meanwhile (a holder slower than the wait): theirs stands
+                log.warning("gogh: %r@%s was set to v%s while this process registered v%s; v%s stays unaliased",
+                            name, alias, now, version, version)
+                return now
+            self.set_alias(name, alias, version)
+            return version
         finally:
             with contextlib.suppress(MlflowException):  # a tag left behind only makes a first start wait
                 self._ready().delete_registered_model_tag(name, PRIOR_TAG)
@@ -469,7 +481,12 @@ class ModelRegistry:
         deadline = time.monotonic() + wait_s
         said = False
         while True:
-            model = client.get_registered_model(name)
+            try:
+                model = client.get_registered_model(name)
+            except MlflowException as exc:
+                if exc.error_code == "RESOURCE_DOES_NOT_EXIST":  # deleted meanwhile: nobody is registering it
+                    return None
+                raise
             version = (model.aliases or {}).get(alias)
             if version is not None:
                 return int(version)

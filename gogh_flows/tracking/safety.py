@@ -42,6 +42,10 @@ def _reason_for_suffix(path: Path) -> str:
     return f"only {', '.join(ALLOWED_SUFFIXES)} files are allowed in a weights-only model"
 
 
+#: the one finding of a file-content check that is a hazard, not damage
+RENAMED_PICKLE = "starts with pickle/zip magic bytes: this is a torch.save/pickle file renamed to .safetensors"
+
+
 def _check_safetensors(path: Path) -> str | None:
     """Return why `path` is not a plausible safetensors file, or None if it is.
 
@@ -54,7 +58,7 @@ def _check_safetensors(path: Path) -> str | None:
         if len(head) < 8:
             return "too short to be a safetensors file (no 8-byte header length)"
         if head.startswith(_PICKLE_MAGIC):
-            return "starts with pickle/zip magic bytes: this is a torch.save/pickle file renamed to .safetensors"
+            return RENAMED_PICKLE
         (n,) = struct.unpack("<Q", head)
         if n == 0 or n > _MAX_SAFETENSORS_HEADER or n > size - 8:
             return f"header length {n} does not fit the file ({size} bytes): not a safetensors file"
@@ -165,7 +169,7 @@ def verify_weights_only(directory: Path) -> list[Path]:
         else:
             why = _check_markdown(entry)
         if why:  # a pickle in disguise is unsafe; anything else that does not parse, damaged
-            (problems if "pickle" in why else damaged).append(f"{rel}: refused, {why}")
+            (problems if why == RENAMED_PICKLE else damaged).append(f"{rel}: refused, {why}")
             continue
         files.append(entry)
     present = {f.name for f in files if f.parent == directory}
