@@ -111,9 +111,10 @@ class PredictorSource:
                         name, base / sub, alias=self.block.alias,
                         p1_uri=f"models:/{self.block.p1_name}@{self.block.alias}", tags={PRIOR_ID_TAG: pair})
         except FileLockTimeout:
-            raise PriorRegistrationBusy(f"another process of this machine has been registering the prior in "
-                               f"{self.block.resolved_tracking_uri()} for over {_PRIOR_LOCK_WAIT_S:g} s (its lock "
-                               f"{lock.lock_file}); if none is running, remove that file") from None
+            raise PriorRegistrationBusy(
+                f"another process of this machine has been registering the prior in "
+                f"{self.block.resolved_tracking_uri()} for over {_PRIOR_LOCK_WAIT_S:g} s (its lock {lock.lock_file}); "
+                "if none is running, remove that file") from None
         finally:
             self._doing = None
 
