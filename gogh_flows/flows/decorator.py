@@ -531,9 +531,11 @@ _DROPPED = {
 def _lost_gpu(ledger: PoolLedger, run_id: str, gpu_id: str) -> str:
     """The error of a run whose lease is gone while its body ran, with why the ledger dropped it."""
     why = ledger.why_dropped(run_id)
-    what = _DROPPED.get(why or "", f"its worker stopped answering (the run's lease lapsed, {ledger.lease_timeout_s:g} "
-                                   "s without a sign of life)" if why == "expired" else
-                       "its worker left the pool or stopped answering (its lease is gone)")
+    if why == "expired":
+        what = (f"its worker stopped answering (the run's lease lapsed, {ledger.lease_timeout_s:g} s without a sign "
+                "of life)")
+    else:  # a ledger from before it kept reasons says nothing
+        what = _DROPPED.get(why or "", "its worker left the pool or stopped answering (its lease is gone)")
     return (f"run {run_id} lost its GPU {gpu_id}: {what}, before the body returned. Its measurement is logged as "
             "failed; retry the flow run (Prefect retries place it again)")
 

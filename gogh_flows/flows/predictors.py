@@ -103,8 +103,8 @@ class PredictorSource:
         try:
             with lock:
                 for name, sub in ((self.block.p1_name, "p1"), (self.block.p2_name, "p2")):
-                    if name not in self._unset():  # set meanwhile, here or on another machine
-                        continue
+                    if self.registry.version_for(name, self.block.alias) is not None:
+                        continue  # set meanwhile, here or on another machine
                     # a half may be added only beside the other half of the same prior
                     self._refuse_beside_another(base, pair, name)
                     self.registry.ensure_registered(

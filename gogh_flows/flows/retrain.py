@@ -34,7 +34,7 @@ from prefect.logging import get_run_logger
 from gogh_flows.flows.blocks import PredictorRegistry, load_block, require_prefect_server, state_dir
 from gogh_flows.flows.features import FeatureStore
 from gogh_flows.flows.observations import observations_from_measurements
-from gogh_flows.flows.predictors import predictor_source
+from gogh_flows.flows.predictors import PRIOR_ID_TAG, predictor_source
 from gogh_flows.predict.data import MeasuredSet
 from gogh_flows.predict.io import save_model
 from gogh_flows.predict.p1 import P1Model
@@ -335,8 +335,6 @@ DATA_INPUTS_TAG = "gogh.data_inputs"
 
 def _lineage(registry: Any, p1_name: str, p1_version: int | None) -> dict[str, str]:
     """The prior tag of the P1 a challenger refines, to carry on the challenger (none: none)."""
-    from gogh_flows.flows.predictors import PRIOR_ID_TAG
-
     if p1_version is None:
         return {}
     found = registry.version_tags(p1_name, p1_version).get(PRIOR_ID_TAG)

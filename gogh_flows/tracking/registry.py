@@ -180,21 +180,24 @@ class ModelRegistry:
         found = self._ready().search_model_versions(f"name='{name}'")
         return sorted(int(v.version) for v in found)
 
-    def _ensure_model(self, name: str) -> None:
+    def _ensure_model(self, name: str, tags: Mapping[str, str] | None = None) -> bool:
+        """The registered model, created (with ``tags``) if missing; whether this call created it."""
         client = self._ready()
         try:
             client.get_registered_model(name)
-            return
+            return False
         except MlflowException as exc:
             if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
                 raise
         try:
             client.create_registered_model(
-                name, description="gogh-flows predictor (safetensors + JSON config; never pickled)"
-            )
+                name, tags=dict(tags or {}),
+                description="gogh-flows predictor (safetensors + JSON config; never pickled)")
+            return True
         except MlflowException as exc:  # another process created it first
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
+            return False
 
     # -- public API -----------------------------------------------------------------
     def register(
@@ -436,7 +439,8 @@ class ModelRegistry:
         if existing is not None:
             return existing
         others = [m for m in self._model_names() if m != name and _near(m, name)]
-        if not self._claim_model(name):
+        # created here: this process registers the prior into it, tagged meanwhile (atomic where the store is)
+        if not self._ensure_model(name, tags={PRIOR_TAG: f"{socket.gethostname()}:{os.getpid()}"}):
             waited = self._wait_for_alias(name, alias, wait_s)
             if waited is not None:
                 return waited
@@ -461,18 +465,6 @@ class ModelRegistry:
         finally:
             with contextlib.suppress(MlflowException):  # a tag left behind only makes a first start wait
                 self._ready().delete_registered_model_tag(name, PRIOR_TAG)
-
-    def _claim_model(self, name: str) -> bool:
-        """Create the registered model, tagged as being given the prior; False if it existed."""
-        try:
-            self._ready().create_registered_model(
-                name, tags={PRIOR_TAG: f"{socket.gethostname()}:{os.getpid()}"},
-                description="gogh-flows predictor (safetensors + JSON config; never pickled)")
-            return True
-        except MlflowException as exc:
-            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
-                raise
-            return False
 
     def _wait_for_alias(self, name: str, alias: str, wait_s: float) -> int | None:
         """The version another process's registration of the prior points ``alias`` at, once it
