@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -530,6 +531,36 @@ def test_concurrent_threads_and_processes_lose_no_row(mlog: MeasurementLog, uri:
     assert mlog.spooled() == []
     logged = sorted(r.data.tags[KEY_TAG] for r in mlflow_runs(uri) if r.data.tags.get(COMPLETE_TAG) == "true")
     assert logged == sorted(table["key"].to_list())
+
+
+def _flush_the_same_keys(uri: str, root: str, count: int, barrier: Any) -> None:
+    log = MeasurementLog(uri, Path(root))
+    for i in range(count):
+        log.log(measurement(i), defer=True)  # a lost run handed out again, to this host too
+        barrier.wait(30)
+        log.flush_spool()
+        barrier.wait(30)
+    assert log.spooled() == []
+
+
+def test_two_hosts_flushing_the_same_measurements_at_once_leave_one_mlflow_run_each(mlog: MeasurementLog, uri: str,
+                                                                                    tmp_path: Path):
+    """A run the pool's ledger hands out again can reach two hosts' spools; flushed together, each
+    host's search for the key found nothing and both wrote it: every measurement twice in MLflow
+    (a concurrency review: 10 of 10 keys). Each write now ends by keeping one run of its key."""
+    mlog.log(measurement(99))  # the schema and experiment exist before the race
+    ctx = multiprocessing.get_context("spawn")
+    barrier = ctx.Barrier(2)
+    count = 6
+    procs = [ctx.Process(target=_flush_the_same_keys, args=(uri, str(tmp_path / host), count, barrier))
+             for host in ("host-a", "host-b")]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert [p.exitcode for p in procs] == [0, 0]
+    logged = [r.data.tags[KEY_TAG] for r in mlflow_runs(uri) if r.data.tags.get(COMPLETE_TAG) == "true"]
+    assert sorted(logged) == sorted({measurement(i).key for i in (*range(count), 99)})
 
 
 def test_measurement_rows_round_trip_through_spool_json(tmp_path: Path):

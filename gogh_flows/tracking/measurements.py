@@ -413,7 +413,29 @@ class MeasurementLog:
         run_id = run.info.run_id
         client.log_batch(run_id, metrics=_metrics(m), params=_params(m), tags=_tags(m))
         self._terminate(run_id, m)
-        return run_id
+        return self._settle(m, run_id) if check_existing else run_id
+
+    def _settle(self, m: Measurement, mine: str) -> str:
+        """The one MLflow run kept for ``m``'s key once this write is complete; any other complete
+        run of the key is deleted.
+
+        The search before the write and the write itself are two calls, and another process may
+        write the same key in between (two hosts flushing spools that both hold a run handed out
+        again by the pool's ledger): both wrote, and MLflow showed the measurement twice. Every
+        writer ends with this search, and all pick the same run by one rule (a record with
+        telemetry before a provisional one, then the smallest run id), so however the writes
+        interleave, the last one to finish leaves one run.
+        """
+        runs = self._client.search_runs(
+            [self._experiment_id_or_create()],
+            filter_string=f"tags.`{KEY_TAG}` = '{_quote(m.key)}' and tags.`{COMPLETE_TAG}` = 'true'", max_results=50)
+        if len(runs) <= 1:
+            return mine
+        keep = min(runs, key=lambda r: (r.data.tags.get("gogh.telemetry") == PROVISIONAL[1], r.info.run_id))
+        for run in runs:
+            if run.info.run_id != keep.info.run_id:
+                self._delete(run.info.run_id)
+        return keep.info.run_id
 
     # -- spool --------------------------------------------------------------------------
     def _spool(self, m: Measurement, error: BaseException, *, table_pending: bool = False) -> Path:
