@@ -357,6 +357,33 @@ def test_a_run_given_up_on_a_silent_scheduler_is_measured_by_its_worker_once_it_
     assert [(r.data.tags["gogh.telemetry"], r.data.metrics["steps"]) for r in runs] == [("emulated", row["steps"])]
 
 
+def test_a_placing_process_killed_as_its_runs_body_returns_loses_no_measurement(tmp_path):
+    """The worker frees the slot as the body returns, and the placing process then logs the run:
+    a process killed in between left the run measured nowhere (a concurrency review). The worker's
+    record now stays with the ledger until the placer says it logged the run, and with the placer
+    gone, the next placing process of the same tracking store logs it and marks the flow run
+    crashed."""
+    from prefect.client.orchestration import get_client
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with cli_pool(tmp_path, {"t4-0": 2}, lease_timeout_s=4.0) as pool:
+        dying = _host(tmp_path, "dying", pool["address"], "--runs", "1", "--threads", "1", "--hold-s", "1",
+                      "--min-throughput", "0.5", "--tracking-uri", uri, "--die-before-record")
+        assert dying.wait(120) == 9  # killed with its run's body done and nothing logged
+        assert _measurements(tmp_path, ["dying"]).height == 0
+        other = _host(tmp_path, "other", pool["address"], "--runs", "1", "--threads", "1", "--hold-s", "0.5",
+                      "--min-throughput", "0.5", "--tracking-uri", uri, "--linger-s", "12")
+        results = _results(other, 150)
+    assert [r["status"] for r in results if "summary" not in r] == ["completed"]
+    frame = _measurements(tmp_path, ["other"])
+    lost = frame.filter(pl.col("extra").str.contains("placing process was lost"))
+    assert lost.height == 1 and frame.height == 2, frame.select("key", "status", "steps", "extra").to_dicts()
+    row = lost.row(0, named=True)
+    assert row["status"] == "completed" and row["telemetry"] == "emulated" and row["steps"] >= 10, row  # 20 reported
+    with get_client(sync_client=True) as pc:
+        assert pc.read_flow_run(row["run_id"].split("#")[0]).state.is_crashed()
+
+
 def test_a_user_models_runs_on_the_pool_are_predicted_beside_by_the_other_machines(tmp_path):
     """A user model's layer features can be read only where it was decorated; another machine's
     placement that found one of its runs on the pool failed (KeyError: no layer features recorded).

@@ -459,6 +459,39 @@ def test_a_run_whose_placer_stays_is_not_handed_in(pool):
                        record_if_placer_lost=functools.partial(_row_for, "store-1"))
     assert outcome.telemetry.steps == 30
     assert pool.ledger.state().undelivered == 0 and "deposited" not in pool.ledger.state().counts
+    # the worker's record is kept until the placer says it logged the run itself
+    assert pool.ledger.state().counts["kept"] == 1
+    assert pool.ledger.logged(["kept"]) == 1 and pool.ledger.logged(["kept"]) == 0
+
+
+def test_a_placer_lost_after_its_runs_body_ended_still_gets_the_run_logged():
+    """The worker frees the slot when the body ends, while the placer is still connected; the
+    placer then logs the run. Killed in between, nobody held the measurement: the ledger had
+    dropped the lease and the worker kept nothing (a concurrency review, replaying the handlers).
+    The worker's record now comes with its release and stays until the placer says it logged
+    the run, or, if its client leaves first, goes to the next placing process of the store."""
+
+    class Scheduler:
+        clients = {"placer-1": SimpleNamespace(last_seen=time.time()),
+                   "collector": SimpleNamespace(last_seen=time.time())}
+
+    plugin = LedgerPlugin(0.4)
+    plugin.scheduler = Scheduler()
+    plugin.names = {"tcp://w": "v100-0"}
+    for run in ("r1", "r2"):
+        assert plugin.claim(run, "v100-0", "v100-0", 2, "a", 1.0, 1.0, plugin.versions.get("v100-0", 0),
+                            client="placer-1", store="s")["ok"]
+        plugin.begin(run, "v100-0", key=f"k-{run}")
+        released = plugin.release(run, store="s", row={"run_id": run, "steps": 30.0})
+        assert released["released"] and not released["placer_lost"]  # the placer waits for the outcome
+    assert plugin.logged(["r1"]) == {"logged": 1}  # r1: the placer logged it itself
+    assert plugin.collect("s", "collector")["rows"] == []  # r2 is still its placer's to log
+    del Scheduler.clients["placer-1"]
+    plugin.remove_client(Scheduler(), "placer-1")  # ...which was killed before it did
+    time.sleep(0.45)  # a lease timeout later, the next placing process of the store logs it
+    rows = plugin.collect("s", "collector")["rows"]
+    assert [(r["run_id"], r["row"]["steps"], r["placer_gone"]) for r in rows] == [("r2", 30.0, True)]
+    assert plugin.delivered(["r2"]) == {"delivered": 1} and plugin.kept == {} and plugin.undelivered == {}
 
 
 def test_delivering_a_lost_placers_measurement_twice_logs_it_once(tmp_path):

@@ -812,6 +812,13 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
                 if not (isinstance(error, PlacementCancelled) and future is None):  # nothing ran: nothing to log
                     record_run(session, job, placement, outcome, error, started=started, flow_run=flow_run,
                                flow_name=flow_name)
+                    if outcome is not None and not in_process:
+                        # logged from the worker's own outcome: the copy its worker left with the ledger
+                        # (in case this process died before its record was in) can go
+                        try:
+                            ledger.logged([ledger_id], timeout_s=_CLEANUP_TIMEOUT_S)
+                        except Exception as exc:  # noqa: BLE001 - the copy is logged again by its key: a no-op
+                            log.debug("gogh: could not tell the ledger run %s is logged: %s", ledger_id, exc)
             finally:
                 session.end_measuring(job.job_type, placement.gpu_type)
             if cancellation is not None and cancellation.seen:

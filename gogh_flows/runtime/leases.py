@@ -222,6 +222,10 @@ class PoolLedger:
     def delivered(self, run_ids: list[str], *, timeout_s: float | None = 5.0) -> int:
         return int(self._call("gogh_ledger_delivered", timeout_s=timeout_s, run_ids=list(run_ids))["delivered"])
 
+    def logged(self, run_ids: list[str], *, timeout_s: float | None = 5.0) -> int:
+        """This process has logged these runs' measurements: the ledger can forget their workers' records."""
+        return int(self._call("gogh_ledger_logged", timeout_s=timeout_s, run_ids=list(run_ids))["logged"])
+
     def hand_over(self, run_id: str) -> None:
         """Stop refreshing ``run_id`` from this process (its worker holds it, or it is gone)."""
         with self._lock:
@@ -271,7 +275,6 @@ class WorkerLease:
         self._on_cancel = on_cancel
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._released: dict[str, Any] = {}  # the ledger's answer to end()
         self.board_limit_known = False  # begin() heard the board's limit from the ledger
         self.board_limit_w: float | None = None
         self.placer_client: str | None = None
@@ -331,24 +334,24 @@ class WorkerLease:
             log.warning("gogh: could not tell the pool's ledger that run %s's board went back to its full "
                         "limit: %s", self.run_id, exc)
 
-    def end(self) -> bool:
-        """Free the slot; whether the run's placing process was lost (nobody will log its outcome)."""
+    def end(self, record: tuple[str, dict[str, Any]] | None = None) -> bool:
+        """Free the slot, handing the ledger this worker's ``record`` of the run (tracking store,
+        measurement row) in the same call; whether the run's placing process was lost (nobody
+        waits for its outcome: the record is delivered to the next placing process that logs to
+        that store). With the placer still there, the ledger keeps the record until the placer
+        says it logged the run: a placer killed after this call and before its own record
+        reached the table left the run unmeasured."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        store, row = record if record is not None else (None, None)
         try:
-            self._released = self._call("gogh_ledger_release", run_id=self.run_id, if_unstarted=False)
-            return bool(self._released.get("placer_lost"))
+            released = self._call("gogh_ledger_release", run_id=self.run_id, if_unstarted=False,
+                                  store=store, row=row)
+            return bool(released.get("placer_lost"))
         except Exception as exc:  # noqa: BLE001 - the lease lapses on its own
-            log.warning("gogh: worker could not release the lease of run %s (it lapses on its own): %s",
-                        self.run_id, exc)
+            log.warning("gogh: worker could not release the lease of run %s (it lapses on its own): %s%s",
+                        self.run_id, exc, "" if row is None else
+                        f"; its placing process logs the run if it is still there, and if not, this record of it "
+                        f"is lost: {row}")
             return False
-
-    def deposit(self, store: str, row: dict[str, Any]) -> None:
-        """Hand the measurement of a run whose placing process was lost to the ledger, for delivery."""
-        try:
-            self._call("gogh_ledger_deposit", run_id=self.run_id, store=store, row=row,
-                       client=self._released.get("client"), gpu_id=self._released.get("gpu_id"))
-        except Exception as exc:  # noqa: BLE001 - said, with what was measured
-            log.error("gogh: the measurement of run %s (its placing process was lost) could not be handed to "
-                      "the pool's ledger and is lost: %s; it was %s", self.run_id, exc, row)

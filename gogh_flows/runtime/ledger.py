@@ -139,7 +139,7 @@ class LedgerPlugin(SchedulerPlugin):
         self.names: dict[str, str] = {}
         # {"expired" | "worker_left" | "client_left" | "orphaned" (a started body whose placing
         #  process left) | "released" | "claimed" | "refused_changed" | "refused_full" |
-        #  "deposited" | "delivered" | "unstarted_reported" | "undelivered_dropped": n}
+        #  "deposited" | "delivered" | "unstarted_reported" | "undelivered_dropped" | "kept" | "logged": n}
         self.counts: dict[str, int] = {}
         # {run_id: {"store" (a hash of the tracking store the run logs to), "row" (its measurement;
         #           None when its body never started), "gpu_id", "client" (the lost placer's),
@@ -147,6 +147,12 @@ class LedgerPlugin(SchedulerPlugin):
         # runs whose placing process was lost, until a process logging to that store has logged
         # their measurement and marked their flow run crashed
         self.undelivered: dict[str, dict[str, Any]] = {}
+        # {run_id: as in undelivered}: the worker's record of a run whose body ended while its
+        # placing process was connected, kept until that process says it logged the run (or its
+        # client leaves, when the record becomes undelivered): between the worker freeing the slot
+        # and the placer's record reaching the table, a placer killed lost the run's measurement
+        # (a review), since nobody else held it
+        self.kept: dict[str, dict[str, Any]] = {}
         # {job type: its layer features as JSON}: a run placed by one process is a co-location
         # partner of every other's placements, which predict next to it from its features; a user
         # model's can be read only where it was decorated, so its placers publish them here
@@ -184,6 +190,7 @@ class LedgerPlugin(SchedulerPlugin):
             "gogh_ledger_deposit": self.deposit,
             "gogh_ledger_collect": self.collect,
             "gogh_ledger_delivered": self.delivered,
+            "gogh_ledger_logged": self.logged,
             "gogh_ledger_put_features": self.put_features,
             "gogh_ledger_features": self.get_features,
             "gogh_ledger_dropped": self.why_dropped,
@@ -226,6 +233,11 @@ class LedgerPlugin(SchedulerPlugin):
         for entry in self.undelivered.values():
             if entry["taker"] == client:  # collected, never said delivered: up for collection again
                 entry["taker"] = None
+        for run_id in [r for r, entry in self.kept.items() if entry["client"] == client]:
+            # its body ended, and the placer went before saying it logged the run: the worker's
+            # record is delivered like any lost placer's (to the placer itself, back after a blip, at once)
+            entry = self.kept.pop(run_id)
+            self._hold(run_id, entry["store"], entry["row"], client, entry["gpu_id"])
 
     # -- state -------------------------------------------------------------------------
     def _count(self, what: str, n: int = 1) -> None:
@@ -429,12 +441,17 @@ class LedgerPlugin(SchedulerPlugin):
         self._count("limits_lifted")
         return {"ok": True, "version": self._bump(lease["gpu_id"])}
 
-    def release(self, run_id: str, if_unstarted: bool = False) -> dict[str, Any]:
+    def release(self, run_id: str, if_unstarted: bool = False, store: str | None = None,
+                row: dict[str, Any] | None = None) -> dict[str, Any]:
         """Free the run's slot; with ``if_unstarted``, only if its body never started.
 
         The placing process releases with ``if_unstarted``: once the body runs, the worker
         holds the lease and frees it when the body really stops, so a run abandoned by its
         placing process (cancelled, interrupted) keeps its slot for as long as it computes.
+        The worker releases with its record of the run (``store``, ``row``), in the same call: if
+        nobody waits for the run's outcome any more, the record waits for a placing process to
+        log it; otherwise it is kept until the placer says it has (:meth:`logged`), or its
+        client leaves first.
         """
         lease = self.leases.get(run_id)
         if lease is None:
@@ -446,8 +463,13 @@ class LedgerPlugin(SchedulerPlugin):
         placer_lost = lease["cancel_reason"] in HAND_IN_REASONS or (
             lease["client"] is not None and self.scheduler is not None
             and lease["client"] not in self.scheduler.clients)
+        if store is not None and row is not None:
+            if placer_lost:
+                self.deposit(run_id, store, row, lease["client"], lease["gpu_id"])
+            elif lease["client"] is not None:
+                self._keep(run_id, store, row, lease["client"], lease["gpu_id"])
         return {"released": True, "started": lease["started_at"] is not None, "placer_lost": placer_lost,
-                "client": lease["client"], "gpu_id": lease["gpu_id"]}
+                "client": lease["client"], "gpu_id": lease["gpu_id"], "kept": row is not None}
 
     def cancel(self, run_id: str, reason: str = "cancelled by its placing process") -> dict[str, Any]:
         """Ask the body to stop: its next progress report raises; the slot is freed when it has."""
@@ -509,6 +531,20 @@ class LedgerPlugin(SchedulerPlugin):
                 if len(rows) >= limit:
                     break
         return {"rows": rows}
+
+    def _keep(self, run_id: str, store: str, row: dict[str, Any], client: str, gpu_id: str) -> None:
+        if run_id not in self.kept and len(self.kept) >= MAX_UNDELIVERED:
+            # placers that never said they logged their runs (an older gogh): the oldest goes
+            self.kept.pop(next(iter(self.kept)))
+            self._count("kept_dropped")
+        self.kept[run_id] = {"store": store, "row": row, "gpu_id": gpu_id, "client": client}
+        self._count("kept")
+
+    def logged(self, run_ids: list[str]) -> dict[str, Any]:
+        """The placing process has logged these runs itself: their workers' records are not needed."""
+        n = sum(self.kept.pop(r, None) is not None for r in run_ids)
+        self._count("logged", n)
+        return {"logged": n}
 
     def delivered(self, run_ids: list[str]) -> dict[str, Any]:
         taken = [e for e in (self.undelivered.pop(r, None) for r in run_ids) if e is not None]

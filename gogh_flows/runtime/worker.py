@@ -392,7 +392,6 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
     seen: tuple[str, ...] = ()
     changed = False
     body_start = time.time()
-    placer_lost = False
     try:
         with use_gpu(ctx):
             value = fn(*args, **kwargs)
@@ -411,17 +410,20 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
         if guard is not None and guard.lifted:
             reading = dataclasses.replace(reading, limit_lifted_from_w=guard.lifted[0][0],
                                           limit_lifted_rate=guard.lifted[0][1])
+    outcome = None
+    try:
+        if override is not None and emulated:
+            seen = meter.seen_partners  # type: ignore[attr-defined]
+        outcome = RunOutcome(
+            value=value, telemetry=reading, partners=seen, error=error, gpu_id=device.id,
+            gpu_type=device.gpu_type, job_type=spec.job_type, run_id=spec.run_id, worker=worker_name,
+            traceback=tb, exception=exc_out, started_at=body_start, ended_at=body_end, company_changed=changed,
+        )
+    finally:
         if lease is not None:
-            placer_lost = lease.end()
-    if override is not None and emulated:
-        seen = meter.seen_partners  # type: ignore[attr-defined]
-    outcome = RunOutcome(
-        value=value, telemetry=reading, partners=seen, error=error, gpu_id=device.id,
-        gpu_type=device.gpu_type, job_type=spec.job_type, run_id=spec.run_id, worker=worker_name,
-        traceback=tb, exception=exc_out, started_at=body_start, ended_at=body_end, company_changed=changed,
-    )
-    if placer_lost and lease is not None and spec.record_if_placer_lost is not None:
-        _hand_in(lease, spec, outcome)
+            # the slot is freed with this worker's record of the run, which the ledger keeps until the
+            # run is logged: by its placing process, or, if that is lost, by the next one
+            lease.end(_record(spec, outcome) if outcome is not None else None)
     return outcome
 
 
@@ -466,15 +468,16 @@ def _learn_job(truth: ThroughputTable, job_type: str, features: Any) -> None:
                         "compare its runs with the others' with care", job_type, source)
 
 
-def _hand_in(lease: WorkerLease, spec: RunSpec, outcome: RunOutcome) -> None:
-    """The placing process is gone: the ledger keeps this run's measurement for the next one."""
+def _record(spec: RunSpec, outcome: RunOutcome) -> tuple[str, dict[str, Any]] | None:
+    """This worker's record of the run (tracking store, measurement row), for the ledger to keep."""
+    if spec.record_if_placer_lost is None:
+        return None  # a thread worker of the placing process: lost together, nothing to keep
     try:
-        store, row = spec.record_if_placer_lost(outcome)  # type: ignore[misc]
+        return spec.record_if_placer_lost(outcome)
     except Exception as exc:  # noqa: BLE001 - said; the run's outcome stands
-        log.error("gogh: could not build the measurement of run %s, whose placing process was lost: %s",
-                  spec.run_id, exc)
-        return
-    lease.deposit(store, row)
+        log.error("gogh: could not build this worker's record of run %s (kept in case its placing process is "
+                  "lost): %s", spec.run_id, exc)
+        return None
 
 
 def describe_worker() -> dict[str, Any]:

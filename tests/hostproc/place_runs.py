@@ -36,7 +36,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="stay this long after the runs, the session open (its mirror delivers lost runs' records)")
     ap.add_argument("--custom", action="store_true",
                     help="place a user model (a small torch module) instead of zoo families")
+    ap.add_argument("--die-before-record", action="store_true",
+                    help="the process dies (exit code 9) when its first run's body has returned, before that "
+                         "run's record is logged: a placing process killed in that window")
     args = ap.parse_args(argv)
+
+    if args.die_before_record:
+        import os
+
+        from gogh_flows.flows import decorator
+
+        decorator.record_run = lambda *a, **k: os._exit(9)
 
     from gogh_flows import GpuCluster, PlacementPolicy, PredictorRegistry, current_placement, gogh_placed
     from gogh_flows.flows.session import close_all
