@@ -64,6 +64,28 @@ def test_body_runs_on_the_worker_pinned_to_the_chosen_gpu(gogh_home):
     assert row["throughput"] > 0 and row["energy_j"] > 0 and row["telemetry"] == "emulated"
 
 
+def test_every_sync_run_of_a_process_reaches_prefect_from_its_body(gogh_home):
+    """The emulated pool starts inside the process's first flow run, and its worker threads kept
+    that run's Prefect client: from the second run on, a subflow, an artifact or a Variable in a
+    sync body failed with "the client has been closed" (a Prefect user's review; async bodies and
+    a first call outside a flow run did not show it). The pool now starts in a context of its own."""
+    from prefect.artifacts import create_markdown_artifact
+    from prefect.variables import Variable
+
+    @flow
+    def child(i: int) -> int:
+        return i + 1
+
+    @gogh_placed(model="ResNet-50", batch_size=64, min_throughput=1.0, work_steps=100)
+    @flow
+    def train(i: int) -> int:
+        create_markdown_artifact(f"run {i}", key="gogh-context-probe")
+        Variable.set("gogh-context-probe", i, overwrite=True)
+        return child(i) + Variable.get("gogh-context-probe")
+
+    assert [train(i) for i in range(3)] == [1, 3, 5]
+
+
 def test_a_body_reporting_far_more_steps_than_declared_is_told_to_fix_work_steps(gogh_home, monkeypatch):
     """Measured by its own count (never the declared work added to it), and told in the run's log
     that placements estimate from work_steps; a body near its declared work is not told."""

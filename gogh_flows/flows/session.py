@@ -9,6 +9,7 @@ through one exit stack, and is closed when the process exits.
 from __future__ import annotations
 
 import atexit
+import contextvars
 import functools
 import logging
 import os
@@ -221,7 +222,11 @@ def shared_session(cluster: GpuCluster, tracking_uri: str) -> Session:
         if session is None:
             # the lost session stays registered until a new one is open: if opening fails, its
             # mirror (still running, and closed at exit) tries again, and so does the next run
-            session = _SESSIONS[key] = Session.open(cluster, tracking_uri)
+            # opened in a context of its own: Dask's threads and event loop started here keep the
+            # context they start in, and the first flow run's (its Prefect client, closed when that
+            # run ends) was what every later sync body saw: "the client has been closed" for any
+            # subflow, artifact or Variable from the second run on (a Prefect user's review)
+            session = _SESSIONS[key] = contextvars.Context().run(Session.open, cluster, tracking_uri)
     if stale is not None:  # its runs have failed with the connection; what they measured is on disk
         try:
             stale.close()
