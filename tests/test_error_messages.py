@@ -152,8 +152,16 @@ def test_a_served_flow_run_on_a_process_local_pool_is_told_its_runs_do_not_see_e
 
     caplog.set_level(logging.WARNING, logger="gogh_flows")
     monkeypatch.delenv("PREFECT__FLOW_RUN_ID", raising=False)
+    monkeypatch.delenv("PREFECT__DEPLOYMENT_NAME", raising=False)
     _say_if_alone(GpuCluster(fleet={"t4": 1}))  # a script's own call: nothing to say
     assert not caplog.records
+    # a run `serve` started: Prefect 3.8 sets only the deployment's name there (a review found two
+    # served runs sharing one board past its capacity, told nothing)
+    monkeypatch.setenv("PREFECT__DEPLOYMENT_NAME", "train/nightly")
+    _say_if_alone(GpuCluster(fleet={"t4": 1}))
+    assert len(caplog.records) == 1 and "do not see each other" in caplog.records[0].getMessage()
+    caplog.clear()
+    monkeypatch.delenv("PREFECT__DEPLOYMENT_NAME")
     monkeypatch.setenv("PREFECT__FLOW_RUN_ID", "00000000-0000-0000-0000-000000000001")
     _say_if_alone(GpuCluster(mode="remote", address="tcp://127.0.0.1:8786"))  # shared: fine
     assert not caplog.records

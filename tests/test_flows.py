@@ -446,6 +446,14 @@ def test_unknown_block_name_is_a_clear_error_before_anything_runs(gogh_home):
     with pytest.raises(ValueError, match="'a-policy' is the name of a saved PlacementPolicy block, and a GpuCluster"):
         mixed_up()
 
+    # a placement policy's own name where a PlacementPolicy block's goes (a Prefect user's review)
+    @gogh_placed(model="LM", batch_size=20, min_throughput=1, work_steps=10, policy="greedy-fastest")
+    def by_policy_name() -> None:
+        raise AssertionError("must not run")
+
+    with pytest.raises(ValueError, match=r"pass PlacementPolicy\(policy='greedy-fastest'\)"):
+        by_policy_name()
+
 
 def test_a_block_name_prefect_cannot_hold_is_refused_when_the_flow_is_defined():
     """The fleet's text form given as ``cluster=`` passed the decorator and failed at run time
@@ -875,6 +883,13 @@ def test_a_risk_level_plans_with_the_lower_end_of_the_interval(gogh_home):
     assert rows[1]["predicted_throughput"] == pytest.approx(point, rel=1e-6)  # scored against the point
     assert extra[1]["risk_level"] == "0.9"
     assert float(extra[1]["planned_throughput"]) == pytest.approx(low, rel=1e-5)
+    # a requirement between the two: refused, saying the figure is the interval's lower end and the
+    # point prediction meets it (a review: "the best predicted throughput is" the bound, no word of the risk level)
+    between = gogh_placed(model="Transformer", batch_size=64, min_throughput=(low + point) / 2, work_steps=50,
+                          cluster=fleet, policy=PlacementPolicy(refine=False, risk_level=0.9))(body)
+    with pytest.raises(InfeasibleRequirement, match=rf"lower end of the refiner's 90% interval; the point prediction "
+                                                    rf"is {point:.4g} steps/s: lower risk_level, or set it to None"):
+        between()
 
 
 def test_a_risk_level_outside_the_calibrated_range_is_refused():

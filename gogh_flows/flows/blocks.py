@@ -183,7 +183,8 @@ class GpuCluster(Block):
         if (self.power_cap_w is not None or self.power_cap_fraction is not None) and self.mode != "local-cuda":
             raise ValueError(f"power caps apply to mode='local-cuda' only (this cluster is {self.mode!r}): a "
                              "remote pool's boards belong to their hosts (cap them there with `nvidia-smi -pl`), "
-                             "and an emulated GPU has no power limit to change")
+                             "and the emulated fleet enacts the limits placements choose, not a fixed cap: to run "
+                             "it below full power, set PlacementPolicy(power_limit_levels=...)")
         return self
 
     def key(self) -> str:
@@ -510,7 +511,8 @@ def load_block(kind: type[Block], value: Any, default: Block) -> Block:
                     f"pass it where a {other} goes, or give a {kind.__name__}'s name") from exc
             raise ValueError(
                 f"no {kind.__name__} block named {value!r} on the Prefect server ({exc}). Save one "
-                f"with `gogh blocks apply blocks/` or {kind.__name__}(...).save({value!r})" + _no_server_hint()
+                f"with `gogh blocks apply blocks/` or {kind.__name__}(...).save({value!r})"
+                + _policy_name_hint(kind, value) + _no_server_hint()
             ) from exc
         except RuntimeError as exc:  # Prefect's "failed validation": the saved values no longer pass
             cause = exc.__cause__
@@ -524,6 +526,15 @@ def load_block(kind: type[Block], value: Any, default: Block) -> Block:
                 f".save({value!r}, overwrite=True)"
             ) from exc
     raise TypeError(f"expected a {kind.__name__}, the name of a saved one, or None; got {value!r}")
+
+
+def _policy_name_hint(kind: type[Block], value: str) -> str:
+    """``policy="greedy-fastest"``: the name of a placement policy given where a block's goes."""
+    from gogh_flows.placement import POLICIES
+
+    if kind.__name__ != "PlacementPolicy" or value not in POLICIES:
+        return ""
+    return f"; {value!r} is the name of a placement policy: to place with it, pass PlacementPolicy(policy={value!r})"
 
 
 def _no_server_hint() -> str:

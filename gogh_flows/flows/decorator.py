@@ -50,6 +50,7 @@ from gogh_flows.flows.lost_runs import crash_flow_run, handling, take_workers_re
 from gogh_flows.flows.measure import record_if_placer_lost, record_run
 from gogh_flows.placement.patience import Patience
 from gogh_flows.flows.placer import (
+    InfeasibleRequirement,
     PlacementCancelled,
     PlacementTimeout,
     RunLost,
@@ -298,18 +299,23 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
         tables.update(point=point, planned=planned)
         return planned
 
-    placement = place_with_retry(
-        job, run_id, devices=devices, ledger=session.pool.ledger,
-        predict=predict,
-        features=session.features.get, policy=policy.policy, time_limit_s=policy.solver_time_limit_s,
-        wait_timeout_s=wait_timeout_s, poll_s=policy.poll_s, versions=source.versions(),
-        on_wait=logger.info, sleep=_stoppable(session.wait_for_release, stop, run_id, session.notify_released),
-        headroom=policy.headroom, headroom_wait_s=policy.headroom_wait_s,
-        placement_timeout_s=policy.placement_timeout_s, power_limit_levels=tuple(policy.power_limit_levels),
-        limit_evidence=evidence, limit_trials=policy.limit_trials, measuring=session.measuring,
-        patience=Patience(min(policy.wait_for_efficiency_s, wait_timeout_s), policy.efficiency_min_saving)
-        if policy.wait_for_efficiency_s > 0 else None,
-    )
+    try:
+        placement = place_with_retry(
+            job, run_id, devices=devices, ledger=session.pool.ledger,
+            predict=predict,
+            features=session.features.get, policy=policy.policy, time_limit_s=policy.solver_time_limit_s,
+            wait_timeout_s=wait_timeout_s, poll_s=policy.poll_s, versions=source.versions(),
+            on_wait=logger.info, sleep=_stoppable(session.wait_for_release, stop, run_id, session.notify_released),
+            headroom=policy.headroom, headroom_wait_s=policy.headroom_wait_s,
+            placement_timeout_s=policy.placement_timeout_s, power_limit_levels=tuple(policy.power_limit_levels),
+            limit_evidence=evidence, limit_trials=policy.limit_trials, measuring=session.measuring,
+            patience=Patience(min(policy.wait_for_efficiency_s, wait_timeout_s), policy.efficiency_min_saving)
+            if policy.wait_for_efficiency_s > 0 else None,
+        )
+    except InfeasibleRequirement as exc:
+        if risk is None or "point" not in tables:
+            raise
+        raise InfeasibleRequirement(f"{exc}{_at_risk_level(job, tables['point'], risk)}") from None
     if risk is not None and tables:
         placement = with_point_prediction(placement, tables["point"], tables["planned"], risk)
     key = artifact_key(flow_name)
@@ -339,6 +345,19 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
     logger.info("placed %s on %s (%s)%s: %s, required %.4g", job.job_type,
                 placement.gpu_id, placement.gpu_type, limit, predicted, job.required_throughput)
     return placement
+
+
+def _at_risk_level(job: JobSpec, point: Any, risk: float) -> str:
+    """What an infeasible requirement's figure was at a risk level: the lower end of the interval,
+    not what ``gogh predict`` shows (a review: told the fleet was too slow when the point prediction
+    met the requirement)."""
+    best = max((point.isolated(job.job_type, g) for g in point.gpu_types if point.has(job.job_type, g)),
+               default=0.0)
+    said = (f" (at PlacementPolicy(risk_level={risk:g}) that is the lower end of the refiner's {risk:.0%} interval; "
+            f"the point prediction is {best:.4g} steps/s")
+    if best >= job.required_throughput:
+        return said + ": lower risk_level, or set it to None, to place on the point prediction)"
+    return said + ", below the requirement too)"
 
 
 def _stoppable(sleep: Callable[[float], object], stop: threading.Event | None, run_id: str,

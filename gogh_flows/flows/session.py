@@ -279,7 +279,10 @@ def _say_if_alone(cluster: GpuCluster) -> None:
     one flow run (``serve``, ``deploy``): every such run gets a pool and a ledger of its own, so
     runs of the deployment that overlap do not see each other (on ``local-cuda``, the same real
     GPUs are placed onto by each), and each is measured as if alone. A shared pool is the fix."""
-    if cluster.mode == "remote" or not os.environ.get("PREFECT__FLOW_RUN_ID"):
+    # a worker's or `prefect flow-run execute`'s process has the flow run's id; one that `serve`
+    # starts (Prefect 3.8: runner/_starter_direct.py) has only the deployment's name
+    started_for_a_run = os.environ.get("PREFECT__FLOW_RUN_ID") or os.environ.get("PREFECT__DEPLOYMENT_NAME")
+    if cluster.mode == "remote" or not started_for_a_run:
         return
     same = ("the same GPUs of this machine" if cluster.mode == "local-cuda"
             else "an emulated fleet of their own")
