@@ -323,6 +323,24 @@ def test_a_gang_whose_size_was_measured_short_everywhere_is_still_tried_somewher
     assert lifted["v100"] / lifted["t4"] == pytest.approx(19.0 / 5.0)  # lifted alike, order kept
 
 
+def test_a_gang_is_lifted_on_the_one_type_that_can_host_it(predictors):
+    """A 4-GPU job predicted fast enough on a type the fleet has two of was "feasible somewhere",
+    so nothing was lifted on the type with four, the only one that could run it, and it waited
+    for ever (a review: `--risk-level 0.9`, one job never placed, the policy's mean ratio then
+    below the floor). The floor looks only at types with enough GPUs for the gang."""
+    jt = "ResNet-50 (batch size 32)"
+    free = LearnedThroughputs(predictors, TYPES, refine=True)
+    probe = Job("p", jt, 1e-6, 100.0, num_gpus=4)
+    rates = {g: free.isolated(probe, g) for g in TYPES}
+    fast, slow = sorted(TYPES, key=rates.get, reverse=True)
+    need = (rates[fast] + rates[slow]) / 2  # met on the fast type only
+    gang = Job("g", jt, need, 100.0, num_gpus=4)
+    assert free.isolated(gang, slow) < need  # no counts: the fast type "can" host it, nothing lifted
+    view = LearnedThroughputs(predictors, TYPES, refine=True, gpu_counts={fast: 2, slow: 4})
+    assert view.isolated(gang, slow) >= need  # lifted where it can run
+    assert view.isolated(gang, fast) == pytest.approx(rates[fast])  # the other type is left as predicted
+
+
 def test_a_measured_sibling_of_the_same_family_moves_an_unmeasured_type(predictors):
     view = LearnedThroughputs(predictors, TYPES, refine=True)
     sib, new = "ResNet-50 (batch size 64)", "ResNet-50 (batch size 32)"

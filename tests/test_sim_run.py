@@ -107,3 +107,7 @@ def test_jobs_left_unfinished_are_said_under_the_table_with_what_they_mean_for_t
     (note,) = unfinished_notes(differ)
     assert note.startswith("note (seed 1): policies left different numbers of jobs unfinished (oracle 0, gogh 2)")
     assert "not comparable" in note
+    # ...and the spread over seeds marks the policy that did less work on some seed
+    from gogh_flows.sim.cli import fewer_done
+
+    assert fewer_done(differ) == {"gogh"} and fewer_done(alike) == set() and fewer_done(none) == set()

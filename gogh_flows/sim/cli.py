@@ -277,7 +277,21 @@ def _run_one(args: argparse.Namespace, truth: ThroughputTable, gpus: list, names
 
 #: What the spread table shows per policy, over the seeds.
 SPREAD = ("on_vs_greedy-fastest", "on_vs_oracle", "parked_vs_greedy-fastest", "parked_vs_oracle",
-          "sla_attainment", "avg_jct_s", "makespan_s")
+          "sla_attainment", "avg_jct_s", "makespan_s", "jobs_unfinished")
+#: marks a policy of the spread tables that left more jobs unfinished than another on some seed
+FEWER_DONE = " (*)"
+
+
+def fewer_done(per_seed: dict[int, dict[str, dict]]) -> set[str]:
+    """Policies that left more jobs unfinished than another policy of the same seed: their mean
+    figures count less work (a review read a learned policy's mean below the floor, its one
+    never-placed job said only in a note per seed)."""
+    out = set()
+    for figures in per_seed.values():
+        counts = {name: int(row.get("jobs_unfinished") or 0) for name, row in figures.items()}
+        if counts:
+            out |= {name for name, n in counts.items() if n > min(counts.values())}
+    return out
 
 
 def _spread(per_seed: dict[int, dict[str, dict]]) -> dict[str, dict[str, dict[str, float]]]:
@@ -584,13 +598,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                 return name, f"{v['mean'] / scale:.3f} [{v['min'] / scale:.3f}, {v['max'] / scale:.3f}]"
 
             over = f"over seeds {', '.join(map(str, seeds))} (mean [min, max])"
+            marked = fewer_done(per_seed)
             for title, ratio in ((f"energy ratios {over}", True), (f"service {over}", False)):
-                rows = [{"policy": p, **dict(cell(k, v) for k, v in figs.items()
-                                             if k.startswith(("on_vs_", "parked_vs_")) == ratio)}
+                rows = [{"policy": p + (FEWER_DONE if p in marked else ""),
+                         **dict(cell(k, v) for k, v in figs.items()
+                                if k.startswith(("on_vs_", "parked_vs_")) == ratio)}
                         for p, figs in figures["spread"].items()]
                 if any(len(r) > 1 for r in rows):
                     print(f"{title}:")
                     print(pl.DataFrame(rows))
+            if marked:
+                print(f"{FEWER_DONE.strip()}: left more jobs unfinished than another policy on at least one seed "
+                      "(jobs_unfinished): its means count less work than the others', so they are not comparable "
+                      "(and may fall below a floor); the notes below say which seeds", file=sys.stderr)
     print("energy_kwh: each policy's own run; energy_kwh_on / _parked: one common window for every "
           "policy, always on / idle GPUs parked; on_vs_X, parked_vs_X: ratios to policy X; <type> busy_gpu_h: "
           "GPU-hours that type's GPUs were busy (a board shared by two jobs counts once)", file=sys.stderr)

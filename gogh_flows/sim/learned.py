@@ -98,7 +98,7 @@ class LearnedThroughputs:
     def __init__(self, predictors: Predictors, gpu_types: Sequence[str], *, refine: bool = True,
                  features: Mapping[str, object] | None = None,
                  default_activity: float = DEFAULT_ACTIVITY, risk_level: float | None = None,
-                 explore_types: Sequence[str] = ()) -> None:
+                 explore_types: Sequence[str] = (), gpu_counts: Mapping[str, int] | None = None) -> None:
         from gogh_flows.predict.service import ThroughputPredictor
 
         self.refine = refine
@@ -106,6 +106,10 @@ class LearnedThroughputs:
         if not self.gpus:
             raise ValueError("LearnedThroughputs needs at least one GPU type")
         self.col = {g: i for i, g in enumerate(self.gpus)}
+        # GPUs of each type in the fleet (None: unknown, any gang fits): the feasibility floor looks
+        # for a type that can host the job's gang; a 4-GPU job predicted fast enough on a type with
+        # two GPUs was never lifted on the one type that could host it, and waited for ever (a review)
+        self.gpu_counts = dict(gpu_counts) if gpu_counts is not None else None
         # gogh-p1 plans with P1 alone: no refiner, not even its observation-free prior shift
         self.service = ThroughputPredictor(predictors.p1, predictors.p2 if refine else None)
         # Planning with margin (issue: calibrated uncertainty): the lower end of the refiner's
@@ -247,16 +251,17 @@ class LearnedThroughputs:
                 seen = self._gang_seen.get((job.job_type, job.num_gpus, g))
                 if seen:
                     answer[i] = _geomean(seen) / self._gang(job.num_gpus, g)
-        untried = np.array([g not in own and answer[i] > 0 for i, g in enumerate(self.gpus)])
+        hosts = self._hosts(job)
+        untried = np.array([g not in own and answer[i] > 0 for i, g in enumerate(self.gpus)]) & hosts
         met = any(rate >= job.required_throughput * (1 - 1e-9) for rate in own.values())
         out = None
         if not met and not (answer[untried] >= need[untried] * (1 - 1e-9)).any():
             # GPU types nobody measured this job type on are lifted first; failing those, the
             # ones only *other* jobs of its type were measured on (with measurement noise a
             # job can reach its requirement where its type's mean does not)
-            out = self._floor(answer, need, own.keys() | typed)
+            out = self._floor(answer, need, own.keys() | typed, hosts)
             if out is None:
-                out = self._floor(answer, need, own.keys())
+                out = self._floor(answer, need, own.keys(), hosts)
         row = answer if out is None else out
         self._floored[job.id] = (stamp, row)
         return row
@@ -265,10 +270,17 @@ class LearnedThroughputs:
         """Per GPU type, the single-GPU rate that meets the job's requirement at its gang size."""
         return np.array([job.required_throughput / self._gang(job.num_gpus, g) for g in self.gpus])
 
-    def _floor(self, row: np.ndarray, need: np.ndarray, measured: AbstractSet[str]) -> np.ndarray | None:
-        """Unmeasured entries scaled up so the best meets ``need`` (module docstring); None when
-        there is no unmeasured entry to lift."""
-        free = np.array([g not in measured and row[i] > 0 for i, g in enumerate(self.gpus)])
+    def _hosts(self, job: Job) -> np.ndarray:
+        """Per GPU type, whether the fleet has enough GPUs of it for the job's gang."""
+        if self.gpu_counts is None:
+            return np.ones(len(self.gpus), dtype=bool)
+        return np.array([self.gpu_counts.get(g, 0) >= job.num_gpus for g in self.gpus])
+
+    def _floor(self, row: np.ndarray, need: np.ndarray, measured: AbstractSet[str],
+               hosts: np.ndarray) -> np.ndarray | None:
+        """Unmeasured entries of types that can host the job scaled up so the best meets ``need``
+        (module docstring); None when there is no such entry to lift."""
+        free = np.array([g not in measured and row[i] > 0 for i, g in enumerate(self.gpus)]) & hosts
         if not free.any():
             return None
         if (row[free] >= need[free]).any():

@@ -9,7 +9,8 @@ from __future__ import annotations
 import dataclasses
 import re
 import warnings
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gogh_flows.catalog import get_gpu_type
@@ -152,27 +153,29 @@ def make_peer(name: str, seed: int = 0, rltune_model=None):
 def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
                 time_limit_s: float = 2.0, predictors=None, gpu_types=None,
                 risk_level: float | None = None, rltune_model=None, patience: Patience | None = None,
-                limit_levels: Sequence[float] | None = None) -> SimPolicy:
+                limit_levels: Sequence[float] | None = None, gpu_counts: Mapping[str, int] | None = None,
+                ) -> SimPolicy:
     """``predictors`` (a ``sim.learned.Predictors``, or ``sim.unseen.UnseenFamilies`` to plan every
     job with predictors trained without its family) is needed by the learned policies only;
     ``patience``, by the ``+wait`` policies (default ``WAIT_S``, ``WAIT_SAVING``);
-    ``limit_levels``, by the ``+limits`` policies (default ``DEFAULT_LIMIT_LEVELS``).
+    ``limit_levels``, by the ``+limits`` policies (default ``DEFAULT_LIMIT_LEVELS``);
+    ``gpu_counts`` (the fleet's GPUs per type), by the learned policies' feasibility floor.
 
     A learned policy gets a fresh planning view for every simulation: what it learned
     from one run's observations never leaks into another.
     """
     if name in WAIT_POLICIES:
         inner = make_policy(name.removesuffix(WAIT_SUFFIX), truth, seed, time_limit_s, predictors, gpu_types,
-                            risk_level, limit_levels=limit_levels)
+                            risk_level, limit_levels=limit_levels, gpu_counts=gpu_counts)
         return dataclasses.replace(inner, name=name, policy=dataclasses.replace(inner.policy, name=name),
                                    patience=patience or Patience(WAIT_S, WAIT_SAVING))
     if name in FLEET_POLICIES:
         inner = make_policy(name.removesuffix(FLEET_SUFFIX), truth, seed, time_limit_s, predictors, gpu_types,
-                            risk_level, limit_levels=limit_levels)
+                            risk_level, limit_levels=limit_levels, gpu_counts=gpu_counts)
         return SimPolicy(name, dataclasses.replace(inner.policy, name=name), inner.planning, FLEET_REOPT_S)
     if name in LIMIT_POLICIES:
         base = make_policy(name[: -len(LIMITS_SUFFIX)], truth, seed, time_limit_s, predictors, gpu_types,
-                           risk_level)
+                           risk_level, gpu_counts=gpu_counts)
         return SimPolicy(name, dataclasses.replace(base.policy, name=name,
                                                    power_limit_levels=tuple(DEFAULT_LIMIT_LEVELS if limit_levels is None
                                                                             else limit_levels)), base.planning)
@@ -187,7 +190,8 @@ def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
         # the intervals are calibrated on the refiner's (the ensemble's) errors; P1 alone errs far
         # more, so for gogh-p1 they would not be intervals at any level: it plans with its points
         return SimPolicy(name, GoghOptimizer(time_limit_s=time_limit_s, name=name),
-                         planning_view(predictors, types, refine=refine, risk_level=risk_level if refine else None))
+                         planning_view(predictors, types, refine=refine, risk_level=risk_level if refine else None,
+                                       gpu_counts=gpu_counts))
     if name in PEER_POLICIES:
         return SimPolicy(name, make_peer(name, seed, rltune_model), TableThroughputs(truth), rounds=True)
     if name == "oracle":
@@ -234,8 +238,10 @@ def run_policies(
         raise ValueError(f"name at least one policy: {', '.join(ALL_POLICIES)}")
     config = config or SimConfig()
     types = sorted({g.gpu_type for g in gpus})
+    counts = Counter(g.gpu_type for g in gpus)
     policies = [make_policy(n, truth, config.seed, predictors=predictors, gpu_types=types, risk_level=risk_level,
-                            rltune_model=rltune_model, patience=patience, limit_levels=limit_levels)
+                            rltune_model=rltune_model, patience=patience, limit_levels=limit_levels,
+                            gpu_counts=counts)
                 for n in names]  # validate all first
     out: dict[str, SimResult] = {}
     for p in policies:

@@ -43,11 +43,12 @@ class UnseenThroughputs:
     a :class:`LearnedThroughputs` of that family's predictors."""
 
     def __init__(self, unseen: UnseenFamilies, gpu_types: Sequence[str], *, refine: bool = True,
-                 risk_level: float | None = None) -> None:
+                 risk_level: float | None = None, gpu_counts: Mapping[str, int] | None = None) -> None:
         self.unseen = unseen
         self.gpus = tuple(dict.fromkeys(gpu_types))
         # every view is built now, so a missing interval (risk level) fails before the run starts
-        self.views = {fam: LearnedThroughputs(pred, self.gpus, refine=refine, risk_level=risk_level)
+        self.views = {fam: LearnedThroughputs(pred, self.gpus, refine=refine, risk_level=risk_level,
+                                              gpu_counts=gpu_counts)
                       for fam, pred in unseen.by_family.items()}
 
     def view(self, job_type: str) -> LearnedThroughputs:
@@ -77,11 +78,13 @@ class UnseenThroughputs:
 
 
 def planning_view(predictors: Predictors | UnseenFamilies, gpu_types: Sequence[str], *, refine: bool,
-                  risk_level: float | None) -> LearnedThroughputs | UnseenThroughputs:
-    """The learned policies' planning view for either kind of predictors."""
+                  risk_level: float | None, gpu_counts: Mapping[str, int] | None = None,
+                  ) -> LearnedThroughputs | UnseenThroughputs:
+    """The learned policies' planning view for either kind of predictors (``gpu_counts``: the
+    fleet's GPUs per type, which gangs the feasibility floor may lift a type for)."""
     if isinstance(predictors, UnseenFamilies):
-        return UnseenThroughputs(predictors, gpu_types, refine=refine, risk_level=risk_level)
-    return LearnedThroughputs(predictors, gpu_types, refine=refine, risk_level=risk_level)
+        return UnseenThroughputs(predictors, gpu_types, refine=refine, risk_level=risk_level, gpu_counts=gpu_counts)
+    return LearnedThroughputs(predictors, gpu_types, refine=refine, risk_level=risk_level, gpu_counts=gpu_counts)
 
 
 __all__ = ["UnseenFamilies", "UnseenThroughputs", "planning_view"]
