@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -587,6 +589,27 @@ def test_a_user_models_features_are_published_again_to_a_ledger_that_forgot_them
     # a zoo job type is never sent: every process rebuilds it from its name
     mine.put("ResNet-18 (batch size 16)", feats)
     assert "ResNet-18 (batch size 16)" not in wire.plugin.features
+
+
+def test_a_damaged_features_file_is_set_aside_and_the_features_found_again(tmp_path, caplog):
+    """A features file left empty (a power loss after an unsynced rename) or truncated made every
+    retraining fail with its JSON error (a concurrency review). It is kept aside as ``.bad`` and
+    the features rebuilt (a zoo type) or looked up again (a user model, from the ledger); new
+    files are written whole and synced (``gogh_flows.durable``)."""
+    from gogh_flows.flows.features import FeatureStore
+    from gogh_flows.workloads import zoo_features
+
+    store = FeatureStore(tmp_path)
+    feats = zoo_features("ResNet-18", 16)
+    store.put("ResNet-18 (batch size 16)", feats)
+    path = store._path("ResNet-18 (batch size 16)")
+    assert json.loads(path.read_text())["features"] == feats.to_dict()
+    assert not [p for p in tmp_path.iterdir() if p.suffix == ".tmp"]  # no temporary file left behind
+    path.write_text("")  # what a power loss left
+    with caplog.at_level("WARNING", logger="gogh_flows"):
+        again = FeatureStore(tmp_path).get("ResNet-18 (batch size 16)")
+    assert again.to_dict() == feats.to_dict()
+    assert path.with_suffix(".json.bad").exists() and "is damaged" in caplog.text
 
 
 def test_the_ledgers_keeps_are_bounded_and_drop_the_oldest(monkeypatch, caplog):

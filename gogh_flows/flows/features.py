@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gogh_flows import durable
 from gogh_flows.workloads.features import WorkloadFeatures
 from gogh_flows.workloads.zoo import parse_job_kind, zoo_features
 
@@ -53,10 +54,8 @@ class FeatureStore:
 
     def _write(self, job_type: str, features: WorkloadFeatures) -> None:
         path = self._path(job_type)
-        if not path.exists():  # unique temp name per process and thread; the rename is atomic
-            tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_text(json.dumps({"job_type": job_type, "features": features.to_dict()}))
-            os.replace(tmp, path)
+        if not path.exists():
+            durable.write_text(path, json.dumps({"job_type": job_type, "features": features.to_dict()}))
 
     def _publish(self, job_type: str, features: WorkloadFeatures) -> None:
         """At each placement, before its claim: a placing process elsewhere may find this run beside
@@ -84,10 +83,8 @@ class FeatureStore:
         if job_type in self._mem:
             return self._mem[job_type]
         path = self._path(job_type)
-        if path.exists():
-            doc = json.loads(path.read_text())
-            feats = WorkloadFeatures.from_dict(doc["features"])
-        else:
+        feats = self._read(path) if path.exists() else None
+        if feats is None:
             try:
                 family, bs, kind = parse_job_kind(job_type)
             except (KeyError, ValueError) as exc:
@@ -102,6 +99,24 @@ class FeatureStore:
                 feats = zoo_features(family, bs, kind)
         self._mem[job_type] = feats
         return feats
+
+    @staticmethod
+    def _read(path: Path) -> WorkloadFeatures | None:
+        """The features a file holds; a damaged one is set aside (``.bad``) and read as missing, so
+        they are rebuilt or looked up again: it made every retraining fail with its JSON error."""
+        try:
+            return WorkloadFeatures.from_dict(json.loads(path.read_text())["features"])
+        except FileNotFoundError:
+            return None
+        except (ValueError, KeyError, TypeError) as exc:
+            bad = path.with_suffix(".json.bad")
+            try:
+                os.replace(path, bad)
+            except OSError:
+                bad = path
+            log.warning("gogh: the layer features file %s is damaged (%s: %s); kept as %s, and the features are "
+                        "rebuilt or looked up again", path, type(exc).__name__, exc, bad)
+            return None
 
     def _from_shared(self, job_type: str) -> WorkloadFeatures | None:
         if self._shared is None:

@@ -36,6 +36,7 @@ import polars as pl
 from filelock import FileLock
 from mlflow.entities import Metric, Param, RunTag
 
+from gogh_flows import durable
 from gogh_flows.tracking.table import (
     PROVISIONAL,
     MeasurementTable,
@@ -444,9 +445,7 @@ class MeasurementLog:
                   **({TABLE_PENDING: True} if table_pending else {})}
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in m.key)[:120]
         name = f"{int(m.started_at * 1000):015d}-{safe}-{uuid.uuid4().hex[:8]}.json"
-        tmp = self.spool_dir / f".{name}.tmp"
-        tmp.write_text(json.dumps(record, sort_keys=True, indent=1), encoding="utf-8")
-        os.replace(tmp, self.spool_dir / name)
+        durable.write_text(self.spool_dir / name, json.dumps(record, sort_keys=True, indent=1))
         return self.spool_dir / name
 
     def spooled(self) -> list[Path]:
