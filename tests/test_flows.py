@@ -376,6 +376,7 @@ def test_forty_concurrent_runs_never_overbook_and_lose_no_measurement(gogh_home)
     ({"wait_timeout_s": -5}, "wait_timeout_s"),
     ({"wait_timeout_s": float("nan")}, "wait_timeout_s"),
     ({"batch_size": 500_000}, "GB of GPU memory"),  # fits no GPU of the catalog
+    ({"example_inputs": [0.0]}, "is a zoo model.*example_inputs is for a torch model of your own"),
 ])
 def test_bad_decorator_arguments_fail_at_decoration(kwargs, match):
     args = {"model": "ResNet-50", "batch_size": 64, "min_throughput": 1.0, "work_steps": 10, **kwargs}

@@ -64,6 +64,11 @@ def _features_of(model: Any, batch_size: int, kind: str, example_inputs: Any,
     elif callable(model) and model in _ZOO_BY_BUILDER:
         family = _ZOO_BY_BUILDER[model]
     if family is not None:
+        if example_inputs is not None:  # ignored without a word before (a Prefect user's review)
+            raise ValueError(f"@gogh_placed(model={model if isinstance(model, str) else family!r}, example_inputs=...): "
+                             f"{family!r} is a zoo model, whose layers are traced on its own inputs at batch_size; "
+                             "example_inputs is for a torch model of your own (model=MyModule()): drop it, or pass "
+                             "your own module")
         return zoo_features(family, batch_size, kind), family, job_name or job_type_name(family, batch_size, kind)
     if isinstance(model, nn.Module) or callable(model):
         if example_inputs is None:
