@@ -113,11 +113,15 @@ def test_placement_artifacts_and_tags_say_where_a_run_went(gogh_home):
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
     from prefect.context import get_run_context
 
+    hooked: list[list[str]] = []
+
     @gogh_placed(model="LM", batch_size=20, min_throughput=0.5, work_steps=100)
+    @flow(on_completion=[lambda fl, run, state: hooked.append(list(run.tags))])
     def lm() -> tuple:
         return current_placement().gpu_id, current_placement().gpu_type, str(get_run_context().flow_run.id)
 
     gpu, gpu_type, run_id = lm()
+    assert f"gogh.gpu:{gpu}" in hooked[0]  # a state hook sees them too (a Prefect user's review)
 
     async def read():
         async with get_client() as client:

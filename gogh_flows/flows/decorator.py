@@ -394,13 +394,20 @@ def _tag_flow_run(flow_run: Any, tags: list[str]) -> None:
     """Add ``tags`` to the flow run on the Prefect server (a run's tags are otherwise fixed when it is created)."""
     if flow_run is None:
         return
+    every = sorted({*(flow_run.tags or ()), *tags})
     try:
         from prefect.client.orchestration import get_client
 
         with get_client(sync_client=True) as client:
-            client.update_flow_run(flow_run.id, tags=sorted({*(flow_run.tags or ()), *tags}))
+            client.update_flow_run(flow_run.id, tags=every)
     except Exception as exc:  # noqa: BLE001 - tags are for people filtering runs; the run goes on
         log.warning("gogh: could not tag flow run %s with its placement: %s", flow_run.id, exc)
+    # ...and on this process's copy, the one the flow's state hooks are given: a hook routing on the
+    # GPU did not see them (a Prefect user's review)
+    try:
+        flow_run.tags = every
+    except Exception as exc:  # noqa: BLE001 - a read-only copy: the server has them
+        log.debug("gogh: could not add the placement tags to the local flow run: %s", exc)
 
 
 def _call_body(fn: Callable, args: tuple, kwargs: dict) -> Any:
