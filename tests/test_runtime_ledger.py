@@ -591,6 +591,35 @@ def test_a_user_models_features_are_published_again_to_a_ledger_that_forgot_them
     assert "ResNet-18 (batch size 16)" not in wire.plugin.features
 
 
+def test_a_worker_releasing_to_an_older_ledger_frees_its_slot_and_hands_in_a_lost_placers_run():
+    """A scheduler preloaded with an older gogh takes no record with the release (TypeError): the
+    worker frees the slot the old way and, as before, hands the record in only for a lost placer."""
+    from gogh_flows.runtime.leases import WorkerLease
+
+    class OlderLedger(LedgerPlugin):
+        def release(self, run_id, if_unstarted=False):  # the signature before records came with it
+            return super().release(run_id, if_unstarted)
+
+    class Scheduler:
+        clients = {"placer-1": SimpleNamespace(last_seen=time.time())}
+
+    plugin = OlderLedger(1.0)
+    plugin.scheduler = Scheduler()
+    plugin.names = {"tcp://w": "v100-0"}
+
+    def call(op, *, timeout_s=None, **kwargs):
+        return {"gogh_ledger_release": plugin.release, "gogh_ledger_deposit": plugin.deposit}[op](**kwargs)
+
+    for run, lost in (("r1", False), ("r2", True)):
+        assert plugin.claim(run, "v100-0", "v100-0", 2, "a", 1.0, 1.0, plugin.versions.get("v100-0", 0),
+                            client="placer-1", store="s")["ok"]
+        plugin.begin(run, "v100-0", key=f"k-{run}")
+        if lost:
+            del Scheduler.clients["placer-1"]
+        assert WorkerLease(run, call, on_cancel=lambda reason: None).end(("s", {"run_id": run})) is lost
+    assert run not in plugin.leases and list(plugin.undelivered) == ["r2"] and plugin.kept == {}
+
+
 def test_a_damaged_features_file_is_set_aside_and_the_features_found_again(tmp_path, caplog):
     """A features file left empty (a power loss after an unsynced rename) or truncated made every
     retraining fail with its JSON error (a concurrency review). It is kept aside as ``.bad`` and

@@ -346,8 +346,16 @@ class WorkerLease:
             self._thread.join(timeout=5)
         store, row = record if record is not None else (None, None)
         try:
-            released = self._call("gogh_ledger_release", run_id=self.run_id, if_unstarted=False,
-                                  store=store, row=row)
+            try:
+                released = self._call("gogh_ledger_release", run_id=self.run_id, if_unstarted=False,
+                                      store=store, row=row)
+            except TypeError:
+                # a ledger older than this worker takes no record with the release: the slot is
+                # freed as it was, and the record handed in only if the placer is gone
+                released = self._call("gogh_ledger_release", run_id=self.run_id, if_unstarted=False)
+                if released.get("placer_lost") and row is not None:
+                    self._call("gogh_ledger_deposit", run_id=self.run_id, store=store, row=row,
+                               client=released.get("client"), gpu_id=released.get("gpu_id"))
             return bool(released.get("placer_lost"))
         except Exception as exc:  # noqa: BLE001 - the lease lapses on its own
             log.warning("gogh: worker could not release the lease of run %s (it lapses on its own): %s%s",
