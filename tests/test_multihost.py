@@ -363,7 +363,10 @@ def test_a_placing_process_killed_as_its_runs_body_returns_loses_no_measurement(
     record now stays with the ledger until the placer says it logged the run, and with the placer
     gone, the next placing process of the same tracking store logs it and marks the flow run
     crashed."""
+    from distributed import Client
     from prefect.client.orchestration import get_client
+
+    from gogh_flows.runtime.leases import PoolLedger
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     with cli_pool(tmp_path, {"t4-0": 2}, lease_timeout_s=4.0) as pool:
@@ -374,6 +377,11 @@ def test_a_placing_process_killed_as_its_runs_body_returns_loses_no_measurement(
         other = _host(tmp_path, "other", pool["address"], "--runs", "1", "--threads", "1", "--hold-s", "0.5",
                       "--min-throughput", "0.5", "--tracking-uri", uri, "--linger-s", "12")
         results = _results(other, 150)
+        with Client(pool["address"], timeout=30, set_as_default=False) as client:
+            state = PoolLedger(client, register=False).state()
+    # both workers' records were kept; the placer that lived said it logged its own, so nothing is left
+    assert state.kept == 0 and state.undelivered == 0, state
+    assert state.counts.get("kept") == 2 and state.counts.get("logged") == 1, state.counts
     assert [r["status"] for r in results if "summary" not in r] == ["completed"]
     frame = _measurements(tmp_path, ["other"])
     lost = frame.filter(pl.col("extra").str.contains("placing process was lost"))

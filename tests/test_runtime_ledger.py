@@ -480,13 +480,17 @@ def test_a_placer_lost_after_its_runs_body_ended_still_gets_the_run_logged():
     plugin = LedgerPlugin(0.4)
     plugin.scheduler = Scheduler()
     plugin.names = {"tcp://w": "v100-0"}
-    for run in ("r1", "r2"):
-        assert plugin.claim(run, "v100-0", "v100-0", 2, "a", 1.0, 1.0, plugin.versions.get("v100-0", 0),
-                            client="placer-1", store="s")["ok"]
+    def ended(run: str, acks: bool = True) -> dict:
+        assert plugin.claim(run, "v100-0", "v100-0", 9, "a", 1.0, 1.0, plugin.versions.get("v100-0", 0),
+                            client="placer-1", store="s", acks_logged=acks)["ok"]
         plugin.begin(run, "v100-0", key=f"k-{run}")
-        released = plugin.release(run, store="s", row={"run_id": run, "steps": 30.0})
-        assert released["released"] and not released["placer_lost"]  # the placer waits for the outcome
-    assert plugin.logged(["r1"]) == {"logged": 1}  # r1: the placer logged it itself
+        return plugin.release(run, store="s", row={"run_id": run, "steps": 30.0})
+
+    for run in ("r1", "r2"):
+        released = ended(run)
+        assert released["released"] and released["kept"] and not released["placer_lost"]  # the placer waits
+    assert not ended("old", acks=False)["kept"]  # a placer that never says it logged a run: as before
+    assert plugin.logged(["r1"], client="placer-1") == {"logged": 1}  # r1: the placer logged it itself
     assert plugin.collect("s", "collector")["rows"] == []  # r2 is still its placer's to log
     del Scheduler.clients["placer-1"]
     plugin.remove_client(Scheduler(), "placer-1")  # ...which was killed before it did
@@ -494,6 +498,24 @@ def test_a_placer_lost_after_its_runs_body_ended_still_gets_the_run_logged():
     rows = plugin.collect("s", "collector")["rows"]
     assert [(r["run_id"], r["row"]["steps"], r["placer_gone"]) for r in rows] == [("r2", 30.0, True)]
     assert plugin.delivered(["r2"]) == {"delivered": 1} and plugin.kept == {} and plugin.undelivered == {}
+
+    # a placer back after a blip that logged the run itself takes the handed-out record back
+    Scheduler.clients["placer-1"] = SimpleNamespace(last_seen=time.time())
+    ended("r3")
+    plugin.remove_client(Scheduler(), "placer-1")
+    assert set(plugin.undelivered) == {"r3"}
+    assert plugin.logged(["r3"], client="placer-1") == {"logged": 1} and plugin.undelivered == {}
+    # a placer that gave its run up (or whose word was lost) never says it: the record is handed
+    # out after KEPT_FOR_S, its own placer first (it supersedes that placer's record of a lost run)
+    ended("r4")
+    plugin.kept["r4"]["since"] -= 3600
+    plugin._expire()
+    assert plugin.kept == {} and set(plugin.undelivered) == {"r4"}
+    mine = plugin.collect("s", "placer-1")["rows"]
+    assert [(r["run_id"], r["placer_gone"]) for r in mine] == [("r4", False)]
+    # a record whose lease lapsed while the body ran on goes to its placer the same way
+    assert plugin.release("gone-lease", store="s", row={"run_id": "gone-lease"}, client="placer-1")["released"] is False
+    assert "gone-lease" in plugin.undelivered and plugin.undelivered["gone-lease"]["client"] == "placer-1"
 
 
 def test_delivering_a_lost_placers_measurement_twice_logs_it_once(tmp_path):

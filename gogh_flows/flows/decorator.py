@@ -836,14 +836,17 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
                     take_workers_record(ledger, session.measurements, f"{ledger_id}:{placement.gpu_id}",
                                         wait_s=ledger.lease_timeout_s / 4 + 5.0)
                 if not (isinstance(error, PlacementCancelled) and future is None):  # nothing ran: nothing to log
-                    record_run(session, job, placement, outcome, error, started=started, flow_run=flow_run,
-                               flow_name=flow_name)
-                    if outcome is not None and not in_process:
+                    recorded = record_run(session, job, placement, outcome, error, started=started,
+                                          flow_run=flow_run, flow_name=flow_name)
+                    if recorded and outcome is not None and not in_process:
                         # logged from the worker's own outcome: the copy its worker left with the ledger
-                        # (in case this process died before its record was in) can go
+                        # (in case this process died before its record was in) can go. Unsaid (the
+                        # ledger's answer lost, or this run given up), the copy is handed out after a
+                        # minute, and logged again by its key, which changes nothing or supersedes a
+                        # record of a run given up
                         try:
-                            ledger.logged([ledger_id], timeout_s=_CLEANUP_TIMEOUT_S)
-                        except Exception as exc:  # noqa: BLE001 - the copy is logged again by its key: a no-op
+                            ledger.logged([ledger_id], timeout_s=2.0)
+                        except Exception as exc:  # noqa: BLE001 - see above
                             log.debug("gogh: could not tell the ledger run %s is logged: %s", ledger_id, exc)
             finally:
                 session.end_measuring(job.job_type, placement.gpu_type)

@@ -83,17 +83,21 @@ class FeatureStore:
         if job_type in self._mem:
             return self._mem[job_type]
         path = self._path(job_type)
-        feats = self._read(path) if path.exists() else None
+        damaged = path.exists()
+        feats = self._read(path) if damaged else None
         if feats is None:
             try:
                 family, bs, kind = parse_job_kind(job_type)
             except (KeyError, ValueError) as exc:
                 feats = self._from_shared(job_type)
                 if feats is None:
+                    why = (f"its file here was damaged (kept as {path.with_suffix('.json.bad').name}; placing a run "
+                           "of it from this machine records them again)" if damaged else
+                           "it was not placed from this machine")
                     raise KeyError(
-                        f"no layer features recorded for job type {job_type!r}: it was not placed from this "
-                        "machine, and the pool's ledger has none published (a placing process older than "
-                        "this gogh-flows, or a ledger restarted since)") from exc
+                        f"no layer features recorded for job type {job_type!r}: {why}, and the pool's ledger has none "
+                        "published (a placing process older than this gogh-flows, or a ledger restarted since)"
+                    ) from exc
                 self._write(job_type, feats)
             else:
                 feats = zoo_features(family, bs, kind)
@@ -108,7 +112,7 @@ class FeatureStore:
             return WorkloadFeatures.from_dict(json.loads(path.read_text())["features"])
         except FileNotFoundError:
             return None
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             bad = path.with_suffix(".json.bad")
             try:
                 os.replace(path, bad)

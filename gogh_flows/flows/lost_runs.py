@@ -64,8 +64,10 @@ def deliver_lost_runs(ledger: Any, measurements: MeasurementLog) -> int:
                             lost.run_id, exc)
                 continue
             logged += 1
-            log.info("gogh: logged the measurement of run %s on %s, whose placing process was lost (%s, %.0f "
-                     "steps), from its worker's record", lost.run_id, m.gpu_id, m.status, m.steps)
+            whose = ("whose placing process was lost" if lost.placer_gone
+                     else "which its placing process gave up or did not say it had logged")
+            log.info("gogh: logged the measurement of run %s on %s, %s (%s, %.0f steps), from its worker's record",
+                     lost.run_id, m.gpu_id, whose, m.status, m.steps)
             ended = "finished" if m.status == "completed" else "was stopped"
             what = (f"its body {ended} on {m.gpu_id} after {m.steps:.0f} steps and its measurement was logged "
                     f"by {socket.gethostname()}")

@@ -125,18 +125,21 @@ def _fmt(value: float | None) -> str:
 
 
 def record_run(session: Session, job: JobSpec, placement: RunPlacement, outcome: Any,
-               error: BaseException | None, *, started: float, flow_run: Any, flow_name: str) -> None:
-    """Log the run's measurement; a failure to log is reported, never raised over the run's result."""
+               error: BaseException | None, *, started: float, flow_run: Any, flow_name: str) -> bool:
+    """Log the run's measurement; whether it is recorded (in the table, or spooled for it). A
+    failure to log is reported, never raised over the run's result."""
     try:
         m = build_measurement(job, placement, outcome, error, started=started,
                               wall_s=time.time() - started, flow_run=flow_run, flow_name=flow_name,
                               device=session.pool.device(placement.gpu_id).where)
         session.measurements.log(m, defer=True)  # durable now; the session's mirror writes MLflow
-        session.mirror.kick()
-        _say_if_work_differs(job, m)
     except Exception as exc:  # MeasurementLost holds the row; anything else failed before it was built
         log.error("gogh: could not record the measurement of run %s on %s: %s", placement.run_id,
                   placement.gpu_id, exc)
+        return False
+    session.mirror.kick()
+    _say_if_work_differs(job, m)
+    return True
 
 
 #: a completed run whose body reported more than this factor more (or fewer) steps than its
@@ -173,7 +176,8 @@ def _warn(message: str) -> None:
 
 def record_if_placer_lost(job: JobSpec, placement: RunPlacement, started: float, flow_run: Any, flow_name: str,
                           device: str, store: str, outcome: Any) -> tuple[str, dict[str, Any]]:
-    """On the worker, when the run's placing process was lost: its measurement, for the ledger to keep.
+    """On the worker, as the body ends: its measurement, for the ledger to keep until the run is
+    logged (used only if the placing process is lost, or gave the run up, before it logged it).
 
     The same measurement the placing process would have logged (same key, so a placer that
     was only cut off and logs it too is not counted twice), marked as logged by the worker.

@@ -81,16 +81,22 @@ class Session:
             truth = None
         with ExitStack() as stack:
             lease = cluster.lease_timeout_s
+            # the pool opens in a context of its own: Dask's threads and event loop started here keep
+            # the context they start in, and the first flow run's (its Prefect client, closed when
+            # that run ends) was what every later sync body saw: "the client has been closed" for
+            # any subflow, artifact or Variable from the second run on (a Prefect user's review)
+            fresh = contextvars.Context()
             with starting("the Dask GPU pool", _pool_detail(cluster)):
                 if cluster.mode == "emulated":
-                    pool = open_pool("emulated", fleet=cluster.fleet, truth=truth, capacity=cluster.capacity,
-                                     time_scale=cluster.time_scale, seed=cluster.seed, lease_timeout_s=lease)
+                    pool = fresh.run(open_pool, "emulated", fleet=cluster.fleet, truth=truth,
+                                     capacity=cluster.capacity, time_scale=cluster.time_scale, seed=cluster.seed,
+                                     lease_timeout_s=lease)
                 elif cluster.mode == "local-cuda":
-                    pool = open_pool("local-cuda", capacity=cluster.capacity, lease_timeout_s=lease,
+                    pool = fresh.run(open_pool, "local-cuda", capacity=cluster.capacity, lease_timeout_s=lease,
                                      power_cap_w=cluster.power_cap_w, power_cap_fraction=cluster.power_cap_fraction,
                                      run_power_limits=cluster.run_power_limits)
                 else:
-                    pool = open_pool("remote", address=cluster.address, lease_timeout_s=lease)
+                    pool = fresh.run(open_pool, "remote", address=cluster.address, lease_timeout_s=lease)
             stack.callback(pool.close)
             _say_if_alone(cluster)
             _say_if_shared_without_a_server(cluster)
@@ -222,11 +228,7 @@ def shared_session(cluster: GpuCluster, tracking_uri: str) -> Session:
         if session is None:
             # the lost session stays registered until a new one is open: if opening fails, its
             # mirror (still running, and closed at exit) tries again, and so does the next run
-            # opened in a context of its own: Dask's threads and event loop started here keep the
-            # context they start in, and the first flow run's (its Prefect client, closed when that
-            # run ends) was what every later sync body saw: "the client has been closed" for any
-            # subflow, artifact or Variable from the second run on (a Prefect user's review)
-            session = _SESSIONS[key] = contextvars.Context().run(Session.open, cluster, tracking_uri)
+            session = _SESSIONS[key] = Session.open(cluster, tracking_uri)
     if stale is not None:  # its runs have failed with the connection; what they measured is on disk
         try:
             stale.close()

@@ -61,6 +61,7 @@ class LedgerState:
     workers: frozenset[str]  # names of the workers in the pool now
     counts: dict[str, int]
     undelivered: int = 0  # runs of lost placing processes (with their measurement if a body ran) not yet delivered
+    kept: int = 0  # workers' records of ended runs waiting for their placing process to say it logged them
 
     def version(self, gpu_id: str) -> int:
         return self.versions.get(gpu_id, 0)
@@ -119,6 +120,9 @@ class PoolLedger:
         if register:
             ensure_ledger(client, lease_timeout_s)
         self._held: set[str] = set()
+        # whether the ledger takes this process's word that it logged a run (``logged``): an
+        # older one refuses the claim's flag, and then none is given
+        self._acks = True
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -156,7 +160,7 @@ class PoolLedger:
         return LedgerState(now=d["now"], lease_timeout_s=d["lease_timeout_s"], versions=d["versions"],
                            leases=tuple(Lease.from_wire(x) for x in d["leases"]),
                            workers=frozenset(d["workers"]), counts=d["counts"],
-                           undelivered=d.get("undelivered", 0))
+                           undelivered=d.get("undelivered", 0), kept=d.get("kept", 0))
 
     def put_features(self, job_type: str, doc: str | None = None, *, timeout_s: float | None = 10.0) -> bool:
         """Publish a job type's layer features (JSON) to the pool's other placing processes; with no
@@ -187,10 +191,17 @@ class PoolLedger:
         """Claim a slot if the GPU is still at ``expect_version``; a claim that timed out may
         have been made: the caller releases it (``release(run_id, if_unstarted=True)``).
         ``power_limit_w`` becomes the board's limit for every run on it (None: its maximum)."""
-        d = self._call("gogh_ledger_claim", timeout_s=timeout_s, run_id=run_id, gpu_id=gpu_id, worker=worker, capacity=capacity,
-                       job_type=job_type, required_throughput=required_throughput, work=work,
-                       expect_version=expect_version, client=self.client.id, store=self.store,
-                       power_limit_w=power_limit_w)
+        ask = dict(run_id=run_id, gpu_id=gpu_id, worker=worker, capacity=capacity, job_type=job_type,
+                   required_throughput=required_throughput, work=work, expect_version=expect_version,
+                   client=self.client.id, store=self.store, power_limit_w=power_limit_w)
+        if self._acks:
+            try:
+                # this process says when it has logged each run (``logged``): its worker's record is kept till then
+                d = self._call("gogh_ledger_claim", timeout_s=timeout_s, acks_logged=True, **ask)
+            except TypeError:  # a ledger older than this process: claims as before
+                self._acks = False
+        if not self._acks:
+            d = self._call("gogh_ledger_claim", timeout_s=timeout_s, **ask)
         claim = Claim(ok=d["ok"], version=d["version"], reason=d.get("reason"), detail=d.get("detail"))
         if claim.ok:
             with self._lock:
@@ -224,7 +235,10 @@ class PoolLedger:
 
     def logged(self, run_ids: list[str], *, timeout_s: float | None = 5.0) -> int:
         """This process has logged these runs' measurements: the ledger can forget their workers' records."""
-        return int(self._call("gogh_ledger_logged", timeout_s=timeout_s, run_ids=list(run_ids))["logged"])
+        if not self._acks:
+            return 0
+        return int(self._call("gogh_ledger_logged", timeout_s=timeout_s, run_ids=list(run_ids),
+                              client=self.client.id)["logged"])
 
     def hand_over(self, run_id: str) -> None:
         """Stop refreshing ``run_id`` from this process (its worker holds it, or it is gone)."""
@@ -348,7 +362,7 @@ class WorkerLease:
         try:
             try:
                 released = self._call("gogh_ledger_release", run_id=self.run_id, if_unstarted=False,
-                                      store=store, row=row)
+                                      store=store, row=row, client=self.placer_client)
             except TypeError:
                 # a ledger older than this worker takes no record with the release: the slot is
                 # freed as it was, and the record handed in only if the placer is gone

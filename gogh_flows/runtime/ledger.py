@@ -98,6 +98,9 @@ def warm_run_path() -> float:
 
 #: the most measurements of lost placing processes kept while nobody collects them
 MAX_UNDELIVERED = 10_000
+#: how long a worker's record of an ended run waits for its placing process to say it logged the
+#: run (at least four lease timeouts) before it is handed out like a lost placer's
+KEPT_FOR_S = 60.0
 
 #: why a started body is asked to stop when the process that placed it disconnects
 PLACER_LOST = "its placing process was lost (its Dask client disconnected)"
@@ -147,11 +150,12 @@ class LedgerPlugin(SchedulerPlugin):
         # runs whose placing process was lost, until a process logging to that store has logged
         # their measurement and marked their flow run crashed
         self.undelivered: dict[str, dict[str, Any]] = {}
-        # {run_id: as in undelivered}: the worker's record of a run whose body ended while its
-        # placing process was connected, kept until that process says it logged the run (or its
-        # client leaves, when the record becomes undelivered): between the worker freeing the slot
-        # and the placer's record reaching the table, a placer killed lost the run's measurement
-        # (a review), since nobody else held it
+        # {run_id: {"store", "row", "gpu_id", "client", "since"}}: the worker's record of a run whose
+        # body ended while its placing process was connected, kept until that process says it logged
+        # the run (placers that said at their claim that they would: older ones log as before). Its
+        # client leaving first, or a placer silent for KEPT_FOR_S, makes the record undelivered:
+        # between the worker freeing the slot and the placer's record reaching the table, a placer
+        # killed lost the run's measurement (a review), since nobody else held it
         self.kept: dict[str, dict[str, Any]] = {}
         # {job type: its layer features as JSON}: a run placed by one process is a co-location
         # partner of every other's placements, which predict next to it from its features; a user
@@ -233,7 +237,7 @@ class LedgerPlugin(SchedulerPlugin):
         for entry in self.undelivered.values():
             if entry["taker"] == client:  # collected, never said delivered: up for collection again
                 entry["taker"] = None
-        for run_id in [r for r, entry in self.kept.items() if entry["client"] == client]:
+        for run_id in [r for r, e in self.kept.items() if e["client"] == client]:
             # its body ended, and the placer went before saying it logged the run: the worker's
             # record is delivered like any lost placer's (to the placer itself, back after a blip, at once)
             entry = self.kept.pop(run_id)
@@ -326,6 +330,7 @@ class LedgerPlugin(SchedulerPlugin):
             self.awake_since = now
             log.warning("gogh ledger: the scheduler stood still (stopped or its event loop blocked) for longer "
                         "than half the lease timeout; every lease's clock starts again now")
+        self._age_kept(now)
         for run_id, lease in list(self.leases.items()):
             if max(lease["seen_at"], self.awake_since) >= now - self.lease_timeout_s:
                 continue
@@ -340,12 +345,12 @@ class LedgerPlugin(SchedulerPlugin):
         return {"now": time(), "lease_timeout_s": self.lease_timeout_s, "versions": dict(self.versions),
                 "leases": [dict(lease) for lease in self.leases.values()],
                 "workers": sorted(set(self.names.values())), "counts": dict(self.counts),
-                "undelivered": len(self.undelivered)}
+                "undelivered": len(self.undelivered), "kept": len(self.kept)}
 
     def claim(self, run_id: str, gpu_id: str, worker: str, capacity: int, job_type: str,
               required_throughput: float, work: float, expect_version: int,
               client: str | None = None, store: str | None = None,
-              power_limit_w: float | None = None) -> dict[str, Any]:
+              power_limit_w: float | None = None, acks_logged: bool = False) -> dict[str, Any]:
         """Take one slot of ``gpu_id`` if its version is still ``expect_version`` and it has room.
 
         Claiming again what the run already holds succeeds (a retried call); the answer's
@@ -354,7 +359,9 @@ class LedgerPlugin(SchedulerPlugin):
         lost, the processes logging there are told (see :meth:`collect`). ``power_limit_w``
         is the board limit the placement chose (None: its maximum): a board has one limit, so
         it is set on every lease of the GPU in the same step as the claim, which the version
-        check makes safe (the decision saw every run it changes the limit of).
+        check makes safe (the decision saw every run it changes the limit of). ``acks_logged``:
+        the placing process says when it has logged the run (:meth:`logged`), so its worker's
+        record is kept until then.
         """
         version = self.versions.get(gpu_id, 0)
         held = self.leases.get(run_id)
@@ -381,6 +388,7 @@ class LedgerPlugin(SchedulerPlugin):
             "claimed_at": now, "seen_at": now, "started_at": None, "cancel": False,
             "cancel_reason": None, "client": client, "key": None, "store": store,
             "power_limit_w": None if power_limit_w is None else float(power_limit_w),
+            "acks_logged": bool(acks_logged),
         }
         for lease in self.leases.values():
             if lease["gpu_id"] == gpu_id:
@@ -442,7 +450,7 @@ class LedgerPlugin(SchedulerPlugin):
         return {"ok": True, "version": self._bump(lease["gpu_id"])}
 
     def release(self, run_id: str, if_unstarted: bool = False, store: str | None = None,
-                row: dict[str, Any] | None = None) -> dict[str, Any]:
+                row: dict[str, Any] | None = None, client: str | None = None) -> dict[str, Any]:
         """Free the run's slot; with ``if_unstarted``, only if its body never started.
 
         The placing process releases with ``if_unstarted``: once the body runs, the worker
@@ -451,10 +459,14 @@ class LedgerPlugin(SchedulerPlugin):
         The worker releases with its record of the run (``store``, ``row``), in the same call: if
         nobody waits for the run's outcome any more, the record waits for a placing process to
         log it; otherwise it is kept until the placer says it has (:meth:`logged`), or its
-        client leaves first.
+        client leaves first. A record whose lease is gone already (it lapsed, or its worker was
+        taken for gone, while the body ran on) waits for collection too, its placer's (``client``)
+        first: that placer logged the run as lost, with none of the steps the body did.
         """
         lease = self.leases.get(run_id)
         if lease is None:
+            if store is not None and row is not None and run_id not in self.undelivered:
+                self.deposit(run_id, store, row, client)
             return {"released": False, "started": None, "placer_lost": False}
         if if_unstarted and lease["started_at"] is not None:
             return {"released": False, "started": True, "placer_lost": False}
@@ -463,13 +475,15 @@ class LedgerPlugin(SchedulerPlugin):
         placer_lost = lease["cancel_reason"] in HAND_IN_REASONS or (
             lease["client"] is not None and self.scheduler is not None
             and lease["client"] not in self.scheduler.clients)
+        kept = False
         if store is not None and row is not None:
             if placer_lost:
                 self.deposit(run_id, store, row, lease["client"], lease["gpu_id"])
-            elif lease["client"] is not None:
+            elif lease.get("acks_logged") and lease["client"] is not None:
                 self._keep(run_id, store, row, lease["client"], lease["gpu_id"])
+                kept = True
         return {"released": True, "started": lease["started_at"] is not None, "placer_lost": placer_lost,
-                "client": lease["client"], "gpu_id": lease["gpu_id"], "kept": row is not None}
+                "client": lease["client"], "gpu_id": lease["gpu_id"], "kept": kept}
 
     def cancel(self, run_id: str, reason: str = "cancelled by its placing process") -> dict[str, Any]:
         """Ask the body to stop: its next progress report raises; the slot is freed when it has."""
@@ -533,16 +547,28 @@ class LedgerPlugin(SchedulerPlugin):
         return {"rows": rows}
 
     def _keep(self, run_id: str, store: str, row: dict[str, Any], client: str, gpu_id: str) -> None:
-        if run_id not in self.kept and len(self.kept) >= MAX_UNDELIVERED:
-            # placers that never said they logged their runs (an older gogh): the oldest goes
-            self.kept.pop(next(iter(self.kept)))
-            self._count("kept_dropped")
-        self.kept[run_id] = {"store": store, "row": row, "gpu_id": gpu_id, "client": client}
+        self.kept[run_id] = {"store": store, "row": row, "gpu_id": gpu_id, "client": client, "since": time()}
         self._count("kept")
 
-    def logged(self, run_ids: list[str]) -> dict[str, Any]:
-        """The placing process has logged these runs itself: their workers' records are not needed."""
+    def _age_kept(self, now: float) -> None:
+        """A record its placer has not said it logged for :data:`KEPT_FOR_S` becomes undelivered: the
+        placer gave the run up (its record says nothing was measured, and this one supersedes it),
+        or its word was lost (then logging it again by its key changes nothing)."""
+        for run_id in [r for r, e in self.kept.items() if e["since"] < now - max(KEPT_FOR_S, 4 * self.lease_timeout_s)]:
+            e = self.kept.pop(run_id)
+            self._hold(run_id, e["store"], e["row"], e["client"], e["gpu_id"])
+            self._count("kept_unacknowledged")
+
+    def logged(self, run_ids: list[str], client: str | None = None) -> dict[str, Any]:
+        """The placing process (``client``) has logged these runs itself: their workers' records are
+        not needed, kept or, after a blip of its connection, waiting for collection."""
         n = sum(self.kept.pop(r, None) is not None for r in run_ids)
+        if client is not None:
+            for r in run_ids:
+                e = self.undelivered.get(r)
+                if e is not None and e["client"] == client and e["taker"] is None:
+                    del self.undelivered[r]
+                    n += 1
         self._count("logged", n)
         return {"logged": n}
 

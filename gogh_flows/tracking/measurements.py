@@ -362,18 +362,12 @@ class MeasurementLog:
             [self._experiment_id_or_create()], filter_string=f"tags.`{KEY_TAG}` = '{_quote(m.key)}'", max_results=50
         )
 
-        def provisional(run: Any) -> bool:
-            return run.data.tags.get("gogh.telemetry") == PROVISIONAL[1]
-
-        # a record with telemetry first: of two complete runs of one key, that is the one kept
-        runs = sorted(runs, key=provisional)
-        found = None
+        complete = [r for r in runs if r.data.tags.get(COMPLETE_TAG) == "true"]
+        found = min(complete, key=_kept_first) if complete else None
         for run in runs:
-            if run.data.tags.get(COMPLETE_TAG) == "true" and found is None:
-                found = run
-            else:
-                self._delete(run.info.run_id)  # a run whose metrics never landed (the write failed half-way)
-        if found is not None and provisional(found) and m.telemetry != PROVISIONAL[1]:
+            if run is not found:  # another complete run of the key, or one whose write failed half-way
+                self._delete(run.info.run_id)
+        if found is not None and _provisional(found) and m.telemetry != PROVISIONAL[1]:
             self._delete(found.info.run_id)
             return None
         if found is None:
@@ -423,16 +417,17 @@ class MeasurementLog:
         The search before the write and the write itself are two calls, and another process may
         write the same key in between (two hosts flushing spools that both hold a run handed out
         again by the pool's ledger): both wrote, and MLflow showed the measurement twice. Every
-        writer ends with this search, and all pick the same run by one rule (a record with
-        telemetry before a provisional one, then the smallest run id), so however the writes
-        interleave, the last one to finish leaves one run.
+        write that searched first ends with this search, and all pick the same run by one rule
+        (:func:`_kept_first`, as the search before the write does), so however such writes
+        interleave, the last one to finish leaves one run. (A write of a key new to this
+        process's table, ``log()`` without ``defer``, does not search: no other writer has it.)
         """
         runs = self._client.search_runs(
             [self._experiment_id_or_create()],
             filter_string=f"tags.`{KEY_TAG}` = '{_quote(m.key)}' and tags.`{COMPLETE_TAG}` = 'true'", max_results=50)
         if len(runs) <= 1:
             return mine
-        keep = min(runs, key=lambda r: (r.data.tags.get("gogh.telemetry") == PROVISIONAL[1], r.info.run_id))
+        keep = min(runs, key=_kept_first)
         for run in runs:
             if run.info.run_id != keep.info.run_id:
                 self._delete(run.info.run_id)
@@ -582,6 +577,16 @@ class MeasurementLog:
             except Exception as exc:  # noqa: BLE001 - the measurement itself is safe already
                 log.warning("flushing the measurement spool failed: %s", exc)
         return run_id
+
+
+def _provisional(run: Any) -> bool:
+    return run.data.tags.get("gogh.telemetry") == PROVISIONAL[1]
+
+
+def _kept_first(run: Any) -> tuple[bool, str]:
+    """Which of a key's complete MLflow runs is the one kept: a record with telemetry before a
+    provisional one, then the smallest run id (every writer picks the same)."""
+    return _provisional(run), run.info.run_id
 
 
 class MeasurementLost(RuntimeError):

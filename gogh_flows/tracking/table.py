@@ -46,6 +46,8 @@ from typing import Any
 import polars as pl
 from filelock import FileLock, Timeout
 
+from gogh_flows import durable
+
 log = logging.getLogger(__name__)
 
 #: parts merged into one level-0 segment once there are this many
@@ -172,14 +174,8 @@ class MeasurementTable:
     def _write(frame: pl.DataFrame, folder: Path, stem: str) -> Path:
         """Write ``frame`` as ``folder/stem.parquet``, whole or not at all (temporary file, fsync, rename)."""
         final = folder / f"{stem}.parquet"
-        tmp = folder / f".{stem}.{os.getpid()}.tmp"
-        try:
+        with durable.replacing(final) as tmp:
             frame.write_parquet(tmp)
-            with open(tmp, "rb") as fh:
-                os.fsync(fh.fileno())
-            os.replace(tmp, final)
-        finally:
-            tmp.unlink(missing_ok=True)
         return final
 
     @staticmethod
