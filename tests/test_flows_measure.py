@@ -366,7 +366,7 @@ def test_a_measurement_that_cannot_be_logged_is_said_and_never_raised_over_the_r
                               mirror=SimpleNamespace(kick=lambda: kicked.append(True)))
     with caplog.at_level("ERROR", logger="gogh_flows"):
         assert record_run(session, job, placement, outcome(300), None, started=1.0, flow_run=None,
-                          flow_name="f") is None
+                          flow_name="f") is False  # not recorded: its placer does not tell the ledger it is
     assert "could not record the measurement of run r1 on h100-0" in caplog.text
     assert "No space left on device" in caplog.text and not kicked
 
