@@ -142,7 +142,8 @@ class LedgerPlugin(SchedulerPlugin):
         self.names: dict[str, str] = {}
         # {"expired" | "worker_left" | "client_left" | "orphaned" (a started body whose placing
         #  process left) | "released" | "claimed" | "refused_changed" | "refused_full" |
-        #  "deposited" | "delivered" | "unstarted_reported" | "undelivered_dropped" | "kept" | "logged": n}
+        #  "deposited" | "delivered" | "unstarted_reported" | "undelivered_dropped" | "kept" | "logged" |
+        #  "kept_unacknowledged": n}
         self.counts: dict[str, int] = {}
         # {run_id: {"store" (a hash of the tracking store the run logs to), "row" (its measurement;
         #           None when its body never started), "gpu_id", "client" (the lost placer's),
