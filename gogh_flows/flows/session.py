@@ -85,18 +85,18 @@ class Session:
             # the context they start in, and the first flow run's (its Prefect client, closed when
             # that run ends) was what every later sync body saw: "the client has been closed" for
             # any subflow, artifact or Variable from the second run on (a Prefect user's review)
-            fresh = contextvars.Context()
-            with starting("the Dask GPU pool", _pool_detail(cluster)):
+            def opened() -> GpuPool:
                 if cluster.mode == "emulated":
-                    pool = fresh.run(open_pool, "emulated", fleet=cluster.fleet, truth=truth,
-                                     capacity=cluster.capacity, time_scale=cluster.time_scale, seed=cluster.seed,
-                                     lease_timeout_s=lease)
-                elif cluster.mode == "local-cuda":
-                    pool = fresh.run(open_pool, "local-cuda", capacity=cluster.capacity, lease_timeout_s=lease,
+                    return open_pool("emulated", fleet=cluster.fleet, truth=truth, capacity=cluster.capacity,
+                                     time_scale=cluster.time_scale, seed=cluster.seed, lease_timeout_s=lease)
+                if cluster.mode == "local-cuda":
+                    return open_pool("local-cuda", capacity=cluster.capacity, lease_timeout_s=lease,
                                      power_cap_w=cluster.power_cap_w, power_cap_fraction=cluster.power_cap_fraction,
                                      run_power_limits=cluster.run_power_limits)
-                else:
-                    pool = fresh.run(open_pool, "remote", address=cluster.address, lease_timeout_s=lease)
+                return open_pool("remote", address=cluster.address, lease_timeout_s=lease)
+
+            with starting("the Dask GPU pool", _pool_detail(cluster)):
+                pool = contextvars.Context().run(opened)
             stack.callback(pool.close)
             _say_if_alone(cluster)
             _say_if_shared_without_a_server(cluster)

@@ -241,8 +241,7 @@ class LedgerPlugin(SchedulerPlugin):
         for run_id in [r for r, e in self.kept.items() if e["client"] == client]:
             # its body ended, and the placer went before saying it logged the run: the worker's
             # record is delivered like any lost placer's (to the placer itself, back after a blip, at once)
-            entry = self.kept.pop(run_id)
-            self._hold(run_id, entry["store"], entry["row"], client, entry["gpu_id"])
+            self._unkeep(run_id)
 
     # -- state -------------------------------------------------------------------------
     def _count(self, what: str, n: int = 1) -> None:
@@ -556,9 +555,13 @@ class LedgerPlugin(SchedulerPlugin):
         placer gave the run up (its record says nothing was measured, and this one supersedes it),
         or its word was lost (then logging it again by its key changes nothing)."""
         for run_id in [r for r, e in self.kept.items() if e["since"] < now - max(KEPT_FOR_S, 4 * self.lease_timeout_s)]:
-            e = self.kept.pop(run_id)
-            self._hold(run_id, e["store"], e["row"], e["client"], e["gpu_id"])
+            self._unkeep(run_id)
             self._count("kept_unacknowledged")
+
+    def _unkeep(self, run_id: str) -> None:
+        """A kept record up for collection, as a lost placer's (its placer first)."""
+        e = self.kept.pop(run_id)
+        self._hold(run_id, e["store"], e["row"], e["client"], e["gpu_id"])
 
     def logged(self, run_ids: list[str], client: str | None = None) -> dict[str, Any]:
         """The placing process (``client``) has logged these runs itself: their workers' records are

@@ -288,10 +288,15 @@ def fewer_done(per_seed: dict[int, dict[str, dict]]) -> set[str]:
     never-placed job said only in a note per seed)."""
     out = set()
     for figures in per_seed.values():
-        counts = {name: int(row.get("jobs_unfinished") or 0) for name, row in figures.items()}
+        counts = _unfinished(figures)
         if counts:
             out |= {name for name, n in counts.items() if n > min(counts.values())}
     return out
+
+
+def _unfinished(figures: dict[str, dict]) -> dict[str, int]:
+    """Per policy of one seed, how many jobs it left unfinished."""
+    return {name: int(row.get("jobs_unfinished") or 0) for name, row in figures.items() if "jobs_unfinished" in row}
 
 
 def _spread(per_seed: dict[int, dict[str, dict]]) -> dict[str, dict[str, dict[str, float]]]:
@@ -356,8 +361,7 @@ def unfinished_notes(per_seed: dict[int, dict[str, dict]]) -> list[str]:
     compare like with like. Said under the table: only a column showed it (a new-user review)."""
     notes = []
     for seed, figures in per_seed.items():
-        counts = {name: int(row.get("jobs_unfinished") or 0) for name, row in figures.items()
-                  if "jobs_unfinished" in row}
+        counts = _unfinished(figures)
         if not any(counts.values()):
             continue
         where = f" (seed {seed})" if len(per_seed) > 1 else ""

@@ -363,10 +363,10 @@ class MeasurementLog:
         )
 
         complete = [r for r in runs if r.data.tags.get(COMPLETE_TAG) == "true"]
-        found = min(complete, key=_kept_first) if complete else None
         for run in runs:
-            if run is not found:  # another complete run of the key, or one whose write failed half-way
+            if run.data.tags.get(COMPLETE_TAG) != "true":  # a run whose write failed half-way
                 self._delete(run.info.run_id)
+        found = self._keep_one(complete)
         if found is not None and _provisional(found) and m.telemetry != PROVISIONAL[1]:
             self._delete(found.info.run_id)
             return None
@@ -425,13 +425,16 @@ class MeasurementLog:
         runs = self._client.search_runs(
             [self._experiment_id_or_create()],
             filter_string=f"tags.`{KEY_TAG}` = '{_quote(m.key)}' and tags.`{COMPLETE_TAG}` = 'true'", max_results=50)
-        if len(runs) <= 1:
-            return mine
-        keep = min(runs, key=_kept_first)
-        for run in runs:
-            if run.info.run_id != keep.info.run_id:
+        keep = self._keep_one(runs)
+        return mine if keep is None else keep.info.run_id
+
+    def _keep_one(self, complete: list[Any]) -> Any | None:
+        """Of a key's complete MLflow runs, the one kept (:func:`_kept_first`); the others are deleted."""
+        keep = min(complete, key=_kept_first, default=None)
+        for run in complete:
+            if run is not keep:
                 self._delete(run.info.run_id)
-        return keep.info.run_id
+        return keep
 
     # -- spool --------------------------------------------------------------------------
     def _spool(self, m: Measurement, error: BaseException, *, table_pending: bool = False) -> Path:

@@ -14,12 +14,12 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from gogh_flows import durable
 from gogh_flows.workloads.features import WorkloadFeatures
 
 log = logging.getLogger("gogh_flows")
@@ -69,17 +69,11 @@ def cached_features(name: str, compute: Callable[[], WorkloadFeatures], *, batch
     except (OSError, ValueError, KeyError, TypeError) as exc:  # unreadable: computed again, rewritten
         log.debug("gogh: zoo feature cache %s unreadable (%s); extracting again", path, exc)
     feats = compute()
-    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(feats.to_dict(), f)
-        os.replace(tmp, path)
+        durable.write_text(path, json.dumps(feats.to_dict()))
     except Exception as exc:  # noqa: BLE001 - a read-only or full disk: features are right, only not kept
         log.debug("gogh: could not keep zoo features in %s: %s", path.parent, exc)
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
     return feats
 
 
