@@ -228,7 +228,7 @@ def test_a_local_cuda_pool_with_run_limits_sets_each_runs_and_puts_the_board_bac
     with local_cuda_pool(capacity=1, run_power_limits=True) as pool:
         assert fake_gpus.set_calls == [(0, 700 * W)]  # the permission check: the limit in force, unchanged
         (backstop, args, _), = never_the_real_setter  # the opener's exit puts back what a killed worker left
-        assert backstop is rl.restore_if_still_changed and args == ({"GPU-0": 700.0},)
+        assert backstop.func is rl.restore_if_still_changed and backstop.args == ({"GPU-0": 700.0},) and not args
         outcome = pool.run(_limit_now, gpu_id="h100-0", job_type="a", power_limit_w=250.0)
         assert outcome.value == 250 and outcome.telemetry.power_limit_w == 250
         assert fake_gpus.limit_mw[0] == 700 * W

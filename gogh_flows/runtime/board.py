@@ -93,6 +93,10 @@ class BoardShare:
         self._alone_j = 0.0
         self.counted_stretches = 0  # stretches whose energy the counter gave
         self.filled_stretches = 0  # ... and those it could not (no counter, a failed read)
+        #: seconds of the run's stretches with no reading at all (neither the counter nor a power
+        #: sample at either end: NVML stopped answering), whose energy is therefore unknown
+        self.blind_s = 0.0
+        self.last_error: str | None = None  # the last NVML error on the board while the run was on it
         self.use_counter = False  # set at leave: whether the board's counter advanced while it was on
         self.power_samples = 0
         self.util_sum = 0.0
@@ -134,7 +138,7 @@ class BoardShare:
         self._history.append(self._now)
 
     def _add(self, t: float, frac: float, counter_j: float, integrated_j: float, alone: bool, dt: float,
-             counted: bool) -> None:
+             counted: bool, blind: bool = False) -> None:
         """One stretch ending at ``t``: ``counter_j`` is the counter's difference, or the integrated
         figure where the counter could not be read (``counted`` False), so the account has no gap."""
         prev = self._now
@@ -145,6 +149,8 @@ class BoardShare:
             self.counted_stretches += 1
         else:
             self.filled_stretches += 1
+        if blind:
+            self.blind_s += dt
         opened = self._marks.get("window_start")
         if alone and opened is not None and opened <= t - dt:
             self.alone_s += dt
@@ -209,6 +215,7 @@ class SharedBoard:
         self.counter_advanced = False  # the counter moved since the board was first joined
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._errors: dict[str, str] = {}  # NVML call -> its last error (for what a run says)
 
     @property
     def runs(self) -> int:
@@ -260,7 +267,8 @@ class SharedBoard:
     def _read(self, call: str) -> Any:
         try:
             return getattr(self._nvml, call)(self._h)
-        except Exception:  # NotSupported on some boards; a transient NVML error loses one sample
+        except Exception as exc:  # NotSupported on some boards; a transient NVML error loses one sample
+            self._errors[call] = f"{type(exc).__name__}: {exc}"
             return None
 
     def _counter_stretch(self, energy_mj: float | None, integrated_j: float) -> tuple[float, bool]:
@@ -301,13 +309,17 @@ class SharedBoard:
             else:
                 integrated = (power if power is not None else (p0 or 0.0)) * dt
             stretch, counted = self._counter_stretch(energy, integrated)
+            # nothing read at either end of the stretch, and no counter: its energy is unknown, not 0
+            blind = p0 is None and power is None and not counted and dt > 0
             weights, how = _weights(self._runs)
             total = sum(weights)
             if not total > 0:
                 weights, how, total = [1.0] * len(self._runs), "equal", float(len(self._runs))
             for share, w in zip(self._runs, weights):
-                share._add(t, w / total, stretch, integrated, len(self._runs) == 1, dt, counted)
+                share._add(t, w / total, stretch, integrated, len(self._runs) == 1, dt, counted, blind)
                 share.splits.add(how)
+                if blind:
+                    share.last_error = "; ".join(f"{c}: {e}" for c, e in self._errors.items()) or None
         elif energy is not None:
             self._last_counter = energy  # the base the first stretch is measured from
         for share in self._runs:

@@ -31,8 +31,8 @@ _CURRENT: contextvars.ContextVar[GpuContext | None] = contextvars.ContextVar("go
 class GpuContext:
     """The GPU a body runs on and the handle it reports progress through.
 
-    ``torch_device`` is ``"cuda:0"`` on a real GPU (each worker sees only its
-    own board) and ``"cpu"`` when emulated. ``mode`` is the pool's mode;
+    ``torch_device`` is ``"cuda:0"`` on a real GPU (a worker's own board comes
+    first in its ``CUDA_VISIBLE_DEVICES``) and ``"cpu"`` when emulated. ``mode`` is the pool's mode;
     ``emulated`` says whether this device is emulated (a remote pool may mix).
     """
 

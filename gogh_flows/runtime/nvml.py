@@ -12,6 +12,7 @@ is found by its UUID or physical index, never by the CUDA ordinal a process sees
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -26,7 +27,10 @@ from gogh_flows.runtime.telemetry import DEFAULT_WARMUP_STEPS, StepCounter, Tele
 if TYPE_CHECKING:
     from gogh_flows.energy import EnergyModel
 
-__all__ = ["NvmlBoard", "NvmlSampler", "NvmlUnavailable", "discover", "load_pynvml", "probe"]
+__all__ = ["NvmlBoard", "NvmlSampler", "NvmlUnavailable", "cuda_order", "discover", "list_boards", "load_pynvml",
+           "probe", "resolve_cuda_entry"]
+
+log = logging.getLogger("gogh_flows.runtime")
 
 
 class NvmlUnavailable(RuntimeError):
@@ -51,10 +55,52 @@ class NvmlBoard:
     index: int
     name: str
     uuid: str
+    pci_bus_id: str = ""  # "00000000:3B:00.0"; "" where NVML does not say
+
+
+def _pci_bus_id(nvml: ModuleType, handle: Any) -> str:
+    try:
+        return _text(nvml.nvmlDeviceGetPciInfo(handle).busId).upper()
+    except Exception:  # noqa: BLE001 - older drivers and fakes: NVML's index order stands in for it
+        return ""
+
+
+def cuda_order(boards: list[NvmlBoard]) -> list[NvmlBoard]:
+    """The boards in the order CUDA numbers them with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``.
+
+    NVML's own enumeration order carries no guarantee; CUDA's default order (FASTEST_FIRST)
+    puts the fastest board first and leaves the rest unspecified. On a board of one model
+    the two agree in practice; on a mixed one only the PCI order is defined, hence the
+    warning where an index is read without it (:func:`resolve_cuda_entry`).
+    """
+    return sorted(boards, key=lambda b: (b.pci_bus_id or "~", b.index))
 
 
 def discover(nvml: ModuleType | None = None) -> list[NvmlBoard]:
-    """Every board NVML sees, restricted to ``CUDA_VISIBLE_DEVICES`` when that is set."""
+    """Every board NVML sees (in NVML's order), restricted to ``CUDA_VISIBLE_DEVICES`` when that is set."""
+    boards = list_boards(nvml)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None or not visible.strip():
+        return boards
+    wanted = [v.strip() for v in visible.split(",") if v.strip()]
+    mig = [v for v in wanted if v.startswith("MIG-")]
+    if mig:
+        raise NvmlUnavailable(
+            f"CUDA_VISIBLE_DEVICES names MIG instance(s) {', '.join(mig)}: gogh measures and limits whole "
+            "boards, and NVML reports power, energy and limits per board, not per MIG instance, so runs "
+            "sharing a board through MIG cannot be measured apart. Name whole GPUs (`nvidia-smi -L`)")
+    chosen = []
+    for entry in wanted:
+        board, guess = _board_for_entry(entry, boards)
+        if guess:
+            log.warning("gogh: %s", guess)
+        if board is not None and board not in chosen:
+            chosen.append(board)
+    return sorted(chosen, key=lambda b: b.index)
+
+
+def list_boards(nvml: ModuleType | None = None) -> list[NvmlBoard]:
+    """Every board of the machine, as NVML enumerates them (``CUDA_VISIBLE_DEVICES`` plays no part)."""
     nvml = nvml or load_pynvml()
     try:
         nvml.nvmlInit()
@@ -64,16 +110,64 @@ def discover(nvml: ModuleType | None = None) -> list[NvmlBoard]:
         boards = []
         for i in range(nvml.nvmlDeviceGetCount()):
             h = nvml.nvmlDeviceGetHandleByIndex(i)
-            boards.append(NvmlBoard(i, _text(nvml.nvmlDeviceGetName(h)), _text(nvml.nvmlDeviceGetUUID(h))))
+            boards.append(NvmlBoard(i, _text(nvml.nvmlDeviceGetName(h)), _text(nvml.nvmlDeviceGetUUID(h)),
+                                    _pci_bus_id(nvml, h)))
     except Exception as exc:
         raise NvmlUnavailable(f"listing devices failed: {type(exc).__name__}: {exc}") from exc
     finally:
         _shutdown(nvml)
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None and visible.strip():
-        wanted = [v.strip() for v in visible.split(",") if v.strip()]
-        boards = [b for b in boards if str(b.index) in wanted or b.uuid in wanted]
     return boards
+
+
+def _board_for_entry(entry: str, boards: list[NvmlBoard]) -> tuple[NvmlBoard | None, str | None]:
+    """The board a ``CUDA_VISIBLE_DEVICES`` entry names, and a warning when that is a guess.
+
+    A UUID names one board (CUDA also takes any unique prefix, ``GPU-8932f937``). An integer
+    is a CUDA ordinal, numbered in ``CUDA_DEVICE_ORDER``: read in PCI bus order, which is
+    CUDA's order with ``PCI_BUS_ID`` and, on a machine of one GPU model, its default order
+    too; on a mixed machine without ``PCI_BUS_ID`` it is a guess, and said to be.
+    """
+    if entry.startswith("GPU-") and len(entry) > 4:
+        hits = [b for b in boards if b.uuid.startswith(entry)]
+        return (hits[0], None) if len(hits) == 1 else (None, None)
+    if not entry.isdigit():
+        return None, None
+    ordered = cuda_order(boards)
+    i = int(entry)
+    if i >= len(ordered):
+        return None, None
+    guess = None
+    if (len({b.name for b in boards}) > 1 and len(boards) > 1
+            and os.environ.get("CUDA_DEVICE_ORDER", "").strip().upper() != "PCI_BUS_ID"):
+        guess = (f"CUDA index {i} is read as the board in PCI bus order ({ordered[i].name}, {ordered[i].uuid}), "
+                 "but CUDA's default device order (FASTEST_FIRST) can number a mixed machine's boards "
+                 "otherwise, and then NVML would measure and limit another board than the one the runs use. "
+                 "Set CUDA_DEVICE_ORDER=PCI_BUS_ID, or name boards by UUID (CUDA_VISIBLE_DEVICES=GPU-...; "
+                 "`nvidia-smi -L` lists them)")
+    return ordered[i], guess
+
+
+def resolve_cuda_entry(entry: str, nvml: ModuleType | None = None) -> tuple[str | None, str | None]:
+    """The NVML UUID of the board a ``CUDA_VISIBLE_DEVICES`` entry names, and a warning.
+
+    Run on a GPU worker, where NVML lists every board of the machine whatever
+    ``CUDA_VISIBLE_DEVICES`` says. ``(None, reason)`` when the entry names no board NVML can
+    measure; ``(None, None)`` without NVML (the run's meter says that, once per process).
+    """
+    entry = entry.strip()
+    if entry.startswith("MIG-"):
+        return None, (f"the worker is pinned to MIG instance {entry}: NVML reports power, energy and limits per "
+                      "board, not per MIG instance, so its runs cannot be measured apart; pin workers to whole GPUs")
+    if not entry:
+        return None, None
+    try:
+        boards = list_boards(nvml)
+    except NvmlUnavailable:
+        return None, None  # no NVML here: the run's meter says so, once per process
+    board, guess = _board_for_entry(entry, boards)
+    if board is None:
+        return None, f"CUDA_VISIBLE_DEVICES entry {entry!r} names none of the {len(boards)} board(s) NVML lists"
+    return board.uuid, guess
 
 
 def _shutdown(nvml: ModuleType) -> None:
@@ -84,15 +178,20 @@ def _shutdown(nvml: ModuleType) -> None:
 
 
 def _handle(nvml: ModuleType, device: GpuDevice | None) -> Any:
+    """The NVML handle of ``device``'s board: by UUID where known, else by the CUDA index it is
+    pinned to (read in PCI bus order, :func:`_board_for_entry`), never by NVML's own index."""
     if device is not None and device.uuid:
         return nvml.nvmlDeviceGetHandleByUUID(device.uuid)
     if device is not None and device.cuda_index is not None:
-        return nvml.nvmlDeviceGetHandleByIndex(device.cuda_index)
-    # A worker pinned with CUDA_VISIBLE_DEVICES sees its board first in that list.
-    first = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    if first.startswith(("GPU-", "MIG-")):
-        return nvml.nvmlDeviceGetHandleByUUID(first)
-    return nvml.nvmlDeviceGetHandleByIndex(int(first) if first.isdigit() else 0)
+        entry = str(device.cuda_index)
+    else:  # a worker pinned with CUDA_VISIBLE_DEVICES sees its board first in that list
+        entry = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip() or "0"
+    if entry.startswith("MIG-"):
+        raise NvmlUnavailable(resolve_cuda_entry(entry, nvml)[1])
+    board, _ = _board_for_entry(entry, list_boards(nvml))
+    if board is None:
+        raise NvmlUnavailable(f"CUDA_VISIBLE_DEVICES entry {entry!r} names no board NVML lists")
+    return nvml.nvmlDeviceGetHandleByUUID(board.uuid)
 
 
 def probe(device: GpuDevice | None, nvml: ModuleType | None = None) -> None:
@@ -234,7 +333,17 @@ class NvmlSampler(StepCounter):
         total = share.total.minus(share.joined)  # type: ignore[arg-type]
         wall = total.t
         powered = share.power_samples > 0 or use_counter  # energy is known from one or the other
-        if use_counter:  # stretches the counter could not give were filled from the power samples
+        if powered and share.blind_s > 0:
+            # NVML stopped answering (a lost GPU, a driver fault): those stretches would count 0 J
+            # and the run would look frugal; its energy is unknown, and the row says so
+            log.warning("gogh: NVML gave no power or energy reading on %s for %.1f s of this run's %.1f s (%s); "
+                        "its energy and mean power are recorded as unknown rather than under-counted",
+                        self.device.id if self.device else "the board", share.blind_s, wall,
+                        share.last_error or "no error text")
+            powered = False
+        if not powered:
+            method = None
+        elif use_counter:  # stretches the counter could not give were filled from the power samples
             method = "counter" if not share.filled_stretches else "counter+integrated"
         else:
             method = "integrated" if share.power_samples > 0 else None
@@ -251,13 +360,13 @@ class NvmlSampler(StepCounter):
         if win is not None:  # the window's ends were marked as the reports came
             start, last = share.at("window_start"), share.at("last_report")
             stretch, before = last.minus(start), start.minus(share.joined)  # type: ignore[union-attr,arg-type]
-            mean = stretch.board_integrated / stretch.t if share.power_samples and stretch.t > 0 else None
+            mean = stretch.board_integrated / stretch.t if powered and share.power_samples and stretch.t > 0 else None
             return TelemetryReading(
                 mean_power_w=mean, energy_j=board_j(stretch) if powered else None,
                 attributed_energy_j=run_j(stretch) if powered else None,
                 startup_energy_j=run_j(before) if powered else None, limit_slowdown=self._limit_slowdown(mean),
                 **common)
-        mean = total.board_integrated / wall if share.power_samples and wall > 0 else None
+        mean = total.board_integrated / wall if powered and share.power_samples and wall > 0 else None
         return TelemetryReading(
             mean_power_w=mean, energy_j=board_j(total) if powered else None,
             attributed_energy_j=run_j(total) if powered else None, limit_slowdown=self._limit_slowdown(mean),

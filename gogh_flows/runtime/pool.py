@@ -8,7 +8,7 @@ GPUs are:
   table and energy model. Threads by default: process workers would each start
   their own ephemeral Prefect server (DESIGN s8).
 * ``local-cuda``: ``dask_cuda.LocalCUDACluster``, one worker process per board
-  found by NVML, each seeing only its own board (``cuda:0``).
+  found by NVML, given by UUID, its own board first in its CUDA_VISIBLE_DEVICES (``cuda:0``).
 * ``remote``: an existing scheduler whose workers each advertise one GPU by
   name and resources (see docs/runtime.md for the worker command line).
 
@@ -20,6 +20,7 @@ one GPU even if the caller's bookkeeping is wrong.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import math
 import multiprocessing
@@ -110,7 +111,8 @@ class GpuPool:
 
     def __init__(self, *, mode: str, devices: Sequence[GpuDevice], client: Client, cluster: Any = None,
                  owns_client: bool = True, emulated: frozenset[str] | None = None,
-                 pins: Mapping[str, Any] | None = None, lease_timeout_s: float | None = None) -> None:
+                 pins: Mapping[str, Any] | None = None, lease_timeout_s: float | None = None,
+                 sample_interval_s: float = 0.1) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown pool mode {mode!r}; choose one of {', '.join(MODES)}")
         if not devices:
@@ -132,6 +134,10 @@ class GpuPool:
         self._seen_workers = {d.worker for d in self.devices}
         self._left_out: set[str] = set()  # workers seen that advertise no usable GPU
         self._discovered_at = time.monotonic()
+        #: seconds between a real board's power samples (NVML), for the runs this pool starts
+        self.sample_interval_s = sample_interval_s
+        #: run once the pool's own cluster has stopped (and no longer at the process's exit)
+        self._at_close: list[Callable[[], None]] = []
 
     @property
     def ledger(self) -> PoolLedger:
@@ -265,7 +271,8 @@ class GpuPool:
                        job_type=job_type, run_id=run_id, partners=partners, hold_lease=hold_lease,
                        record_if_placer_lost=record_if_placer_lost, warmup_steps=warmup_steps,
                        required_throughput=required_throughput,
-                       power_limit_w=power_limit_w, features=features)
+                       power_limit_w=power_limit_w, features=features,
+                       sample_interval_s=self.sample_interval_s)
         if hold_lease:
             if not run_id:
                 raise ValueError("GpuPool.submit(hold_lease=True) needs the run_id its lease was claimed under")
@@ -319,6 +326,12 @@ class GpuPool:
             self.client.close()
             if self.cluster is not None:
                 self.cluster.close()
+        for hook in self._at_close:
+            atexit.unregister(hook)
+            try:
+                hook()
+            except Exception as exc:  # noqa: BLE001 - closing goes on; the hook says what it could not do
+                log.error("gogh: after closing the pool: %s: %s", type(exc).__name__, exc)
 
     def __enter__(self) -> GpuPool:
         return self
@@ -556,6 +569,8 @@ def local_cuda_pool(*, capacity: int = 2, interval_s: float = 0.1, silence_logs:
     from gogh_flows.runtime.main_guard import check_main_guard
     from gogh_flows.runtime.power_cap import check_cap_request
 
+    if not (isinstance(interval_s, (int, float)) and math.isfinite(interval_s) and interval_s > 0):
+        raise ValueError(f"interval_s (seconds between a board's power samples) must be > 0, got {interval_s!r}")
     check_main_guard("dask-cuda GPU worker processes (local_cuda_pool)")
     check_cap_request(power_cap_w, power_cap_fraction, run_power_limits=run_power_limits)
     bound = _start_timeout(start_timeout_s)
@@ -580,9 +595,12 @@ def local_cuda_pool(*, capacity: int = 2, interval_s: float = 0.1, silence_logs:
 
         restore = plan_run_limits([b.uuid or str(b.index) for b in boards])
     deadline = time.monotonic() + bound
+    # each worker is given its board by UUID: an index would be read by CUDA in its own device
+    # order (FASTEST_FIRST unless CUDA_DEVICE_ORDER says otherwise), not NVML's, and on a mixed
+    # machine a worker could compute on one board while NVML measured and limited another
     cluster = _start_within(
         LocalCUDACluster,
-        {"CUDA_VISIBLE_DEVICES": [b.index for b in boards], "n_workers": len(boards),
+        {"CUDA_VISIBLE_DEVICES": [b.uuid or b.index for b in boards], "n_workers": len(boards),
          "threads_per_worker": capacity, "resources": {"slot": capacity}, "dashboard_address": None,
          "silence_logs": silence_logs, **cluster_options},
         deadline=deadline,
@@ -620,12 +638,18 @@ def local_cuda_pool(*, capacity: int = 2, interval_s: float = 0.1, silence_logs:
 
             client.register_plugin(RunLimitsPlugin({str(pins[d.id]): board_of(d) for d in devices}, restore),
                                    name=LIMITS_PLUGIN)  # a worker NVML refuses fails the pool here
-            # a worker killed outright cannot put its board back: this process does at its exit
-            atexit.register(restore_if_still_changed, restore)
+            # a worker killed outright cannot put its board back: this process does when the pool
+            # closes, or at its exit if it never does (one hook per pool, unregistered at close, so
+            # a limit someone sets after the pool closed is never undone)
+            put_back = functools.partial(restore_if_still_changed, restore)
+            atexit.register(put_back)
             log.info("gogh: runs set their board's power limit as placed; each board is put back when it is "
                      "empty and when its worker stops")
-        return GpuPool(mode="local-cuda", devices=devices, client=client, cluster=cluster, pins=pins,
-                       emulated=frozenset(), lease_timeout_s=lease_timeout_s)
+        pool = GpuPool(mode="local-cuda", devices=devices, client=client, cluster=cluster, pins=pins,
+                       emulated=frozenset(), lease_timeout_s=lease_timeout_s, sample_interval_s=interval_s)
+        if run_power_limits:
+            pool._at_close.append(put_back)
+        return pool
     except BaseException:
         if client is not None:
             client.close()
@@ -686,12 +710,20 @@ def _remote_device(address: str, name: Any, info: Mapping[str, Any], env: Mappin
             "--resources slot=2 (or slot=1 for an exclusive GPU)"
         )
     visible = (env.get("cuda_visible_devices") or "").split(",")[0].strip()
+    note = env.get("pin_note")
+    if note and (label, note) not in _PIN_NOTES_SAID:
+        _PIN_NOTES_SAID.add((label, note))
+        log.warning("gogh: worker %s (%s): %s", label, address, note)
+    # the board's NVML UUID as the worker resolved it (its CUDA index is not NVML's numbering)
+    uuid = env.get("nvml_uuid") or (visible if visible.startswith("GPU-") else None)
     return GpuDevice(
         id=label, gpu_type=gpu_type, worker=label, capacity=int(slots),
-        cuda_index=int(visible) if visible.isdigit() else None,
-        uuid=visible if visible.startswith(("GPU-", "MIG-")) else None,
-        host=info.get("host"),
+        cuda_index=int(visible) if visible.isdigit() else None, uuid=uuid, host=info.get("host"),
     )
+
+
+#: (worker, warning) pairs already said about how a worker's board was identified
+_PIN_NOTES_SAID: set[tuple[str, str]] = set()
 
 
 #: (devices, pins, emulated device ids, every worker name looked at, the names left out)

@@ -201,6 +201,11 @@ def plan_power_caps(boards: Sequence[str | int], *, power_cap_w: float | None = 
                     "power_cap_fraction unset") from exc
             label = f"GPU {index if index is not None else board} ({name})"
             cap = resolve_cap(limits, power_cap_w=power_cap_w, power_cap_fraction=power_cap_fraction, label=label)
+            if cap is not None and _mw(cap) > _mw(limits.current_w):
+                # a cap is a ceiling: a board someone already limited lower stays where it is
+                log.warning("gogh: %s is already limited to %g W, below the cap of %g W asked; it is left at %g W "
+                            "(a cap never raises a board's limit)", label, limits.current_w, cap, limits.current_w)
+                cap = limits.current_w
             plan.append(BoardCap(board=uuid, index=index, name=name, cap_w=float(cap or 0), restore_w=limits.current_w,
                                  limits=limits))
         return plan

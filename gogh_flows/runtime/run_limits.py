@@ -105,15 +105,17 @@ def plan_run_limits(boards: list[str], nvml: ModuleType | None = None) -> dict[s
 
 
 def restore_if_still_changed(restore: dict[str, float], nvml: ModuleType | None = None) -> None:
-    """At the pool opener's exit: a board not back at its limit from before was left by a worker
-    killed outright (its own exit hooks never ran); put it back and say so."""
+    """When the pool closes (or the opener exits without closing it): a board below its limit
+    from before was left by a worker killed outright (its own exit hooks never ran); put it back
+    and say so. A board *above* it was not left by gogh, which never raises a limit past the one
+    it found, and is left alone."""
     with nvml_at_exit(nvml) as nvml:
         if nvml is None:
             return
         for board, watts in restore.items():
             try:
                 handle = _handle(nvml, board)
-                if nvml.nvmlDeviceGetPowerManagementLimit(handle) != _mw(watts):
+                if nvml.nvmlDeviceGetPowerManagementLimit(handle) < _mw(watts):
                     nvml.nvmlDeviceSetPowerManagementLimit(handle, _mw(watts))
                     log.warning("gogh: power limit of GPU %s put back to %g W at exit (a worker left it changed)",
                                 board, watts)

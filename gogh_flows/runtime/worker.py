@@ -11,6 +11,7 @@ plugin (another client connecting to a shared scheduler) cannot lose it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import pickle
@@ -29,7 +30,7 @@ from gogh_flows.runtime.devices import GpuDevice
 from gogh_flows.runtime.leases import WorkerLease
 from gogh_flows.runtime.outcome import RunOutcome
 from gogh_flows.runtime.run_limits import active_limiter
-from gogh_flows.runtime.telemetry import DEFAULT_WARMUP_STEPS, Meter, TelemetryReading, telemetry_for
+from gogh_flows.runtime.telemetry import DEFAULT_WARMUP_STEPS, Meter, TelemetryReading, WallClockMeter, telemetry_for
 from gogh_flows.truth.table import ThroughputTable
 
 __all__ = ["PLUGIN_NAME", "RunNotStarted", "RunSpec", "RuntimeConfig", "execute", "occupancy"]
@@ -227,6 +228,8 @@ class RunSpec:
     #: steps/s the run's placement promised it (None: no requirement): below it at a lowered board
     #: limit, the board goes back to its full limit (:class:`LimitGuard`)
     required_throughput: float | None = None
+    #: seconds between the board's power samples (NVML) while the run is on it
+    sample_interval_s: float = 0.1
 
 
 class LimitGuard:
@@ -348,6 +351,7 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
     meter = telemetry_for(
         device, "emulated" if spec.emulated else spec.mode, job_type=spec.job_type, truth=truth,
         time_scale=config.time_scale, energy=config.energy, partners=override, warmup_steps=spec.warmup_steps,
+        interval_s=getattr(spec, "sample_interval_s", 0.1),
         power_w=None if spec.emulated else _predicted_power(device, spec.job_type, truth, config.energy),
     )
     emulated = meter.source == "emulated"
@@ -372,7 +376,7 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
                               gpu_id=device.id, gpu_type=device.gpu_type, job_type=spec.job_type,
                               run_id=spec.run_id, worker=worker_name, exception=not_started)
         ctx.placer_connected = lease.placer_connected
-    meter.start()
+    meter = ctx.meter = _start_meter(meter, device, spec)
     limiter = None if emulated else active_limiter()
     if spec.power_limit_w is not None and not emulated and limiter is None:
         log.warning("gogh: power limit %g W chosen for run %s on %s is not applied: this pool does not set "
@@ -484,10 +488,41 @@ def describe_worker() -> dict[str, Any]:
     """What a remote worker advertises about its GPU (run on every worker by ``remote_pool``)."""
     import socket
 
+    emulated = os.environ.get("GOGH_EMULATED", "").strip().lower() in ("1", "true", "yes", "on")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     return {
         "gpu_type": os.environ.get("GOGH_GPU_TYPE") or None,
-        "emulated": os.environ.get("GOGH_EMULATED", "").strip().lower() in ("1", "true", "yes", "on"),
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "emulated": emulated,
+        "cuda_visible_devices": visible,
         "hostname": socket.gethostname(),
         "time": time.time(),
+        **({} if emulated or not visible else _pinned_board(visible.split(",")[0])),
     }
+
+
+def _start_meter(meter: Meter, device: GpuDevice, spec: RunSpec) -> Meter:
+    """``meter`` started; a real board's meter that fails to start (NVML refusing after the probe
+    passed) gives way to the wall clock, said, so the run goes on and its lease is ended as
+    usual rather than held until it lapses."""
+    try:
+        meter.start()
+        return meter
+    except Exception as exc:  # noqa: BLE001 - any NVML error; an emulated meter does not fail here
+        if meter.source == "emulated":
+            raise
+        log.warning("gogh: measuring run %s on %s through NVML failed to start (%s: %s); it is timed by the "
+                    "wall clock instead, its energy unknown", spec.run_id or spec.run_key, device.id,
+                    type(exc).__name__, exc)
+        fallback = WallClockMeter(warmup_steps=spec.warmup_steps)
+        fallback.start()
+        return fallback
+
+
+@functools.lru_cache(maxsize=8)
+def _pinned_board(entry: str) -> dict[str, str | None]:
+    """The NVML UUID of the board this worker's first CUDA device is (asked once per process):
+    NVML's numbering is not CUDA's, so the pool measures and limits by UUID (:mod:`.nvml`)."""
+    from gogh_flows.runtime.nvml import resolve_cuda_entry
+
+    uuid, note = resolve_cuda_entry(entry)
+    return {"nvml_uuid": uuid, "pin_note": note}
