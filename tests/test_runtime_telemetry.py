@@ -391,3 +391,34 @@ def test_a_failed_counter_read_loses_no_energy_and_keeps_the_shares_whole():
     # the counter's reading after the gap covers it: 8 s x 400 W, split 3:1 by the model
     assert ra.run_energy_j + rb.run_energy_j == pytest.approx(3200.0)
     assert ra.run_energy_j == pytest.approx(2400.0) and ra.energy_method == "counter+integrated"
+
+
+def test_a_body_reporting_nan_or_a_negative_count_is_told_at_once():
+    """report(nan) once lost the run's whole record (its row refused the count); report(-3) was kept."""
+    from gogh_flows.runtime.telemetry import WallClockMeter
+
+    meter = WallClockMeter()
+    meter.start()
+    meter.report(10)
+    for bad in (float("nan"), -3, float("inf"), "ten"):
+        with pytest.raises(ValueError, match="report\\(\\) takes the number of steps .* >= 0"):
+            meter.report(bad)
+    assert meter.stop().steps == 10
+
+
+def test_advanced_and_reported_steps_on_the_emulated_fleet_keep_the_true_rate(caplog):
+    """A body that advance()d 50 steps and report()ed 50 logged twice the truth's rate, and was learned."""
+    from gogh_flows.runtime import current_gpu, emulated_pool
+
+    def body():
+        current_gpu().advance(50)
+        current_gpu().report(50)
+
+    job = "ResNet-50 (batch size 64)"
+    with caplog.at_level("WARNING", logger="gogh_flows.runtime"), emulated_pool("t4=1") as pool:
+        outcome = pool.run(body, gpu_id="t4-0", job_type=job)
+        truth_rate = pool.run(lambda: current_gpu().advance(100), gpu_id="t4-0", job_type=job).telemetry.throughput
+    t = outcome.telemetry
+    assert t.steps == 100 and t.window_steps == 50
+    assert t.throughput == pytest.approx(truth_rate)
+    assert "both advance()d (50 steps, emulated) and report()ed (50 steps)" in caplog.text

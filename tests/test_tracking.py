@@ -343,6 +343,8 @@ def test_emulated_runs_say_their_times_are_emulated(mlog: MeasurementLog, uri: s
     reported = MlflowClient(uri).get_run(mlog.log(measurement(9, telemetry="emulated", window="steady")))
     assert "gogh.emulated_time" not in reported.data.tags  # the body reported its steps: wall time
     assert "wall time on the machine that ran it" in reported.data.tags["mlflow.note.content"]
+    # its rate is the machine's, which the refiner does not learn: no prediction error for it either
+    assert "prediction_rel_error" in run.data.metrics and "prediction_rel_error" not in reported.data.metrics
     board = MlflowClient(uri).get_run(mlog.log(measurement(8, telemetry="nvml")))
     assert "gogh.emulated_time" not in board.data.tags and "mlflow.note.content" not in board.data.tags
     # a body that raised before its first step reported nothing: its description does not say it did

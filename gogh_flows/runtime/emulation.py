@@ -20,6 +20,7 @@ with the power integrated piecewise as partners come and go.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -29,6 +30,8 @@ from gogh_flows.energy import DEFAULT_ACTIVITY, EnergyModel
 from gogh_flows.runtime.devices import GpuDevice
 from gogh_flows.runtime.telemetry import DEFAULT_WARMUP_STEPS, StepCounter, TelemetryReading
 from gogh_flows.truth.table import ThroughputTable
+
+log = logging.getLogger("gogh_flows.runtime")
 
 __all__ = ["EmulatedMeter", "EmulationError", "device_power"]
 
@@ -120,6 +123,7 @@ class EmulatedMeter(StepCounter):
         super().__init__(threading.RLock(), clock=clock, warmup_steps=warmup_steps)
         self._seen: list[str] = []
         self._emulated_s = 0.0
+        self._emulated_steps = 0.0  # the steps advance() ran (report()ed ones have no emulated time)
         self._emulated_j = 0.0
         self._emulated_attr_j = 0.0
         self._wall_j = 0.0
@@ -255,6 +259,7 @@ class EmulatedMeter(StepCounter):
                 self._slow_steps += self._slow * take
                 watts, share = self._seg_power
                 self._emulated_s += dt
+                self._emulated_steps += take
                 self._emulated_j += watts * dt
                 self._emulated_attr_j += watts * share * dt
                 self._steps += take
@@ -288,9 +293,17 @@ class EmulatedMeter(StepCounter):
                           limit_slowdown=self._slow_steps / self._steps if self._steps > 0 else self._slow)
             if self._emulated_s > 0:
                 duration, energy, attr = self._emulated_s, self._emulated_j, self._emulated_attr_j
+                reported = self._steps - self._emulated_steps
+                if reported > 1e-9:
+                    # steps a body report()ed beside the ones it advance()d have no emulated time: the
+                    # rate is the advanced steps' (dividing every step by their time doubled it)
+                    log.warning("gogh: this run both advance()d (%g steps, emulated) and report()ed (%g steps) on "
+                                "the emulated %s; its rate and energy are the advanced steps' alone, its step count "
+                                "both. Use one of the two in a body", self._emulated_steps, reported,
+                                self.device.id)
                 return TelemetryReading(
-                    duration_s=duration, throughput=self._steps / duration, mean_power_w=energy / duration,
-                    energy_j=energy, attributed_energy_j=attr, window="emulated", window_steps=self._steps,
+                    duration_s=duration, throughput=self._emulated_steps / duration, mean_power_w=energy / duration,
+                    energy_j=energy, attributed_energy_j=attr, window="emulated", window_steps=self._emulated_steps,
                     run_energy_j=attr, board_run_energy_j=energy, **common)
             win, timing = self._timing(self._t0, self._seg_t)
             if win is not None:  # _on_report marked the energies when the window opened

@@ -28,6 +28,8 @@ shared stretch twice.
 
 from __future__ import annotations
 
+import math
+
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -207,6 +209,15 @@ class StepCounter:
         self.watch: Callable[[Any], None] | None = None
 
     def report(self, steps: float = 1.0) -> None:
+        # a NaN or a negative count would reach the measurement and lose it (its record refuses
+        # a non-finite count) or make it meaningless: refused here, where the body sees it
+        try:
+            ok = math.isfinite(float(steps)) and float(steps) >= 0
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError(f"report() takes the number of steps done since the last report, a finite number "
+                             f">= 0, got {steps!r}")
         with self._lock:
             self._steps += float(steps)
             now = self._clock()

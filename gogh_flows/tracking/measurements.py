@@ -652,8 +652,13 @@ def _metrics(m: Measurement) -> list[Metric]:
         "startup_energy_j": m.startup_energy_j,
         "run_energy_j": m.run_energy_j,
     }
+    # only for the rows whose rate the refiner learns (gogh_flows.flows.observations._steady_rows):
+    # not a whole-run figure (start-up included), nor an emulated fleet's run timed by its body's
+    # own reports (the machine's wall time, not the GPU's)
+    emulated = m.telemetry == "emulated"
+    learnable = (m.window == "steady" and not emulated) or m.window == "emulated" or (m.window is None and emulated)
     if (m.predicted_throughput is not None and m.throughput > 0 and PARTNERS_CHANGED not in m.extra
-            and LIMIT_TRIAL not in m.extra):
+            and LIMIT_TRIAL not in m.extra and learnable):
         # Signed relative error of the placement's prediction: what P2 retraining reduces. Not
         # for a run whose partners changed after placement (it was predicted for other company),
         # nor for a run at a trial limit (its figure was the rate measured at the level above).
