@@ -7,7 +7,8 @@ for the whole fleet already gets, which is what an operator would try first (``n
 and jobs is the reason to do better). Here greedy-fastest places as always, and every
 assignment runs at the same fraction ``f`` of its GPU type's limit range; a job measured
 below its requirement there is lifted to the lowest level that meets it, by the engine's
-guard, as ``oracle+limits``' jobs are. ``f`` is chosen per scenario on the selection seeds
+guard, as ``oracle+limits``' jobs are (``gogh simulate --policy greedy-fastest+cap``, at the
+fraction chosen here: ``gogh_flows.sim.run.CAP_FRACTION``). ``f`` is chosen per scenario on the selection seeds
 10-12 (the lowest mean always-on energy with SLA attainment >= 0.98 on every selection seed),
 never on the reported seeds 0-2. Energy over one common window of greedy-fastest, the cap and
 ``oracle+limits`` (the ``+wait`` variants stretch a window, docs/evaluation.md; they are left
@@ -20,7 +21,6 @@ Writes ``benchmarks/results/static_cap.{json,md}``.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import statistics
 import sys
@@ -31,9 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evaluate_policies import scenarios  # noqa: E402 - the page's own scenarios
 
-from gogh_flows.energy import EnergyModel  # noqa: E402
-from gogh_flows.placement.baselines import GreedyFastest  # noqa: E402
-from gogh_flows.placement.problem import TableThroughputs, level_watts  # noqa: E402
+from gogh_flows.placement.baselines import CappedGreedyFastest  # noqa: E402
+from gogh_flows.placement.problem import TableThroughputs  # noqa: E402
 from gogh_flows.sim.account import energy_accounts  # noqa: E402
 from gogh_flows.sim.engine import SimConfig, attainment_text, simulate  # noqa: E402
 from gogh_flows.sim.run import DEFAULT_LIMIT_LEVELS, make_policy, parse_cluster  # noqa: E402
@@ -42,21 +41,6 @@ OUT = Path(__file__).resolve().parent / "results"
 KEYS = ("synthetic", "gavel-physical", "gavel-physical-noise", "modern-mixed")
 FRACTIONS = (0.0, 0.125, 0.25, 0.375, 0.5, 0.625, 0.75)
 SELECT, REPORT = (10, 11, 12), (0, 1, 2)
-
-
-@dataclasses.dataclass
-class CappedGreedyFastest(GreedyFastest):
-    """Greedy-fastest's choice of GPU, with the board at ``fraction`` of its type's limit range."""
-
-    fraction: float = 0.5
-    power_limit_levels: tuple[float, ...] = DEFAULT_LIMIT_LEVELS  # what the engine's lift steps through
-    energy: EnergyModel = dataclasses.field(default_factory=EnergyModel)
-
-    def place(self, problem):
-        placement = super().place(problem)
-        capped = tuple(dataclasses.replace(a, power_limit_w=level_watts(self.energy.gpu(a.gpu_type), self.fraction))
-                       for a in placement.assignments)
-        return dataclasses.replace(placement, assignments=capped)
 
 
 def run(sc, seed: int) -> dict[str, dict]:
@@ -69,7 +53,8 @@ def run(sc, seed: int) -> dict[str, dict]:
         results[name] = simulate(sc.jobs, gpus, sc.truth, p.policy, planning=p.planning, config=config,
                                  reoptimize_s=p.reoptimize_s, patience=p.patience)
     for f in FRACTIONS:
-        policy = CappedGreedyFastest(name=f"greedy-fastest, cap {f:g}", fraction=f)
+        policy = CappedGreedyFastest(name=f"greedy-fastest, cap {f:g}", cap_fraction=f,
+                                     power_limit_levels=DEFAULT_LIMIT_LEVELS)
         results[policy.name] = simulate(sc.jobs, gpus, sc.truth, policy, planning=TableThroughputs(sc.truth),
                                         config=config)
     acc = energy_accounts(results)

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from gogh_flows.catalog import UnknownGpuTypeError
@@ -67,7 +69,7 @@ def test_rebalancing_follows_each_policy_objective():
     table = _table()
     expected = {"oracle": "energy", "greedy-fastest": "time", "greedy-efficiency": "energy",
                 "greedy-min-power": None, "first-fit": None, "first-fit-interleaved": None,
-                "random": None}
+                "random": None, "greedy-fastest+cap": "time"}
     assert set(expected) == set(SIM_POLICIES)
     for name, objective in expected.items():
         assert rebalance_objective(make_policy(name, table).policy) == objective, name
@@ -111,3 +113,27 @@ def test_jobs_left_unfinished_are_said_under_the_table_with_what_they_mean_for_t
     from gogh_flows.sim.cli import fewer_done
 
     assert fewer_done(differ) == {"gogh"} and fewer_done(alike) == set() and fewer_done(none) == set()
+
+
+def test_the_capped_greedy_baseline_places_as_greedy_fastest_at_its_cap_and_is_lifted_when_short():
+    """The simple baseline for ``+limits``: greedy-fastest's GPU, every board at one fraction of its range."""
+    from gogh_flows.energy import EnergyModel
+    from gogh_flows.placement import Job, PlacementProblem, get_policy
+    from gogh_flows.placement.baselines import CappedGreedyFastest
+    from gogh_flows.placement.problem import level_watts
+
+    gpus = parse_cluster("v100=2,t4=2")
+    jobs = [Job(f"j{i}", "a", 1.0, 100.0) for i in range(3)]
+    problem = PlacementProblem.build(gpus, jobs, _table())
+    fastest = get_policy("greedy-fastest").place(problem)
+    capped = make_policy("greedy-fastest+cap", _table()).policy.place(problem)
+    assert [(a.job_id, a.gpus) for a in capped.assignments] == [(a.job_id, a.gpus) for a in fastest.assignments]
+    assert all(a.power_limit_w == level_watts(EnergyModel().gpu(a.gpu_type), 0.0) for a in capped.assignments)
+    with pytest.raises(ValueError, match="cap_fraction is a share"):
+        CappedGreedyFastest(cap_fraction=1.5)
+    # in the simulator a job short of its requirement at the cap is lifted once observed (300 s after
+    # it starts): jobs long enough to be observed keep their requirement nearly all their lives
+    stream = [dataclasses.replace(j, total_steps=j.total_steps * 100) for j in _random_stream(30, seed=4)]
+    results = run_policies(stream, parse_cluster("v100=3,t4=3"), _table(), ["greedy-fastest", "greedy-fastest+cap"])
+    assert results["greedy-fastest+cap"].summary()["jobs_completed"] == 30
+    assert results["greedy-fastest+cap"].summary()["sla_attainment"] >= 0.98

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from gogh_flows.placement.options import FleetState, JobOptions, options_for, waiting_reason
-from gogh_flows.placement.problem import Gpu, PlacementProblem
+from gogh_flows.placement.problem import Gpu, PlacementProblem, level_watts
 from gogh_flows.placement.result import Assignment, Choice, Explanation, Placement, Waiting
 
 
@@ -155,6 +155,34 @@ class GreedyFastest(SequentialPolicy):
 
     def choose(self, opts: JobOptions, problem: PlacementProblem) -> Choice | None:
         return min(opts.choices, key=lambda c: (-c.throughput, c.energy_j))
+
+
+@dataclass
+class CappedGreedyFastest(GreedyFastest):
+    """Greedy-fastest's GPU, with every board at one fraction of its type's power-limit range.
+
+    The simple baseline for choosing limits: what an operator does first (one ``nvidia-smi
+    -pl`` for the whole fleet), against which a per-placement choice must earn its keep. A job
+    measured short of its requirement under the cap is lifted, level by level through
+    ``power_limit_levels``, by whoever enacts limits (the simulator's guard, as for every
+    policy choosing limits). ``cap_fraction`` 0 is each type's lowest limit.
+    """
+
+    name: str = "greedy-fastest+cap"
+    cap_fraction: float = 0.0
+    power_limit_levels: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.cap_fraction <= 1.0:
+            raise ValueError(f"cap_fraction is a share of each GPU type's power-limit range, 0-1; got "
+                             f"{self.cap_fraction!r}")
+
+    def place(self, problem: PlacementProblem) -> Placement:
+        placement = super().place(problem)
+        capped = tuple(dataclasses.replace(a, power_limit_w=level_watts(problem.energy.gpu(a.gpu_type),
+                                                                        self.cap_fraction))
+                       for a in placement.assignments)
+        return dataclasses.replace(placement, assignments=capped)
 
 
 @dataclass

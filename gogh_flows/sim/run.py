@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from gogh_flows.catalog import get_gpu_type
 from gogh_flows.placement import POLICIES, GoghOptimizer, Gpu, get_policy
+from gogh_flows.placement.baselines import CappedGreedyFastest
 from gogh_flows.placement.patience import Patience
 from gogh_flows.placement.problem import TableThroughputs, Throughputs
 from gogh_flows.sim.engine import SimConfig, SimJob, SimResult, simulate
@@ -27,7 +28,12 @@ from gogh_flows.truth.table import ThroughputTable
 #: Policies the simulator knows: ``oracle`` is the optimiser planning with the
 #: true throughputs (the reference); the others are the placement baselines.
 SIM_POLICIES = ("oracle", "greedy-fastest", "greedy-min-power", "greedy-efficiency", "first-fit",
-                "first-fit-interleaved", "random")
+                "first-fit-interleaved", "random", "greedy-fastest+cap")
+#: ``greedy-fastest+cap``: greedy-fastest with every board at this fraction of its type's limit
+#: range, lifted level by level when a job measures short; the simple baseline for ``+limits``,
+#: its fraction chosen by ``benchmarks/static_cap.py`` on seeds no report uses (0 on every
+#: scenario tried: each type's lowest limit)
+CAP_FRACTION = 0.0
 #: The learned policies (they need predictors, see ``sim.holdout``): ``gogh`` plans with P1
 #: refined online by P2 from every monitoring observation; ``gogh-p1`` with P1 alone.
 LEARNED_POLICIES = ("gogh", "gogh-p1")
@@ -197,6 +203,10 @@ def make_policy(name: str, truth: ThroughputTable, seed: int = 0,
     if name == "oracle":
         return SimPolicy(name, GoghOptimizer(time_limit_s=time_limit_s, name="oracle"),
                          TableThroughputs(truth))
+    if name == "greedy-fastest+cap":
+        levels = tuple(DEFAULT_LIMIT_LEVELS if limit_levels is None else limit_levels)
+        return SimPolicy(name, CappedGreedyFastest(cap_fraction=CAP_FRACTION, power_limit_levels=levels),
+                         TableThroughputs(truth))
     if name in POLICIES and name != "optimizer":
         policy = get_policy(name, seed=seed) if name == "random" else get_policy(name)
         return SimPolicy(name, policy, TableThroughputs(truth))
@@ -255,5 +265,5 @@ def run_policies(
     return out
 
 
-__all__ = ["PEER_POLICIES", "make_peer", "round_config", "ALL_POLICIES", "DEFAULT_LIMIT_LEVELS", "FLEET_POLICIES", "FLEET_REOPT_S", "LEARNED_POLICIES", "WAIT_POLICIES", "WAIT_S", "WAIT_SAVING",
+__all__ = ["PEER_POLICIES", "make_peer", "round_config", "ALL_POLICIES", "CAP_FRACTION", "DEFAULT_LIMIT_LEVELS", "FLEET_POLICIES", "FLEET_REOPT_S", "LEARNED_POLICIES", "WAIT_POLICIES", "WAIT_S", "WAIT_SAVING",
            "LIMIT_POLICIES", "base_policy", "SIM_POLICIES", "SimPolicy", "best_isolated", "prepare_jobs", "reference_throughput", "make_policy", "parse_cluster", "run_policies"]
