@@ -456,11 +456,13 @@ SEEDS_END = "<!-- energy over seeds 0-2: end -->"
 
 def seeds_block() -> str:
     """The seeds 0-2 section `benchmarks/energy_seeds.py` wrote into the page, kept as it is (that
-    script reruns it; this one runs seed 0 only)."""
+    script reruns it; this one runs seed 0 only), and the sections after it, which other scripts'
+    runs fill (their figures are theirs, named with the script that gives them)."""
     text = DOC.read_text() if DOC.exists() else ""
     if SEEDS_BEGIN not in text or SEEDS_END not in text:
         return ""
-    return "\n" + SEEDS_BEGIN + text.split(SEEDS_BEGIN, 1)[1].split(SEEDS_END, 1)[0] + SEEDS_END + "\n"
+    block, tail = text.split(SEEDS_BEGIN, 1)[1].split(SEEDS_END, 1)
+    return "\n" + SEEDS_BEGIN + block + SEEDS_END + tail.rstrip("\n") + "\n"
 
 
 def main() -> None:
