@@ -179,9 +179,12 @@ class CappedGreedyFastest(GreedyFastest):
 
     def place(self, problem: PlacementProblem) -> Placement:
         placement = super().place(problem)
-        capped = tuple(dataclasses.replace(a, power_limit_w=level_watts(problem.energy.gpu(a.gpu_type),
-                                                                        self.cap_fraction))
-                       for a in placement.assignments)
+
+        def cap(gpu_type: str) -> float | None:  # a type whose limit cannot be set runs at full power
+            gpu = problem.energy.gpu(gpu_type)
+            return level_watts(gpu, self.cap_fraction) if gpu.power_limit_range_w is not None else None
+
+        capped = tuple(dataclasses.replace(a, power_limit_w=cap(a.gpu_type)) for a in placement.assignments)
         return dataclasses.replace(placement, assignments=capped)
 
 
