@@ -25,9 +25,6 @@ Writes ``benchmarks/results/power_knowledge.{json,md}``.
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import statistics
 import sys
 import time
 import zlib
@@ -38,6 +35,7 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evaluate_policies import scenarios  # noqa: E402
+from static_cap import save, spread  # noqa: E402
 
 from gogh_flows.energy import EnergyModel  # noqa: E402
 from gogh_flows.placement.baselines import CappedGreedyFastest  # noqa: E402
@@ -49,7 +47,6 @@ from gogh_flows.sim.run import CAP_FRACTION, DEFAULT_LIMIT_LEVELS, make_policy, 
 from gogh_flows.datapaths import default_data  # noqa: E402
 from gogh_flows.truth.table import ThroughputTable  # noqa: E402
 
-OUT = Path(__file__).resolve().parent / "results"
 SEEDS = (0, 1, 2)
 
 
@@ -114,9 +111,6 @@ def main() -> dict:
 
 
 def report(d: dict) -> list[str]:
-    def spread(xs: list[float]) -> str:
-        return f"{statistics.fmean(xs):.3f} [{min(xs):.3f}, {max(xs):.3f}]"
-
     lines = ["# Power-limit savings when the power side is not known exactly (scenario (b))", "",
              f"`benchmarks/power_knowledge.py` ({d['wall_s']:.0f} s, 2 cores); Gavel's physical-cluster trace on its "
              f"testbed, seeds {', '.join(map(str, d['seeds']))}, always on and parked against greedy-fastest over each "
@@ -135,8 +129,4 @@ def report(d: dict) -> list[str]:
 
 if __name__ == "__main__":
     result = main()
-    OUT.mkdir(exist_ok=True)
-    (OUT / "power_knowledge.json").write_text(json.dumps(result, indent=1))
-    text = "\n".join(report(result)) + "\n"
-    (OUT / "power_knowledge.md").write_text(text)
-    print(text)
+    save("power_knowledge", result, report(result))

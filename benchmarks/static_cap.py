@@ -79,8 +79,18 @@ def main() -> dict:
     return out
 
 
-def _spread(xs: list[float]) -> str:
+def spread(xs: list[float]) -> str:
+    """Mean [min, max] over the seeds, as the seed tables of docs/evaluation.md print them."""
     return f"{statistics.fmean(xs):.3f} [{min(xs):.3f}, {max(xs):.3f}]"
+
+
+def save(name: str, data: dict, lines: list[str]) -> None:
+    """``benchmarks/results/<name>.{json,md}``, and the table printed."""
+    OUT.mkdir(exist_ok=True)
+    (OUT / f"{name}.json").write_text(json.dumps(data, indent=1))
+    text = "\n".join(lines) + "\n"
+    (OUT / f"{name}.md").write_text(text)
+    print(text)
 
 
 def report(d: dict) -> list[str]:
@@ -105,16 +115,12 @@ def report(d: dict) -> list[str]:
                        for s in d["report_seeds"]]
                 share = f"{statistics.fmean((1 - r['on']) / (1 - o['on']) for r, o in zip(rows, orl)):.2f}"
             lines.append(f"| {e['title'].split(')')[0]}) | {f'{f:g}' if share else ''} | {n} | "
-                         f"{_spread([r['on'] for r in rows])} | {_spread([r['parked'] for r in rows])} | "
+                         f"{spread([r['on'] for r in rows])} | {spread([r['parked'] for r in rows])} | "
                          f"{attainment_text(min(r['sla'] for r in rows))} | "
                          f"{statistics.fmean(r['jct_h'] for r in rows):.2f} | {share} |")
     return lines
 
 
 if __name__ == "__main__":
-    data = main()
-    OUT.mkdir(exist_ok=True)
-    (OUT / "static_cap.json").write_text(json.dumps(data, indent=1))
-    text = "\n".join(report(data)) + "\n"
-    (OUT / "static_cap.md").write_text(text)
-    print(text)
+    result = main()
+    save("static_cap", result, report(result))
