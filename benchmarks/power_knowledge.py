@@ -10,9 +10,10 @@ left of the saving when it does not:
 * ``activity hidden``: each (job type, GPU type) draws at an activity of its own, uniform in
   0.4-1.0 (a hash of the pair, the same for every seed), which the truth uses and the planner
   does not (it keeps 0.8);
-* ``other limit response``: the truth slows and draws under a limit by the other candidate form
+* ``other limit response``: the boards slow and draw under a limit by the other candidate form
   fitted on the same Zeus curves (``powerlaw``, under-weight 1: nearly as good a fit by
-  leave-one-GPU-out, docs/energy.md), while the planner keeps the shipped ``dvfs`` model.
+  leave-one-GPU-out, docs/energy.md), and the policies know it (the simulator's energy model is
+  both the truth's and the planner's): how large the saving is if that form is the true one.
 
 Each beside greedy-fastest at full power and greedy-fastest with every board at its lowest limit
 (``benchmarks/static_cap.py``'s chosen cap), on (b)'s jobs, seeds 0-2, GPUs always on, one
@@ -77,9 +78,8 @@ def run(jobs, cluster: str, truth, seed: int, *, truth_energy: EnergyModel, blin
     for name in ("greedy-fastest", "oracle+limits"):
         p = make_policy(name, truth, seed, gpu_types=sorted(counts), gpu_counts=counts)
         planning = PlansAtDefaultActivity(truth) if blind and name != "greedy-fastest" else p.planning
-        # the planner's energy model stays the shipped one whatever the truth's is
-        policy = p.policy
-        out[name] = simulate(jobs, gpus, truth, policy, planning=planning, config=config, energy=truth_energy,
+        # ``energy`` is the truth's and the planner's alike (the simulator has one model)
+        out[name] = simulate(jobs, gpus, truth, p.policy, planning=planning, config=config, energy=truth_energy,
                              reoptimize_s=p.reoptimize_s, patience=p.patience)
     cap = CappedGreedyFastest(name="greedy-fastest+cap", cap_fraction=CAP_FRACTION, power_limit_levels=DEFAULT_LIMIT_LEVELS)
     out[cap.name] = simulate(jobs, gpus, truth, cap, planning=TableThroughputs(truth), config=config,
@@ -115,7 +115,8 @@ def report(d: dict) -> list[str]:
              f"`benchmarks/power_knowledge.py` ({d['wall_s']:.0f} s, 2 cores); Gavel's physical-cluster trace on its "
              f"testbed, seeds {', '.join(map(str, d['seeds']))}, always on and parked against greedy-fastest over each "
              "run's common window, mean [min, max]; SLA attainment, the lowest seed. 'other limit response': the truth's "
-             f"`{d['alt_model']['form']}` fit, the planner's the shipped `dvfs`.", "",
+             f"`{d['alt_model']['form']}` fit of the same Zeus curves as the boards' response to a limit, "
+             "known to the policies too.", "",
              "| truth | policy | always on vs greedy-fastest | parked vs greedy-fastest | SLA, lowest |",
              "| --- | --- | ---: | ---: | ---: |"]
     for label, runs in d["variants"].items():

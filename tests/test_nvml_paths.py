@@ -99,9 +99,8 @@ def test_a_worker_resolves_its_cuda_index_to_the_nvml_board_it_is(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", nvml)
     monkeypatch.delenv("GOGH_EMULATED", raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
-    worker_mod._pinned_board.cache_clear()
+    monkeypatch.setattr(worker_mod, "_PINNED", {})
     described = worker_mod.describe_worker()
-    worker_mod._pinned_board.cache_clear()
     # one model: PCI order is CUDA's order, no warning; CUDA's device 0 is NVML's index 1
     assert described["nvml_uuid"] == "GPU-1" and described["pin_note"] is None
 
@@ -220,3 +219,41 @@ def test_the_sampling_interval_reaches_the_runs_meter(monkeypatch):
     with local_cuda_pool(capacity=1, interval_s=0.25) as pool:
         pool.run(lambda: None, gpu_id="t4-0", job_type="a")
     assert seen == [0.25]
+
+
+def test_a_short_outage_the_energy_counter_spans_keeps_the_runs_energy():
+    """Counter and power both failing for a moment: the counter's next reading covers the gap, so
+    the energy is exact (only the mean power, from the samples, has a hole and is left unknown)."""
+    clock = FakeClock()
+
+    def alive(t: float) -> None:
+        if 2.0 < t < 3.0:
+            raise RuntimeError("NVMLError_Unknown")
+
+    def power(t: float) -> float:
+        alive(t)
+        return 300.0
+
+    def energy(t: float) -> float:
+        alive(t)
+        return 300.0 * t
+
+    nvml = fake_pynvml(names=["NVIDIA H100 80GB HBM3"], power_w=power, energy_j=energy, clock=clock)
+    sampler = NvmlSampler(GpuDevice("h100-0", "h100", "w", uuid="GPU-0"), interval_s=3600, nvml=nvml, clock=clock,
+                          warmup_steps=0)
+    sampler.start()
+    for t in (1.0, 2.0, 2.25, 2.5, 3.0, 4.0):
+        clock.t = t
+        sampler.report(1)
+        sampler.board.sample()
+    reading = sampler.stop()
+    assert reading.run_energy_j == pytest.approx(1200.0) and reading.energy_method == "counter+integrated"
+    assert reading.mean_power_w is None
+
+
+def test_a_sampler_that_cannot_find_its_board_leaves_no_nvml_init_behind():
+    nvml = fake_pynvml(names=["Tesla T4"])
+    sampler = NvmlSampler(GpuDevice("t4-5", "t4", "w", cuda_index=5), nvml=nvml)
+    with pytest.raises(NvmlUnavailable, match="t4-5's CUDA index '5' names no board NVML lists"):
+        sampler.start()
+    assert nvml.live == 0

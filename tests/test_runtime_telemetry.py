@@ -418,7 +418,12 @@ def test_advanced_and_reported_steps_on_the_emulated_fleet_keep_the_true_rate(ca
     with caplog.at_level("WARNING", logger="gogh_flows.runtime"), emulated_pool("t4=1") as pool:
         outcome = pool.run(body, gpu_id="t4-0", job_type=job)
         truth_rate = pool.run(lambda: current_gpu().advance(100), gpu_id="t4-0", job_type=job).telemetry.throughput
+        # under a lowered limit, the slowdown the refiner undoes is the advanced steps' alone too
+        capped = pool.run(body, gpu_id="t4-0", job_type=job, power_limit_w=60.0).telemetry
+        alone = pool.run(lambda: current_gpu().advance(100), gpu_id="t4-0", job_type=job,
+                         power_limit_w=60.0).telemetry
     t = outcome.telemetry
     assert t.steps == 100 and t.window_steps == 50
     assert t.throughput == pytest.approx(truth_rate)
     assert "both advance()d (50 steps, emulated) and report()ed (50 steps)" in caplog.text
+    assert alone.limit_slowdown > 1 and capped.limit_slowdown == pytest.approx(alone.limit_slowdown)

@@ -163,8 +163,8 @@ class CappedGreedyFastest(GreedyFastest):
 
     The simple baseline for choosing limits: what an operator does first (one ``nvidia-smi
     -pl`` for the whole fleet), against which a per-placement choice must earn its keep. A job
-    measured short of its requirement under the cap is lifted, level by level through
-    ``power_limit_levels``, by whoever enacts limits (the simulator's guard, as for every
+    measured short of its requirement under the cap is lifted to the lowest of
+    ``power_limit_levels`` that meets it, by whoever enacts limits (the simulator's guard, as for every
     policy choosing limits). ``cap_fraction`` 0 is each type's lowest limit.
     """
 

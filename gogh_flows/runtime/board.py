@@ -94,8 +94,11 @@ class BoardShare:
         self.counted_stretches = 0  # stretches whose energy the counter gave
         self.filled_stretches = 0  # ... and those it could not (no counter, a failed read)
         #: seconds of the run's stretches with no reading at all (neither the counter nor a power
-        #: sample at either end: NVML stopped answering), whose energy is therefore unknown
+        #: sample at either end: NVML stopped answering), whose energy is therefore unknown ...
         self.blind_s = 0.0
+        #: ... unless the counter came back after them: its next reading spans the gap (the failed
+        #: reads moved its base by nothing), so only the blind seconds since its last reading are lost
+        self.uncovered_blind_s = 0.0
         self.last_error: str | None = None  # the last NVML error on the board while the run was on it
         self.use_counter = False  # set at leave: whether the board's counter advanced while it was on
         self.power_samples = 0
@@ -147,10 +150,12 @@ class BoardShare:
         self._history.append(self._now)
         if counted:
             self.counted_stretches += 1
+            self.uncovered_blind_s = 0.0
         else:
             self.filled_stretches += 1
         if blind:
             self.blind_s += dt
+            self.uncovered_blind_s += dt
         opened = self._marks.get("window_start")
         if alone and opened is not None and opened <= t - dt:
             self.alone_s += dt

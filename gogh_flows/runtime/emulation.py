@@ -290,7 +290,8 @@ class EmulatedMeter(StepCounter):
             wall = self._seg_t - self._t0
             common = dict(source="emulated", steps=self._steps, max_memory_bytes=None, mean_utilisation=None,
                           wall_s=wall, energy_method="model", power_limit_w=self._limit,
-                          limit_slowdown=self._slow_steps / self._steps if self._steps > 0 else self._slow)
+                          limit_slowdown=(self._slow_steps / self._emulated_steps if self._emulated_steps > 0
+                                          else self._slow))
             if self._emulated_s > 0:
                 duration, energy, attr = self._emulated_s, self._emulated_j, self._emulated_attr_j
                 reported = self._steps - self._emulated_steps

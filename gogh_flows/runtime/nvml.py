@@ -183,14 +183,15 @@ def _handle(nvml: ModuleType, device: GpuDevice | None) -> Any:
     if device is not None and device.uuid:
         return nvml.nvmlDeviceGetHandleByUUID(device.uuid)
     if device is not None and device.cuda_index is not None:
-        entry = str(device.cuda_index)
+        entry, where = str(device.cuda_index), f"{device.id}'s CUDA index"
     else:  # a worker pinned with CUDA_VISIBLE_DEVICES sees its board first in that list
         entry = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip() or "0"
+        where = "this worker's CUDA_VISIBLE_DEVICES entry"
     if entry.startswith("MIG-"):
         raise NvmlUnavailable(resolve_cuda_entry(entry, nvml)[1])
     board, _ = _board_for_entry(entry, list_boards(nvml))
     if board is None:
-        raise NvmlUnavailable(f"CUDA_VISIBLE_DEVICES entry {entry!r} names no board NVML lists")
+        raise NvmlUnavailable(f"{where} {entry!r} names no board NVML lists")
     return nvml.nvmlDeviceGetHandleByUUID(board.uuid)
 
 
@@ -264,7 +265,11 @@ class NvmlSampler(StepCounter):
     def start(self) -> None:
         nvml = self._nvml = self._nvml or load_pynvml()
         nvml.nvmlInit()
-        handle = _handle(nvml, self.device)
+        try:
+            handle = _handle(nvml, self.device)
+        except BaseException:
+            _shutdown(nvml)  # NVML counts its inits: a start that fails must not leave one behind
+            raise
         # one sampler per board and NVML module (tests give each their own fake): by the board's
         # UUID, since pynvml hands out a new handle object on every lookup
         try:
@@ -333,14 +338,18 @@ class NvmlSampler(StepCounter):
         total = share.total.minus(share.joined)  # type: ignore[arg-type]
         wall = total.t
         powered = share.power_samples > 0 or use_counter  # energy is known from one or the other
-        if powered and share.blind_s > 0:
-            # NVML stopped answering (a lost GPU, a driver fault): those stretches would count 0 J
-            # and the run would look frugal; its energy is unknown, and the row says so
+        # NVML stopped answering (a lost GPU, a driver fault): stretches no reading covers would
+        # count 0 J and the run would look frugal. A counter that came back covers the gap (its
+        # next reading spans it); the power integral does not, nor a counter that never returned
+        lost_s = share.uncovered_blind_s if use_counter else share.blind_s
+        if powered and lost_s > 0:
             log.warning("gogh: NVML gave no power or energy reading on %s for %.1f s of this run's %.1f s (%s); "
                         "its energy and mean power are recorded as unknown rather than under-counted",
-                        self.device.id if self.device else "the board", share.blind_s, wall,
+                        self.device.id if self.device else "the board", lost_s, wall,
                         share.last_error or "no error text")
             powered = False
+        # the mean power is the power samples' integral: with gaps in it, it is not the run's
+        whole = powered and share.power_samples > 0 and share.blind_s == 0
         if not powered:
             method = None
         elif use_counter:  # stretches the counter could not give were filled from the power samples
@@ -360,13 +369,13 @@ class NvmlSampler(StepCounter):
         if win is not None:  # the window's ends were marked as the reports came
             start, last = share.at("window_start"), share.at("last_report")
             stretch, before = last.minus(start), start.minus(share.joined)  # type: ignore[union-attr,arg-type]
-            mean = stretch.board_integrated / stretch.t if powered and share.power_samples and stretch.t > 0 else None
+            mean = stretch.board_integrated / stretch.t if whole and stretch.t > 0 else None
             return TelemetryReading(
                 mean_power_w=mean, energy_j=board_j(stretch) if powered else None,
                 attributed_energy_j=run_j(stretch) if powered else None,
                 startup_energy_j=run_j(before) if powered else None, limit_slowdown=self._limit_slowdown(mean),
                 **common)
-        mean = total.board_integrated / wall if powered and share.power_samples and wall > 0 else None
+        mean = total.board_integrated / wall if whole and wall > 0 else None
         return TelemetryReading(
             mean_power_w=mean, energy_j=board_j(total) if powered else None,
             attributed_energy_j=run_j(total) if powered else None, limit_slowdown=self._limit_slowdown(mean),

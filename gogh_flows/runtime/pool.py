@@ -569,8 +569,13 @@ def local_cuda_pool(*, capacity: int = 2, interval_s: float = 0.1, silence_logs:
     from gogh_flows.runtime.main_guard import check_main_guard
     from gogh_flows.runtime.power_cap import check_cap_request
 
-    if not (isinstance(interval_s, (int, float)) and math.isfinite(interval_s) and interval_s > 0):
+    try:
+        every = float(interval_s)
+    except (TypeError, ValueError):
+        every = math.nan
+    if not (math.isfinite(every) and every > 0):
         raise ValueError(f"interval_s (seconds between a board's power samples) must be > 0, got {interval_s!r}")
+    interval_s = every
     check_main_guard("dask-cuda GPU worker processes (local_cuda_pool)")
     check_cap_request(power_cap_w, power_cap_fraction, run_power_limits=run_power_limits)
     bound = _start_timeout(start_timeout_s)
@@ -588,7 +593,7 @@ def local_cuda_pool(*, capacity: int = 2, interval_s: float = 0.1, silence_logs:
     if not boards:
         raise RuntimeError(f"local-cuda mode found no NVIDIA GPU (check CUDA_VISIBLE_DEVICES); {CUDA_HINT}")
     types = [from_nvml_name(b.name).name for b in boards]  # unknown boards -> clear UnknownGpuTypeError
-    caps = _plan_caps(boards, power_cap_w, power_cap_fraction)  # range checked before anything changes
+    caps, caps_back = _plan_caps(boards, power_cap_w, power_cap_fraction)  # range checked before any change
     restore: dict[str, float] = {}
     if run_power_limits:  # the limits to put back, read before any worker can change one
         from gogh_flows.runtime.run_limits import plan_run_limits
@@ -647,6 +652,8 @@ def local_cuda_pool(*, capacity: int = 2, interval_s: float = 0.1, silence_logs:
                      "empty and when its worker stops")
         pool = GpuPool(mode="local-cuda", devices=devices, client=client, cluster=cluster, pins=pins,
                        emulated=frozenset(), lease_timeout_s=lease_timeout_s, sample_interval_s=interval_s)
+        if caps_back is not None:
+            pool._at_close.append(caps_back)
         if run_power_limits:
             pool._at_close.append(put_back)
         return pool
@@ -657,19 +664,23 @@ def local_cuda_pool(*, capacity: int = 2, interval_s: float = 0.1, silence_logs:
         raise
 
 
-def _plan_caps(boards: Sequence[Any], power_cap_w: float | None, power_cap_fraction: float | None) -> list[Any]:
-    """Each board's cap, range checked; ``[]`` (and no NVML call at all) when none was asked."""
+def _plan_caps(boards: Sequence[Any], power_cap_w: float | None,
+               power_cap_fraction: float | None) -> tuple[list[Any], Callable[[], None] | None]:
+    """Each board's cap, range checked, and the hook that puts back a board a killed worker left
+    capped; ``([], None)`` (and no NVML call at all) when none was asked."""
     if power_cap_w is None and power_cap_fraction is None:
-        return []
+        return [], None
     from gogh_flows.runtime.nvml import load_pynvml
     from gogh_flows.runtime.power_cap import plan_power_caps, restore_if_still_capped
 
     nvml = load_pynvml()
     plan = plan_power_caps([b.uuid or b.index for b in boards], power_cap_w=power_cap_w,
                            power_cap_fraction=power_cap_fraction, nvml=nvml)
-    # a worker killed outright cannot put its board back: this process does at its exit
-    atexit.register(restore_if_still_capped, plan, nvml)
-    return plan
+    # a worker killed outright cannot put its board back: this process does when the pool closes
+    # (the hook is then unregistered, so a limit set later is never undone), or at its exit
+    put_back = functools.partial(restore_if_still_capped, plan, nvml)
+    atexit.register(put_back)
+    return plan, put_back
 
 
 def _apply_caps(client: Client, plan: Sequence[Any], visible: Mapping[str, str]) -> None:

@@ -28,9 +28,8 @@ shared stretch twice.
 
 from __future__ import annotations
 
-import math
-
 import logging
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -212,14 +211,14 @@ class StepCounter:
         # a NaN or a negative count would reach the measurement and lose it (its record refuses
         # a non-finite count) or make it meaningless: refused here, where the body sees it
         try:
-            ok = math.isfinite(float(steps)) and float(steps) >= 0
+            count = float(steps)
         except (TypeError, ValueError):
-            ok = False
-        if not ok:
+            count = math.nan
+        if not (math.isfinite(count) and count >= 0):
             raise ValueError(f"report() takes the number of steps done since the last report, a finite number "
                              f">= 0, got {steps!r}")
         with self._lock:
-            self._steps += float(steps)
+            self._steps += count
             now = self._clock()
             opened = self._window_start is None and self._steps >= self.warmup_steps
             if opened:

@@ -11,7 +11,6 @@ plugin (another client connecting to a shared scheduler) cannot lose it.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import pickle
@@ -367,7 +366,7 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
     if spec.hold_lease:
         lease = WorkerLease(str(spec.run_id), _scheduler_call(worker), on_cancel=ctx.request_stop)
         if not lease.begin(str(worker_name), key=worker.get_current_task()):
-            meter.start()
+            meter = _start_meter(meter, device, spec)
             not_started = RunNotStarted(
                 f"run {spec.run_id} was not started on {device.id}: its slot lease was no longer held "
                 "(it lapsed, was released by its placing process, or was dropped when the worker was "
@@ -518,11 +517,19 @@ def _start_meter(meter: Meter, device: GpuDevice, spec: RunSpec) -> Meter:
         return fallback
 
 
-@functools.lru_cache(maxsize=8)
 def _pinned_board(entry: str) -> dict[str, str | None]:
-    """The NVML UUID of the board this worker's first CUDA device is (asked once per process):
-    NVML's numbering is not CUDA's, so the pool measures and limits by UUID (:mod:`.nvml`)."""
+    """The NVML UUID of the board this worker's first CUDA device is: NVML's numbering is not
+    CUDA's, so the pool measures and limits by UUID (:mod:`.nvml`). Asked once per process and
+    entry when NVML answered; asked again while it did not (a driver that was not up yet)."""
     from gogh_flows.runtime.nvml import resolve_cuda_entry
 
-    uuid, note = resolve_cuda_entry(entry)
-    return {"nvml_uuid": uuid, "pin_note": note}
+    known = _PINNED.get(entry)
+    if known is None:
+        uuid, note = resolve_cuda_entry(entry)
+        known = {"nvml_uuid": uuid, "pin_note": note}
+        if uuid is not None or note is not None:
+            _PINNED[entry] = known
+    return known
+
+
+_PINNED: dict[str, dict[str, str | None]] = {}

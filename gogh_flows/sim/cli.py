@@ -19,6 +19,7 @@ from typing import Any
 from gogh_flows.sim.engine import attainment_text
 from gogh_flows.sim.run import (
     ALL_POLICIES,
+    CAP_POLICIES,
     DEFAULT_LIMIT_LEVELS,
     LEARNED_POLICIES,
     LIMITS_SUFFIX,
@@ -378,14 +379,16 @@ def unfinished_notes(per_seed: dict[int, dict[str, dict]]) -> list[str]:
 
 
 def _floor_levels(names: list[str]) -> tuple[float, ...]:
-    """The limit levels the floor may use: the ``+limits`` policies' when one runs, else none."""
-    return DEFAULT_LIMIT_LEVELS if any(LIMITS_SUFFIX in n for n in names) else ()
+    """The limit levels the floor may use: those of the policies that set limits (the ``+limits``
+    policies, ``greedy-fastest+cap``) when one runs, else none (a floor without the levels a
+    policy used is no floor for it)."""
+    return DEFAULT_LIMIT_LEVELS if any(LIMITS_SUFFIX in n or n in CAP_POLICIES for n in names) else ()
 
 
 def _levels_text(levels: tuple[float, ...]) -> str:
     """Evenly spaced levels from 0 said as a range and a step (a list of sixteen reads poorly)."""
     if not levels:
-        return "none (no +limits policy ran)"
+        return "none (no policy setting limits ran)"
     n = len(levels)
     if n > 3 and levels[0] == 0 and all(math.isclose(f, i / n) for i, f in enumerate(levels)):
         return f"0 to {levels[-1]:g} of each type's range in steps of 1/{n}, and its maximum"
