@@ -106,31 +106,33 @@ def test_a_worker_resolves_its_cuda_index_to_the_nvml_board_it_is(monkeypatch):
 
 
 # -- readings that stop ----------------------------------------------------------------------------
-def test_a_board_that_stops_answering_leaves_the_runs_energy_unknown_not_small(caplog):
-    """A GPU lost mid-run made every later stretch count 0 J: 133 J for a 650 W, 1 s run."""
+def _h100_failing(watts: float, down, times) -> NvmlSampler:
+    """A started sampler of a ``watts`` H100 whose counter and power both raise while ``down(t)``,
+    sampled at each of ``times`` with one step reported there."""
     clock = FakeClock()
 
-    def alive(t: float) -> None:
-        if t > 2.0:
+    def alive(t: float) -> float:
+        if down(t):
             raise RuntimeError("NVMLError_GpuIsLost: GPU is lost")
+        return t
 
-    def power(t: float) -> float:
-        alive(t)
-        return 650.0
-
-    def energy(t: float) -> float:
-        alive(t)
-        return 650.0 * t
-
-    nvml = fake_pynvml(names=["NVIDIA H100 80GB HBM3"], power_w=power, energy_j=energy, clock=clock)
+    nvml = fake_pynvml(names=["NVIDIA H100 80GB HBM3"], power_w=lambda t: watts + 0 * alive(t),
+                       energy_j=lambda t: watts * alive(t), clock=clock)
     sampler = NvmlSampler(GpuDevice("h100-0", "h100", "w", uuid="GPU-0"), interval_s=3600, nvml=nvml, clock=clock,
                           warmup_steps=0)
     sampler.start()
-    for t in (1.0, 2.0, 3.0, 4.0, 5.0):
+    for t in times:
         clock.t = t
         sampler.report(1)
         sampler.board.sample()
-    clock.t = 6.0
+    sampler.clock = clock
+    return sampler
+
+
+def test_a_board_that_stops_answering_leaves_the_runs_energy_unknown_not_small(caplog):
+    """A GPU lost mid-run made every later stretch count 0 J: 133 J for a 650 W, 1 s run."""
+    sampler = _h100_failing(650.0, lambda t: t > 2.0, (1.0, 2.0, 3.0, 4.0, 5.0))
+    sampler.clock.t = 6.0
     with caplog.at_level("WARNING", logger="gogh_flows.runtime"):
         reading = sampler.stop()
     assert reading.steps == 5 and reading.throughput is not None  # what the body did stays measured
@@ -224,29 +226,7 @@ def test_the_sampling_interval_reaches_the_runs_meter(monkeypatch):
 def test_a_short_outage_the_energy_counter_spans_keeps_the_runs_energy():
     """Counter and power both failing for a moment: the counter's next reading covers the gap, so
     the energy is exact (only the mean power, from the samples, has a hole and is left unknown)."""
-    clock = FakeClock()
-
-    def alive(t: float) -> None:
-        if 2.0 < t < 3.0:
-            raise RuntimeError("NVMLError_Unknown")
-
-    def power(t: float) -> float:
-        alive(t)
-        return 300.0
-
-    def energy(t: float) -> float:
-        alive(t)
-        return 300.0 * t
-
-    nvml = fake_pynvml(names=["NVIDIA H100 80GB HBM3"], power_w=power, energy_j=energy, clock=clock)
-    sampler = NvmlSampler(GpuDevice("h100-0", "h100", "w", uuid="GPU-0"), interval_s=3600, nvml=nvml, clock=clock,
-                          warmup_steps=0)
-    sampler.start()
-    for t in (1.0, 2.0, 2.25, 2.5, 3.0, 4.0):
-        clock.t = t
-        sampler.report(1)
-        sampler.board.sample()
-    reading = sampler.stop()
+    reading = _h100_failing(300.0, lambda t: 2.0 < t < 3.0, (1.0, 2.0, 2.25, 2.5, 3.0, 4.0)).stop()
     assert reading.run_energy_j == pytest.approx(1200.0) and reading.energy_method == "counter+integrated"
     assert reading.mean_power_w is None
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-import math
-import statistics
+import threading
 from collections.abc import Callable, Mapping
 
 import polars as pl
@@ -29,17 +28,21 @@ class ObservationCache:
         self.log = log
         self._kinds = emulated_by_type
         self._stamp: object = None
+        self._lock = threading.Lock()
         self._frame = observations_from_measurements(pl.DataFrame())
         self._evidence: LimitEvidence = {}
 
     def _refresh(self) -> None:
         kinds = dict(self._kinds()) if self._kinds is not None else {}
         stamp = (self.log.table.version(), tuple(sorted(kinds.items())))
-        if stamp != self._stamp:
-            rows = of_board_kind(_steady_rows(self.log.read()), kinds)  # once for both: the table can be long
-            self._frame = _observations(rows)
-            self._evidence = _limit_evidence(rows)
-            self._stamp = stamp
+        if stamp == self._stamp:
+            return
+        with self._lock:  # placements started together parse a changed table once, not once each
+            if stamp != self._stamp:
+                rows = of_board_kind(_steady_rows(self.log.read()), kinds)  # once for both: the table can be long
+                self._frame = _observations(rows)
+                self._evidence = _limit_evidence(rows)
+                self._stamp = stamp
 
     def get(self) -> pl.DataFrame:
         self._refresh()
@@ -75,19 +78,15 @@ def observations_from_measurements(frame: pl.DataFrame, *, keys: bool = False) -
     return _observations(_steady_rows(frame), keys=keys)
 
 
-def _observations(steady: list[dict], *, keys: bool = False) -> pl.DataFrame:
-    rows = []
-    for r in steady:
-        partners = [p for p in (r.get("partners") or []) if p]
-        # two partners, or one for part of the run only: the rate is neither an alone nor a pair figure
-        if len(set(partners)) > 1 or PARTNERS_CHANGED in r["extra"]:
-            continue
-        slowdown = _extra_float(r.get("extra"), "limit_slowdown") or 1.0
-        rows.append({"job_type": r["job_type"], "gpu_type": r["gpu_type"],
-                     "partner": partners[0] if partners else None,
-                     "throughput": float(r["throughput"]) * max(slowdown, 1.0), "key": r.get("key")})
-    obs = observations_frame(rows)
-    return obs.with_columns(key=pl.Series([r["key"] for r in rows], dtype=pl.String)) if keys else obs
+def _observations(steady: pl.DataFrame, *, keys: bool = False) -> pl.DataFrame:
+    # two partners, or one for part of the run only: the rate is neither an alone nor a pair figure
+    rows = steady.filter((pl.col("_partners").list.unique().list.len() <= 1) & pl.col("_partners_changed").is_null())
+    rows = rows.with_columns(
+        partner=pl.col("_partners").list.first(),
+        throughput=pl.col("throughput").cast(pl.Float64)
+        * pl.max_horizontal(pl.col("_limit_slowdown").fill_null(1.0), pl.lit(1.0)))
+    obs = observations_frame(rows.select("job_type", "gpu_type", "partner", "throughput"))
+    return obs.with_columns(key=rows.get_column("key").cast(pl.String)) if keys else obs
 
 
 def limit_evidence_from_measurements(frame: pl.DataFrame) -> LimitEvidence:
@@ -106,79 +105,122 @@ def limit_evidence_from_measurements(frame: pl.DataFrame) -> LimitEvidence:
     return _limit_evidence(_steady_rows(frame))
 
 
-def _limit_evidence(steady: list[dict]) -> LimitEvidence:
-    out: dict[tuple[str, str], dict[float, tuple[list[float], list[float]]]] = {}
-    for r in steady:
-        if any(p for p in (r.get("partners") or [])):
-            continue
-        extra = r.get("extra")
-        lifted = _extra_float(extra, "limit_lifted_from_w")
-        watts = None
-        if lifted is not None:  # the board's draw at the limit it left was not measured apart
-            point = (lifted, _extra_float(extra, "limit_lifted_rate"))
-        else:
-            point = (_extra_float(extra, "power_limit_w"), float(r["throughput"]))
-            power = r.get("mean_power_w")
-            watts = float(power) if isinstance(power, int | float) and math.isfinite(power) and power > 0 else None
-        if point[0] is not None and point[1] is not None:
-            rates, powers = out.setdefault((r["job_type"], r["gpu_type"]), {}).setdefault(round(point[0], 1), ([], []))
-            rates.append(point[1])
-            if watts is not None:
-                powers.append(watts)
+def _limit_evidence(steady: pl.DataFrame) -> LimitEvidence:
+    alone = steady.filter(pl.col("_partners").list.len() == 0)
+    lifted = pl.col("_limit_lifted_from_w").is_not_null()
+    power = pl.col("mean_power_w").cast(pl.Float64) if "mean_power_w" in alone.columns else pl.lit(None, pl.Float64)
+    points = alone.select(
+        "job_type", "gpu_type",
+        # the board's draw at the limit a lifted run left was not measured apart
+        limit=pl.when(lifted).then(pl.col("_limit_lifted_from_w")).otherwise(pl.col("_power_limit_w")),
+        rate=pl.when(lifted).then(pl.col("_limit_lifted_rate")).otherwise(pl.col("throughput").cast(pl.Float64)),
+        watts=pl.when(~lifted & power.is_finite() & (power > 0)).then(power),
+    ).drop_nulls(["limit", "rate"])
     # runs at one limit count by their median; the board power too, where runs measured it
-    return {k: tuple((w, statistics.median(rates), *((statistics.median(powers),) if powers else ()))
-                     for w, (rates, powers) in sorted(v.items())) for k, v in out.items()}
+    grouped = (points.with_columns(pl.col("limit").round(1))
+               .group_by("job_type", "gpu_type", "limit")
+               .agg(pl.col("rate").median(), pl.col("watts").median())
+               .sort("job_type", "gpu_type", "limit"))
+    out: dict[tuple[str, str], list[tuple[float, ...]]] = {}
+    for job_type, gpu_type, limit, rate, watts in grouped.iter_rows():
+        out.setdefault((job_type, gpu_type), []).append((limit, rate) if watts is None else (limit, rate, watts))
+    return {k: tuple(v) for k, v in out.items()}
 
 
-def of_board_kind(rows: list[dict], emulated_by_type: Mapping[str, bool | None]) -> list[dict]:
+def of_board_kind(rows: pl.DataFrame, emulated_by_type: Mapping[str, bool | None]) -> pl.DataFrame:
     """The rows measured on boards of the kind the pool has for their GPU type (emulated or
     real, ``emulated_by_type``; None: both, every row kept); for a type the pool lacks, of the
     pool's one kind when it has one (a refiner moves every type's prediction from any type's
     run), else every row."""
-    if not emulated_by_type:
+    if not emulated_by_type or rows.is_empty():
         return rows
     kinds = set(emulated_by_type.values())
     default = next(iter(kinds)) if len(kinds) == 1 else None
-    out = []
-    for r in rows:
-        want = emulated_by_type.get(r["gpu_type"], default)
-        if want is None or (r.get("telemetry") == "emulated") == want:
-            out.append(r)
-    return out
+    want = pl.col("gpu_type").replace_strict(dict(emulated_by_type), default=default, return_dtype=pl.Boolean)
+    return rows.filter(want.is_null() | ((pl.col("telemetry") == "emulated") == want))
 
 
-def _steady_rows(frame: pl.DataFrame) -> list[dict]:
-    """Rows whose throughput is the run's steady rate on its GPU (see observations_from_measurements)."""
+#: the numbers a row's ``extra`` records that these readers use, as columns ``_<name>``
+_EXTRA_NUMBERS = ("limit_slowdown", "limit_lifted_from_w", "limit_lifted_rate", "power_limit_w")
+_EXTRA_READ = pl.Struct({name: pl.String for name in (*_EXTRA_NUMBERS, PARTNERS_CHANGED)})
+#: what :func:`_read_extras` gives per distinct ``extra`` text (its columns of ``_steady_rows``)
+_EXTRAS_SCHEMA = {"_extra_text": pl.String, "_partners_changed": pl.String,
+                  **{f"_{name}": pl.Float64 for name in _EXTRA_NUMBERS}}
+
+
+def _steady_rows(frame: pl.DataFrame) -> pl.DataFrame:
+    """Rows whose throughput is the run's steady rate on its GPU (see observations_from_measurements),
+    with what the readers need from ``extra`` as columns: the numbers of ``_EXTRA_NUMBERS`` (null
+    when absent or not a number > 0), ``_partners_changed``, and ``_partners`` (the named partners,
+    empty names dropped).
+
+    In polars, each distinct ``extra`` parsed once: every placement reads the table again after
+    each run, and reading it row by row in Python cost a second at 50,000 rows (a soak review,
+    2026-12-07; ``benchmarks/observation_scaling.py``).
+    """
     if frame.is_empty() or "throughput" not in frame.columns:
-        return []
+        return _EMPTY_STEADY.join(_read_extras(pl.Series("_extra_text", [], dtype=pl.String)), on="_extra_text",
+                                  how="left")
     window = pl.col("window") if "window" in frame.columns else pl.lit(None, dtype=pl.String)
     emulated = pl.col("telemetry") == "emulated"
     # an emulated GPU's figure is its truth only in emulated time (advance()); a body that only
     # reported on an emulated fleet was timed by the CPU it ran on, not by the GPU it stood for
     steady = ((window == "steady") & ~emulated) | (window == "emulated") | (window.is_null() & emulated)
-    rows = list(frame.filter((pl.col("throughput") > 0) & (pl.col("steps") > 0) & steady).iter_rows(named=True))
-    for r in rows:  # the extras parsed once per row, for every reader of them
-        r["extra"] = _parsed(r.get("extra"))
-    return rows
+    rows = frame.filter((pl.col("throughput") > 0) & (pl.col("steps") > 0) & steady)
+    partners = (pl.col("partners").cast(pl.List(pl.String)).list.eval(pl.element().filter(pl.element() != ""))
+                if "partners" in rows.columns else pl.lit([], dtype=pl.List(pl.String)))
+    rows = rows.with_columns(_extra_text=_extra_text(rows), _partners=partners.fill_null([]))
+    if "key" not in rows.columns:
+        rows = rows.with_columns(key=pl.lit(None, dtype=pl.String))
+    extras = _read_extras(rows.get_column("_extra_text").drop_nulls().unique())
+    return rows.join(extras, on="_extra_text", how="left")
 
 
-def _parsed(extra: object) -> Mapping:
-    """A row's ``extra`` (JSON text as stored, or a mapping) as a mapping; empty when unreadable."""
-    if isinstance(extra, str):
-        try:
-            extra = json.loads(extra)
-        except ValueError:
-            return {}
-    return extra if isinstance(extra, Mapping) else {}
-
-
-def _extra_float(extra: Mapping, name: str) -> float | None:
-    """A number the run's parsed ``extra`` recorded; None when absent or not a number > 0."""
+def _read_extras(texts: pl.Series) -> pl.DataFrame:
+    """The readers' columns for each distinct ``extra`` text (JSON), parsed once by polars; a
+    text polars cannot parse is read as Python's ``json`` does (an unreadable one as empty)."""
+    frame = pl.DataFrame({"_extra_text": texts})
     try:
-        value = float(extra.get(name) or "nan")
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) and value > 0 else None
+        fields = frame.select(pl.col("_extra_text").str.json_decode(dtype=_EXTRA_READ).alias("_f")).unnest("_f")
+    except pl.exceptions.PolarsError:
+        fields = pl.DataFrame([_python_fields(t) for t in texts], schema=dict.fromkeys(_EXTRA_READ.to_schema(),
+                                                                                          pl.String))
+    return pl.concat([frame, fields], how="horizontal").select(
+        "_extra_text", pl.col(PARTNERS_CHANGED).alias("_partners_changed"),
+        *(_positive(pl.col(name)).alias(f"_{name}") for name in _EXTRA_NUMBERS)).cast(_EXTRAS_SCHEMA)
+
+
+def _python_fields(text: str) -> dict[str, str | None]:
+    try:
+        extra = json.loads(text)
+    except ValueError:
+        extra = {}
+    extra = extra if isinstance(extra, Mapping) else {}
+    return {name: None if extra.get(name) is None else str(extra[name]) for name in _EXTRA_READ.to_schema()}
+
+
+def _extra_text(rows: pl.DataFrame) -> pl.Expr:
+    """``extra`` as JSON text: the table stores text; a frame built from dicts holds a struct."""
+    if "extra" not in rows.columns:
+        return pl.lit(None, dtype=pl.String)
+    dtype = rows.schema["extra"]
+    if dtype == pl.String:
+        return pl.col("extra")
+    if isinstance(dtype, pl.Struct):
+        return pl.col("extra").struct.json_encode()
+    return pl.col("extra").map_elements(lambda e: json.dumps(dict(e)) if isinstance(e, Mapping) else None,
+                                        return_dtype=pl.String)
+
+
+def _positive(text: pl.Expr) -> pl.Expr:
+    """A recorded number as a float; null when absent, unreadable, or not finite and > 0."""
+    value = text.cast(pl.Float64, strict=False)
+    return pl.when(value.is_finite() & (value > 0)).then(value)
+
+
+_EMPTY_STEADY = pl.DataFrame(schema={
+    "job_type": pl.String, "gpu_type": pl.String, "throughput": pl.Float64, "telemetry": pl.String,
+    "mean_power_w": pl.Float64, "key": pl.String, "_extra_text": pl.String, "_partners": pl.List(pl.String)})
 
 
 __all__ = ["ObservationCache", "limit_evidence_from_measurements", "observations_from_measurements", "of_board_kind"]
