@@ -5,8 +5,11 @@ called, so the package imports on machines without a driver. Every NVML
 failure is turned into :class:`NvmlUnavailable` with the reason, because the
 callers' answer is always the same: fall back, and say why.
 
-NVML enumerates *all* boards whatever ``CUDA_VISIBLE_DEVICES`` says, so a board
-is found by its UUID or physical index, never by the CUDA ordinal a process sees.
+NVML enumerates *all* boards whatever ``CUDA_VISIBLE_DEVICES`` says, in an order of its
+own, so a board is found by its UUID. An integer a user or a worker gives (a CUDA ordinal,
+numbered in ``CUDA_DEVICE_ORDER``) is read in PCI bus order, which is CUDA's with
+``CUDA_DEVICE_ORDER=PCI_BUS_ID``, and said to be a guess on a machine of mixed boards
+without it (:func:`_board_for_entry`).
 """
 
 from __future__ import annotations
