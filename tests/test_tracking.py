@@ -565,6 +565,28 @@ def test_two_hosts_flushing_the_same_measurements_at_once_leave_one_mlflow_run_e
     assert sorted(logged) == sorted({measurement(i).key for i in (*range(count), 99)})
 
 
+def test_a_write_whose_run_another_host_deleted_mid_write_finds_that_hosts_run(mlog: MeasurementLog, uri: str,
+                                                                               tmp_path: Path, monkeypatch):
+    """The race the two-host test ran into once in a fresh clone's suite: host A created its run; host
+    B's search before its own write took A's run for a half-written leftover and deleted it, and A's
+    next call failed ("must be in the 'active' state"), leaving A's record spooled. A's write now
+    looks again and finds B's run, which holds the measurement."""
+    mlog.log(measurement(99))  # the experiment exists
+    other = MeasurementLog(uri, tmp_path / "host-b")
+    m = measurement(5)
+    real = mlog._client.log_batch
+
+    def raced(run_id, **kwargs):
+        other._write_mlflow(m, check_existing=True)  # B: finds A's run half-written, deletes it, writes its own
+        return real(run_id, **kwargs)  # A's run is deleted now: MLflow refuses this
+
+    monkeypatch.setattr(mlog._client, "log_batch", raced)
+    kept = mlog._write_mlflow(m, check_existing=True)
+    complete = [r for r in mlflow_runs(uri) if r.data.tags.get(KEY_TAG) == m.key
+                and r.data.tags.get(COMPLETE_TAG) == "true" and r.info.lifecycle_stage == "active"]
+    assert [r.info.run_id for r in complete] == [kept]
+
+
 def test_measurement_rows_round_trip_through_spool_json(tmp_path: Path):
     m = measurement(4, partners=("a", "b"), extra={"k": "v"})
     record = json.loads(json.dumps({**m.to_row(), "spooled_at": time.time()}))

@@ -392,7 +392,7 @@ class MeasurementLog:
         with _gate(self.tracking_uri):
             return self._write_mlflow_now(m, check_existing=check_existing)
 
-    def _write_mlflow_now(self, m: Measurement, *, check_existing: bool) -> str:
+    def _write_mlflow_now(self, m: Measurement, *, check_existing: bool, again: bool = True) -> str:
         experiment_id = self._experiment_id_or_create()
         if check_existing:
             existing = self._find_logged(m)
@@ -406,8 +406,21 @@ class MeasurementLog:
             tags={KEY_TAG: m.key},
         )
         run_id = run.info.run_id
-        client.log_batch(run_id, metrics=_metrics(m), params=_params(m), tags=_tags(m))
-        self._terminate(run_id, m)
+        try:
+            client.log_batch(run_id, metrics=_metrics(m), params=_params(m), tags=_tags(m))
+            self._terminate(run_id, m)
+        except Exception:
+            if not check_existing:
+                raise
+            # another host writing the same key at once deleted this run (as a half-written
+            # leftover, or as the one not kept): its run holds the measurement, or will; if none
+            # does yet, write once more (a second failure leaves the record spooled for the next flush)
+            kept = self._settle(m, "")
+            if kept:
+                return kept
+            if not again:
+                raise
+            return self._write_mlflow_now(m, check_existing=True, again=False)
         return self._settle(m, run_id) if check_existing else run_id
 
     def _settle(self, m: Measurement, mine: str) -> str:
