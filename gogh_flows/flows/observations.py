@@ -159,8 +159,7 @@ def _steady_rows(frame: pl.DataFrame) -> pl.DataFrame:
     2026-12-07; ``benchmarks/observation_scaling.py``).
     """
     if frame.is_empty() or "throughput" not in frame.columns:
-        return _EMPTY_STEADY.join(_read_extras(pl.Series("_extra_text", [], dtype=pl.String)), on="_extra_text",
-                                  how="left")
+        return _EMPTY_STEADY
     window = pl.col("window") if "window" in frame.columns else pl.lit(None, dtype=pl.String)
     emulated = pl.col("telemetry") == "emulated"
     # an emulated GPU's figure is its truth only in emulated time (advance()); a body that only
@@ -220,7 +219,7 @@ def _positive(text: pl.Expr) -> pl.Expr:
 
 _EMPTY_STEADY = pl.DataFrame(schema={
     "job_type": pl.String, "gpu_type": pl.String, "throughput": pl.Float64, "telemetry": pl.String,
-    "mean_power_w": pl.Float64, "key": pl.String, "_extra_text": pl.String, "_partners": pl.List(pl.String)})
+    "mean_power_w": pl.Float64, "key": pl.String, "_partners": pl.List(pl.String), **_EXTRAS_SCHEMA})
 
 
 __all__ = ["ObservationCache", "limit_evidence_from_measurements", "observations_from_measurements", "of_board_kind"]

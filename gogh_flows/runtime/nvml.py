@@ -89,9 +89,9 @@ def discover(nvml: ModuleType | None = None) -> list[NvmlBoard]:
     mig = [v for v in wanted if v.startswith("MIG-")]
     if mig:
         raise NvmlUnavailable(
-            f"CUDA_VISIBLE_DEVICES names MIG instance(s) {', '.join(mig)}: gogh measures and limits whole "
-            "boards, and NVML reports power, energy and limits per board, not per MIG instance, so runs "
-            "sharing a board through MIG cannot be measured apart. Name whole GPUs (`nvidia-smi -L`)")
+            f"CUDA_VISIBLE_DEVICES names MIG instance(s) {', '.join(mig)}: gogh measures and limits whole boards, "
+            f"and {_MIG_WHY}, so runs sharing a board through MIG cannot be measured apart. Name whole GPUs "
+            "(`nvidia-smi -L`)")
     chosen = []
     for entry in wanted:
         board, guess = _board_for_entry(entry, boards)
@@ -122,6 +122,10 @@ def list_boards(nvml: ModuleType | None = None) -> list[NvmlBoard]:
     return boards
 
 
+#: why a MIG instance is refused, wherever one is named
+_MIG_WHY = "NVML reports power, energy and limits per board, not per MIG instance"
+
+
 def _board_for_entry(entry: str, boards: list[NvmlBoard]) -> tuple[NvmlBoard | None, str | None]:
     """The board a ``CUDA_VISIBLE_DEVICES`` entry names, and a warning when that is a guess.
 
@@ -140,7 +144,7 @@ def _board_for_entry(entry: str, boards: list[NvmlBoard]) -> tuple[NvmlBoard | N
     if i >= len(ordered):
         return None, None
     guess = None
-    if (len({b.name for b in boards}) > 1 and len(boards) > 1
+    if (len({b.name for b in boards}) > 1
             and os.environ.get("CUDA_DEVICE_ORDER", "").strip().upper() != "PCI_BUS_ID"):
         guess = (f"CUDA index {i} is read as the board in PCI bus order ({ordered[i].name}, {ordered[i].uuid}), "
                  "but CUDA's default device order (FASTEST_FIRST) can number a mixed machine's boards "
@@ -159,8 +163,8 @@ def resolve_cuda_entry(entry: str, nvml: ModuleType | None = None) -> tuple[str 
     """
     entry = entry.strip()
     if entry.startswith("MIG-"):
-        return None, (f"the worker is pinned to MIG instance {entry}: NVML reports power, energy and limits per "
-                      "board, not per MIG instance, so its runs cannot be measured apart; pin workers to whole GPUs")
+        return None, (f"the worker is pinned to MIG instance {entry}: {_MIG_WHY}, so its runs cannot be measured "
+                      "apart; pin workers to whole GPUs")
     if not entry:
         return None, None
     try:
