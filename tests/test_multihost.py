@@ -476,6 +476,50 @@ def test_a_placing_process_killed_after_its_claim_frees_the_gpu_within_the_lease
             ledger.close()
 
 
+def test_a_claim_given_up_on_a_stopped_scheduler_does_not_keep_its_slot(tmp_path):
+    """The placing process's claim and its clean-up release both time out while the scheduler
+    stands still; the claim, already in the scheduler's socket, is taken when it wakes. Nobody
+    refreshed it, but the process's client went on beating, and the ledger kept the slot for the
+    process's whole life (a review reproduced it: still held after 15 lease timeouts). The release
+    is sent again until the scheduler answers, so the slot is free soon after it does."""
+    from distributed import Client
+
+    from gogh_flows.runtime.leases import PoolLedger
+
+    with cli_pool(tmp_path, {"a100-0": 2}, lease_timeout_s=2.0) as pool:
+        with Client(pool["address"], timeout=30, set_as_default=False) as client:
+            ledger = PoolLedger(client, register=False)
+            try:
+                version = ledger.state().version("a100-0")
+                scheduler = pool["procs"]["scheduler"]
+                os.kill(scheduler.pid, signal.SIGSTOP)
+                try:
+                    with pytest.raises(TimeoutError):
+                        ledger.claim("given-up", "a100-0", worker="a100-0", capacity=2, job_type="A3C",
+                                     required_throughput=1.0, work=10.0, expect_version=version, timeout_s=1.0)
+                    with pytest.raises(TimeoutError):  # what a placement that failed does: _quietly(release)
+                        ledger.release("given-up", if_unstarted=True, timeout_s=2.0)
+                    assert ledger.pending_releases() == ["given-up"]
+                    time.sleep(1.0)
+                finally:
+                    os.kill(scheduler.pid, signal.SIGCONT)
+                woke = time.monotonic()
+                while (ledger.get("given-up", timeout_s=5) is not None or ledger.pending_releases()) \
+                        and time.monotonic() - woke < 20:
+                    time.sleep(0.2)
+                freed_s = time.monotonic() - woke
+                assert ledger.get("given-up") is None and not ledger.pending_releases()
+                # the release, sent again, frees it: not the ledger's backstop of three lease timeouts
+                assert freed_s < 5.0, freed_s
+                # and the slot is there for the next claim
+                assert ledger.claim("next", "a100-0", worker="a100-0", capacity=1, job_type="A3C",
+                                    required_throughput=1.0, work=10.0,
+                                    expect_version=ledger.state().version("a100-0")).ok
+                ledger.release("next")
+            finally:
+                ledger.close()
+
+
 SERVED = REPO / "tests" / "hostproc" / "served_flow.py"
 
 

@@ -116,7 +116,7 @@ def test_a_lease_lapses_only_when_unrefreshed_and_dask_shows_its_holder_gone():
 
     def claim(run_id: str, client: str) -> None:
         assert plugin.claim(run_id, "v100-0", "v100-0", 9, "a", 1.0, 1.0,
-                            plugin.versions.get("v100-0", 0), client=client)["ok"]
+                            plugin.versions.get("v100-0", plugin.version_base), client=client)["ok"]
 
     claim("queued-live-client", "c1")
     claim("queued-dead-client", "c2")
@@ -157,7 +157,7 @@ def test_the_ledgers_own_stall_restarts_every_leases_clock():
     plugin.scheduler = sched = _FakeScheduler()
     plugin.names = {"tcp://w": "v100-0"}
     for run_id, client in (("running", "c1"), ("queued", "c2")):  # c2: a client Dask no longer shows
-        assert plugin.claim(run_id, "v100-0", "v100-0", 9, "a", 1.0, 1.0, plugin.versions.get("v100-0", 0),
+        assert plugin.claim(run_id, "v100-0", "v100-0", 9, "a", 1.0, 1.0, plugin.versions.get("v100-0", plugin.version_base),
                             client=client)["ok"]
     plugin.begin("running", "v100-0", key="k-run")
     plugin._expire()  # the check runs, then the scheduler stands still for 5 s
@@ -186,7 +186,7 @@ def test_a_stall_of_more_than_half_the_lease_restarts_the_clocks_of_a_four_secon
     plugin.scheduler = sched = _FakeScheduler()
     plugin._every_s = 1.0  # what start() sets for a 4 s lease
     plugin.names = {"tcp://w": "v100-0"}
-    assert plugin.claim("running", "v100-0", "v100-0", 9, "a", 1.0, 1.0, 0, client="c1")["ok"]
+    assert plugin.claim("running", "v100-0", "v100-0", 9, "a", 1.0, 1.0, plugin.version_base, client="c1")["ok"]
     plugin.begin("running", "v100-0", key="k-run")
     plugin._expire()
     plugin._ticked = monotonic() - 3.0  # the scheduler stood still for 3 s
@@ -217,11 +217,144 @@ def test_a_claim_of_a_placing_process_that_hung_lapses_though_its_client_is_conn
     sched.clients = {"beating": types.SimpleNamespace(last_seen=now - 10.0),
                      "hung": types.SimpleNamespace(last_seen=now - 20.0)}
     for run_id in ("beating", "hung"):
-        assert plugin.claim(run_id, "v100-0", "v100-0", 9, "a", 1.0, 1.0, plugin.versions.get("v100-0", 0),
+        assert plugin.claim(run_id, "v100-0", "v100-0", 9, "a", 1.0, 1.0, plugin.versions.get("v100-0", plugin.version_base),
                             client=run_id)["ok"]
         plugin.leases[run_id]["seen_at"] = now - 5.0  # its refreshes stopped a lease timeout ago
     plugin._expire()
     assert set(plugin.leases) == {"beating"} and plugin.counts["expired"] == 1
+
+
+def test_an_unstarted_claim_nobody_refreshes_lapses_though_its_placers_client_beats():
+    """A claim its placing process gave up on (timed out on a stalled scheduler, then taken) is
+    refreshed by nobody, while that process's client goes on beating: the ledger kept it for the
+    process's whole life (a review reproduced it with a stopped scheduler). Client liveness now
+    excuses a missed refresh for UNSTARTED_GRACE lease timeouts, not for ever."""
+    from gogh_flows.runtime.ledger import UNSTARTED_GRACE
+
+    plugin = LedgerPlugin(1.0)
+    plugin.scheduler = _FakeScheduler()
+    plugin.names = {"tcp://w": "v100-0"}
+    for run_id in ("forgotten", "refreshed"):
+        assert plugin.claim(run_id, "v100-0", "v100-0", 9, "a", 1.0, 1.0,
+                            plugin.versions.get("v100-0", plugin.version_base), client="c1")["ok"]
+    now = time.time()
+    for lease in plugin.leases.values():
+        lease["seen_at"] = lease["refreshed_at"] = now - 2.0  # a refresh missed: the client still beats
+    plugin.scheduler.clients["c1"].last_seen = now
+    plugin._expire()
+    assert set(plugin.leases) == {"forgotten", "refreshed"}  # a missed refresh alone is forgiven
+    plugin.refresh(["refreshed"])
+    plugin.leases["forgotten"]["refreshed_at"] = now - UNSTARTED_GRACE * 1.0 - 0.5
+    plugin.leases["forgotten"]["seen_at"] = now - 2.0
+    plugin._expire()
+    assert set(plugin.leases) == {"refreshed"} and plugin.why_dropped(["forgotten"]) == {"forgotten": "expired"}
+
+
+def test_a_claim_that_reaches_the_ledger_after_its_release_is_refused():
+    """The placing process gave its claim up (timed out) and released it; the claim, still in
+    flight, may be read after the release. Taken then, nobody would hold or free it."""
+    plugin = LedgerPlugin(1.0)
+    plugin.scheduler = _FakeScheduler()
+    plugin.names = {"tcp://w": "v100-0"}
+    assert plugin.release("late", if_unstarted=True) == {"released": False, "started": None, "placer_lost": False}
+    late = plugin.claim("late", "v100-0", "v100-0", 2, "a", 1.0, 1.0, plugin.version_base, client="c1")
+    assert not late["ok"] and late["reason"] == "released" and "released before this claim" in late["detail"]
+    assert not plugin.leases and plugin.counts["refused_released"] == 1
+    # a run released after its claim cannot claim again under the same id either (a retry is a new id)
+    assert plugin.claim("r1", "v100-0", "v100-0", 2, "a", 1.0, 1.0, plugin.version_base, client="c1")["ok"]
+    assert plugin.release("r1")["released"]
+    assert plugin.claim("r1", "v100-0", "v100-0", 2, "a", 1.0, 1.0, plugin.versions["v100-0"],
+                        client="c1")["reason"] == "released"
+
+
+def test_the_ledger_remembers_a_bounded_number_of_released_runs(monkeypatch):
+    import gogh_flows.runtime.ledger as ledger_mod
+
+    monkeypatch.setattr(ledger_mod, "RELEASED_KEPT", 3)
+    plugin = LedgerPlugin(1.0)
+    for i in range(5):
+        plugin.release(f"r{i}")
+    assert list(plugin.released) == ["r2", "r3", "r4"]
+
+
+def test_a_step_of_the_schedulers_wall_clock_is_taken_for_a_stall():
+    """NTP stepping the clock, or a resume from suspend (which the monotonic clock leaves out),
+    ages every lease at once with no monotonic gap: the first check after it dropped live leases
+    (a review: +45 s dropped a refreshing placer's claim). It restarts the clocks, as a stall does."""
+    import types
+    from time import monotonic
+
+    plugin = LedgerPlugin(1.0)
+    plugin.scheduler = sched = _FakeScheduler()
+    plugin.names = {"tcp://w": "v100-0"}
+    assert plugin.claim("running", "v100-0", "v100-0", 9, "a", 1.0, 1.0, plugin.version_base, client="c1")["ok"]
+    plugin.begin("running", "v100-0", key="k-run")
+    plugin._expire()
+    # the next check, one period later by the monotonic clock, finds the wall clock 45 s on
+    plugin._ticked, plugin._ticked_wall = monotonic() - 0.25, time.time() - 45.25
+    stepped = time.time()
+    sched.tasks["k-run"] = types.SimpleNamespace(
+        state="processing", processing_on=types.SimpleNamespace(name="v100-0", last_seen=stepped - 45.0))
+    plugin.leases["running"]["seen_at"] = stepped - 45.0
+    plugin._expire()
+    assert set(plugin.leases) == {"running"} and not plugin.counts.get("expired")
+    assert plugin.awake_since >= stepped
+
+
+def test_each_started_ledger_counts_versions_from_its_own_random_base():
+    """A decision read from a ledger a scheduler restart replaced must not match the new ledger's
+    versions by coincidence (both counted from 0): each ledger starts at a random base, and the
+    state it gives says where, so a fresh GPU's version is still known to placers."""
+    import asyncio
+    from unittest import mock
+
+    from gogh_flows.runtime.leases import LedgerState
+
+    bases = set()
+    for _ in range(3):
+        plugin = LedgerPlugin(1.0)
+        sched = _FakeScheduler()
+        plugin._every_s = 1.0
+        with mock.patch("gogh_flows.runtime.ledger.PeriodicCallback"):  # no loop: no expiry checks
+            asyncio.run(plugin.start(sched))
+        state = plugin.state()
+        bases.add(state["version_base"])
+        view = LedgerState(**{k: state[k] for k in ("now", "lease_timeout_s", "versions", "counts")},
+                           leases=(), workers=frozenset(), version_base=state["version_base"])
+        plugin.names = {"tcp://w": "v100-0"}
+        assert plugin.claim("r1", "v100-0", "v100-0", 2, "a", 1.0, 1.0, view.version("v100-0"), client="c1")["ok"]
+        assert not plugin.claim("r2", "v100-0", "v100-0", 2, "a", 1.0, 1.0, view.version("v100-0"),
+                                client="c1")["ok"]  # the same stale view: refused
+    assert len(bases) == 3
+
+
+def test_a_release_the_scheduler_did_not_answer_is_sent_again_until_it_is(pool, caplog):
+    """The placing process's clean-up release timed out (the scheduler stood still): it raised,
+    and nothing sent it again, so a claim taken late stayed held. The process's keeper sends it
+    again until the scheduler answers."""
+    import logging
+
+    ledger = pool.ledger
+    assert _claim(ledger, "given-up", gpu="t4-0").ok
+    real_call, failed = ledger._call, []
+
+    def stalled(op, **kwargs):
+        if op == "gogh_ledger_release" and not failed:
+            failed.append(op)
+            raise TimeoutError("the scheduler did not answer")
+        return real_call(op, **kwargs)
+
+    ledger._call = stalled
+    with caplog.at_level(logging.INFO, logger="gogh_flows"):
+        with pytest.raises(TimeoutError):
+            ledger.release("given-up", if_unstarted=True, timeout_s=0.1)
+        assert ledger.pending_releases() == ["given-up"]
+        assert ledger.get("given-up") is not None  # still held: the release never reached the ledger
+        until(lambda: ledger.get("given-up") is None and not ledger.pending_releases(), "the release sent again",
+              timeout_s=10)
+    assert failed == ["gogh_ledger_release"]
+    assert "the release of run given-up reached the pool's scheduler" in caplog.text
+    assert ledger.state().counts.get("expired", 0) == 0  # released, not lapsed
 
 
 def test_worker_leaving_drops_its_leases_and_its_gpu_leaves_the_live_devices(pool):
@@ -413,8 +546,9 @@ def test_a_placer_that_comes_back_is_not_reported_lost():
     plugin = LedgerPlugin(0.4)
     plugin.scheduler = Scheduler()
     plugin.names = {"tcp://w": "v100-0"}
-    assert plugin.claim("r1", "v100-0", "v100-0", 2, "a", 1.0, 1.0, 0, client="placer-1", store="s")["ok"]
-    assert plugin.claim("r2", "v100-0", "v100-0", 2, "a", 1.0, 1.0, 1, client="placer-1", store="s")["ok"]
+    base = plugin.version_base
+    assert plugin.claim("r1", "v100-0", "v100-0", 2, "a", 1.0, 1.0, base, client="placer-1", store="s")["ok"]
+    assert plugin.claim("r2", "v100-0", "v100-0", 2, "a", 1.0, 1.0, base + 1, client="placer-1", store="s")["ok"]
     plugin.begin("r2", "v100-0", key="k2")
     plugin.remove_client(Scheduler(), "placer-1")  # the connection dropped...
     plugin.deposit("r2", "s", {"run_id": "r2"}, client="placer-1", gpu_id="v100-0")
@@ -481,7 +615,7 @@ def test_a_placer_lost_after_its_runs_body_ended_still_gets_the_run_logged():
     plugin.scheduler = Scheduler()
     plugin.names = {"tcp://w": "v100-0"}
     def ended(run: str, acks: bool = True) -> dict:
-        assert plugin.claim(run, "v100-0", "v100-0", 9, "a", 1.0, 1.0, plugin.versions.get("v100-0", 0),
+        assert plugin.claim(run, "v100-0", "v100-0", 9, "a", 1.0, 1.0, plugin.versions.get("v100-0", plugin.version_base),
                             client="placer-1", store="s", acks_logged=acks)["ok"]
         plugin.begin(run, "v100-0", key=f"k-{run}")
         return plugin.release(run, store="s", row={"run_id": run, "steps": 30.0})
@@ -633,7 +767,7 @@ def test_a_worker_releasing_to_an_older_ledger_frees_its_slot_and_hands_in_a_los
         return {"gogh_ledger_release": plugin.release, "gogh_ledger_deposit": plugin.deposit}[op](**kwargs)
 
     for run, lost in (("r1", False), ("r2", True)):
-        assert plugin.claim(run, "v100-0", "v100-0", 2, "a", 1.0, 1.0, plugin.versions.get("v100-0", 0),
+        assert plugin.claim(run, "v100-0", "v100-0", 2, "a", 1.0, 1.0, plugin.versions.get("v100-0", plugin.version_base),
                             client="placer-1", store="s")["ok"]
         plugin.begin(run, "v100-0", key=f"k-{run}")
         if lost:
@@ -699,7 +833,7 @@ def test_a_worker_leaving_drops_its_leases_unless_another_process_serves_its_nam
     plugin.scheduler = _FakeScheduler()
     plugin.names = {"tcp://old": "v100-0", "tcp://new": "v100-0", "tcp://t4": "t4-0"}
     for run_id, gpu in (("on-v100", "v100-0"), ("on-t4", "t4-0")):
-        assert plugin.claim(run_id, gpu, gpu, 2, "a", 1.0, 1.0, 0, client="c1")["ok"]
+        assert plugin.claim(run_id, gpu, gpu, 2, "a", 1.0, 1.0, plugin.version_base, client="c1")["ok"]
     plugin.remove_worker(plugin.scheduler, "tcp://old", stimulus_id="test")
     assert set(plugin.leases) == {"on-v100", "on-t4"}  # the new process still serves v100-0
     plugin.remove_worker(plugin.scheduler, "tcp://new", stimulus_id="test")

@@ -943,8 +943,11 @@ def _quietly(call: Callable, *args: Any, **kwargs: Any) -> bool:
     try:
         call(*args, **kwargs)
         return True
-    except Exception as exc:  # the scheduler is gone: the lease lapses there on its own
-        log.warning("gogh: %s failed (the lease lapses on its own): %s", getattr(call, "__name__", call), exc)
+    except Exception as exc:  # noqa: BLE001 - the scheduler is away
+        name = getattr(call, "__name__", call)
+        after = ("it is sent again in the background until the scheduler answers, and the lease lapses there if "
+                 "this process goes first" if name == "release" else "the lease lapses on its own")
+        log.warning("gogh: %s failed (%s): %s", name, after, exc)
         return False
 
 

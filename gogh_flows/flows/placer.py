@@ -291,6 +291,8 @@ def place_with_retry(
                             job_type=job.job_type, required_throughput=job.required_throughput,
                             work=float(job.work_steps), expect_version=state.version(gpu_id),
                             power_limit_w=a.power_limit_w)
+                if not claim.ok and claim.reason == "released":  # never again for this run id: not a busy GPU
+                    raise PlacementCancelled(f"run {run_id}'s claim was refused: {claim.detail}")
                 if not claim.ok:
                     refused += 1
                     continue  # the GPU changed (or filled) since the decision: decide again

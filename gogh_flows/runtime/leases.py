@@ -62,9 +62,10 @@ class LedgerState:
     counts: dict[str, int]
     undelivered: int = 0  # runs of lost placing processes (with their measurement if a body ran) not yet delivered
     kept: int = 0  # workers' records of ended runs waiting for their placing process to say it logged them
+    version_base: int = 0  # where the ledger's versions start (random per ledger; 0 from older ones)
 
     def version(self, gpu_id: str) -> int:
-        return self.versions.get(gpu_id, 0)
+        return self.versions.get(gpu_id, self.version_base)
 
     def occupants(self) -> dict[str, list[Lease]]:
         """gpu_id -> its leases, oldest first."""
@@ -120,6 +121,12 @@ class PoolLedger:
         if register:
             ensure_ledger(client, lease_timeout_s)
         self._held: set[str] = set()
+        # {run_id: if_unstarted}: releases that did not reach the ledger (a scheduler that stood
+        # still, a lost connection), sent again by the keeper until one is answered. A claim this
+        # process gave up on may still be taken; nobody refreshes it, but while this process's
+        # client beats the ledger would keep it for a while, and a slot was lost for as long as
+        # the process lived (a review reproduced it with a stopped scheduler)
+        self._to_release: dict[str, bool] = {}
         # whether the ledger takes this process's word that it logged a run (``logged``): an
         # older one refuses the claim's flag, and then none is given
         self._acks = True
@@ -160,7 +167,8 @@ class PoolLedger:
         return LedgerState(now=d["now"], lease_timeout_s=d["lease_timeout_s"], versions=d["versions"],
                            leases=tuple(Lease.from_wire(x) for x in d["leases"]),
                            workers=frozenset(d["workers"]), counts=d["counts"],
-                           undelivered=d.get("undelivered", 0), kept=d.get("kept", 0))
+                           undelivered=d.get("undelivered", 0), kept=d.get("kept", 0),
+                           version_base=d.get("version_base", 0))
 
     def put_features(self, job_type: str, doc: str | None = None, *, timeout_s: float | None = 10.0) -> bool:
         """Publish a job type's layer features (JSON) to the pool's other placing processes; with no
@@ -210,10 +218,27 @@ class PoolLedger:
         return claim
 
     def release(self, run_id: str, *, if_unstarted: bool = False, timeout_s: float | None = None) -> bool:
-        """Free the run's slot (with ``if_unstarted``: only if its body never started); freed?"""
+        """Free the run's slot (with ``if_unstarted``: only if its body never started); freed?
+
+        A release the scheduler does not answer raises, and is sent again in the background
+        until it is answered (or this process's client gives up on the scheduler, which then
+        drops the process's unstarted claims itself)."""
         self.hand_over(run_id)
-        return bool(self._call("gogh_ledger_release", timeout_s=timeout_s, run_id=run_id,
-                               if_unstarted=if_unstarted)["released"])
+        try:
+            answer = self._call("gogh_ledger_release", timeout_s=timeout_s, run_id=run_id, if_unstarted=if_unstarted)
+        except Exception:
+            with self._lock:
+                self._to_release[run_id] = if_unstarted
+            self._ensure_keeper()
+            raise
+        with self._lock:
+            self._to_release.pop(run_id, None)
+        return bool(answer["released"])
+
+    def pending_releases(self) -> list[str]:
+        """Runs whose release has not reached the ledger yet (sent again in the background)."""
+        with self._lock:
+            return sorted(self._to_release)
 
     def cancel(self, run_id: str, reason: str = "cancelled by its placing process", *,
                timeout_s: float | None = None) -> bool:
@@ -255,6 +280,7 @@ class PoolLedger:
     def _keep(self) -> None:
         every = self.lease_timeout_s / 4
         while not self._stop.wait(every):
+            self._release_again(every)
             with self._lock:
                 held = sorted(self._held)
             if not held:
@@ -267,6 +293,24 @@ class PoolLedger:
             if gone:
                 with self._lock:
                     self._held.difference_update(gone)
+
+    def _release_again(self, timeout_s: float) -> None:
+        with self._lock:
+            pending = dict(self._to_release)
+        for run_id, if_unstarted in pending.items():
+            if self.client.status in ("closing", "closed"):
+                # the scheduler drops a departed client's unstarted claims itself (remove_client)
+                with self._lock:
+                    self._to_release.clear()
+                return
+            try:
+                self._call("gogh_ledger_release", timeout_s=timeout_s, run_id=run_id, if_unstarted=if_unstarted)
+            except Exception as exc:  # noqa: BLE001 - sent again at the next tick
+                log.debug("gogh: the release of run %s still did not reach the pool's scheduler: %s", run_id, exc)
+                return  # the scheduler is still away: the others wait for the next tick too
+            with self._lock:
+                self._to_release.pop(run_id, None)
+            log.info("gogh: the release of run %s reached the pool's scheduler", run_id)
 
     def close(self) -> None:
         self._stop.set()

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import secrets
 from collections import OrderedDict
 from time import monotonic, time
 from typing import Any
@@ -59,6 +60,11 @@ LEASE_TIMEOUT_ENV = "GOGH_LEASE_TIMEOUT_S"
 DEFAULT_LEASE_TIMEOUT_S = 30.0
 #: how many dropped leases' reasons the ledger remembers (for the placing process's error)
 DROPPED_KEPT = 1000
+#: how many released run ids the ledger remembers, to refuse a claim that arrives after its release
+RELEASED_KEPT = 10_000
+#: how many lease timeouts an unstarted claim outlives its placing process's last refresh while
+#: that process's Dask client still beats (a refresh missed, not a process gone)
+UNSTARTED_GRACE = 3
 
 
 def lease_timeout_from_env(value: float | None = None) -> float:
@@ -132,6 +138,11 @@ class LedgerPlugin(SchedulerPlugin):
         self.lease_timeout_s = lease_timeout_from_env(lease_timeout_s)
         # {gpu_id: version}: bumped by every claim and release on that GPU
         self.versions: dict[str, int] = {}
+        # where every GPU's version starts: random for each ledger a scheduler starts (``start``),
+        # so a decision read from a ledger that a scheduler restart replaced cannot match the new
+        # ledger's version by coincidence (versions restarting at 0 could: the compare-and-set
+        # would pass on a stale view)
+        self.version_base = 0
         # {run_id: {"run_id", "gpu_id", "worker", "job_type", "required_throughput", "work",
         #           "claimed_at", "seen_at", "started_at" (None until the body starts), "cancel",
         #           "cancel_reason" (why a stop was asked),
@@ -166,11 +177,16 @@ class LedgerPlugin(SchedulerPlugin):
         # DROPPED_KEPT of them: a placing process told only "gone" said "lease lapsed" of a run
         # whose worker had been killed a second before (a review)
         self.dropped: OrderedDict[str, str] = OrderedDict()
+        # the last DROPPED_KEPT runs released (or released before their claim arrived): a claim
+        # its placing process gave up on (timed out) can reach the scheduler after that process's
+        # release, or be answered after it; taken then, nobody would hold or free it
+        self.released: OrderedDict[str, None] = OrderedDict()
         self.scheduler: Any = None
         # the ledger's own clock of being awake: when its expiry check last ran (monotonic), and
         # when it last woke from a stall (wall time); nobody can be heard while the scheduler
         # stands still, so a stall restarts every lease's clock (see :meth:`_expire`)
         self._ticked: float | None = None
+        self._ticked_wall: float | None = None
         self.awake_since = 0.0
         self._every_s = 1.0
 
@@ -182,6 +198,7 @@ class LedgerPlugin(SchedulerPlugin):
         if took > 1.0:
             log.info("gogh: the ledger imported the run path in %.1f s before taking claims", took)
         self.scheduler = scheduler
+        self.version_base = secrets.randbelow(1 << 40)
         scheduler.handlers.update({
             "gogh_ledger_state": self.state,
             "gogh_ledger_claim": self.claim,
@@ -249,8 +266,14 @@ class LedgerPlugin(SchedulerPlugin):
             self.counts[what] = self.counts.get(what, 0) + n
 
     def _bump(self, gpu_id: str) -> int:
-        self.versions[gpu_id] = self.versions.get(gpu_id, 0) + 1
+        self.versions[gpu_id] = self.versions.get(gpu_id, self.version_base) + 1
         return self.versions[gpu_id]
+
+    def _remember_released(self, run_id: str) -> None:
+        self.released[run_id] = None
+        self.released.move_to_end(run_id)
+        while len(self.released) > RELEASED_KEPT:
+            self.released.popitem(last=False)
 
     def _drop(self, run_id: str, why: str) -> bool:
         lease = self.leases.pop(run_id, None)
@@ -285,7 +308,12 @@ class LedgerPlugin(SchedulerPlugin):
         if self.scheduler is None:
             return False
         if lease["started_at"] is None:
-            return self._client_heard(lease["client"])
+            # its placing process refreshes it until the body starts: a client that beats but has
+            # not refreshed for UNSTARTED_GRACE timeouts lost track of the claim (one it gave up on
+            # and could not release), which client liveness alone kept for the process's life
+            refreshed = max(lease.get("refreshed_at", lease["seen_at"]), self.awake_since)
+            return (time() - refreshed <= UNSTARTED_GRACE * self.lease_timeout_s
+                    and self._client_heard(lease["client"]))
         ts = self.scheduler.tasks.get(lease["key"]) if lease["key"] else None
         ws = ts.processing_on if ts is not None and ts.state == "processing" else None
         return (ws is not None and str(ws.name) == lease["worker"]
@@ -320,9 +348,14 @@ class LedgerPlugin(SchedulerPlugin):
         which a refresh sent a second before the stall and the stall itself add up to the lease.
         A gap taken for a stall only restarts the clocks (holders keep their slots a little
         longer); a stall missed drops leases whose bodies run, and their bodies are stopped."""
-        tick = monotonic()
-        last, self._ticked = self._ticked, tick
-        return last is not None and tick - last > max(2 * self._every_s, self.lease_timeout_s / 2)
+        tick, wall = monotonic(), time()
+        (last, last_wall), (self._ticked, self._ticked_wall) = (self._ticked, self._ticked_wall), (tick, wall)
+        if last is None or last_wall is None:
+            return False
+        gap = max(2 * self._every_s, self.lease_timeout_s / 2)
+        # a step of the wall clock (NTP, a resume from suspend, which the monotonic clock leaves
+        # out) ages every lease at once as a stall does, and nobody could have refreshed in it
+        return tick - last > gap or (wall - last_wall) - (tick - last) > gap
 
     def _expire(self) -> None:
         now = time()
@@ -345,7 +378,7 @@ class LedgerPlugin(SchedulerPlugin):
         return {"now": time(), "lease_timeout_s": self.lease_timeout_s, "versions": dict(self.versions),
                 "leases": [dict(lease) for lease in self.leases.values()],
                 "workers": sorted(set(self.names.values())), "counts": dict(self.counts),
-                "undelivered": len(self.undelivered), "kept": len(self.kept)}
+                "undelivered": len(self.undelivered), "kept": len(self.kept), "version_base": self.version_base}
 
     def claim(self, run_id: str, gpu_id: str, worker: str, capacity: int, job_type: str,
               required_throughput: float, work: float, expect_version: int,
@@ -363,14 +396,19 @@ class LedgerPlugin(SchedulerPlugin):
         the placing process says when it has logged the run (:meth:`logged`), so its worker's
         record is kept until then.
         """
-        version = self.versions.get(gpu_id, 0)
+        version = self.versions.get(gpu_id, self.version_base)
         held = self.leases.get(run_id)
         if held is not None:
             if held["gpu_id"] == gpu_id:
-                held["seen_at"] = time()
+                held["seen_at"] = held["refreshed_at"] = time()
                 return {"ok": True, "version": version}
             return {"ok": False, "reason": "held", "version": version,
                     "detail": f"run {run_id} already holds {held['gpu_id']}"}
+        if run_id in self.released:
+            self._count("refused_released")
+            return {"ok": False, "reason": "released", "version": version,
+                    "detail": f"run {run_id} was released before this claim was taken (its placing process gave "
+                              "the claim up)"}
         if worker not in self.names.values():
             return {"ok": False, "reason": "gone", "version": version,
                     "detail": f"worker {worker!r} of {gpu_id} is not in the pool"}
@@ -385,7 +423,7 @@ class LedgerPlugin(SchedulerPlugin):
         self.leases[run_id] = {
             "run_id": run_id, "gpu_id": gpu_id, "worker": worker, "job_type": job_type,
             "required_throughput": float(required_throughput), "work": float(work),
-            "claimed_at": now, "seen_at": now, "started_at": None, "cancel": False,
+            "claimed_at": now, "seen_at": now, "refreshed_at": now, "started_at": None, "cancel": False,
             "cancel_reason": None, "client": client, "key": None, "store": store,
             "power_limit_w": None if power_limit_w is None else float(power_limit_w),
             "acks_logged": bool(acks_logged),
@@ -413,7 +451,7 @@ class LedgerPlugin(SchedulerPlugin):
             if lease is None:
                 gone.append(r)
                 continue
-            lease["seen_at"] = now
+            lease["seen_at"] = lease["refreshed_at"] = now
             if lease["cancel"]:
                 cancel[r] = lease["cancel_reason"] or "cancelled"
         return {"gone": gone, "cancel": cancel, "lease_timeout_s": self.lease_timeout_s}
@@ -465,12 +503,14 @@ class LedgerPlugin(SchedulerPlugin):
         """
         lease = self.leases.get(run_id)
         if lease is None:
+            self._remember_released(run_id)
             if store is not None and row is not None and run_id not in self.undelivered:
                 self.deposit(run_id, store, row, client)
             return {"released": False, "started": None, "placer_lost": False}
         if if_unstarted and lease["started_at"] is not None:
             return {"released": False, "started": True, "placer_lost": False}
         self._drop(run_id, "released")
+        self._remember_released(run_id)
         # nobody waits for this run's outcome any more: its worker should hand in the measurement
         placer_lost = lease["cancel_reason"] in HAND_IN_REASONS or (
             lease["client"] is not None and self.scheduler is not None
