@@ -75,6 +75,85 @@ def test_corrupt_champion_falls_back_to_the_last_good_version_then_to_the_prior(
     assert bare.versions() == {"p1": None, "p2": None} and "built-in prior" in bare.degraded
 
 
+def _register_p2_with(source, block, tmp_path, change) -> int:
+    """A copy of the shipped P2 as the new champion, its config.json changed by ``change`` (its
+    weights and their hash as they were: what tampering with the records beside them looks like)."""
+    import json
+
+    copy = tmp_path / "p2-changed"
+    shutil.copytree(models_dir() / "synthetic" / "p2", copy)
+    config = json.loads((copy / "config.json").read_text())
+    change(config["trained_on"])
+    (copy / "config.json").write_text(json.dumps(config))
+    return source.registry.register(block.p2_name, copy, alias=block.alias)
+
+
+@pytest.mark.parametrize("what, change", [
+    ("ensemble", lambda t: t["ensemble"]["weights"].__setitem__("isolated", 2.0)),
+    ("site offsets", lambda t: t.__setitem__("site_offsets", {"unmeasured": {"t4": 5.0}})),
+    ("intervals", lambda t: t["intervals"]["halfwidths"]["isolated"].__setitem__(0, float("nan"))),
+])
+def test_a_champion_whose_stored_records_are_out_of_range_is_refused_not_placed_with(gogh_home, tmp_path, what,
+                                                                                     change):
+    """The records beside a refiner's weights (ensemble, site offsets, intervals) are not covered
+    by the weights' hash. One out of range made every placement fail, in a fresh process and in
+    one that had a good champion loaded (a security review), or sent every job to the GPU type a
+    site offset of x148 inflated. Such a champion is refused like garbage, and never cached."""
+    block = PredictorRegistry(refresh_s=0)
+    good = PredictorSource(block)
+    good.get()
+    assert good.versions()["p2"] == 1 and good.degraded is None
+    bad = _register_p2_with(good, block, tmp_path, change)
+    assert good.get() is not None and good.versions()["p2"] == 1  # the loaded one stays in use
+    assert f"gogh-p2 v{bad}" in good.degraded and f"stored {what}" in good.degraded
+    fresh = PredictorSource(block)  # a new process: the last good version cached locally
+    fresh.get()
+    assert fresh.versions() == {"p1": 1, "p2": 1} and "cached locally" in fresh.degraded
+    assert not list((gogh_home / "model-cache").rglob(f"gogh-p2-v{bad}*"))  # nothing of it kept
+
+
+def test_a_cached_copy_damaged_on_disk_is_downloaded_again(gogh_home, caplog):
+    """A cached weights file changed after it was checked (a disk error, a hand edit) made every
+    fresh process's placement fail with advice to re-save the model; the registry still has it."""
+    block = PredictorRegistry(refresh_s=0)
+    PredictorSource(block).get()
+    [weights] = (gogh_home / "model-cache").rglob("gogh-p2-v1/weights.safetensors")
+    weights.write_bytes(weights.read_bytes()[:-10])
+    fresh = PredictorSource(block)
+    with caplog.at_level("WARNING", logger="gogh_flows"):
+        fresh.get()
+    assert fresh.versions() == {"p1": 1, "p2": 1} and fresh.degraded is None
+    assert "the cached gogh-p2-v1 did not load any more" in caplog.text
+
+
+def test_falling_back_skips_cached_versions_that_no_longer_load_and_prefers_the_pair_last_loaded(gogh_home, tmp_path,
+                                                                                                caplog):
+    """With the registry away, a placement falls back to the versions cached here: the pair this
+    machine last loaded (not the newest of each, which may be a demoted champion), and past any
+    that do not load any more, down to the built-in prior, never a failed placement."""
+    block = PredictorRegistry(refresh_s=0)
+    source = PredictorSource(block)
+    source.get()
+    newer = _register_p2_with(source, block, tmp_path, lambda t: None)  # a good v2, then demoted to v1
+    source.get()
+    assert source.versions()["p2"] == newer
+    source.registry.set_alias(block.p2_name, block.alias, 1)
+    source.get()
+    assert source.versions()["p2"] == 1  # both cached now; v1 loaded last
+    predictor, versions, using = source._fallback_predictor("the registry is away")
+    assert versions == (1, 1) and "P2 v1" in using
+    # the pair last loaded damaged on disk: set aside, the next cached pair serves
+    [weights] = (gogh_home / "model-cache").rglob("gogh-p2-v1/weights.safetensors")
+    weights.write_bytes(b"damaged")
+    with caplog.at_level("WARNING", logger="gogh_flows"):
+        predictor, versions, using = source._fallback_predictor("the registry is away")
+    assert versions == (1, newer) and "set aside gogh-p2-v1" in caplog.text
+    for p1 in (gogh_home / "model-cache").rglob("gogh-p1-v1/weights.safetensors"):
+        p1.write_bytes(b"damaged")
+    predictor, versions, using = source._fallback_predictor("the registry is away")
+    assert versions == (None, None) and "built-in prior" in using
+
+
 def test_four_processes_starting_together_on_a_fresh_home_all_place(tmp_path):
     """MLflow's schema creation raced on a fresh SQLite store (3 of 4 processes failed)."""
     import os

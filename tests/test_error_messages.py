@@ -277,3 +277,50 @@ def test_every_seconds_setting_is_read_one_way(monkeypatch):
         monkeypatch.delenv(env)
     with pytest.raises(ValueError, match=r"^lease_timeout_s must be a number of seconds > 0 .*got -1$"):
         lease_timeout_from_env(-1)
+
+
+def test_a_block_document_whose_data_is_not_an_object_or_not_utf8_is_named(tmp_path):
+    import json
+
+    from gogh_flows.flows.blocks import read_block_document
+
+    listed = tmp_path / "listed.json"
+    listed.write_text(json.dumps({"type": "placement-policy", "name": "p", "data": [1]}))
+    with pytest.raises(ValueError, match=r"listed.json: a block document .* 'data' \(an object of the block's"):
+        read_block_document(listed)
+    latin = tmp_path / "latin.json"
+    latin.write_bytes(b'{"type": "placement-policy", "name": "caf\xe9", "data": {}}')
+    with pytest.raises(ValueError, match=r"latin.json: not UTF-8 text .* save it as UTF-8 JSON"):
+        read_block_document(latin)
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf", "-1", "fast"])
+def test_a_workers_time_scale_is_refused_by_name(monkeypatch, bad):
+    from gogh_flows.runtime.worker import time_scale_from_env
+
+    monkeypatch.setenv("GOGH_TIME_SCALE", bad)
+    with pytest.raises(ValueError, match=r"\$GOGH_TIME_SCALE on this worker must be a number >= 0"):
+        time_scale_from_env()
+    monkeypatch.setenv("GOGH_TIME_SCALE", " ")
+    assert time_scale_from_env() == 0.0
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_rates_and_features_are_refused_where_they_are_read(value):
+    """NaN passes a "< 0" check: a NaN rate in a truth file or a Gavel JSON made the optimiser's
+    figures NaN, and NaN layer features (published by another placing process) made a job look
+    unplaceable everywhere (a security review)."""
+    from gogh_flows.truth.gavel import GavelFormatError, parse_gavel_throughputs
+    from gogh_flows.truth.table import ThroughputTable
+    from gogh_flows.workloads.features import LayerFeature
+
+    with pytest.raises(ValueError, match="throughput must be a finite number >= 0"):
+        ThroughputTable.from_rows([{"job_type": "a", "gpu_type": "v100", "throughput": value}], source="t")
+    with pytest.raises(ValueError, match="partner_throughput must be a finite number >= 0, got .* beside 'b'"):
+        ThroughputTable.from_rows([{"job_type": "a", "gpu_type": "v100", "throughput": 1.0},
+                                   {"job_type": "a", "gpu_type": "v100", "partner": "b", "throughput": 1.0,
+                                    "partner_throughput": value}], source="t")
+    with pytest.raises(GavelFormatError, match="expected a finite throughput >= 0"):
+        parse_gavel_throughputs({"v100": {"('ResNet-18', 1)": {"null": value}}})
+    with pytest.raises(ValueError, match="must be finite numbers >= 0"):
+        LayerFeature("fc", "linear", value, 1, 1, 1)

@@ -404,3 +404,44 @@ def test_observations_read_extra_in_polars_and_survive_an_unreadable_one():
     obs = observations_from_measurements(frame, keys=True).sort("key")
     assert obs.select("key", "partner", "throughput").rows() == [("k1", None, 10.0), ("k2", None, 10.0),
                                                                   ("k4", "b", 6.0)]
+
+
+def test_a_nan_row_or_an_unreadable_file_in_the_table_does_not_stop_placements(tmp_path, caplog):
+    """One row with a NaN rate (written by anything but MeasurementLog, which refuses it) failed
+    every placement's observations (NaN > 0 holds in polars); one damaged parquet file failed them
+    with polars' words and no path (a security review). The row is left out; the file is named,
+    with what to do, and placements go on with what was read before."""
+    import logging
+    import time
+
+    import polars as pl
+
+    from gogh_flows.flows.observations import ObservationCache
+    from gogh_flows.tracking.measurements import SCHEMA, Measurement, MeasurementLog
+    from gogh_flows.tracking.table import DamagedTableFile
+
+    root = tmp_path / "measurements"
+    log = MeasurementLog(f"sqlite:///{tmp_path / 'mlflow.db'}", root)
+
+    def m(i: int, rate: float) -> Measurement:
+        return Measurement(run_id=f"r{i}", flow_name="f", job_type="ResNet-50 (batch size 64)", family="ResNet-50",
+                           batch_size=64, gpu_id="v100-0", gpu_type="v100", device="emulated", partners=(),
+                           required_throughput=1.0, predicted_throughput=2.0, steps=100.0, duration_s=50.0,
+                           throughput=rate, mean_power_w=200.0, energy_j=1e4, status="completed",
+                           telemetry="emulated", started_at=time.time(), window="emulated")
+
+    log.log(m(1, 2.0), defer=True)
+    parts = root / "table" / "parts"
+    row = {**m(2, 2.0).to_row(), "logged_at": time.time(), "throughput": float("nan")}
+    pl.DataFrame([row], schema=SCHEMA).write_parquet(parts / "zz-nan.parquet")
+    cache = ObservationCache(log)
+    assert cache.get()["throughput"].to_list() == [2.0]
+    [good] = [p for p in parts.glob("*.parquet") if p.name != "zz-nan.parquet"]
+    (parts / "zz-damaged.parquet").write_bytes(good.read_bytes()[:200])
+    with pytest.raises(DamagedTableFile, match=r"zz-damaged.parquet.*Move them out of the folder"):
+        log.read()
+    with caplog.at_level(logging.WARNING, logger="gogh_flows"):
+        assert cache.get()["throughput"].to_list() == [2.0]  # what was read before
+        assert ObservationCache(log).get().is_empty()  # a new process: nothing, said
+    said = [r.getMessage() for r in caplog.records if "placing without the measurements" in r.getMessage()]
+    assert len(said) == 2 and all("zz-damaged.parquet" in x for x in said)

@@ -80,3 +80,34 @@ def test_observed_rows_let_the_refiner_correct_the_rest_and_come_back_as_observe
     assert out[1] > 1.5 * p1.predict(rows)[1] and out[2] > 1.5 * p1.predict(rows)[2]  # the rest corrected
     with pytest.raises(ValueError, match="observed throughput must be >= 0"):
         p2.predict(rows.assign(observed=[-1.0, None, None]))
+
+
+def test_load_pyfunc_refuses_a_planted_pickle_that_mlflows_own_loader_would_run(registered):
+    """docs/tracking.md told users to load the champion with mlflow.pyfunc.load_model, which
+    follows the version's MLmodel: a version planted in the shared registry with a pickled
+    python_model ran its code on load (a security review). gogh's load_pyfunc checks the files
+    first; the pickle here only touches a marker file, and never runs."""
+    import pickle
+
+    from mlflow import MlflowClient
+
+    from gogh_flows.tracking.pyfunc_flavor import load_pyfunc
+
+    assert load_pyfunc("models:/gogh-p2@champion").predict(JOBS)[0] > 0  # gogh's own version loads
+    marker = registered / "code-ran"
+
+    class Payload:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    planted = registered / "planted"
+    planted.mkdir()
+    (planted / "python_model.pkl").write_bytes(pickle.dumps(Payload()))
+    (planted / "MLmodel").write_text("flavors:\n  python_function:\n    loader_module: mlflow.pyfunc.model\n"
+                                     "    python_model: python_model.pkl\n")
+    client = MlflowClient()
+    version = client.create_model_version("gogh-p2", source=str(planted)).version
+    client.set_registered_model_alias("gogh-p2", "champion", version)
+    with pytest.raises(UnsafeArtifactError, match=f"version {version} .* is refused"):
+        load_pyfunc("models:/gogh-p2@champion")
+    assert not marker.exists()

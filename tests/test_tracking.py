@@ -469,6 +469,21 @@ def test_unreachable_mlflow_spools_then_flush_writes(tmp_path: Path, uri: str, c
     assert back.read().height == 1
 
 
+def test_a_spool_file_that_is_json_but_not_a_record_is_set_aside_not_a_stop(tmp_path: Path, uri: str, caplog):
+    """A spooled file holding a JSON list stopped every flush at it (an AttributeError no one
+    caught), so the measurements spooled after it never reached MLflow."""
+    root = tmp_path / "measurements"
+    down = MeasurementLog(f"http://127.0.0.1:{free_port()}", root)
+    assert down.log(measurement(7)) is None and len(down.spooled()) == 1
+    odd = down.spool_dir / "0000-odd.json"
+    odd.write_text("[1, 2]")
+    back = MeasurementLog(uri, root, artifact_location=tmp_path / "art")
+    with caplog.at_level(logging.ERROR, logger="gogh_flows"):
+        assert back.flush_spool() == 1
+    assert back.spooled() == [] and odd.with_suffix(".json.bad").exists()
+    assert "a JSON list, not an object" in caplog.text
+
+
 def test_mlflow_failure_half_way_is_repaired_by_flush(mlog: MeasurementLog, uri: str, monkeypatch):
     m = measurement(8)
     client = mlog._client

@@ -90,7 +90,7 @@ def test_table_lookups_and_errors():
 
 
 def test_table_rejects_negative_throughput_and_missing_columns():
-    with pytest.raises(ValueError, match="throughput must be a number >= 0"):
+    with pytest.raises(ValueError, match="throughput must be a finite number >= 0"):
         ThroughputTable.from_rows([{"job_type": "a", "gpu_type": "v100", "scale_factor": 1, "throughput": -2.0}])
     with pytest.raises(ValueError, match="missing column"):
         ThroughputTable(pl.DataFrame({"job_type": ["a"]}))

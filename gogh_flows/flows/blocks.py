@@ -401,11 +401,14 @@ BLOCK_TYPES: dict[str, type[Block]] = {
 def read_block_document(path: Path) -> tuple[str, Block]:
     """A JSON document ``{"type": ..., "name": ..., "data": {...}}`` -> (name, validated block)."""
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from exc
-    if not isinstance(doc, dict) or not {"type", "name", "data"} <= set(doc):
-        raise ValueError(f"{path}: a block document is an object with keys 'type', 'name' and 'data'")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8 JSON") from exc
+    if not isinstance(doc, dict) or not {"type", "name", "data"} <= set(doc) or not isinstance(doc["data"], dict):
+        raise ValueError(f"{path}: a block document is an object with keys 'type', 'name' and 'data' (an object "
+                         "of the block's fields)")
     kind = doc["type"]
     if kind not in BLOCK_TYPES:
         raise ValueError(f"{path}: unknown block type {kind!r}; known types: {sorted(BLOCK_TYPES)}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Callable, Mapping
 
@@ -11,6 +12,9 @@ import polars as pl
 from gogh_flows.placement.problem import LimitEvidence
 from gogh_flows.predict.service import observations_frame
 from gogh_flows.tracking.measurements import PARTNERS_CHANGED, MeasurementLog
+from gogh_flows.tracking.table import DamagedTableFile
+
+log = logging.getLogger("gogh_flows")
 
 
 class ObservationCache:
@@ -28,6 +32,7 @@ class ObservationCache:
         self.log = log
         self._kinds = emulated_by_type
         self._stamp: object = None
+        self._said: object = None
         self._lock = threading.Lock()
         self._frame = observations_from_measurements(pl.DataFrame())
         self._evidence: LimitEvidence = {}
@@ -39,7 +44,16 @@ class ObservationCache:
             return
         with self._lock:  # placements started together parse a changed table once, not once each
             if stamp != self._stamp:
-                rows = of_board_kind(_steady_rows(self.log.read()), kinds)  # once for both: the table can be long
+                try:
+                    table = self.log.read()
+                except DamagedTableFile as exc:
+                    # placements go on with what was read before (nothing, in a new process), and
+                    # say why; read again when the table changes
+                    if stamp != self._said:
+                        log.warning("gogh: placing without the measurements read since: %s", exc)
+                        self._said = stamp
+                    return
+                rows = of_board_kind(_steady_rows(table), kinds)  # once for both: the table can be long
                 self._frame = _observations(rows)
                 self._evidence = _limit_evidence(rows)
                 self._stamp = stamp
@@ -165,7 +179,10 @@ def _steady_rows(frame: pl.DataFrame) -> pl.DataFrame:
     # an emulated GPU's figure is its truth only in emulated time (advance()); a body that only
     # reported on an emulated fleet was timed by the CPU it ran on, not by the GPU it stood for
     steady = ((window == "steady") & ~emulated) | (window == "emulated") | (window.is_null() & emulated)
-    rows = frame.filter((pl.col("throughput") > 0) & (pl.col("steps") > 0) & steady)
+    # NaN > 0 holds in polars: a row written by anything but MeasurementLog (which refuses them)
+    # with a NaN rate failed every placement's observations
+    finite = pl.col("throughput").is_finite() & pl.col("steps").is_finite()
+    rows = frame.filter((pl.col("throughput") > 0) & (pl.col("steps") > 0) & steady & finite)
     partners = (pl.col("partners").cast(pl.List(pl.String)).list.eval(pl.element().filter(pl.element() != ""))
                 if "partners" in rows.columns else pl.lit([], dtype=pl.List(pl.String)))
     rows = rows.with_columns(_extra_text=_extra_text(rows), _partners=partners.fill_null([]))

@@ -17,6 +17,7 @@ import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FuturesTimeout
 from concurrent.futures import wait as wait_for_futures
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,15 +25,22 @@ from filelock import FileLock
 from filelock import Timeout as FileLockTimeout
 from mlflow.exceptions import MlflowException
 
+from gogh_flows.durable import write_text
 from gogh_flows.flows.blocks import PredictorRegistry, state_dir
 from gogh_flows.flows.startup import starting
 from gogh_flows.predict.io import ModelFormatError, load_p1, load_p2, models_dir, prior_dir
-from gogh_flows.predict.service import ThroughputPredictor
+from gogh_flows.predict.service import ThroughputPredictor, stored_records
 from gogh_flows.tracking.backend import check_reachable, is_http
 from gogh_flows.tracking.errors import TrackingUnavailableError, UnsafeArtifactError, short_error
 from gogh_flows.tracking.registry import PRIOR_WAIT_S, ModelRegistry
 
 log = logging.getLogger("gogh_flows")
+
+#: what a model that cannot be used raises when loaded (garbage, unsafe files, damaged weights,
+#: stored records out of range: all ValueErrors), or a file missing from it
+LOAD_ERRORS = (ValueError, FileNotFoundError)
+#: the cache's record of the versions last loaded (the fall-back's first choice)
+LAST_GOOD = "last-good.json"
 
 
 class PriorRegistrationBusy(Exception):
@@ -176,18 +184,74 @@ class PredictorSource:
         return state_dir() / "model-cache" / self._uri_key()
 
     def _fetch(self, name: str, version: int) -> Path:
-        """A registered version, downloaded (and verified weights-only) once into the local cache."""
+        """A registered version, downloaded (and verified weights-only) once into the local cache.
+
+        Only a version that loads enters the cache: one cached when its files merely had the
+        right types, then refused by the loader's checks (hash, shapes, finite values, stored
+        records), became the fall-back of every later placement, which then failed on it."""
         dest = self._cache_root() / f"{name}-v{version}"
         if not (dest / "config.json").exists():
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.parent / f".{dest.name}.{os.getpid()}.{threading.get_ident()}"
             shutil.rmtree(tmp, ignore_errors=True)
-            self.registry.download(f"models:/{name}/{version}", dest=tmp)
+            try:
+                self.registry.download(f"models:/{name}/{version}", dest=tmp)
+                self._check(name, tmp)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
             try:
                 os.replace(tmp, dest)
             except OSError:  # another process cached it first
                 shutil.rmtree(tmp, ignore_errors=True)
         return dest
+
+    def _check(self, name: str, folder: Path) -> None:
+        """Raise as loading would (``LOAD_ERRORS``) if ``folder`` does not hold a usable ``name``."""
+        if name == self.block.p1_name:
+            load_p1(folder)
+        else:
+            stored_records(load_p2(folder))
+
+    def _load(self, v1: int, v2: int | None) -> ThroughputPredictor:
+        """The champion's versions, from the cache or the registry; a cached copy damaged since it
+        was checked (its weights no longer match their hash) is set aside and downloaded again."""
+        def load() -> ThroughputPredictor:
+            return ThroughputPredictor(load_p1(self._fetch(self.block.p1_name, v1)),
+                                       load_p2(self._fetch(self.block.p2_name, v2)) if v2 is not None else None)
+
+        try:
+            return load()
+        except LOAD_ERRORS:
+            damaged = [d for d in self._set_aside_broken(((self.block.p1_name, v1), (self.block.p2_name, v2)))]
+            if not damaged:
+                raise  # the registered version itself: it never entered the cache
+            log.warning("gogh: the cached %s did not load any more (changed on disk since it was checked); "
+                        "downloaded again", ", ".join(damaged))
+            return load()
+
+    def _set_aside_broken(self, versions) -> list[str]:
+        """Remove the cached folders among ``versions`` that do not load; their names."""
+        removed = []
+        for name, version in versions:
+            folder = self._cache_root() / f"{name}-v{version}"
+            if version is None or not (folder / "config.json").exists():
+                continue
+            try:
+                self._check(name, folder)
+            except LOAD_ERRORS:
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder.name)
+        return removed
+
+    def _remember_good(self, v1: int, v2: int | None) -> None:
+        """The versions last loaded here: what a placement falls back to while the registry is
+        away (not the newest cached of each, which may be a demoted champion, or a refiner not
+        trained with that estimator)."""
+        try:
+            write_text(self._cache_root() / LAST_GOOD, json.dumps({"p1": v1, "p2": v2}))
+        except OSError as exc:  # the fall-back then takes the newest cached: said, not fatal
+            log.warning("gogh: could not record the predictors last loaded (%s)", exc)
 
     def versions(self) -> dict[str, int | None]:
         return {"p1": self._loaded[0], "p2": self._loaded[1]}
@@ -280,9 +344,8 @@ class PredictorSource:
                 if (v1, v2) in self._refused:
                     return self._fall_back(self._refused[(v1, v2)])
                 try:
-                    p1 = load_p1(self._fetch(self.block.p1_name, v1))
-                    p2 = load_p2(self._fetch(self.block.p2_name, v2)) if v2 is not None else None
-                except (ModelFormatError, UnsafeArtifactError, FileNotFoundError, ValueError) as exc:
+                    predictor = self._load(v1, v2)
+                except LOAD_ERRORS as exc:
                     # garbage or missing artifacts: asking again will not help until the alias moves
                     self._refused[(v1, v2)] = (f"the champion ({self.block.p1_name} v{v1}, {self.block.p2_name} "
                                                f"v{v2}) cannot be loaded ({short_error(exc)})")
@@ -290,8 +353,9 @@ class PredictorSource:
                 except (MlflowException, OSError) as exc:  # the registry failed to serve them: asked again
                     return self._fall_back(f"the champion ({self.block.p1_name} v{v1}, {self.block.p2_name} "
                                            f"v{v2}) could not be downloaded ({short_error(exc)})")
-                self._predictor = ThroughputPredictor(p1, p2)
+                self._predictor = predictor
                 self._loaded = (v1, v2)
+                self._remember_good(v1, v2)
                 self._using = f"the predictors already loaded (P1 v{v1}, P2 v{v2})"
                 log.info("gogh: loaded predictors %s v%s, %s v%s (alias %s)", self.block.p1_name, v1,
                          self.block.p2_name, v2, self.block.alias)
@@ -305,11 +369,18 @@ class PredictorSource:
         return self._fall_back_to(self._predictor, self._using, reason)
 
     def _fallback_predictor(self, reason: str) -> tuple[ThroughputPredictor, tuple[int | None, int | None], str]:
-        cached = self._newest_cached()
-        if cached is not None:
-            (d1, v1), (d2, v2) = cached
-            return (ThroughputPredictor(load_p1(d1), load_p2(d2) if d2 is not None else None), (v1, v2),
-                    f"the versions cached locally (P1 v{v1}, P2 v{v2})")
+        for v1, v2 in self._cached_pairs():
+            root = self._cache_root()
+            try:
+                predictor = ThroughputPredictor(load_p1(root / f"{self.block.p1_name}-v{v1}"),
+                                                None if v2 is None else load_p2(root / f"{self.block.p2_name}-v{v2}"))
+            except LOAD_ERRORS as exc:
+                # changed on disk since it was checked: set aside, the next candidate (or the prior) serves
+                gone = self._set_aside_broken(((self.block.p1_name, v1), (self.block.p2_name, v2)))
+                log.warning("gogh: the cached predictors P1 v%s, P2 v%s do not load (%s)%s", v1, v2, short_error(exc),
+                            f"; set aside {', '.join(gone)}" if gone else "")
+                continue
+            return predictor, (v1, v2), f"the versions cached locally (P1 v{v1}, P2 v{v2})"
         base = prior_dir(self.block.prior or "synthetic")
         if not (base / "p1").is_dir():
             raise RuntimeError(f"{reason}, and there is no cached version nor built-in prior at "
@@ -326,23 +397,39 @@ class PredictorSource:
         self.degraded, self.degraded_reason = message, reason
         return predictor
 
-    def _newest_cached(self) -> tuple[tuple[Path, int], tuple[Path | None, int | None]] | None:
-        """The newest P1 (and P2) versions downloaded before, verified then: the last good ones."""
+    def _cached_pairs(self) -> Iterator[tuple[int, int | None]]:
+        """Cached (P1, P2) versions to fall back to, best first: the pair last loaded here, then
+        the newest P1 with the newest P2 (None: a P1 with no refiner cached). Each is looked up
+        again when asked for, so a pair set aside as broken is not offered twice."""
         root = self._cache_root()
 
-        def newest(name: str) -> tuple[Path, int] | None:
+        def cached(name: str) -> list[int]:
             found = []
             for d in root.glob(f"{name}-v*"):
                 suffix = d.name[len(name) + 2:]
                 if suffix.isdigit() and (d / "config.json").exists():
-                    found.append((int(suffix), d))
-            return (max(found)[1], max(found)[0]) if found else None
+                    found.append(int(suffix))
+            return sorted(found, reverse=True)
 
-        p1 = newest(self.block.p1_name)
-        if p1 is None:
-            return None
-        p2 = newest(self.block.p2_name)
-        return p1, (p2 if p2 is not None else (None, None))
+        def there(name: str, version: int | None) -> bool:
+            return version is None or (root / f"{name}-v{version}" / "config.json").exists()
+
+        offered = set()
+        try:
+            good = json.loads((root / LAST_GOOD).read_text())
+            last = (int(good["p1"]), None if good.get("p2") is None else int(good["p2"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            last = None
+        if last is not None and there(self.block.p1_name, last[0]) and there(self.block.p2_name, last[1]):
+            offered.add(last)
+            yield last
+        while True:
+            p1s, p2s = cached(self.block.p1_name), cached(self.block.p2_name)
+            pair = (p1s[0], p2s[0] if p2s else None) if p1s else None
+            if pair is None or pair in offered:
+                return
+            offered.add(pair)
+            yield pair
 
 
 def _in_background(call, *args) -> Future:

@@ -52,10 +52,16 @@ class Intervals:
     quantile_levels: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        levels = [float(x) for x in self.levels]
+        if not levels or not all(0.0 < x < 1.0 for x in levels) or any(b <= a for a, b in zip(levels, levels[1:])):
+            raise ValueError(f"intervals need increasing risk levels between 0 and 1; got {list(self.levels)!r}")
         for case in CASES:
             widths = self.halfwidths.get(case)
             if widths is None or len(widths) != len(self.levels):
                 raise ValueError(f"intervals need a half-width per level for {case!r}; got {widths!r}")
+            if not all(math.isfinite(float(w)) and float(w) >= 0 for w in widths):
+                raise ValueError(f"intervals' half-widths must be finite numbers >= 0 (log factors); {case!r} has "
+                                 f"{list(widths)!r}")
         for case, qs in self.quantile_levels.items():
             if case not in CASES or len(qs) != len(self.levels):
                 raise ValueError(f"intervals' quantile levels need one per level for a case of {CASES}; "

@@ -32,8 +32,9 @@ fit, as in measured tables.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -115,6 +116,28 @@ def _aggregate(obs: pl.DataFrame) -> _Observed:
     return _Observed(logs, values)
 
 
+def _stored(p2: P2Model | None, key: str, parse: Callable[[Any], Any], *, empty_is_none: bool = True) -> Any:
+    """``trained_on[key]`` of the refiner, parsed (None when it has none)."""
+    d = (p2.trained_on or {}).get(key) if p2 is not None else None
+    if d is None or (empty_is_none and not d):
+        return None
+    try:
+        return parse(d)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        why = f"it lacks {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise ValueError(f"the refiner's stored {key.replace('_', ' ')} (trained_on[{key!r}]) cannot be read: "
+                         f"{why}; re-run `gogh predictors calibrate --model DIR` to write it again, or retrain "
+                         "the refiner") from None
+
+
+def stored_records(p2: P2Model | None) -> tuple[Ensemble | None, SiteOffsets, Intervals | None]:
+    """The refiner's records beside its weights (its ensemble, site offsets and intervals), each
+    checked: a ``ValueError`` that names the record for one that is malformed or out of range.
+    Its weights' hash does not cover them, so a model read back is checked here."""
+    return (_stored(p2, "ensemble", Ensemble.from_dict, empty_is_none=False), _stored(p2, SITE_KEY, SiteOffsets.from_dict) or SiteOffsets(),
+            _stored(p2, "intervals", Intervals.from_dict))
+
+
 class ThroughputPredictor:
     """P1 (+ optional P2) behind a table-valued call; cheap enough to run at every placement."""
 
@@ -127,21 +150,15 @@ class ThroughputPredictor:
         self.p2 = p2
         self._zoo: dict[str, WorkloadFeatures | None] = {}
         self._priors: dict[tuple[str, tuple[str, ...]], np.ndarray | None] = {}
-        d = (p2.trained_on or {}).get("ensemble") if p2 is not None else None
-        try:
-            self.ensemble: Ensemble | None = Ensemble.from_dict(d) if d is not None else None
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            why = f"it lacks {exc}" if isinstance(exc, KeyError) else str(exc)
-            raise ValueError(f"the refiner's stored ensemble (trained_on['ensemble']) cannot be read: {why}; "
-                             "re-run `gogh predictors calibrate --model DIR` to write it again") from None
-        self.site = SiteOffsets.from_dict((p2.trained_on or {}).get(SITE_KEY) if p2 is not None else None)
+        # checked here: a record out of range failed every placement later, where nothing could
+        # fall back (a security review); the intervals are read again when asked (a caller may add them)
+        self.ensemble, self.site, _ = stored_records(p2)
 
     # -- public ------------------------------------------------------------------------------
     @property
     def intervals(self) -> Intervals | None:
         """The refiner's calibrated intervals (``gogh predictors train`` stores them), or None."""
-        d = (self.p2.trained_on or {}).get("intervals") if self.p2 is not None else None
-        return Intervals.from_dict(d) if d else None
+        return _stored(self.p2, "intervals", Intervals.from_dict)
 
     def predict_table(self, jobs: Mapping[str, WorkloadFeatures], gpu_types: Sequence[str],
                       observations: pl.DataFrame | None = None, risk: float | None = None) -> ThroughputTable:
@@ -603,5 +620,6 @@ def choose_anchoring(p1: P1Model, p2: P2Model, features: Mapping[str, WorkloadFe
 __all__ = [
     "ANCHORING", "MIN_VALIDATION_RUNS", "OBSERVATION_SCHEMA", "SITE_KEY", "ThroughputPredictor", "anchored_as",
     "choose_anchoring",
-    "choose_trust_scale", "fit_refiner", "fit_site_offsets", "observations_frame", "training_entries",
+    "choose_trust_scale", "fit_refiner", "fit_site_offsets", "observations_frame", "stored_records",
+    "training_entries",
 ]

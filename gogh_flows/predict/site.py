@@ -31,6 +31,10 @@ import numpy as np
 
 #: measurements' worth of "this type runs as predicted" that each offset is shrunk toward
 SHRINK = 2.0
+#: the largest log offset a stored refiner may carry (a factor of 10 either way): a fleet's boards
+#: differ from the prior's world by tens of percent; a factor beyond this in a model read back is
+#: damage or tampering, and it would send every job to the type it inflates
+MAX_OFFSET = math.log(10.0)
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,14 @@ class SiteOffsets:
     anchored: bool = False
     measurements: Mapping[str, int] = field(default_factory=dict)
     shrink: float = SHRINK
+
+    def __post_init__(self) -> None:
+        bad = {g: v for g, v in self.unmeasured.items() if not abs(float(v)) <= MAX_OFFSET}
+        if bad:
+            raise ValueError(f"site offsets must be finite log factors within +-{MAX_OFFSET:.3f} (a factor of 10); "
+                             f"got {bad}")
+        if not (math.isfinite(float(self.shrink)) and self.shrink >= 0):
+            raise ValueError(f"site offsets' shrink must be a finite number >= 0, got {self.shrink!r}")
 
     @classmethod
     def fit(cls, residuals: Iterable[tuple[str, float]], shrink: float = SHRINK) -> SiteOffsets:
@@ -53,7 +65,9 @@ class SiteOffsets:
             if math.isfinite(r):
                 sums[gpu] = sums.get(gpu, 0.0) + r
                 counts[gpu] = counts.get(gpu, 0) + 1
-        return cls({g: sums[g] / (counts[g] + shrink) for g in sums}, False, counts, shrink)
+        # a fit beyond a factor of 10 is kept at it: the store refuses more (MAX_OFFSET)
+        return cls({g: max(-MAX_OFFSET, min(MAX_OFFSET, sums[g] / (counts[g] + shrink))) for g in sums}, False,
+                   counts, shrink)
 
     def __bool__(self) -> bool:
         return any(v != 0.0 for v in self.unmeasured.values())
@@ -83,4 +97,4 @@ class SiteOffsets:
                    {str(k): int(v) for k, v in (d.get("measurements") or {}).items()}, float(d.get("shrink", SHRINK)))
 
 
-__all__ = ["SHRINK", "SiteOffsets"]
+__all__ = ["MAX_OFFSET", "SHRINK", "SiteOffsets"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import pickle
 import threading
@@ -71,7 +72,21 @@ def _config() -> RuntimeConfig:
         plugin = None
     if isinstance(plugin, RuntimeConfig):
         return plugin
-    return RuntimeConfig(None, float(os.environ.get(TIME_SCALE_ENV, "0") or 0))
+    return RuntimeConfig(None, time_scale_from_env())
+
+
+def time_scale_from_env() -> float:
+    """``$GOGH_TIME_SCALE`` of a worker started by hand (blank: 0, no sleeping): a finite number
+    >= 0, refused by name (a bare "could not convert string to float" came back from the run)."""
+    raw = os.environ.get(TIME_SCALE_ENV, "").strip() or "0"
+    try:
+        scale = float(raw)
+    except ValueError:
+        scale = math.nan
+    if not (math.isfinite(scale) and scale >= 0):
+        raise ValueError(f"${TIME_SCALE_ENV} on this worker must be a number >= 0 (wall seconds per emulated "
+                         f"second; 0: no sleeping), got {raw!r}")
+    return scale
 
 
 def _default_truth_for(gpu_type: str) -> ThroughputTable:

@@ -489,6 +489,8 @@ class MeasurementLog:
             for path in self.spooled():
                 try:
                     record = json.loads(path.read_text(encoding="utf-8"))
+                    if not isinstance(record, dict):  # JSON, but not a record: it stopped every flush
+                        raise TypeError(f"a JSON {type(record).__name__}, not an object")
                     m = Measurement.from_row(record)
                 except (OSError, ValueError, TypeError) as exc:
                     bad = path.with_suffix(".json.bad")

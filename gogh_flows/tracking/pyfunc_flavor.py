@@ -1,9 +1,10 @@
 """An MLflow ``python_function`` flavor for gogh predictors that never unpickles anything.
 
 Why: a registered predictor version should be usable with MLflow's own tools
-(``mlflow.pyfunc.load_model("models:/gogh-p2@champion")``, ``mlflow models serve``), yet the
-registry is shared, writable storage and a pickle planted there would run on every machine
-that loads it. MLflow's ``loader_module`` form needs no pickle: the ``MLmodel`` file names this
+(``mlflow.pyfunc.load_model``, ``mlflow models serve``), yet the registry is shared, writable
+storage and a pickle planted there would run on every machine that loads it. gogh's own
+versions hold none; but MLflow's loaders follow whatever a version's ``MLmodel`` says, so a
+version is loaded from the registry through :func:`load_pyfunc`, which checks its files first. MLflow's ``loader_module`` form needs no pickle: the ``MLmodel`` file names this
 module, and loading calls :func:`_load_pyfunc` on the version's own files (safetensors + JSON),
 which :func:`gogh_flows.predict.io.load_model` rebuilds.
 
@@ -119,6 +120,28 @@ def _p1_from(uri: str) -> Any:
         return load_p1(local)
 
 
+def load_pyfunc(model_uri: str) -> Any:
+    """``mlflow.pyfunc.load_model(model_uri)`` for a gogh predictor in the registry MLflow is set
+    to, its files checked weights-only (:func:`~gogh_flows.tracking.safety.verify_weights_only`)
+    before MLflow reads them.
+
+    Why not MLflow's own call: ``mlflow.pyfunc.load_model("models:/...")`` follows whatever
+    ``MLmodel`` the version holds, and a version planted in the shared registry with MLflow's
+    pickled ``python_model`` runs its code on load (a security review reproduced it); the
+    registry's files are untrusted input. Here the version is downloaded and refused
+    (``UnsafeArtifactError``) unless it is gogh's safetensors-and-JSON format."""
+    import tempfile
+
+    import mlflow
+    from mlflow.pyfunc import load_model
+
+    from gogh_flows.tracking.registry import ModelRegistry
+
+    with tempfile.TemporaryDirectory(prefix="gogh-pyfunc-") as tmp:
+        local, _ = ModelRegistry(mlflow.get_tracking_uri()).download(model_uri, dest=Path(tmp) / "model")
+        return load_model(str(local))  # read into memory: the folder can go
+
+
 def write_mlmodel(directory: Path, *, p1_uri: str | None = None) -> None:
     """Add the ``MLmodel`` file (and, for a P2, the P1 it refines) to a model directory."""
     import json
@@ -133,4 +156,4 @@ def write_mlmodel(directory: Path, *, p1_uri: str | None = None) -> None:
         (Path(directory) / "gogh_pyfunc.json").write_text(json.dumps({"p1_uri": p1_uri}) + "\n")
 
 
-__all__ = ["GoghPyfunc", "INPUT_COLUMNS", "LOADER_MODULE", "write_mlmodel"]
+__all__ = ["GoghPyfunc", "INPUT_COLUMNS", "LOADER_MODULE", "load_pyfunc", "write_mlmodel"]

@@ -219,7 +219,8 @@ class ModelRegistry:
 
         The version is also an MLflow model: an ``MLmodel`` file naming gogh's own pyfunc
         loader is added (``tracking/pyfunc_flavor.py``, no pickle), so
-        ``mlflow.pyfunc.load_model("models:/<name>@<alias>")`` predicts. A P2 refiner names the
+        ``gogh_flows.tracking.pyfunc_flavor.load_pyfunc("models:/<name>@<alias>")`` predicts (MLflow's
+        loader, after the files are checked). A P2 refiner names the
         P1 it refines there: ``p1_uri`` (default ``models:/gogh-p1@champion``).
         """
         _check_name(name)

@@ -50,6 +50,11 @@ from gogh_flows import durable
 
 log = logging.getLogger(__name__)
 
+
+class DamagedTableFile(ValueError):
+    """A file of a measurement table that polars cannot read (damaged outside gogh: its files
+    are written whole, then renamed into place)."""
+
 #: parts merged into one level-0 segment once there are this many
 PARTS_PER_SEGMENT = 64
 #: segments of one level merged into one of the next once there are this many
@@ -321,9 +326,32 @@ def _read_once(root: Path, schema: Mapping[str, pl.DataType]) -> pl.DataFrame | 
         frame = unique_rows(MeasurementTable._read_files(segments + parts, schema))
     except FileNotFoundError:  # merged away (or a part that lost its key claim) since listed
         return None
+    except pl.exceptions.PolarsError as exc:
+        damaged = _unreadable(segments + parts, schema)
+        if not damaged:
+            return None  # merged away while read: polars says so in its own words
+        raise DamagedTableFile(
+            f"the measurement table at {root} has {len(damaged)} file(s) that cannot be read ({damaged[0].name}: "
+            f"{str(exc).splitlines()[0][:200]}): {', '.join(str(p) for p in damaged[:3])}. Move them out of the "
+            "folder to read the rest: their rows are then missing from this table (each measurement logged to "
+            "MLflow is kept there as a run)") from None
     if sorted((root / "segments").glob("*.parquet")) != segments:
         return None
     return frame
+
+
+def _unreadable(files: list[Path], schema: Mapping[str, pl.DataType]) -> list[Path]:
+    """The files of ``files`` that exist and polars cannot read, one by one."""
+    bad = []
+    for f in files:
+        try:
+            MeasurementTable._read_files([f], schema)
+        except FileNotFoundError:
+            continue
+        except pl.exceptions.PolarsError:
+            if f.exists():
+                bad.append(f)
+    return bad
 
 
 def with_schema(frame: pl.DataFrame, schema: Mapping[str, pl.DataType]) -> pl.DataFrame:
@@ -344,5 +372,5 @@ def unique_rows(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.sort(order, nulls_last=True).unique("key", keep="first", maintain_order=True)
 
 
-__all__ = ["FANOUT", "PARTS_PER_SEGMENT", "PROVISIONAL", "MeasurementTable", "is_provisional", "key_digest",
+__all__ = ["DamagedTableFile", "FANOUT", "PARTS_PER_SEGMENT", "PROVISIONAL", "MeasurementTable", "is_provisional", "key_digest",
            "read_table_folder", "unique_rows", "with_schema"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import os
 from pathlib import Path
 
@@ -64,8 +65,8 @@ def _parse_key(key: str, where: str) -> tuple[str, int]:
 
 
 def _number(value: object, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise GavelFormatError(f"{where}: expected a throughput >= 0, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+        raise GavelFormatError(f"{where}: expected a finite throughput >= 0, got {value!r}")
     return float(value)
 
 

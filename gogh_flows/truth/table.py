@@ -13,6 +13,7 @@ does not fit), exactly as Gavel records it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,12 +71,20 @@ class ThroughputTable:
                 f"throughput table is missing column(s) {missing}; expected columns {list(SCHEMA)}"
             )
         frame = self.frame.select(list(SCHEMA)).cast(SCHEMA)  # type: ignore[arg-type]
-        bad = frame.filter(pl.col("throughput").is_null() | (pl.col("throughput") < 0))
+        # NaN passes a "< 0" test (in polars as in Python): a NaN or infinite rate read from a file
+        # made the optimiser's figures NaN, and a job look unplaceable everywhere
+        bad = frame.filter(pl.col("throughput").is_null() | ~pl.col("throughput").is_finite()
+                           | (pl.col("throughput") < 0)
+                           | (pl.col("partner_throughput").is_not_null()
+                              & (~pl.col("partner_throughput").is_finite() | (pl.col("partner_throughput") < 0))))
         if bad.height:
             row = bad.row(0, named=True)
+            which = ("throughput" if row["throughput"] is None or not math.isfinite(row["throughput"])
+                     or row["throughput"] < 0 else "partner_throughput")
             raise ValueError(
-                f"throughput must be a number >= 0, got {row['throughput']!r} for "
+                f"{which} must be a finite number >= 0, got {row[which]!r} for "
                 f"job {row['job_type']!r} on {row['gpu_type']!r}"
+                + (f" beside {row['partner']!r}" if row["partner"] is not None else "")
             )
         object.__setattr__(self, "frame", frame)
         iso: dict[tuple[str, str, int], float] = {}

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import math
 import numbers
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -92,8 +93,10 @@ class LayerFeature:
     def __post_init__(self) -> None:
         if self.op not in OP_KINDS:
             raise ValueError(f"LayerFeature op must be one of {OP_KINDS}, got {self.op!r}")
-        if self.flops < 0 or self.params < 0 or self.activation_bytes < 0 or self.input_bytes < 0:
-            raise ValueError(f"LayerFeature {self.name!r}: flops, params and bytes must be >= 0")
+        if not all(0 <= v < math.inf for v in (self.flops, self.params, self.activation_bytes, self.input_bytes)):
+            raise ValueError(f"LayerFeature {self.name!r}: flops, params and bytes must be finite numbers >= 0; got "
+                             f"flops={self.flops!r}, params={self.params!r}, activation_bytes={self.activation_bytes!r}, "
+                             f"input_bytes={self.input_bytes!r}")
         object.__setattr__(self, "flops", float(self.flops))
 
     def to_dict(self) -> dict[str, Any]:
