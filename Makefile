@@ -27,8 +27,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/gogh demo
 
+# two pytest processes: the multi-host tests (processes started with the Dask CLIs, waiting out
+# the faults they test) one after another in one of them, every other test in either
+# (docs/performance.md, "Test suite and demo")
 test: $(STAMP)
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q --durations=15 -n 2 --dist loadgroup
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/placement_scaling.py

@@ -21,7 +21,8 @@ import pytest
 
 from runrecords import assert_shared_only_knowingly, run_records
 
-pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.timeout(300)]
+# one xdist group: these tests start processes and wait out faults, one after another on one worker
+pytestmark = [pytest.mark.usefixtures("prefect_server"), pytest.mark.timeout(300), pytest.mark.xdist_group("multihost")]
 
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent

@@ -14,10 +14,10 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FuturesTimeout
 from concurrent.futures import wait as wait_for_futures
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -223,14 +223,14 @@ class PredictorSource:
         try:
             return load()
         except LOAD_ERRORS:
-            damaged = [d for d in self._set_aside_broken(((self.block.p1_name, v1), (self.block.p2_name, v2)))]
+            damaged = self._set_aside_broken(((self.block.p1_name, v1), (self.block.p2_name, v2)))
             if not damaged:
                 raise  # the registered version itself: it never entered the cache
             log.warning("gogh: the cached %s did not load any more (changed on disk since it was checked); "
                         "downloaded again", ", ".join(damaged))
             return load()
 
-    def _set_aside_broken(self, versions) -> list[str]:
+    def _set_aside_broken(self, versions: Iterable[tuple[str, int | None]]) -> list[str]:
         """Remove the cached folders among ``versions`` that do not load; their names."""
         removed = []
         for name, version in versions:
