@@ -116,7 +116,7 @@ def test_a_lease_lapses_only_when_unrefreshed_and_dask_shows_its_holder_gone():
 
     def claim(run_id: str, client: str) -> None:
         assert plugin.claim(run_id, "v100-0", "v100-0", 9, "a", 1.0, 1.0,
-                            plugin.versions.get("v100-0", plugin.version_base), client=client)["ok"]
+                            plugin.version_of("v100-0"), client=client)["ok"]
 
     claim("queued-live-client", "c1")
     claim("queued-dead-client", "c2")
@@ -157,7 +157,7 @@ def test_the_ledgers_own_stall_restarts_every_leases_clock():
     plugin.scheduler = sched = _FakeScheduler()
     plugin.names = {"tcp://w": "v100-0"}
     for run_id, client in (("running", "c1"), ("queued", "c2")):  # c2: a client Dask no longer shows
-        assert plugin.claim(run_id, "v100-0", "v100-0", 9, "a", 1.0, 1.0, plugin.versions.get("v100-0", plugin.version_base),
+        assert plugin.claim(run_id, "v100-0", "v100-0", 9, "a", 1.0, 1.0, plugin.version_of("v100-0"),
                             client=client)["ok"]
     plugin.begin("running", "v100-0", key="k-run")
     plugin._expire()  # the check runs, then the scheduler stands still for 5 s
@@ -217,7 +217,7 @@ def test_a_claim_of_a_placing_process_that_hung_lapses_though_its_client_is_conn
     sched.clients = {"beating": types.SimpleNamespace(last_seen=now - 10.0),
                      "hung": types.SimpleNamespace(last_seen=now - 20.0)}
     for run_id in ("beating", "hung"):
-        assert plugin.claim(run_id, "v100-0", "v100-0", 9, "a", 1.0, 1.0, plugin.versions.get("v100-0", plugin.version_base),
+        assert plugin.claim(run_id, "v100-0", "v100-0", 9, "a", 1.0, 1.0, plugin.version_of("v100-0"),
                             client=run_id)["ok"]
         plugin.leases[run_id]["seen_at"] = now - 5.0  # its refreshes stopped a lease timeout ago
     plugin._expire()
@@ -236,7 +236,7 @@ def test_an_unstarted_claim_nobody_refreshes_lapses_though_its_placers_client_be
     plugin.names = {"tcp://w": "v100-0"}
     for run_id in ("forgotten", "refreshed"):
         assert plugin.claim(run_id, "v100-0", "v100-0", 9, "a", 1.0, 1.0,
-                            plugin.versions.get("v100-0", plugin.version_base), client="c1")["ok"]
+                            plugin.version_of("v100-0"), client="c1")["ok"]
     now = time.time()
     for lease in plugin.leases.values():
         lease["seen_at"] = lease["refreshed_at"] = now - 2.0  # a refresh missed: the client still beats
@@ -615,7 +615,7 @@ def test_a_placer_lost_after_its_runs_body_ended_still_gets_the_run_logged():
     plugin.scheduler = Scheduler()
     plugin.names = {"tcp://w": "v100-0"}
     def ended(run: str, acks: bool = True) -> dict:
-        assert plugin.claim(run, "v100-0", "v100-0", 9, "a", 1.0, 1.0, plugin.versions.get("v100-0", plugin.version_base),
+        assert plugin.claim(run, "v100-0", "v100-0", 9, "a", 1.0, 1.0, plugin.version_of("v100-0"),
                             client="placer-1", store="s", acks_logged=acks)["ok"]
         plugin.begin(run, "v100-0", key=f"k-{run}")
         return plugin.release(run, store="s", row={"run_id": run, "steps": 30.0})
@@ -767,7 +767,7 @@ def test_a_worker_releasing_to_an_older_ledger_frees_its_slot_and_hands_in_a_los
         return {"gogh_ledger_release": plugin.release, "gogh_ledger_deposit": plugin.deposit}[op](**kwargs)
 
     for run, lost in (("r1", False), ("r2", True)):
-        assert plugin.claim(run, "v100-0", "v100-0", 2, "a", 1.0, 1.0, plugin.versions.get("v100-0", plugin.version_base),
+        assert plugin.claim(run, "v100-0", "v100-0", 2, "a", 1.0, 1.0, plugin.version_of("v100-0"),
                             client="placer-1", store="s")["ok"]
         plugin.begin(run, "v100-0", key=f"k-{run}")
         if lost:

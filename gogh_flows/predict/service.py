@@ -134,7 +134,8 @@ def stored_records(p2: P2Model | None) -> tuple[Ensemble | None, SiteOffsets, In
     """The refiner's records beside its weights (its ensemble, site offsets and intervals), each
     checked: a ``ValueError`` that names the record for one that is malformed or out of range.
     Its weights' hash does not cover them, so a model read back is checked here."""
-    return (_stored(p2, "ensemble", Ensemble.from_dict, empty_is_none=False), _stored(p2, SITE_KEY, SiteOffsets.from_dict) or SiteOffsets(),
+    return (_stored(p2, "ensemble", Ensemble.from_dict, empty_is_none=False),
+            _stored(p2, SITE_KEY, SiteOffsets.from_dict) or SiteOffsets(),
             _stored(p2, "intervals", Intervals.from_dict))
 
 

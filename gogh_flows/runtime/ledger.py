@@ -265,8 +265,12 @@ class LedgerPlugin(SchedulerPlugin):
         if n:
             self.counts[what] = self.counts.get(what, 0) + n
 
+    def version_of(self, gpu_id: str) -> int:
+        """The GPU's version now (what a claim's ``expect_version`` must be)."""
+        return self.versions.get(gpu_id, self.version_base)
+
     def _bump(self, gpu_id: str) -> int:
-        self.versions[gpu_id] = self.versions.get(gpu_id, self.version_base) + 1
+        self.versions[gpu_id] = self.version_of(gpu_id) + 1
         return self.versions[gpu_id]
 
     def _remember_released(self, run_id: str) -> None:
@@ -396,7 +400,7 @@ class LedgerPlugin(SchedulerPlugin):
         the placing process says when it has logged the run (:meth:`logged`), so its worker's
         record is kept until then.
         """
-        version = self.versions.get(gpu_id, self.version_base)
+        version = self.version_of(gpu_id)
         held = self.leases.get(run_id)
         if held is not None:
             if held["gpu_id"] == gpu_id:

@@ -4,9 +4,10 @@ Why: a registered predictor version should be usable with MLflow's own tools
 (``mlflow.pyfunc.load_model``, ``mlflow models serve``), yet the registry is shared, writable
 storage and a pickle planted there would run on every machine that loads it. gogh's own
 versions hold none; but MLflow's loaders follow whatever a version's ``MLmodel`` says, so a
-version is loaded from the registry through :func:`load_pyfunc`, which checks its files first. MLflow's ``loader_module`` form needs no pickle: the ``MLmodel`` file names this
-module, and loading calls :func:`_load_pyfunc` on the version's own files (safetensors + JSON),
-which :func:`gogh_flows.predict.io.load_model` rebuilds.
+version is loaded from the registry through :func:`load_pyfunc`, which checks its files first.
+MLflow's ``loader_module`` form needs no pickle: the ``MLmodel`` file names this module, and
+loading calls :func:`_load_pyfunc` on the version's own files (safetensors + JSON), which
+:func:`gogh_flows.predict.io.load_model` rebuilds.
 
 ``predict`` takes a table (pandas or anything ``pandas.DataFrame`` accepts) with columns
 

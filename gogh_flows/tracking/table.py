@@ -372,5 +372,6 @@ def unique_rows(frame: pl.DataFrame) -> pl.DataFrame:
     return frame.sort(order, nulls_last=True).unique("key", keep="first", maintain_order=True)
 
 
-__all__ = ["DamagedTableFile", "FANOUT", "PARTS_PER_SEGMENT", "PROVISIONAL", "MeasurementTable", "is_provisional", "key_digest",
+__all__ = ["DamagedTableFile", "FANOUT", "PARTS_PER_SEGMENT", "PROVISIONAL", "MeasurementTable", "is_provisional",
+           "key_digest",
            "read_table_folder", "unique_rows", "with_schema"]

@@ -95,8 +95,8 @@ class LayerFeature:
             raise ValueError(f"LayerFeature op must be one of {OP_KINDS}, got {self.op!r}")
         if not all(0 <= v < math.inf for v in (self.flops, self.params, self.activation_bytes, self.input_bytes)):
             raise ValueError(f"LayerFeature {self.name!r}: flops, params and bytes must be finite numbers >= 0; got "
-                             f"flops={self.flops!r}, params={self.params!r}, activation_bytes={self.activation_bytes!r}, "
-                             f"input_bytes={self.input_bytes!r}")
+                             f"flops={self.flops!r}, params={self.params!r}, "
+                             f"activation_bytes={self.activation_bytes!r}, input_bytes={self.input_bytes!r}")
         object.__setattr__(self, "flops", float(self.flops))
 
     def to_dict(self) -> dict[str, Any]:
