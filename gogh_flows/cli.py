@@ -137,10 +137,12 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
             usable = {d.worker for d in discover_workers(client, args.address)[0]}
         except ValueError:  # none usable: discover_workers' warnings named each
             usable = set()
-    left_out = sorted(set(state.workers) - usable)
+    # a silent worker (hung) is also left out when it did not answer discovery: said as both
+    left_out = sorted((set(state.workers) | state.silent_workers) - usable)
     if args.json:
         print(json.dumps({"now": state.now, "lease_timeout_s": state.lease_timeout_s,
-                          "workers": sorted(state.workers), "left_out_workers": left_out, "counts": state.counts,
+                          "workers": sorted(state.workers), "left_out_workers": left_out,
+                          "silent_workers": sorted(state.silent_workers), "counts": state.counts,
                           "lost_placer_runs_waiting": state.undelivered,
                           "leases": [lease.__dict__ for lease in state.leases]}, indent=2))
         return 0
@@ -159,6 +161,8 @@ def cmd_pool_status(args: argparse.Namespace) -> int:
     idle = sorted((usable & set(state.workers)) - {lease.worker for lease in state.leases})
     console.print(f"workers: {len(state.workers)} ({len(idle)} idle: {', '.join(idle) or '-'}"
                   + (f"; {len(left_out)} left out of the pool (misconfigured or not answering): {', '.join(left_out)}" if left_out else "")
+                  + (f"; {len(state.silent_workers)} silent (no heartbeat lately: hung or overloaded; not placed on "
+                     f"until heard from): {', '.join(sorted(state.silent_workers))}" if state.silent_workers else "")
                   + ")" + ("; " + ", ".join(f"{k} {v}" for k, v in sorted(state.counts.items()))
                            if state.counts else "; no claims yet"))
     if state.undelivered:

@@ -357,6 +357,28 @@ def test_a_release_the_scheduler_did_not_answer_is_sent_again_until_it_is(pool, 
     assert ledger.state().counts.get("expired", 0) == 0  # released, not lapsed
 
 
+def test_a_silent_worker_is_not_offered_to_placements_until_it_is_heard_again():
+    """A hung worker (stopped, its event loop blocked) stays registered until Dask's worker-ttl
+    (5 minutes): its running leases lapse within the lease timeout, but new runs were still
+    pinned to it and waited in its queue (a Dask review). Placements now see only the workers
+    heard from lately; `gogh pool status` lists the silent ones."""
+    from gogh_flows.runtime.ledger import SILENT_WORKER_S
+
+    plugin = LedgerPlugin(1.0)
+    plugin.scheduler = sched = _FakeScheduler()
+    now = time.time()
+    sched.workers = {"tcp://a": SimpleNamespace(last_seen=now), "tcp://b": SimpleNamespace(last_seen=now - 60.0)}
+    plugin.names = {"tcp://a": "v100-0", "tcp://b": "v100-1"}
+    state = plugin.state()
+    assert state["workers"] == ["v100-0"] and state["silent_workers"] == ["v100-1"]
+    sched.workers["tcp://b"].last_seen = now - SILENT_WORKER_S + 2.0  # heard again
+    assert plugin.state()["workers"] == ["v100-0", "v100-1"] and plugin.state()["silent_workers"] == []
+    # nobody is heard while the scheduler itself stands still: a stall silences no worker
+    sched.workers["tcp://b"].last_seen = now - 60.0
+    plugin.awake_since = now
+    assert plugin.state()["workers"] == ["v100-0", "v100-1"]
+
+
 def test_worker_leaving_drops_its_leases_and_its_gpu_leaves_the_live_devices(pool):
     ledger = pool.ledger
     assert _claim(ledger, "r1", gpu="t4-0").ok and _claim(ledger, "r2", gpu="v100-0").ok

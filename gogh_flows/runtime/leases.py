@@ -63,6 +63,7 @@ class LedgerState:
     undelivered: int = 0  # runs of lost placing processes (with their measurement if a body ran) not yet delivered
     kept: int = 0  # workers' records of ended runs waiting for their placing process to say it logged them
     version_base: int = 0  # where the ledger's versions start (random per ledger; 0 from older ones)
+    silent_workers: frozenset[str] = frozenset()  # registered, not heard from lately: not placed on
 
     def version(self, gpu_id: str) -> int:
         return self.versions.get(gpu_id, self.version_base)
@@ -168,7 +169,8 @@ class PoolLedger:
                            leases=tuple(Lease.from_wire(x) for x in d["leases"]),
                            workers=frozenset(d["workers"]), counts=d["counts"],
                            undelivered=d.get("undelivered", 0), kept=d.get("kept", 0),
-                           version_base=d.get("version_base", 0))
+                           version_base=d.get("version_base", 0),
+                           silent_workers=frozenset(d.get("silent_workers", ())))
 
     def put_features(self, job_type: str, doc: str | None = None, *, timeout_s: float | None = 10.0) -> bool:
         """Publish a job type's layer features (JSON) to the pool's other placing processes; with no

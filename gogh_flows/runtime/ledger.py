@@ -117,6 +117,10 @@ PLACER_GAVE_UP = "its placing process gave it up (the pool's scheduler did not a
 HAND_IN_REASONS = (PLACER_LOST, PLACER_GAVE_UP)
 #: Dask's ``distributed.client.heartbeat``: how often a client beats until the scheduler says otherwise
 CLIENT_HEARTBEAT_S = 5.0
+#: a worker not heard from for this long (or the lease timeout, if longer) is left out of the
+#: workers a placement may choose: hung (stopped, its event loop blocked), or too loaded to beat.
+#: Dask keeps it until its worker-ttl (5 minutes), and runs placed on it waited in its queue
+SILENT_WORKER_S = 10.0
 
 
 #: job types whose features the ledger keeps, and the largest document it takes (a job's tokens
@@ -379,10 +383,28 @@ class LedgerPlugin(SchedulerPlugin):
     # -- handlers (each runs alone on the scheduler's event loop: atomic) ---------------
     def state(self) -> dict[str, Any]:
         """Everything a decision needs: leases, per-GPU versions, live workers, the clock."""
+        live, silent = self._workers_heard()
         return {"now": time(), "lease_timeout_s": self.lease_timeout_s, "versions": dict(self.versions),
                 "leases": [dict(lease) for lease in self.leases.values()],
-                "workers": sorted(set(self.names.values())), "counts": dict(self.counts),
+                "workers": live, "silent_workers": silent, "counts": dict(self.counts),
                 "undelivered": len(self.undelivered), "kept": len(self.kept), "version_base": self.version_base}
+
+    def _workers_heard(self) -> tuple[list[str], list[str]]:
+        """(the pool's workers heard from lately, those registered but silent for longer than
+        ``SILENT_WORKER_S`` or the lease timeout): a hung worker's running leases lapse within the
+        lease timeout, and placements no longer choose it until it is heard from again."""
+        if self.scheduler is None:
+            return sorted(set(self.names.values())), []
+        # workers beat less often in a large pool (Dask's heartbeat_interval: 0.5 s up to ten, then
+        # more): three of their beats missed, at the least
+        beat_s = heartbeat_interval(len(self.scheduler.workers))
+        quiet_s, now = max(SILENT_WORKER_S, self.lease_timeout_s, 3 * beat_s), time()
+        heard: set[str] = set()
+        for address, name in self.names.items():
+            ws = self.scheduler.workers.get(address)
+            if ws is None or now - max(getattr(ws, "last_seen", now), self.awake_since) <= quiet_s:
+                heard.add(name)
+        return sorted(heard), sorted(set(self.names.values()) - heard)
 
     def claim(self, run_id: str, gpu_id: str, worker: str, capacity: int, job_type: str,
               required_throughput: float, work: float, expect_version: int,
