@@ -90,15 +90,15 @@ def _register_p2_with(source, block, tmp_path, change) -> int:
 
 @pytest.mark.parametrize("what, change", [
     ("ensemble", lambda t: t["ensemble"]["weights"].__setitem__("isolated", 2.0)),
-    ("site offsets", lambda t: t.__setitem__("site_offsets", {"unmeasured": {"t4": 5.0}})),
+    ("site offsets", lambda t: t.__setitem__("site_offsets", {"unmeasured": {"t4": float("nan")}})),
     ("intervals", lambda t: t["intervals"]["halfwidths"]["isolated"].__setitem__(0, float("nan"))),
 ])
 def test_a_champion_whose_stored_records_are_out_of_range_is_refused_not_placed_with(gogh_home, tmp_path, what,
                                                                                      change):
     """The records beside a refiner's weights (ensemble, site offsets, intervals) are not covered
     by the weights' hash. One out of range made every placement fail, in a fresh process and in
-    one that had a good champion loaded (a security review), or sent every job to the GPU type a
-    site offset of x148 inflated. Such a champion is refused like garbage, and never cached."""
+    one that had a good champion loaded (a security review). Such a champion is refused like
+    garbage, and never cached."""
     block = PredictorRegistry(refresh_s=0)
     good = PredictorSource(block)
     good.get()
@@ -522,3 +522,41 @@ def test_a_join_that_changes_the_boards_limit_says_its_partner_runs_at_it_too():
     assert "it ran at full power" in _partner_limit(problem(None), "new", "a100-0", raised)
     assert _partner_limit(problem(250.0), "new", "a100-0", raised) == ""  # unchanged: nothing to say
     assert _partner_limit(problem(175.0), "new", "t4-0", raised) == ""  # alone: no partner
+
+
+def test_a_claim_refused_as_released_ends_the_placement_instead_of_deciding_again():
+    """The ledger refuses a claim of a run it saw released (a claim given up on, arriving late):
+    no decision could change that, so the placement stops at once rather than re-deciding until
+    its wait runs out."""
+    from gogh_flows.flows.placer import PlacementCancelled
+    from gogh_flows.runtime import emulated_pool
+
+    with emulated_pool("a100=1", capacity=2) as pool:
+        pool.ledger.release("r1", if_unstarted=True)  # released before any claim of it
+        start = time.monotonic()
+        with pytest.raises(PlacementCancelled, match="run r1's claim was refused: run r1 was released before"):
+            _place(pool.ledger, devices=lambda s: pool.live_devices(s.workers))
+        assert time.monotonic() - start < 10
+
+
+def test_a_cached_copy_another_process_set_aside_mid_read_is_fetched_again_not_refused(gogh_home, monkeypatch):
+    """Another process deleting a cached copy (it found it damaged) while this one read it made
+    this one refuse a good champion until its alias moved (a review): a copy gone, not refused,
+    is downloaded again."""
+    import gogh_flows.flows.predictors as predictors_mod
+
+    block = PredictorRegistry(refresh_s=0)
+    PredictorSource(block).get()  # cached
+    real, calls = predictors_mod.load_p1, []
+
+    def vanishing(folder):
+        calls.append(folder)
+        if len(calls) == 1:  # the other process's rmtree lands mid-read
+            shutil.rmtree(folder)
+            raise FileNotFoundError(f"{folder}/weights.safetensors")
+        return real(folder)
+
+    monkeypatch.setattr(predictors_mod, "load_p1", vanishing)
+    fresh = PredictorSource(block)
+    fresh.get()
+    assert fresh.versions() == {"p1": 1, "p2": 1} and fresh.degraded is None and not fresh._refused

@@ -324,3 +324,28 @@ def test_non_finite_rates_and_features_are_refused_where_they_are_read(value):
         parse_gavel_throughputs({"v100": {"('ResNet-18', 1)": {"null": value}}})
     with pytest.raises(ValueError, match="must be finite numbers >= 0"):
         LayerFeature("fc", "linear", value, 1, 1, 1)
+
+
+def test_a_huge_integer_rate_and_a_bom_are_read_as_such(tmp_path):
+    from gogh_flows.flows.blocks import read_block_document
+    from gogh_flows.truth.gavel import GavelFormatError, parse_gavel_throughputs
+
+    with pytest.raises(GavelFormatError, match="expected a finite throughput >= 0"):
+        parse_gavel_throughputs({"v100": {"('ResNet-18', 1)": {"null": 10 ** 400}}})
+    doc = tmp_path / "policy.json"
+    doc.write_bytes(b'\xef\xbb\xbf{"type": "placement-policy", "name": "p", "data": {}}')  # an editor's BOM
+    assert read_block_document(doc)[0] == "p"
+
+
+def test_site_offsets_beyond_a_factor_of_ten_are_applied_at_it_and_said(caplog):
+    import math
+    import logging
+
+    from gogh_flows.predict.site import MAX_OFFSET, SiteOffsets
+
+    with caplog.at_level(logging.WARNING, logger="gogh_flows"):
+        site = SiteOffsets.from_dict({"unmeasured": {"t4": math.log(30.0), "v100": -5.0, "a100": 0.1}})
+    assert site.unmeasured == {"t4": MAX_OFFSET, "v100": -MAX_OFFSET, "a100": 0.1}
+    assert "beyond a factor of 10 are kept at it" in caplog.text
+    with pytest.raises(ValueError, match="site offsets must be finite log factors"):
+        SiteOffsets.from_dict({"unmeasured": {"t4": float("nan")}})

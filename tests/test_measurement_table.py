@@ -288,3 +288,28 @@ def test_the_log_replaces_a_provisional_mlflow_run_too_and_pulls_the_replacement
     assert log.read()["steps"].to_list() == [40.0]
     assert other.pull() == 1 and other.read()["steps"].to_list() == [40.0]
     assert other.pull() == 0
+
+
+def test_appends_past_a_damaged_part_merge_the_rest_and_name_it(tmp_path, caplog):
+    """A part damaged outside gogh made every merge fail, and from the merge-triggering append on
+    each append raised: the measurement's row was in, its key claimed, yet log() neither wrote
+    it to MLflow nor spooled it (a review). The merge leaves the file out, and names it."""
+    import logging
+
+    import polars as pl
+
+    from gogh_flows.tracking.table import MeasurementTable
+
+    schema = {"key": pl.String, "logged_at": pl.Float64, "value": pl.Float64}
+    table = MeasurementTable(tmp_path / "t", schema, parts_per_segment=4, fanout=4)
+    table.append({"key": "k0", "logged_at": 0.0, "value": 0.0})
+    [good] = list(table.parts_dir.glob("*.parquet"))
+    damaged = table.parts_dir / "00000000000000000000-damaged.parquet"
+    damaged.write_bytes(good.read_bytes()[:40])
+    with caplog.at_level(logging.WARNING):
+        for i in range(1, 9):
+            assert table.append({"key": f"k{i}", "logged_at": float(i), "value": float(i)}) == "added"
+    assert "cannot be read, left out of its merges" in caplog.text and "damaged.parquet" in caplog.text
+    assert damaged.exists() and len(list(table.segments_dir.glob("*.parquet"))) >= 1
+    damaged.unlink()  # what the message says to do
+    assert sorted(table.read()["key"].to_list()) == [f"k{i}" for i in range(9)]

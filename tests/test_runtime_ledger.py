@@ -301,6 +301,26 @@ def test_a_step_of_the_schedulers_wall_clock_is_taken_for_a_stall():
     assert plugin.awake_since >= stepped
 
 
+def test_a_step_back_of_the_wall_clock_does_not_keep_a_dead_holders_lease():
+    """After the clock steps back an hour, times stamped before it lie in the future: a lease
+    whose holder is gone outlived it by the size of the step (a review)."""
+    from time import monotonic
+
+    plugin = LedgerPlugin(1.0)
+    plugin.scheduler = _FakeScheduler()
+    plugin.names = {"tcp://w": "v100-0"}
+    assert plugin.claim("orphan", "v100-0", "v100-0", 9, "a", 1.0, 1.0, plugin.version_base, client="gone")["ok"]
+    plugin._expire()
+    plugin.leases["orphan"]["seen_at"] = plugin.leases["orphan"]["refreshed_at"] = time.time() + 3600.0
+    plugin._ticked, plugin._ticked_wall = monotonic() - 0.25, time.time() + 3600.25  # the step back
+    plugin._expire()
+    assert plugin.leases["orphan"]["seen_at"] <= time.time()  # clamped to now, then it lapses as usual
+    plugin.awake_since -= 1.5
+    plugin.leases["orphan"]["seen_at"] -= 1.5
+    plugin._expire()
+    assert not plugin.leases
+
+
 def test_each_started_ledger_counts_versions_from_its_own_random_base():
     """A decision read from a ledger a scheduler restart replaced must not match the new ledger's
     versions by coincidence (both counted from 0): each ledger starts at a random base, and the

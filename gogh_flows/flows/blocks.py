@@ -401,7 +401,7 @@ BLOCK_TYPES: dict[str, type[Block]] = {
 def read_block_document(path: Path) -> tuple[str, Block]:
     """A JSON document ``{"type": ..., "name": ..., "data": {...}}`` -> (name, validated block)."""
     try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        doc = json.loads(Path(path).read_text(encoding="utf-8-sig"))  # a BOM an editor added is fine
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path}: not valid JSON ({exc})") from exc
     except UnicodeDecodeError as exc:

@@ -32,7 +32,6 @@ class ObservationCache:
         self.log = log
         self._kinds = emulated_by_type
         self._stamp: object = None
-        self._said: object = None
         self._lock = threading.Lock()
         self._frame = observations_from_measurements(pl.DataFrame())
         self._evidence: LimitEvidence = {}
@@ -48,10 +47,9 @@ class ObservationCache:
                     table = self.log.read()
                 except DamagedTableFile as exc:
                     # placements go on with what was read before (nothing, in a new process), and
-                    # say why; read again when the table changes
-                    if stamp != self._said:
-                        log.warning("gogh: placing without the measurements read since: %s", exc)
-                        self._said = stamp
+                    # say why, once; read again when the table changes (not at every decision)
+                    log.warning("gogh: placing without the measurements read since: %s", exc)
+                    self._stamp = stamp
                     return
                 rows = of_board_kind(_steady_rows(table), kinds)  # once for both: the table can be long
                 self._frame = _observations(rows)

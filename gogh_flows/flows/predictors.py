@@ -220,14 +220,23 @@ class PredictorSource:
             return ThroughputPredictor(load_p1(self._fetch(self.block.p1_name, v1)),
                                        load_p2(self._fetch(self.block.p2_name, v2)) if v2 is not None else None)
 
+        pair = ((self.block.p1_name, v1), (self.block.p2_name, v2))
+
+        def cached() -> set[str]:
+            return {f"{n}-v{v}" for n, v in pair
+                    if v is not None and (self._cache_root() / f"{n}-v{v}" / "config.json").exists()}
+
+        before = cached()
         try:
             return load()
         except LOAD_ERRORS:
-            damaged = self._set_aside_broken(((self.block.p1_name, v1), (self.block.p2_name, v2)))
-            if not damaged:
-                raise  # the registered version itself: it never entered the cache
-            log.warning("gogh: the cached %s did not load any more (changed on disk since it was checked); "
-                        "downloaded again", ", ".join(damaged))
+            damaged = self._set_aside_broken(pair)
+            # a copy another process set aside while this one read it is gone, not a refusal
+            if not damaged and not (before - cached()):
+                raise  # the registered version itself: it failed its check and never entered the cache
+            if damaged:
+                log.warning("gogh: the cached %s did not load any more (changed on disk since it was checked); "
+                            "downloaded again", ", ".join(damaged))
             return load()
 
     def _set_aside_broken(self, versions: Iterable[tuple[str, int | None]]) -> list[str]:

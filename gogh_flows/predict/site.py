@@ -23,17 +23,20 @@ a type it was measured on are left alone.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
+log = logging.getLogger("gogh_flows")
+
 #: measurements' worth of "this type runs as predicted" that each offset is shrunk toward
 SHRINK = 2.0
-#: the largest log offset a stored refiner may carry (a factor of 10 either way): a fleet's boards
-#: differ from the prior's world by tens of percent; a factor beyond this in a model read back is
-#: damage or tampering, and it would send every job to the type it inflates
+#: the largest log offset applied (a factor of 10 either way): a fleet's boards differ from the
+#: prior's world by tens of percent; a larger offset, fitted or read back, is kept at it (said),
+#: so a damaged or tampered record cannot send every job to the type it inflates by more
 MAX_OFFSET = math.log(10.0)
 
 
@@ -47,10 +50,17 @@ class SiteOffsets:
     shrink: float = SHRINK
 
     def __post_init__(self) -> None:
-        bad = {g: v for g, v in self.unmeasured.items() if not abs(float(v)) <= MAX_OFFSET}
+        bad = {g: v for g, v in self.unmeasured.items() if not math.isfinite(float(v))}
         if bad:
-            raise ValueError(f"site offsets must be finite log factors within +-{MAX_OFFSET:.3f} (a factor of 10); "
-                             f"got {bad}")
+            raise ValueError(f"site offsets must be finite log factors; got {bad}")
+        beyond = {g: float(v) for g, v in self.unmeasured.items() if abs(float(v)) > MAX_OFFSET}
+        if beyond:
+            # kept at a factor of 10 (a refiner fitted before the cap may hold more): said, not refused,
+            # so such a champion still loads
+            log.warning("gogh: site offsets beyond a factor of 10 are kept at it: %s",
+                        {g: round(v, 3) for g, v in beyond.items()})
+            object.__setattr__(self, "unmeasured", {g: max(-MAX_OFFSET, min(MAX_OFFSET, float(v)))
+                                                    for g, v in self.unmeasured.items()})
         if not (math.isfinite(float(self.shrink)) and self.shrink >= 0):
             raise ValueError(f"site offsets' shrink must be a finite number >= 0, got {self.shrink!r}")
 
@@ -65,9 +75,8 @@ class SiteOffsets:
             if math.isfinite(r):
                 sums[gpu] = sums.get(gpu, 0.0) + r
                 counts[gpu] = counts.get(gpu, 0) + 1
-        # a fit beyond a factor of 10 is kept at it: the store refuses more (MAX_OFFSET)
-        return cls({g: max(-MAX_OFFSET, min(MAX_OFFSET, sums[g] / (counts[g] + shrink))) for g in sums}, False,
-                   counts, shrink)
+        # a fit beyond a factor of 10 is kept at it, said (MAX_OFFSET)
+        return cls({g: sums[g] / (counts[g] + shrink) for g in sums}, False, counts, shrink)
 
     def __bool__(self) -> bool:
         return any(v != 0.0 for v in self.unmeasured.values())

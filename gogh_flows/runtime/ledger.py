@@ -181,7 +181,7 @@ class LedgerPlugin(SchedulerPlugin):
         # DROPPED_KEPT of them: a placing process told only "gone" said "lease lapsed" of a run
         # whose worker had been killed a second before (a review)
         self.dropped: OrderedDict[str, str] = OrderedDict()
-        # the last DROPPED_KEPT runs released (or released before their claim arrived): a claim
+        # the last RELEASED_KEPT runs released (or released before their claim arrived): a claim
         # its placing process gave up on (timed out) can reach the scheduler after that process's
         # release, or be answered after it; taken then, nobody would hold or free it
         self.released: OrderedDict[str, None] = OrderedDict()
@@ -362,13 +362,18 @@ class LedgerPlugin(SchedulerPlugin):
             return False
         gap = max(2 * self._every_s, self.lease_timeout_s / 2)
         # a step of the wall clock (NTP, a resume from suspend, which the monotonic clock leaves
-        # out) ages every lease at once as a stall does, and nobody could have refreshed in it
-        return tick - last > gap or (wall - last_wall) - (tick - last) > gap
+        # out) ages every lease at once as a stall does, and nobody could have refreshed in it; a
+        # step back leaves times in the future, which would keep a dead holder's lease that much longer
+        return tick - last > gap or abs((wall - last_wall) - (tick - last)) > gap
 
     def _expire(self) -> None:
         now = time()
         if self._woke_from_stall():
             self.awake_since = now
+            for lease in self.leases.values():  # a step back of the clock: no time after now
+                for stamp in ("seen_at", "refreshed_at"):
+                    if lease.get(stamp, 0.0) > now:
+                        lease[stamp] = now
             log.warning("gogh ledger: the scheduler stood still (stopped or its event loop blocked) for longer "
                         "than half the lease timeout; every lease's clock starts again now")
         self._age_kept(now)

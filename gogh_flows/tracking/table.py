@@ -149,7 +149,11 @@ class MeasurementTable:
             part.unlink(missing_ok=True)  # another writer logged it first: its row stands
             return None
         if self._count(self.parts_dir) >= self.parts_per_segment:
-            self.compact(blocking=False)
+            try:
+                self.compact(blocking=False)
+            except (OSError, pl.exceptions.PolarsError) as exc:  # the row is in: merged another time
+                log.warning("gogh: merging the measurement table at %s failed (%s); the row is kept, and the "
+                            "merge tried again at a later append", self.root, exc)
         return outcome
 
     def _key_path(self, key: str) -> Path:
@@ -239,6 +243,20 @@ class MeasurementTable:
                 if len(kept) == len(files):
                     raise
                 files = kept
+            except pl.exceptions.PolarsError:
+                # a file damaged outside gogh (its files are written whole): merged without it and
+                # left where it is, named, so the rest of the table still merges (every append from
+                # the 64th part on merged, failed, and the measurement never reached MLflow: a review)
+                damaged = _unreadable(files, self.schema)
+                if not damaged:
+                    raise
+                log.warning("gogh: the measurement table at %s has file(s) that cannot be read, left out of its "
+                            "merges: %s. Move them out of the folder; their rows are then missing from this table "
+                            "(each measurement logged to MLflow is kept there as a run)", self.root,
+                            ", ".join(str(p) for p in damaged))
+                files = [f for f in files if f not in damaged]
+                if not files:
+                    return
         self._write(frame, self.segments_dir, f"L{level:02d}-{time.time_ns():020d}-{uuid.uuid4().hex[:12]}")
         for path in files:  # the merged copy is in place first: a crash here only doubles rows
             path.unlink(missing_ok=True)

@@ -65,9 +65,13 @@ def _parse_key(key: str, where: str) -> tuple[str, int]:
 
 
 def _number(value: object, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+    try:
+        number = None if isinstance(value, bool) or not isinstance(value, (int, float)) else float(value)
+    except OverflowError:  # an integer too large for a float
+        number = None
+    if number is None or not 0 <= number < math.inf:
         raise GavelFormatError(f"{where}: expected a finite throughput >= 0, got {value!r}")
-    return float(value)
+    return number
 
 
 def parse_gavel_throughputs(
