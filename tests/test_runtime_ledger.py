@@ -345,6 +345,11 @@ def test_each_started_ledger_counts_versions_from_its_own_random_base():
         assert plugin.claim("r1", "v100-0", "v100-0", 2, "a", 1.0, 1.0, view.version("v100-0"), client="c1")["ok"]
         assert not plugin.claim("r2", "v100-0", "v100-0", 2, "a", 1.0, 1.0, view.version("v100-0"),
                                 client="c1")["ok"]  # the same stale view: refused
+        # a placing process from before the base reads a GPU never claimed as version 0: taken
+        assert plugin.claim("old", "v100-1", "v100-1", 2, "a", 1.0, 1.0, 0, client="c1")["ok"] is False  # gone
+        plugin.names["tcp://w1"] = "v100-1"
+        assert plugin.claim("old", "v100-1", "v100-1", 2, "a", 1.0, 1.0, 0, client="c1")["ok"]
+        assert plugin.claim("old2", "v100-1", "v100-1", 2, "a", 1.0, 1.0, 0, client="c1")["reason"] == "changed"
     assert len(bases) == 3
 
 

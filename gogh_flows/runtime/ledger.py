@@ -443,7 +443,9 @@ class LedgerPlugin(SchedulerPlugin):
         if worker not in self.names.values():
             return {"ok": False, "reason": "gone", "version": version,
                     "detail": f"worker {worker!r} of {gpu_id} is not in the pool"}
-        if version != expect_version:
+        # a GPU never claimed here is at its base, which a placing process from before the base
+        # existed reads as 0 (it was refused as changed for ever): either is the same empty GPU
+        if version != expect_version and not (gpu_id not in self.versions and expect_version == 0):
             self._count("refused_changed")
             return {"ok": False, "reason": "changed", "version": version}
         if sum(1 for lease in self.leases.values() if lease["gpu_id"] == gpu_id) >= capacity:
