@@ -571,3 +571,109 @@ def test_a_teams_own_trained_predictors_serve_flow_runs_and_retrain(gogh_home, g
     (tmp_path / "synthetic" / "p2").mkdir()
     monkeypatch.chdir(tmp_path)
     assert PredictorRegistry(prior="synthetic").prior == "synthetic"  # the shipped one; ./synthetic for the folder
+
+
+def test_a_retraining_that_could_not_load_the_registrys_champion_judges_nothing(gogh_home, tmp_path, caplog):
+    """A registry blip as the retraining read its champion left this process with the version
+    it had loaded before (v2), while the registry's champion was v1: the challenger was judged
+    against v2 and promoted over v1, which it never faced (an operator's review)."""
+    from mlflow.exceptions import MlflowException
+
+    from gogh_flows.tracking.registry import ModelRegistry
+
+    _weak_champion(tmp_path)  # this (serving) process has loaded v2
+    _log_measurements()
+    ModelRegistry(PredictorRegistry().resolved_tracking_uri()).set_alias("gogh-p2", "champion", 1)  # elsewhere
+    source = predictor_source(PredictorRegistry())
+    real, calls = source.registry.version_for, []
+
+    def blip(name, alias):
+        calls.append(name)
+        if len(calls) == 1:
+            raise MlflowException("connection reset by peer")
+        return real(name, alias)
+
+    source.registry.version_for = blip
+    try:
+        out = refine_predictors(base_data="none", epochs=60)
+    finally:
+        source.registry.version_for = real
+    assert out["promoted"] is False and out["champion_version"] == 1
+    assert "(P1 v1, P2 v1) is not the one loaded here" in out["reason"] and "nothing retrained" in out["reason"]
+    assert real("gogh-p2", "champion") == 1 and real("gogh-p2", "challenger") is None
+
+
+def test_a_better_challenger_whose_promotion_failed_is_promoted_by_the_next_retraining(gogh_home, tmp_path):
+    """MLflow failed between registering a better challenger and moving the alias: the next
+    retraining found "nothing new" and a quiet fleet never promoted it (an operator's review)."""
+    from mlflow.exceptions import MlflowException
+
+    weak = _weak_champion(tmp_path)
+    _log_measurements()
+    source = predictor_source(PredictorRegistry())
+    real = source.registry.set_alias
+
+    def down(name, alias, version):
+        if alias == "champion":
+            raise MlflowException("503 Service Unavailable (MLflow restarting)")
+        return real(name, alias, version)
+
+    source.registry.set_alias = down
+    try:
+        with pytest.raises(MlflowException, match="503"):
+            refine_predictors(base_data="none", epochs=60)
+    finally:
+        source.registry.set_alias = real
+    challenger = source.registry.version_for("gogh-p2", "challenger")
+    assert source.registry.version_for("gogh-p2", "champion") == weak and challenger != weak
+    again = refine_predictors(base_data="none", epochs=60)
+    assert again["promoted"] is True and again["champion_version"] == challenger
+    assert "was not promoted then; promoted to champion now" in again["reason"]
+    assert source.registry.version_for("gogh-p2", "champion") == challenger
+    third = refine_predictors(base_data="none", epochs=60)  # nothing new, and nothing to promote again
+    assert third["promoted"] is False and "nothing retrained" in third["reason"]
+
+
+def test_a_p1_moved_by_hand_while_the_challenger_trained_stops_its_promotion(gogh_home, tmp_path, monkeypatch,
+                                                                             gogh_models):
+    """Only the P2 alias was checked before promoting: a P1 promoted by hand meanwhile left the
+    fleet loading a pair never trained nor scored together (an operator's review)."""
+    from gogh_flows.flows import retrain
+
+    _weak_champion(tmp_path)
+    _log_measurements()
+    source = predictor_source(PredictorRegistry())
+    real_base = retrain.base_measurements
+
+    def base_and_move(*args, **kwargs):  # a person promotes another P1 while the challenger trains
+        source.registry.register("gogh-p1", gogh_models / "gavel" / "p1", alias="champion")
+        return real_base(*args, **kwargs)
+
+    monkeypatch.setattr(retrain, "base_measurements", base_and_move)
+    out = refine_predictors(base_data="none", epochs=60)
+    assert out["promoted"] is False and "the champion moved from P1 v1" in out["reason"]
+
+
+def test_runs_on_a_gpu_type_this_machine_does_not_know_are_left_out_not_a_failure(gogh_home, caplog):
+    """A type registered on another placing machine (register_gpu_type) reaches every machine
+    through the shared store: one such run made every retraining fail (an operator's review)."""
+    import logging
+
+    from gogh_flows.tracking.measurements import Measurement, MeasurementLog
+
+    _log_measurements()
+    log = MeasurementLog(PredictorRegistry().resolved_tracking_uri(), state_dir() / "measurements")
+    log.log(Measurement(run_id="elsewhere", flow_name="t", job_type="ResNet-50 (batch size 64)", family=None,
+                        batch_size=None, gpu_id="l40s-0", gpu_type="l40s-custom", device="l40s-0", partners=(),
+                        required_throughput=1.0, predicted_throughput=None, steps=100.0, duration_s=10.0,
+                        throughput=10.0, mean_power_w=100.0, energy_j=1000.0, status="completed",
+                        telemetry="emulated", started_at=time.time()))
+    with caplog.at_level(logging.WARNING):
+        out = refine_predictors(base_data="none", epochs=30)
+    assert "challenger_version" in out
+    assert "l40s-custom (added on another machine with register_gpu_type" in caplog.text
+
+
+def test_min_measurements_below_two_is_refused(gogh_home):
+    with pytest.raises(ValueError, match="min_measurements must be at least 2"):
+        refine_predictors.fn(min_measurements=1)

@@ -113,6 +113,7 @@ class PredictorSource:
                 for name, sub in ((self.block.p1_name, "p1"), (self.block.p2_name, "p2")):
                     if self.registry.version_for(name, self.block.alias) is not None:
                         continue  # set meanwhile, here or on another machine
+                    self._say_unset_alias(name)
                     # a half may be added only beside the other half of the same prior
                     self._refuse_beside_another(base, pair, name)
                     self.registry.ensure_registered(
@@ -175,6 +176,21 @@ class PredictorSource:
         ours = json.loads((base / sub / "config.json").read_text())["weights_sha256"]
         theirs = json.loads((self._fetch(name, version) / "config.json").read_text()).get("weights_sha256")
         return theirs == ours
+
+    def _say_unset_alias(self, name: str) -> None:
+        """A model with versions but no alias: a champion deleted (or its alias removed) by
+        hand, which the shipped prior is about to replace; said, since the fleet then places
+        with the prior and the next retraining is judged against it (a review found it silent)."""
+        try:
+            known = self.registry.versions(name)
+        except Exception:  # noqa: BLE001 - only words a warning
+            return
+        if known.height:
+            log.warning("gogh: %s in %s has %d version(s) but none under the alias %r (a champion deleted, or its "
+                        "alias removed); the shipped prior %r is registered under it. To serve another version, "
+                        "point the alias at it: ModelRegistry(uri).set_alias(%r, %r, <version>)", name,
+                        self.block.resolved_tracking_uri(), known.height, self.block.alias, self.block.prior, name,
+                        self.block.alias)
 
     def _uri_key(self) -> str:
         """Short name of the tracking URI for the files kept per registry (lock, model cache)."""
@@ -264,6 +280,10 @@ class PredictorSource:
 
     def versions(self) -> dict[str, int | None]:
         return {"p1": self._loaded[0], "p2": self._loaded[1]}
+
+    def refused(self, v1: int | None, v2: int | None) -> str | None:
+        """Why this pair of versions was refused as unloadable here (None: it was not)."""
+        return self._refused.get((v1, v2))
 
     @property
     def using(self) -> str:

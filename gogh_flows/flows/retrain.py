@@ -327,10 +327,27 @@ def _with_features(obs: pl.DataFrame, store: FeatureStore) -> tuple[pl.DataFrame
     return obs.filter(keep), unknown
 
 
+def _with_known_gpu_types(obs: pl.DataFrame) -> tuple[pl.DataFrame, set[str]]:
+    """The observations on GPU types this process's catalog knows, and the types it does not: a
+    type registered on another machine (``register_gpu_type``) reaches here through the shared
+    store, and one such run made every retraining fail (a review)."""
+    from gogh_flows.catalog import UnknownGpuTypeError, get_gpu_type
+
+    foreign = set()
+    for gpu_type in sorted(set(obs["gpu_type"])):
+        try:
+            get_gpu_type(gpu_type)
+        except UnknownGpuTypeError:
+            foreign.add(gpu_type)
+    return (obs.filter(~pl.col("gpu_type").is_in(sorted(foreign))) if foreign else obs), foreign
+
+
 #: a challenger's tag: a digest of what it was trained from (measurement keys, settings, champion)
 INPUTS_TAG = "gogh.inputs"
 #: the same, without the champion it was judged against
 DATA_INPUTS_TAG = "gogh.data_inputs"
+#: whether the challenger beat its champion by ``min_improvement`` (its promotion may not have happened)
+BETTER_TAG = "gogh.better"
 
 
 def _lineage(registry: Any, p1_name: str, p1_version: int | None) -> dict[str, str]:
@@ -366,6 +383,9 @@ def refine_predictors(
         raise ValueError(f"min_improvement must be in [0, 1) (a relative MAPE drop), got {min_improvement!r}")
     if not lock_wait_s > 0:
         raise ValueError(f"lock_wait_s must be a number of seconds > 0, got {lock_wait_s!r}")
+    if not min_measurements >= 2:
+        raise ValueError(f"min_measurements must be at least 2 (one to train on, one to judge by), got "
+                         f"{min_measurements!r}")
     if measurements_dir is not None and not Path(measurements_dir).is_dir():
         raise ValueError(f"measurements_dir {measurements_dir!r} is not a folder: give the folder placed runs log "
                          "to ($GOGH_HOME/measurements of the machine that placed them), or leave it out")
@@ -378,9 +398,26 @@ def refine_predictors(
         source = predictor_source(block)
         champion = source.get(force=True, bounded=False)
         versions = source.versions()
-        # what the alias named when this retraining began (the loaded version can differ: a champion
-        # that cannot be loaded is served by the last good one)
+        # what the aliases named when this retraining began (the loaded versions can differ: a
+        # champion that cannot be loaded is served by the last good one)
         alias_before = source.registry.version_for(block.p2_name, block.alias)
+        p1_before = source.registry.version_for(block.p1_name, block.alias)
+        stand_in = None
+        if (versions["p1"], versions["p2"]) != (p1_before, alias_before):
+            stand_in = source.refused(p1_before, alias_before)
+            if stand_in is None:
+                # not the champion, and not because it is broken (the registry did not answer when
+                # it was read, another process's cache...): judged against a stand-in, a challenger
+                # could replace a champion it was never scored against (a review reproduced it)
+                loaded = f"P1 v{versions['p1']}, P2 v{versions['p2']} are"
+                msg = (f"the champion the registry names (P1 v{p1_before}, P2 v{alias_before}) is not the one "
+                       f"loaded here ({source.degraded_reason or loaded + ' loaded'}); nothing retrained: a "
+                       "challenger judged against a stand-in could replace a champion it was never scored against. "
+                       "The next retraining judges against it")
+                logger.warning(msg)
+                return {"promoted": False, "reason": msg, "champion_version": alias_before}
+            logger.warning(f"{stand_in}: the challenger is judged against the last good version loaded here "
+                           f"(P1 v{versions['p1']}, P2 v{versions['p2']})")
         root = Path(measurements_dir) if measurements_dir else state_dir() / "measurements"
         mlog = MeasurementLog(block.resolved_tracking_uri(), root)
         # this machine's measurements spooled through an MLflow outage go out first: only a placed
@@ -400,6 +437,12 @@ def refine_predictors(
         obs = observations_from_measurements(frame, keys=True)
         store = FeatureStore(state_dir() / "jobs")
         obs, unknown = _with_features(obs, store)
+        obs, foreign = _with_known_gpu_types(obs)
+        if foreign:
+            logger.warning(
+                f"measurements on GPU type(s) this machine's catalog does not know are left out of this retraining: "
+                f"{', '.join(sorted(foreign))} (added on another machine with register_gpu_type; register them "
+                "here too to learn from them)")
         if unknown:
             logger.warning(
                 f"{len(unknown)} job type(s) have no layer features on this machine and are left out of "
@@ -426,6 +469,17 @@ def refine_predictors(
         # the last challenger, promoted, is the champion: retrained on the same data against itself it
         # registered a version identical to it (a new-user review: weights byte for byte the same)
         promoted_same = last == versions["p2"] and last_tags.get(DATA_INPUTS_TAG) == data_inputs
+        if (last is not None and last_tags.get(INPUTS_TAG) == inputs and not promoted_same and promote
+                and last_tags.get(BETTER_TAG) == "true" and stand_in is None and last != versions["p2"]):
+            # it beat this same champion, and its promotion did not happen (the registry failed between
+            # registering it and moving the alias): a quiet fleet would never retrain, nor promote it
+            source.registry.set_alias(block.p2_name, block.alias, last)
+            source.get(force=True, bounded=False)
+            msg = (f"challenger v{last} beat champion v{versions['p2']} on the same {frame.height} measurements when it "
+                   "was registered, and was not promoted then; promoted to champion now")
+            logger.info(msg)
+            return {"promoted": True, "reason": msg, "measurements": obs.height, "challenger_version": last,
+                    "champion_version": last, "previous_champion_version": versions["p2"]}
         if last is not None and (last_tags.get(INPUTS_TAG) == inputs or promoted_same):
             msg = (f"nothing new since challenger v{last}: the same {frame.height} measurements, settings and "
                    f"champion (v{versions['p2']}); nothing retrained" if not promoted_same else
@@ -484,7 +538,7 @@ def refine_predictors(
                          "p1_holdout_mape": p1_score["mape"], "train_measurements": float(train.height), "holdout_measurements": float(test.height)},
                 tags={"trained_until": f"{float(frame['started_at'].max()):.3f}", "trained_by": "refine_predictors",
                       "p1_version": str(versions["p1"]), "trust_scale": "full" if trust is None else f"{trust:g}",
-                      INPUTS_TAG: inputs, DATA_INPUTS_TAG: data_inputs,
+                      INPUTS_TAG: inputs, DATA_INPUTS_TAG: data_inputs, BETTER_TAG: str(bool(better)).lower(),
                       # the prior it descends from (its P1's), so no other prior's P1 is registered beside it
                       **_lineage(source.registry, block.p1_name, versions["p1"])},
                 description=f"challenger from {train.height} measurements",
@@ -492,14 +546,17 @@ def refine_predictors(
         # the champion it beat must still be the champion (the lock keeps other retrainings out,
         # not a person moving the alias by hand meanwhile)
         now = source.registry.version_for(block.p2_name, block.alias)
-        moved = now != alias_before
+        p1_now = source.registry.version_for(block.p1_name, block.alias)
+        # the estimator it refines must still be the champion's too: promoted beside another P1, the
+        # pair placements load was never trained (nor scored) together (a review)
+        moved = now != alias_before or p1_now != p1_before
         promoted = bool(promote and better and not moved)
         if promoted:
             source.registry.set_alias(block.p2_name, block.alias, version)
             source.get(force=True, bounded=False)
         result = {
             "promoted": promoted, "challenger_version": version,
-            "champion_version": version if promoted else versions["p2"],
+            "champion_version": version if promoted else (now if moved else versions["p2"]),
             "previous_champion_version": versions["p2"],
             "challenger_mape": chall_score["mape"], "champion_mape": champ_score["mape"],
             "p1_mape": p1_score["mape"], "trust_scale": trust, "weights": p2.trained_on.get("weights"),
@@ -519,8 +576,11 @@ def refine_predictors(
         verdict = "promoted to champion" if promoted else (
             f"not promoted: {short}" if not better
             else "not promoted (promote=False)" if not promote
-            else (f"not promoted: the champion moved from v{alias_before} to v{now} while this challenger "
-                  "was trained; the next retraining compares against it"))
+            else (f"not promoted: the champion moved from P1 v{p1_before}, P2 v{alias_before} to P1 v{p1_now}, "
+                  f"P2 v{now} while this challenger was trained; the next retraining compares against it"))
+        if stand_in is not None:
+            verdict += (f" (the registry's champion P2 v{alias_before} cannot be loaded here, so it was judged "
+                        f"against v{versions['p2']}, the last good version: {stand_in})")
         result["reason"] = verdict  # every outcome says why, as the too-little-data one does
         create_markdown_artifact(key="gogh-refiner-comparison", markdown="\n".join([
             f"### Refiner retraining: challenger v{version} {verdict}", "",
