@@ -560,3 +560,18 @@ def test_a_cached_copy_another_process_set_aside_mid_read_is_fetched_again_not_r
     fresh = PredictorSource(block)
     fresh.get()
     assert fresh.versions() == {"p1": 1, "p2": 1} and fresh.degraded is None and not fresh._refused
+
+
+def test_a_champion_alias_removed_by_hand_is_said_before_the_prior_takes_it(gogh_home, caplog):
+    """An operator deleting a bad champion expects the previous one to serve; the shipped prior
+    took the alias silently, and the next retraining was judged against it (an operator's review)."""
+    from mlflow import MlflowClient
+
+    block = PredictorRegistry(refresh_s=0)
+    source = PredictorSource(block)
+    source.get()
+    MlflowClient(block.resolved_tracking_uri()).delete_registered_model_alias("gogh-p2", "champion")
+    with caplog.at_level("WARNING", logger="gogh_flows"):
+        PredictorSource(block).get()
+    assert "gogh-p2 in" in caplog.text and "has 1 version(s) but none under the alias 'champion'" in caplog.text
+    assert "set_alias('gogh-p2', 'champion', <version>)" in caplog.text
