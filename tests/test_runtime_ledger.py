@@ -175,11 +175,19 @@ def test_the_ledgers_own_stall_restarts_every_leases_clock():
     assert not plugin.leases and plugin.counts["expired"] == 2
 
 
+def _last_heard(plugin, sched, at: float) -> None:
+    """The running lease's worker and its refresh last heard at ``at`` (scheduler time)."""
+    import types
+
+    sched.tasks["k-run"] = types.SimpleNamespace(
+        state="processing", processing_on=types.SimpleNamespace(name="v100-0", last_seen=at))
+    plugin.leases["running"]["seen_at"] = at
+
+
 def test_a_stall_of_more_than_half_the_lease_restarts_the_clocks_of_a_four_second_lease():
     """docs/runtime.md: a stall of more than half the lease timeout is forgiven. With a 4 s lease
     (1 s checks) a stall of 3 s was not (the bar was four checks), and a lease refreshed 1.5 s
     before it began looked lapsed on waking: its body would be stopped."""
-    import types
     from time import monotonic
 
     plugin = LedgerPlugin(4.0)
@@ -191,9 +199,7 @@ def test_a_stall_of_more_than_half_the_lease_restarts_the_clocks_of_a_four_secon
     plugin._expire()
     plugin._ticked = monotonic() - 3.0  # the scheduler stood still for 3 s
     now = time.time()
-    sched.tasks["k-run"] = types.SimpleNamespace(
-        state="processing", processing_on=types.SimpleNamespace(name="v100-0", last_seen=now - 4.5))
-    plugin.leases["running"]["seen_at"] = now - 4.5
+    _last_heard(plugin, sched, now - 4.5)
     plugin._expire()
     assert set(plugin.leases) == {"running"} and not plugin.counts.get("expired")
     # a gap of one check's period is no stall: the same lease, unheard, lapses
@@ -281,7 +287,6 @@ def test_a_step_of_the_schedulers_wall_clock_is_taken_for_a_stall():
     """NTP stepping the clock, or a resume from suspend (which the monotonic clock leaves out),
     ages every lease at once with no monotonic gap: the first check after it dropped live leases
     (a review: +45 s dropped a refreshing placer's claim). It restarts the clocks, as a stall does."""
-    import types
     from time import monotonic
 
     plugin = LedgerPlugin(1.0)
@@ -293,9 +298,7 @@ def test_a_step_of_the_schedulers_wall_clock_is_taken_for_a_stall():
     # the next check, one period later by the monotonic clock, finds the wall clock 45 s on
     plugin._ticked, plugin._ticked_wall = monotonic() - 0.25, time.time() - 45.25
     stepped = time.time()
-    sched.tasks["k-run"] = types.SimpleNamespace(
-        state="processing", processing_on=types.SimpleNamespace(name="v100-0", last_seen=stepped - 45.0))
-    plugin.leases["running"]["seen_at"] = stepped - 45.0
+    _last_heard(plugin, sched, stepped - 45.0)
     plugin._expire()
     assert set(plugin.leases) == {"running"} and not plugin.counts.get("expired")
     assert plugin.awake_since >= stepped
