@@ -575,3 +575,20 @@ def test_a_champion_alias_removed_by_hand_is_said_before_the_prior_takes_it(gogh
         PredictorSource(block).get()
     assert "gogh-p2 in" in caplog.text and "has 1 version(s) but none under the alias 'champion'" in caplog.text
     assert "set_alias('gogh-p2', 'champion', <version>)" in caplog.text
+
+
+def test_a_champion_pair_not_trained_together_is_said(gogh_home, gogh_models, caplog):
+    """Another prior's P1 put under the alias by hand beside the refiner of the first: placements
+    loaded the pair silently (an operator's review)."""
+    from gogh_flows.tracking.registry import ModelRegistry
+
+    block = PredictorRegistry(refresh_s=0)
+    PredictorSource(block).get()
+    ModelRegistry(block.resolved_tracking_uri()).register("gogh-p1", gogh_models / "gavel" / "p1", alias="champion",
+                                                           tags={"gogh.prior_id": "another-prior"})
+    with caplog.at_level("WARNING", logger="gogh_flows"):
+        source = PredictorSource(block)
+        source.get()
+    assert source.versions() == {"p1": 2, "p2": 1}
+    assert "the champion pair gogh-p1 v2 and gogh-p2 v1 were not trained together" in caplog.text
+    assert "descends from another prior" in caplog.text

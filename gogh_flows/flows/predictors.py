@@ -177,6 +177,31 @@ class PredictorSource:
         theirs = json.loads((self._fetch(name, version) / "config.json").read_text()).get("weights_sha256")
         return theirs == ours
 
+    def _say_if_not_trained_together(self, v1: int, v2: int | None) -> None:
+        """Warn when the aliased P2 was trained with another P1 than the aliased one (its tags say
+        which: a retrained challenger's ``p1_version``, a prior's or its descendants' prior id).
+        Retraining checks the pair before promoting; a person moving one alias by hand can still
+        make one, which placed with predictions no evaluation scored (a review). Said, not refused:
+        both halves load, and the next retraining is judged on the pair as it is."""
+        if v2 is None:
+            return
+        try:
+            p2_tags = self.registry.version_tags(self.block.p2_name, v2)
+            trained_with = p2_tags.get("p1_version")
+            why = None
+            if trained_with not in (None, "", "None") and trained_with != str(v1):
+                why = f"it was trained with {self.block.p1_name} v{trained_with}"
+            elif p2_tags.get(PRIOR_ID_TAG):
+                p1_prior = self.registry.version_tags(self.block.p1_name, v1).get(PRIOR_ID_TAG)
+                if p1_prior and p1_prior != p2_tags[PRIOR_ID_TAG]:
+                    why = "it descends from another prior than that P1"
+        except Exception:  # noqa: BLE001 - only words a warning
+            return
+        if why is not None:
+            log.warning("gogh: the champion pair %s v%s and %s v%s were not trained together (%s); placements use "
+                        "them as they are. Point the aliases at a pair trained together (a retrained refiner's "
+                        "tag p1_version names its P1)", self.block.p1_name, v1, self.block.p2_name, v2, why)
+
     def _say_unset_alias(self, name: str) -> None:
         """A model with versions but no alias: a champion deleted (or its alias removed) by
         hand, which the shipped prior is about to replace; said, since the fleet then places
@@ -385,6 +410,7 @@ class PredictorSource:
                 self._predictor = predictor
                 self._loaded = (v1, v2)
                 self._remember_good(v1, v2)
+                self._say_if_not_trained_together(v1, v2)
                 self._using = f"the predictors already loaded (P1 v{v1}, P2 v{v2})"
                 log.info("gogh: loaded predictors %s v%s, %s v%s (alias %s)", self.block.p1_name, v1,
                          self.block.p2_name, v2, self.block.alias)
