@@ -49,11 +49,10 @@ class ObservationCache:
                     # placements go on with what was read before (nothing, in a new process), and
                     # say why, once; read again when the table changes (not at every decision)
                     log.warning("gogh: placing without the measurements read since: %s", exc)
-                    self._stamp = stamp
-                    return
-                rows = of_board_kind(_steady_rows(table), kinds)  # once for both: the table can be long
-                self._frame = _observations(rows)
-                self._evidence = _limit_evidence(rows)
+                else:
+                    rows = of_board_kind(_steady_rows(table), kinds)  # once for both: the table can be long
+                    self._frame = _observations(rows)
+                    self._evidence = _limit_evidence(rows)
                 self._stamp = stamp
 
     def get(self) -> pl.DataFrame:

@@ -14,7 +14,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FuturesTimeout
 from concurrent.futures import wait as wait_for_futures
@@ -224,14 +224,26 @@ class PredictorSource:
     def _cache_root(self) -> Path:
         return state_dir() / "model-cache" / self._uri_key()
 
+    def _cache_folder(self, name: str, version: int) -> Path:
+        return self._cache_root() / f"{name}-v{version}"
+
+    def _is_cached(self, name: str, version: int | None) -> bool:
+        """Whether a whole copy of the version is in the cache (None: no version, nothing to cache)."""
+        return version is not None and (self._cache_folder(name, version) / "config.json").exists()
+
+    def _pair_predictor(self, v1: int, v2: int | None, folder: Callable[[str, int], Path]) -> ThroughputPredictor:
+        """P1 ``v1`` and P2 ``v2`` (None: no refiner), each loaded from ``folder(name, version)``."""
+        return ThroughputPredictor(load_p1(folder(self.block.p1_name, v1)),
+                                   None if v2 is None else load_p2(folder(self.block.p2_name, v2)))
+
     def _fetch(self, name: str, version: int) -> Path:
         """A registered version, downloaded (and verified weights-only) once into the local cache.
 
         Only a version that loads enters the cache: one cached when its files merely had the
         right types, then refused by the loader's checks (hash, shapes, finite values, stored
         records), became the fall-back of every later placement, which then failed on it."""
-        dest = self._cache_root() / f"{name}-v{version}"
-        if not (dest / "config.json").exists():
+        dest = self._cache_folder(name, version)
+        if not self._is_cached(name, version):
             dest.parent.mkdir(parents=True, exist_ok=True)
             tmp = dest.parent / f".{dest.name}.{os.getpid()}.{threading.get_ident()}"
             shutil.rmtree(tmp, ignore_errors=True)
@@ -257,19 +269,14 @@ class PredictorSource:
     def _load(self, v1: int, v2: int | None) -> ThroughputPredictor:
         """The champion's versions, from the cache or the registry; a cached copy damaged since it
         was checked (its weights no longer match their hash) is set aside and downloaded again."""
-        def load() -> ThroughputPredictor:
-            return ThroughputPredictor(load_p1(self._fetch(self.block.p1_name, v1)),
-                                       load_p2(self._fetch(self.block.p2_name, v2)) if v2 is not None else None)
-
         pair = ((self.block.p1_name, v1), (self.block.p2_name, v2))
 
-        def cached() -> set[str]:
-            return {f"{n}-v{v}" for n, v in pair
-                    if v is not None and (self._cache_root() / f"{n}-v{v}" / "config.json").exists()}
+        def cached() -> set[tuple[str, int | None]]:
+            return {(n, v) for n, v in pair if self._is_cached(n, v)}
 
         before = cached()
         try:
-            return load()
+            return self._pair_predictor(v1, v2, self._fetch)
         except LOAD_ERRORS:
             damaged = self._set_aside_broken(pair)
             # a copy another process set aside while this one read it is gone, not a refusal
@@ -278,15 +285,15 @@ class PredictorSource:
             if damaged:
                 log.warning("gogh: the cached %s did not load any more (changed on disk since it was checked); "
                             "downloaded again", ", ".join(damaged))
-            return load()
+            return self._pair_predictor(v1, v2, self._fetch)
 
     def _set_aside_broken(self, versions: Iterable[tuple[str, int | None]]) -> list[str]:
         """Remove the cached folders among ``versions`` that do not load; their names."""
         removed = []
         for name, version in versions:
-            folder = self._cache_root() / f"{name}-v{version}"
-            if version is None or not (folder / "config.json").exists():
+            if not self._is_cached(name, version):
                 continue
+            folder = self._cache_folder(name, version)
             try:
                 self._check(name, folder)
             except LOAD_ERRORS:
@@ -425,10 +432,8 @@ class PredictorSource:
 
     def _fallback_predictor(self, reason: str) -> tuple[ThroughputPredictor, tuple[int | None, int | None], str]:
         for v1, v2 in self._cached_pairs():
-            root = self._cache_root()
             try:
-                predictor = ThroughputPredictor(load_p1(root / f"{self.block.p1_name}-v{v1}"),
-                                                None if v2 is None else load_p2(root / f"{self.block.p2_name}-v{v2}"))
+                predictor = self._pair_predictor(v1, v2, self._cache_folder)
             except LOAD_ERRORS as exc:
                 # changed on disk since it was checked: set aside, the next candidate (or the prior) serves
                 gone = self._set_aside_broken(((self.block.p1_name, v1), (self.block.p2_name, v2)))
@@ -466,16 +471,14 @@ class PredictorSource:
                     found.append(int(suffix))
             return sorted(found, reverse=True)
 
-        def there(name: str, version: int | None) -> bool:
-            return version is None or (root / f"{name}-v{version}" / "config.json").exists()
-
         offered = set()
         try:
             good = json.loads((root / LAST_GOOD).read_text())
             last = (int(good["p1"]), None if good.get("p2") is None else int(good["p2"]))
         except (OSError, ValueError, KeyError, TypeError):
             last = None
-        if last is not None and there(self.block.p1_name, last[0]) and there(self.block.p2_name, last[1]):
+        if (last is not None and self._is_cached(self.block.p1_name, last[0])
+                and (last[1] is None or self._is_cached(self.block.p2_name, last[1]))):
             offered.add(last)
             yield last
         while True:

@@ -469,8 +469,8 @@ def refine_predictors(
         # the last challenger, promoted, is the champion: retrained on the same data against itself it
         # registered a version identical to it (a new-user review: weights byte for byte the same)
         promoted_same = last == versions["p2"] and last_tags.get(DATA_INPUTS_TAG) == data_inputs
-        if (last is not None and last_tags.get(INPUTS_TAG) == inputs and not promoted_same and promote
-                and last_tags.get(BETTER_TAG) == "true" and stand_in is None and last != versions["p2"]):
+        if (last is not None and last != versions["p2"] and last_tags.get(INPUTS_TAG) == inputs and promote
+                and last_tags.get(BETTER_TAG) == "true" and stand_in is None):
             # it beat this same champion, and its promotion did not happen (the registry failed between
             # registering it and moving the alias): a quiet fleet would never retrain, nor promote it
             source.registry.set_alias(block.p2_name, block.alias, last)

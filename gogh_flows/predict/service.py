@@ -130,17 +130,13 @@ def _stored(p2: P2Model | None, key: str, parse: Callable[[Any], Any], *, empty_
                          "the refiner") from None
 
 
-def _site_or_none(site: SiteOffsets | None) -> SiteOffsets:
-    return SiteOffsets() if site is None else site  # not `or`: offsets of 0 are still a record
-
-
 def stored_records(p2: P2Model | None) -> tuple[Ensemble | None, SiteOffsets, Intervals | None]:
     """The refiner's records beside its weights (its ensemble, site offsets and intervals), each
     checked: a ``ValueError`` that names the record for one that is malformed or out of range.
     Its weights' hash does not cover them, so a model read back is checked here."""
+    site = _stored(p2, SITE_KEY, SiteOffsets.from_dict)  # not `or`: offsets of 0 are still a record
     return (_stored(p2, "ensemble", Ensemble.from_dict, empty_is_none=False),
-            _site_or_none(_stored(p2, SITE_KEY, SiteOffsets.from_dict)),
-            _stored(p2, "intervals", Intervals.from_dict))
+            SiteOffsets() if site is None else site, _stored(p2, "intervals", Intervals.from_dict))
 
 
 class ThroughputPredictor:

@@ -306,12 +306,10 @@ class PoolLedger:
                     self._to_release.clear()
                 return
             try:
-                self._call("gogh_ledger_release", timeout_s=timeout_s, run_id=run_id, if_unstarted=if_unstarted)
+                self.release(run_id, if_unstarted=if_unstarted, timeout_s=timeout_s)  # kept pending if it fails
             except Exception as exc:  # noqa: BLE001 - sent again at the next tick
                 log.debug("gogh: the release of run %s still did not reach the pool's scheduler: %s", run_id, exc)
                 return  # the scheduler is still away: the others wait for the next tick too
-            with self._lock:
-                self._to_release.pop(run_id, None)
             log.info("gogh: the release of run %s reached the pool's scheduler", run_id)
 
     def close(self) -> None:

@@ -319,7 +319,7 @@ class LedgerPlugin(SchedulerPlugin):
             # its placing process refreshes it until the body starts: a client that beats but has
             # not refreshed for UNSTARTED_GRACE timeouts lost track of the claim (one it gave up on
             # and could not release), which client liveness alone kept for the process's life
-            refreshed = max(lease.get("refreshed_at", lease["seen_at"]), self.awake_since)
+            refreshed = max(lease["refreshed_at"], self.awake_since)
             return (time() - refreshed <= UNSTARTED_GRACE * self.lease_timeout_s
                     and self._client_heard(lease["client"]))
         ts = self.scheduler.tasks.get(lease["key"]) if lease["key"] else None
@@ -357,8 +357,9 @@ class LedgerPlugin(SchedulerPlugin):
         A gap taken for a stall only restarts the clocks (holders keep their slots a little
         longer); a stall missed drops leases whose bodies run, and their bodies are stopped."""
         tick, wall = monotonic(), time()
-        (last, last_wall), (self._ticked, self._ticked_wall) = (self._ticked, self._ticked_wall), (tick, wall)
-        if last is None or last_wall is None:
+        last, last_wall = self._ticked, self._ticked_wall
+        self._ticked, self._ticked_wall = tick, wall
+        if last is None or last_wall is None:  # the first check (both are set together)
             return False
         gap = max(2 * self._every_s, self.lease_timeout_s / 2)
         # a step of the wall clock (NTP, a resume from suspend, which the monotonic clock leaves
@@ -372,8 +373,7 @@ class LedgerPlugin(SchedulerPlugin):
             self.awake_since = now
             for lease in self.leases.values():  # a step back of the clock: no time after now
                 for stamp in ("seen_at", "refreshed_at"):
-                    if lease.get(stamp, 0.0) > now:
-                        lease[stamp] = now
+                    lease[stamp] = min(lease[stamp], now)
             log.warning("gogh ledger: the scheduler stood still (stopped or its event loop blocked) for longer "
                         "than half the lease timeout; every lease's clock starts again now")
         self._age_kept(now)

@@ -55,6 +55,11 @@ class DamagedTableFile(ValueError):
     """A file of a measurement table that polars cannot read (damaged outside gogh: its files
     are written whole, then renamed into place)."""
 
+
+#: what to do about damaged files, wherever they are met (a read, a merge)
+_DAMAGED_TODO = ("Move them out of the folder to read the rest: their rows are then missing from this table "
+                 "(each measurement logged to MLflow is kept there as a run)")
+
 #: parts merged into one level-0 segment once there are this many
 PARTS_PER_SEGMENT = 64
 #: segments of one level merged into one of the next once there are this many
@@ -251,9 +256,7 @@ class MeasurementTable:
                 if not damaged:
                     raise
                 log.warning("gogh: the measurement table at %s has file(s) that cannot be read, left out of its "
-                            "merges: %s. Move them out of the folder; their rows are then missing from this table "
-                            "(each measurement logged to MLflow is kept there as a run)", self.root,
-                            ", ".join(str(p) for p in damaged))
+                            "merges: %s. %s", self.root, ", ".join(str(p) for p in damaged), _DAMAGED_TODO)
                 files = [f for f in files if f not in damaged]
                 if not files:
                     return
@@ -350,9 +353,7 @@ def _read_once(root: Path, schema: Mapping[str, pl.DataType]) -> pl.DataFrame | 
             return None  # merged away while read: polars says so in its own words
         raise DamagedTableFile(
             f"the measurement table at {root} has {len(damaged)} file(s) that cannot be read ({damaged[0].name}: "
-            f"{str(exc).splitlines()[0][:200]}): {', '.join(str(p) for p in damaged[:3])}. Move them out of the "
-            "folder to read the rest: their rows are then missing from this table (each measurement logged to "
-            "MLflow is kept there as a run)") from None
+            f"{str(exc).splitlines()[0][:200]}): {', '.join(str(p) for p in damaged[:3])}. {_DAMAGED_TODO}") from None
     if sorted((root / "segments").glob("*.parquet")) != segments:
         return None
     return frame

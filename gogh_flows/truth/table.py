@@ -13,7 +13,6 @@ does not fit), exactly as Gavel records it.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,14 +72,16 @@ class ThroughputTable:
         frame = self.frame.select(list(SCHEMA)).cast(SCHEMA)  # type: ignore[arg-type]
         # NaN passes a "< 0" test (in polars as in Python): a NaN or infinite rate read from a file
         # made the optimiser's figures NaN, and a job look unplaceable everywhere
-        bad = frame.filter(pl.col("throughput").is_null() | ~pl.col("throughput").is_finite()
-                           | (pl.col("throughput") < 0)
-                           | (pl.col("partner_throughput").is_not_null()
-                              & (~pl.col("partner_throughput").is_finite() | (pl.col("partner_throughput") < 0))))
+        def invalid(column: str) -> pl.Expr:
+            return pl.col(column).is_null() | ~pl.col(column).is_finite() | (pl.col(column) < 0)
+
+        which = (pl.when(invalid("throughput")).then(pl.lit("throughput"))
+                 .when(pl.col("partner_throughput").is_not_null() & invalid("partner_throughput"))
+                 .then(pl.lit("partner_throughput")))
+        bad = frame.with_columns(_which=which).filter(pl.col("_which").is_not_null())
         if bad.height:
             row = bad.row(0, named=True)
-            which = ("throughput" if row["throughput"] is None or not math.isfinite(row["throughput"])
-                     or row["throughput"] < 0 else "partner_throughput")
+            which = row["_which"]
             raise ValueError(
                 f"{which} must be a finite number >= 0, got {row[which]!r} for "
                 f"job {row['job_type']!r} on {row['gpu_type']!r}"
