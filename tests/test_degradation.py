@@ -562,6 +562,27 @@ def test_a_cached_copy_another_process_set_aside_mid_read_is_fetched_again_not_r
     assert fresh.versions() == {"p1": 1, "p2": 1} and fresh.degraded is None and not fresh._refused
 
 
+def test_a_registry_made_again_is_not_served_from_the_old_registrys_cache(gogh_home):
+    """Models deleted and registered anew number from 1 again: the local cache, keyed by number,
+    served the old v1's weights in place of the new v1's, unsaid (an MLflow review)."""
+    import json
+
+    from mlflow import MlflowClient
+
+    source = PredictorSource(PredictorRegistry(refresh_s=0))  # the synthetic prior, v1 of each
+    source.get()
+    client = MlflowClient(source.block.resolved_tracking_uri())
+    for name in ("gogh-p1", "gogh-p2"):
+        client.delete_registered_model(name)
+    gavel = PredictorSource(PredictorRegistry(refresh_s=0, prior="gavel"))
+    gavel.get()
+    assert gavel.versions() == {"p1": 1, "p2": 1} and gavel.degraded is None
+    for name, sub in (("gogh-p1", "p1"), ("gogh-p2", "p2")):
+        [cached] = (gogh_home / "model-cache").rglob(f"{name}-v1/config.json")
+        shipped = json.loads((models_dir() / "gavel" / sub / "config.json").read_text())["weights_sha256"]
+        assert json.loads(cached.read_text())["weights_sha256"] == shipped, name
+
+
 def test_a_champion_alias_removed_by_hand_is_said_before_the_prior_takes_it(gogh_home, caplog):
     """An operator deleting a bad champion expects the previous one to serve; the shipped prior
     took the alias silently, and the next retraining was judged against it (an operator's review)."""

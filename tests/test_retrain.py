@@ -634,6 +634,24 @@ def test_a_better_challenger_whose_promotion_failed_is_promoted_by_the_next_retr
     assert third["promoted"] is False and "nothing retrained" in third["reason"]
 
 
+def test_a_champion_rolled_back_by_hand_stays_rolled_back(gogh_home, tmp_path):
+    """An operator moved the champion alias back to the version a promoted challenger replaced;
+    the next retraining, with nothing new to learn, promoted the challenger again and said its
+    promotion had "not happened then" (an MLflow review)."""
+    weak = _weak_champion(tmp_path)
+    _log_measurements()
+    first = refine_predictors(base_data="none", epochs=60)
+    assert first["promoted"] is True
+    source = predictor_source(PredictorRegistry())
+    promoted = first["challenger_version"]
+    assert source.registry.version_tags("gogh-p2", promoted)["gogh.promoted"] == "true"
+    source.registry.set_alias("gogh-p2", "champion", weak)  # the documented rollback
+    again = refine_predictors(base_data="none", epochs=60)
+    assert again["promoted"] is False and again["champion_version"] == weak
+    assert f"promoted to champion and since replaced by v{weak}" in again["reason"], again["reason"]
+    assert source.registry.version_for("gogh-p2", "champion") == weak
+
+
 def test_a_p1_moved_by_hand_while_the_challenger_trained_stops_its_promotion(gogh_home, tmp_path, monkeypatch,
                                                                              gogh_models):
     """Only the P2 alias was checked before promoting: a P1 promoted by hand meanwhile left the

@@ -41,6 +41,15 @@ log = logging.getLogger("gogh_flows")
 LOAD_ERRORS = (ValueError, FileNotFoundError)
 #: the cache's record of the versions last loaded (the fall-back's first choice)
 LAST_GOOD = "last-good.json"
+#: kept in a cached version's folder: which registry version it is a copy of (``_fetch``)
+CACHE_IDENTITY = "gogh-cache.json"
+
+
+def _cached_identity(folder: Path) -> str | None:
+    try:
+        return str(json.loads((folder / CACHE_IDENTITY).read_text())["identity"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 class PriorRegistrationBusy(Exception):
@@ -241,22 +250,36 @@ class PredictorSource:
 
         Only a version that loads enters the cache: one cached when its files merely had the
         right types, then refused by the loader's checks (hash, shapes, finite values, stored
-        records), became the fall-back of every later placement, which then failed on it."""
+        records), became the fall-back of every later placement, which then failed on it.
+        A cached copy is used only while it is the registry's version of that number (its
+        creation time, run and source, kept beside it): a registry made again, or a model
+        deleted and registered anew, numbers from 1 again, and the old copy was served in its
+        place, unsaid (a review)."""
         dest = self._cache_folder(name, version)
-        if not self._is_cached(name, version):
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.parent / f".{dest.name}.{os.getpid()}.{threading.get_ident()}"
+        identity = self.registry.version_identity(name, version)
+        if self._is_cached(name, version) and _cached_identity(dest) == identity:
+            return dest
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.parent / f".{dest.name}.{os.getpid()}.{threading.get_ident()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            self.registry.download(f"models:/{name}/{version}", dest=tmp)
+            self._check(name, tmp)
+            write_text(tmp / CACHE_IDENTITY, json.dumps({"identity": identity}))
+        except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        if dest.exists():  # another registry's (or an unmarked older) copy of this number: set aside
+            stale = dest.parent / f".{dest.name}.stale.{os.getpid()}.{threading.get_ident()}"
             try:
-                self.registry.download(f"models:/{name}/{version}", dest=tmp)
-                self._check(name, tmp)
-            except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                raise
-            try:
-                os.replace(tmp, dest)
-            except OSError:  # another process cached it first
-                shutil.rmtree(tmp, ignore_errors=True)
+                os.replace(dest, stale)
+            except OSError:  # another process moved it first
+                pass
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            os.replace(tmp, dest)
+        except OSError:  # another process cached it first (the same version: it checked the identity too)
+            shutil.rmtree(tmp, ignore_errors=True)
         return dest
 
     def _check(self, name: str, folder: Path) -> None:

@@ -348,6 +348,21 @@ INPUTS_TAG = "gogh.inputs"
 DATA_INPUTS_TAG = "gogh.data_inputs"
 #: whether the challenger beat its champion by ``min_improvement`` (its promotion may not have happened)
 BETTER_TAG = "gogh.better"
+#: set on a challenger once it was made champion: a better one without it is a promotion that failed
+#: half-way, finished by the next retraining; with it, one a person (or another retraining) replaced
+#: since, which stays replaced (a review saw a hand rollback undone by the next quiet retraining)
+PROMOTED_TAG = "gogh.promoted"
+
+
+def _promote(registry: Any, name: str, alias: str, version: int) -> None:
+    """Point ``alias`` at ``version`` and record that it was promoted (said, not fatal, if the tag fails:
+    the alias is what placements follow)."""
+    registry.set_alias(name, alias, version)
+    try:
+        registry.set_version_tag(name, version, PROMOTED_TAG, "true")
+    except Exception as exc:  # noqa: BLE001 - the promotion itself happened
+        log.warning("gogh: %s v%s was promoted but could not be tagged %s (%s); were it replaced by hand, the "
+                    "next retraining would promote it again", name, version, PROMOTED_TAG, exc)
 
 
 def _lineage(registry: Any, p1_name: str, p1_version: int | None) -> dict[str, str]:
@@ -469,11 +484,12 @@ def refine_predictors(
         # the last challenger, promoted, is the champion: retrained on the same data against itself it
         # registered a version identical to it (a new-user review: weights byte for byte the same)
         promoted_same = last == versions["p2"] and last_tags.get(DATA_INPUTS_TAG) == data_inputs
+        replaced = last is not None and last != versions["p2"] and last_tags.get(PROMOTED_TAG) == "true"
         if (last is not None and last != versions["p2"] and last_tags.get(INPUTS_TAG) == inputs and promote
-                and last_tags.get(BETTER_TAG) == "true" and stand_in is None):
+                and last_tags.get(BETTER_TAG) == "true" and stand_in is None and not replaced):
             # it beat this same champion, and its promotion did not happen (the registry failed between
             # registering it and moving the alias): a quiet fleet would never retrain, nor promote it
-            source.registry.set_alias(block.p2_name, block.alias, last)
+            _promote(source.registry, block.p2_name, block.alias, last)
             source.get(force=True, bounded=False)
             msg = (f"challenger v{last} beat champion v{versions['p2']} on the same {frame.height} measurements when it "
                    "was registered, and was not promoted then; promoted to champion now")
@@ -481,7 +497,10 @@ def refine_predictors(
             return {"promoted": True, "reason": msg, "measurements": obs.height, "challenger_version": last,
                     "champion_version": last, "previous_champion_version": versions["p2"]}
         if last is not None and (last_tags.get(INPUTS_TAG) == inputs or promoted_same):
-            msg = (f"nothing new since challenger v{last}: the same {frame.height} measurements, settings and "
+            msg = (f"nothing new since challenger v{last}, promoted to champion and since replaced by v{versions['p2']} "
+                   f"(the alias moved by hand or by another retraining): the same {frame.height} measurements and "
+                   "settings; nothing retrained, nor promoted again" if replaced else
+                   f"nothing new since challenger v{last}: the same {frame.height} measurements, settings and "
                    f"champion (v{versions['p2']}); nothing retrained" if not promoted_same else
                    f"nothing new since challenger v{last}, promoted to champion: the same {frame.height} measurements "
                    "and settings; nothing retrained")
@@ -552,7 +571,7 @@ def refine_predictors(
         moved = now != alias_before or p1_now != p1_before
         promoted = bool(promote and better and not moved)
         if promoted:
-            source.registry.set_alias(block.p2_name, block.alias, version)
+            _promote(source.registry, block.p2_name, block.alias, version)
             source.get(force=True, bounded=False)
         result = {
             "promoted": promoted, "challenger_version": version,

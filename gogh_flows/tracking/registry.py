@@ -15,6 +15,7 @@ retraining flow registers a `challenger` and moves `champion` when it wins.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import json
 import math
@@ -289,6 +290,18 @@ class ModelRegistry:
             if exc.error_code == "INVALID_PARAMETER_VALUE":
                 raise ValueError(f"MLflow refused alias {alias!r} for model {name!r}: {exc.message}") from exc
             raise
+
+    def set_version_tag(self, name: str, version: int, key: str, value: str) -> None:
+        """Set one tag on a registered version (what happened to it since it was registered)."""
+        self._ready().set_model_version_tag(name, str(int(version)), str(key), str(value))
+
+    def version_identity(self, name: str, version: int) -> str:
+        """What tells this version apart from another registry's version of the same number:
+        its creation time, run and source. A registry deleted and made again (or a model
+        deleted and registered anew) numbers from 1 again, so a number alone does not name a
+        model's files (a review found a local cache serving the old registry's v1)."""
+        mv = self._ready().get_model_version(name, str(int(version)))
+        return hashlib.sha256(f"{mv.creation_timestamp}|{mv.run_id}|{mv.source}".encode()).hexdigest()[:16]
 
     def version_tags(self, name: str, version: int) -> dict[str, str]:
         """The tags of one registered version (those given to :meth:`register`, among others)."""
