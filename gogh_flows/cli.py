@@ -81,9 +81,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 def cmd_blocks_apply(args: argparse.Namespace) -> int:
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME
 
-    from gogh_flows.flows.blocks import apply_block_documents
+    from gogh_flows.flows.blocks import REPO_BLOCKS, apply_block_documents
 
-    saved = apply_block_documents(Path(args.folder))
+    folder = Path(args.folder) if args.folder is not None else (
+        Path("blocks") if Path("blocks").is_dir() else REPO_BLOCKS)
+    if args.folder is None:
+        print(f"the block documents of {folder}")
+    saved = apply_block_documents(folder)
     for kind, name in saved:
         print(f"saved {kind}/{name}")
     # where they went matters to a flow run on another machine, which reads its own server's
@@ -206,8 +210,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     blocks_sub = blocks.add_subparsers(dest="blocks", required=True)
     ba = blocks_sub.add_parser("apply", help="validate and save every block document (*.json) of a folder, "
                                "or one document")
-    ba.add_argument("folder", nargs="?", default="blocks", help="a folder of *.json block documents, or one of "
-                    "them (default: blocks)")
+    ba.add_argument("folder", nargs="?", default=None, help="a folder of *.json block documents, or one of "
+                    "them (default: ./blocks if there is one, else the examples installed with gogh-flows)")
     ba.set_defaults(func=cmd_blocks_apply)
 
     serve = sub.add_parser("serve", help="serve the refiner-retraining flow as a scheduled deployment")

@@ -20,6 +20,14 @@ RELATIVE = Path("../shared/data")
 BESIDE_CHECKOUT = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
+def shipped(name: str) -> Path:
+    """The repository's top-level ``models/`` or ``blocks/``: the checkout's folder when this
+    package runs from one, else the copy a wheel installs inside the package
+    (``gogh_flows/shipped/<name>``, pyproject.toml's package-dir)."""
+    checkout = Path(__file__).resolve().parents[1] / name
+    return checkout if checkout.is_dir() else Path(__file__).resolve().parent / "shipped" / name
+
+
 def default_data(sub: str = "") -> Path:
     """``../shared/data/<sub>`` if it exists from the working directory, else the folder beside
     the checkout if that exists, else the relative path (so an error names where it looked)."""
@@ -35,4 +43,4 @@ def where_looked(sub: str = "") -> str:
             f"then {BESIDE_CHECKOUT / sub} beside the checkout")
 
 
-__all__ = ["BESIDE_CHECKOUT", "RELATIVE", "default_data", "where_looked"]
+__all__ = ["BESIDE_CHECKOUT", "RELATIVE", "default_data", "shipped", "where_looked"]

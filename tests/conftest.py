@@ -24,6 +24,7 @@ set_defaults({
 })
 # all state under temp dirs: a developer's own MLflow server is never written to by the tests
 os.environ.pop("MLFLOW_TRACKING_URI", None)
+os.environ.pop("MLFLOW_REGISTRY_URI", None)
 _SESSION_DIRS: list[str] = []
 
 
@@ -78,6 +79,7 @@ def _tracking_uri_stays_in_its_test():
         if _mlflow_uri._tracking_uri is not None:
             _mlflow_uri.set_tracking_uri(None)
     os.environ.pop("MLFLOW_TRACKING_URI", None)
+    os.environ.pop("MLFLOW_REGISTRY_URI", None)
 
 
 # Hypothesis keeps no example database in the working tree (tests leave no state behind).

@@ -613,3 +613,28 @@ def test_a_champion_pair_not_trained_together_is_said(gogh_home, gogh_models, ca
     assert source.versions() == {"p1": 2, "p2": 1}
     assert "the champion pair gogh-p1 v2 and gogh-p2 v1 were not trained together" in caplog.text
     assert "descends from another prior" in caplog.text
+
+
+def test_a_prior_that_cannot_be_registered_is_tried_again_after_a_growing_pause(gogh_home, monkeypatch, caplog):
+    """An artifact root this user cannot write failed every registration of the prior, each
+    leaving a FAILED run in MLflow, once per refresh (thousands a day), and was said to be an
+    unreachable registry (an MLflow review)."""
+    from gogh_flows.tracking.registry import ModelRegistry
+
+    calls = []
+
+    def refused(self, *args, **kwargs):
+        calls.append(args[0])
+        raise NotADirectoryError(20, "Not a directory", "/srv/mlartifacts/x")
+
+    monkeypatch.setattr(ModelRegistry, "ensure_registered", refused)
+    source = PredictorSource(PredictorRegistry(refresh_s=0))
+    with caplog.at_level("WARNING", logger="gogh_flows"):
+        for _ in range(5):
+            source.get(force=True)
+    assert len(calls) == 1, calls  # one attempt, then a pause of 30 s at least
+    assert "failed (NotADirectoryError" in source.degraded and "unreachable" not in source.degraded
+    assert "built-in prior" in source.degraded
+    source._prior_failed = (0.0, 30.0, source._prior_failed[2])  # the pause is over
+    source.get(force=True)
+    assert len(calls) == 2 and source._prior_failed[1] == 60.0  # and the next one is twice as long

@@ -510,7 +510,7 @@ def _env_ready() -> bool:
     return len(open_sessions()) == 1
 
 
-def test_block_documents_are_validated_saved_and_used_by_name(gogh_home, tmp_path, capsys):
+def test_block_documents_are_validated_saved_and_used_by_name(gogh_home, tmp_path, capsys, monkeypatch):
     import json
     import shutil
 
@@ -543,6 +543,11 @@ def test_block_documents_are_validated_saved_and_used_by_name(gogh_home, tmp_pat
     one.write_text(json.dumps({"type": "gpu-cluster", "name": "just-one", "data": {"fleet": {"t4": 3}}}))
     assert main(["blocks", "apply", str(one)]) == 0
     assert "saved gogh-gpu-cluster/just-one" in capsys.readouterr().out
+    # with no folder, from a folder without blocks/: the examples installed with the package
+    monkeypatch.chdir(tmp_path)
+    assert main(["blocks", "apply"]) == 0
+    out = capsys.readouterr().out
+    assert f"the block documents of {REPO_BLOCKS}" in out and "saved gogh-gpu-cluster/demo-fleet" in out
     assert GpuCluster.load("just-one").fleet == {"t4": 3}
 
 

@@ -111,3 +111,36 @@ def test_load_pyfunc_refuses_a_planted_pickle_that_mlflows_own_loader_would_run(
     with pytest.raises(UnsafeArtifactError, match=f"version {version} .* is refused"):
         load_pyfunc("models:/gogh-p2@champion")
     assert not marker.exists()
+
+
+def test_a_registry_apart_from_the_tracking_store_is_followed(tmp_path, monkeypatch, gogh_home):
+    """MLflow's MLFLOW_REGISTRY_URI (or the block's registry_uri) names a registry apart from the
+    tracking store; gogh looked for the models in the tracking store (an MLflow review)."""
+    from gogh_flows.flows.blocks import PredictorRegistry
+    from gogh_flows.flows.predictors import PredictorSource
+    from gogh_flows.tracking.pyfunc_flavor import load_pyfunc
+
+    tracking, registry = f"sqlite:///{tmp_path / 'tracking.db'}", f"sqlite:///{tmp_path / 'registry.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", tracking)
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", registry)
+    source = PredictorSource(PredictorRegistry(refresh_s=0))
+    source.get()
+    assert source.degraded is None and source.versions() == {"p1": 1, "p2": 1}
+    # the prior went to the registry store, none to the tracking store's registry
+    assert ModelRegistry(registry).version_for("gogh-p1", "champion") == 1
+    assert ModelRegistry(tracking).version_for("gogh-p1", "champion") is None
+    assert len(load_pyfunc("models:/gogh-p2@champion").predict(JOBS)) == 3
+    # the block's field wins over the environment
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    assert PredictorRegistry(registry_uri=other).resolved_registry_uri() == other
+
+
+def test_a_file_store_mlflow_refuses_is_said_before_anything_runs(monkeypatch):
+    from gogh_flows.flows.blocks import PredictorRegistry
+
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    block = PredictorRegistry(tracking_uri="file:///tmp/gogh-mlruns")
+    with pytest.raises(ValueError, match="MLFLOW_ALLOW_FILE_STORE=true"):
+        block.resolved_tracking_uri()
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    assert block.resolved_tracking_uri() == "file:///tmp/gogh-mlruns"

@@ -16,14 +16,15 @@ from typing import Any, ClassVar, Literal
 
 import httpx
 from prefect.blocks.core import Block
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from gogh_flows.catalog import get_gpu_type
+from gogh_flows.datapaths import shipped
 from gogh_flows.placement import POLICIES
 from gogh_flows.runtime.power_cap import check_cap_request
 
-#: The example block documents shipped with the repository.
-REPO_BLOCKS = Path(__file__).resolve().parents[2] / "blocks"
+#: The example block documents shipped with the repository (and installed with the package).
+REPO_BLOCKS = shipped("blocks")
 
 #: URI schemes MLflow can track to (its SQLAlchemy stores, a server, a file store, Databricks)
 TRACKING_SCHEMES = frozenset({"sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks"})
@@ -235,17 +236,14 @@ class PredictorRegistry(Block):
                              "registry (alias lookup and download) before it places with the last good "
                              "predictors; a late answer is still taken for the next placement")
 
-    @field_validator("tracking_uri")
+    registry_uri: str | None = Field(default=None, description="MLflow model registry URI, where it is not "
+                                     "the tracking store; None = $MLFLOW_REGISTRY_URI when set, else the "
+                                     "tracking URI")
+
+    @field_validator("tracking_uri", "registry_uri")
     @classmethod
-    def _known_scheme(cls, value: str | None) -> str | None:
-        if value is None:
-            return value
-        scheme = value.split(":", 1)[0].split("+", 1)[0].lower() if ":" in value else ""
-        if scheme not in TRACKING_SCHEMES:
-            raise ValueError(f"tracking_uri {value!r} is not an MLflow tracking URI; use one of "
-                             "sqlite:///path/mlflow.db, http(s)://host:port, file:///path, or a database "
-                             f"URI ({', '.join(sorted(s for s in TRACKING_SCHEMES if s not in ('http', 'https')))})")
-        return _absolute_sqlite(value)
+    def _known_scheme(cls, value: str | None, info: ValidationInfo) -> str | None:
+        return None if value is None else _mlflow_uri(info.field_name or "tracking_uri", value)
 
     @field_validator("prior")
     @classmethod
@@ -270,16 +268,45 @@ class PredictorRegistry(Block):
     def resolved_tracking_uri(self) -> str:
         """The block's URI, else ``MLFLOW_TRACKING_URI`` (what an MLflow user already set), else
         SQLite under ``$GOGH_HOME``; an environment URI is checked like the block's."""
-        if self.tracking_uri:
-            return self.tracking_uri
-        env = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
-        if env:
-            try:
-                return self._known_scheme(env)  # type: ignore[return-value]
-            except ValueError as exc:
-                raise ValueError(f"MLFLOW_TRACKING_URI: {exc}; fix or unset it, or set "
-                                 "PredictorRegistry(tracking_uri=...)") from None
-        return f"sqlite:///{state_dir() / 'mlflow.db'}"
+        return _usable(self.tracking_uri or self._from_env("MLFLOW_TRACKING_URI", "tracking_uri")
+                       or f"sqlite:///{state_dir() / 'mlflow.db'}")
+
+    def resolved_registry_uri(self) -> str:
+        """Where the models are registered: the block's ``registry_uri``, else
+        ``MLFLOW_REGISTRY_URI`` (MLflow's own setting for a registry apart from the tracking
+        store; a review found it ignored), else the tracking URI."""
+        return _usable(self.registry_uri or self._from_env("MLFLOW_REGISTRY_URI", "registry_uri")
+                       or self.resolved_tracking_uri())
+
+    def _from_env(self, variable: str, field_name: str) -> str | None:
+        """An MLflow URI from the environment, checked like the block's own."""
+        env = os.environ.get(variable, "").strip()
+        if not env:
+            return None
+        try:
+            return _mlflow_uri(field_name, env)
+        except ValueError as exc:
+            raise ValueError(f"{variable}: {exc}; fix or unset it, or set "
+                             f"PredictorRegistry({field_name}=...)") from None
+
+
+def _mlflow_uri(what: str, value: str) -> str:
+    """``value`` checked to be an MLflow tracking or registry URI (a SQLite path made absolute)."""
+    scheme = value.split(":", 1)[0].split("+", 1)[0].lower() if ":" in value else ""
+    if scheme not in TRACKING_SCHEMES:
+        databases = ", ".join(sorted(s for s in TRACKING_SCHEMES if s not in ("http", "https", "file")))
+        raise ValueError(f"{what} {value!r} is not an MLflow tracking URI; use one of "
+                         f"sqlite:///path/mlflow.db, http(s)://host:port, or a database URI ({databases})")
+    return _absolute_sqlite(value)
+
+
+def _usable(uri: str) -> str:
+    """``uri``, unless it is one MLflow will refuse here: said before anything runs on it."""
+    if uri.lower().startswith("file:") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() != "true":
+        raise ValueError(f"{uri} is an MLflow file store, which MLflow 3 keeps in maintenance mode and refuses "
+                         "unless MLFLOW_ALLOW_FILE_STORE=true is set in every process that uses it; use "
+                         "sqlite:///path/mlflow.db instead (or set that variable)")
+    return uri
 
 
 class PlacementPolicy(Block):

@@ -59,6 +59,8 @@ class PriorRegistrationBusy(Exception):
 #: how long a process waits for another of this machine registering the prior: both halves' waits
 #: for a host elsewhere (``PRIOR_WAIT_S`` each) and their uploads
 _PRIOR_LOCK_WAIT_S = 2 * PRIOR_WAIT_S + 180.0
+#: the longest pause between attempts to register a prior that failed (``ensure_prior``)
+_PRIOR_RETRY_MAX_S = 900.0
 
 #: the tag naming which prior (both halves, by their weights' checksums) a registered version is
 PRIOR_ID_TAG = "gogh.prior_id"
@@ -96,9 +98,11 @@ class PredictorSource:
     _asking_lock: threading.Lock = field(default_factory=threading.Lock)
     #: what the open question is doing besides asking the registry, for a late answer's message
     _doing: str | None = None
+    #: the last failed registration of the prior: (not again before, pause, the error)
+    _prior_failed: tuple[float, float, BaseException] | None = None
 
     def __post_init__(self) -> None:
-        self.registry = ModelRegistry(self.block.resolved_tracking_uri())
+        self.registry = ModelRegistry(self.block.resolved_tracking_uri(), self.block.resolved_registry_uri())
 
     def ensure_prior(self) -> None:
         """Register the shipped prior under the alias if the registry has nothing there yet."""
@@ -108,6 +112,22 @@ class PredictorSource:
         if not self._unset():
             return
         pair = self._check_prior_loads(base)
+        failed = self._prior_failed
+        if failed is not None and time.monotonic() < failed[0]:
+            # each attempt leaves a FAILED run in MLflow (an artifact root this user cannot write: a
+            # review counted one per refresh, thousands a day); tried again after a growing pause
+            raise failed[2]
+        try:
+            self._register_prior(base, pair)
+        except (TrackingUnavailableError, PriorRegistrationBusy):
+            raise  # nothing was written: asked again at the next refresh
+        except (MlflowException, OSError) as exc:
+            pause = min(_PRIOR_RETRY_MAX_S, 2 * failed[1]) if failed else max(self.block.refresh_s, 30.0)
+            self._prior_failed = (time.monotonic() + pause, pause, exc)
+            raise
+        self._prior_failed = None
+
+    def _register_prior(self, base: Path, pair: str) -> None:
         # Flow runs started together (threads or processes on this machine) would otherwise
         # each see an empty alias and register the prior once each: one registers, the others
         # find the alias set once they get the lock.
@@ -131,7 +151,7 @@ class PredictorSource:
         except FileLockTimeout:
             raise PriorRegistrationBusy(
                 f"another process of this machine has been registering the prior in "
-                f"{self.block.resolved_tracking_uri()} for over {_PRIOR_LOCK_WAIT_S:g} s (its lock {lock.lock_file}); "
+                f"{self.block.resolved_registry_uri()} for over {_PRIOR_LOCK_WAIT_S:g} s (its lock {lock.lock_file}); "
                 "if none is running, remove that file") from None
         finally:
             self._doing = None
@@ -149,9 +169,12 @@ class PredictorSource:
         without a word (a review)."""
         for sub, load in (("p1", load_p1), ("p2", load_p2)):
             if not (base / sub).is_dir():
-                raise FileNotFoundError(
-                    f"prior {base / sub} not found; set GOGH_MODELS_DIR to the models/ folder of "
-                    "gogh-flows, or give the folder `gogh predictors train --out DIR` wrote")
+                # a ValueError, not an OSError: it is the setting's fault, not the registry's (a review
+                # read "the MLflow registry ... is unreachable (FileNotFoundError: prior ...)")
+                raise ValueError(
+                    f"the prior {self.block.prior!r} has no {sub}/ at {base.resolve()} (the shipped priors are "
+                    f"the folders of {models_dir()}); give a shipped prior's name, set GOGH_MODELS_DIR to "
+                    "gogh-flows' models/ folder, or give the folder `gogh predictors train --out DIR` wrote")
             try:
                 load(base / sub)
             except (ModelFormatError, UnsafeArtifactError, ValueError, OSError) as exc:
@@ -167,7 +190,7 @@ class PredictorSource:
         if version is None or self._of_prior(other, version, base, pair):
             return
         raise ValueError(
-            f"{other} v{version} (@{self.block.alias}) in {self.block.resolved_tracking_uri()} is not from this "
+            f"{other} v{version} (@{self.block.alias}) in {self.block.resolved_registry_uri()} is not from this "
             f"PredictorRegistry's prior {base}: registering {adding} from it would pair models not trained "
             "together. Give the block the prior the registry holds, or register both halves of yours under new "
             "p1_name/p2_name")
@@ -223,12 +246,12 @@ class PredictorSource:
             log.warning("gogh: %s in %s has %d version(s) but none under the alias %r (a champion deleted, or its "
                         "alias removed); the shipped prior %r is registered under it. To serve another version, "
                         "point the alias at it: ModelRegistry(uri).set_alias(%r, %r, <version>)", name,
-                        self.block.resolved_tracking_uri(), known.height, self.block.alias, self.block.prior, name,
+                        self.block.resolved_registry_uri(), known.height, self.block.alias, self.block.prior, name,
                         self.block.alias)
 
     def _uri_key(self) -> str:
         """Short name of the tracking URI for the files kept per registry (lock, model cache)."""
-        return hashlib.sha1(self.block.resolved_tracking_uri().encode()).hexdigest()[:10]
+        return hashlib.sha1(self.block.resolved_registry_uri().encode()).hexdigest()[:10]
 
     def _cache_root(self) -> Path:
         return state_dir() / "model-cache" / self._uri_key()
@@ -386,7 +409,7 @@ class PredictorSource:
     def _stalled(self) -> ThroughputPredictor:
         """The registry has not answered in time: place with what is at hand, without waiting for it."""
         doing = self._doing  # a slow answer is not always a slow registry: say what it waits for
-        reason = (f"the MLflow registry at {self.block.resolved_tracking_uri()} did not answer within "
+        reason = (f"the MLflow registry at {self.block.resolved_registry_uri()} did not answer within "
                   f"{self.block.timeout_s:g} s" + (f" (this process is {doing})" if doing else ""))
         # not under the lock: the open question holds it while it waits for the registry
         predictor, using = self._predictor, self._using
@@ -408,17 +431,20 @@ class PredictorSource:
             if not force and self._fresh():
                 return self._predictor  # type: ignore[return-value]
             self._checked_at = time.monotonic()
-            uri = self.block.resolved_tracking_uri()
+            uri = self.block.resolved_registry_uri()
             try:
-                if is_http(uri):  # one short probe instead of MLflow's minutes of retries
-                    check_reachable(uri, timeout=3.0)
+                for probe in dict.fromkeys((self.block.resolved_tracking_uri(), uri)):
+                    if is_http(probe):  # one short probe instead of MLflow's minutes of retries
+                        check_reachable(probe, timeout=3.0)
                 self.ensure_prior()
                 v1 = self.registry.version_for(self.block.p1_name, self.block.alias)
                 v2 = self.registry.version_for(self.block.p2_name, self.block.alias)
             except PriorRegistrationBusy as exc:  # not the registry's fault: said as it is
                 return self._fall_back(str(exc))
-            except (TrackingUnavailableError, MlflowException, OSError) as exc:
+            except TrackingUnavailableError as exc:
                 return self._fall_back(f"the MLflow registry at {uri} is unreachable ({short_error(exc)})")
+            except (MlflowException, OSError) as exc:  # it answered, and failed (a review read "unreachable")
+                return self._fall_back(f"the MLflow registry at {uri} failed ({short_error(exc)})")
             if v1 is None:
                 raise ValueError(
                     f"no version of {self.block.p1_name!r} has alias {self.block.alias!r} in {uri}; register "

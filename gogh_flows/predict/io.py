@@ -21,6 +21,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from gogh_flows.datapaths import shipped
 from gogh_flows.predict.encoding import GPU_DIM, SUMMARY_DIM
 from gogh_flows.predict.layout import Layout
 from gogh_flows.predict.p1 import P1Config, P1Model, make_net
@@ -36,8 +37,10 @@ UNSAFE_SUFFIXES = (".pt", ".pth", ".pkl", ".pickle", ".bin", ".ckpt", ".joblib",
 
 
 def models_dir() -> Path:
-    """Shipped models (data, not code): ``$GOGH_MODELS_DIR`` or the repository's models/."""
-    return Path(os.environ.get("GOGH_MODELS_DIR", Path(__file__).resolve().parents[2] / "models"))
+    """Shipped models (data, not code): ``$GOGH_MODELS_DIR`` or the repository's models/ (in a
+    checkout, or installed inside the package)."""
+    env = os.environ.get("GOGH_MODELS_DIR", "").strip()
+    return Path(env) if env else shipped("models")
 
 
 def prior_dir(prior: str) -> Path:

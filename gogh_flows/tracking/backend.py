@@ -32,9 +32,11 @@ def _start_hint(uri: str) -> str:
     at = urlparse(uri)
     if at.hostname not in ("127.0.0.1", "localhost", "::1") or at.port is None:
         return f"start it, or check the tracking URI (the PredictorRegistry block's tracking_uri); {START_HINT}"
-    return (f"start one there with `mlflow server --host {at.hostname} --port {at.port} --backend-store-uri "
-            "sqlite:///mlflow.db --artifacts-destination ./mlartifacts`, or check the tracking URI (the "
-            "PredictorRegistry block's tracking_uri), or use a local store such as sqlite:///path/to/mlflow.db")
+    return (f"if a server should be running there, start it again with its own --backend-store-uri (a new store "
+            f"would have none of its runs or models); for a new one, `mlflow server --host {at.hostname} --port "
+            f"{at.port} --backend-store-uri sqlite:///mlflow.db --artifacts-destination ./mlartifacts`; or check the "
+            "tracking URI (the PredictorRegistry block's tracking_uri), or use a local store such as "
+            "sqlite:///path/to/mlflow.db")
 
 
 def is_http(uri: str) -> bool:

@@ -123,8 +123,9 @@ def _p1_from(uri: str) -> Any:
 
 def load_pyfunc(model_uri: str) -> Any:
     """``mlflow.pyfunc.load_model(model_uri)`` for a gogh predictor in the registry MLflow is set
-    to, its files checked weights-only (:func:`~gogh_flows.tracking.safety.verify_weights_only`)
-    before MLflow reads them.
+    to (``mlflow.get_registry_uri()``: ``MLFLOW_REGISTRY_URI``, else the tracking URI), its files
+    checked weights-only (:func:`~gogh_flows.tracking.safety.verify_weights_only`) before MLflow
+    reads them.
 
     Why not MLflow's own call: ``mlflow.pyfunc.load_model("models:/...")`` follows whatever
     ``MLmodel`` the version holds, and a version planted in the shared registry with MLflow's
@@ -139,7 +140,8 @@ def load_pyfunc(model_uri: str) -> Any:
     from gogh_flows.tracking.registry import ModelRegistry
 
     with tempfile.TemporaryDirectory(prefix="gogh-pyfunc-") as tmp:
-        local, _ = ModelRegistry(mlflow.get_tracking_uri()).download(model_uri, dest=Path(tmp) / "model")
+        registry = ModelRegistry(mlflow.get_tracking_uri(), mlflow.get_registry_uri())
+        local, _ = registry.download(model_uri, dest=Path(tmp) / "model")
         return load_model(str(local))  # read into memory: the folder can go
 
 
