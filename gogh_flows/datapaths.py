@@ -38,9 +38,16 @@ def default_data(sub: str = "") -> Path:
 
 
 def where_looked(sub: str = "") -> str:
-    """The default's two places, for error messages."""
-    return (f"{RELATIVE / sub} from the working directory ({(RELATIVE / sub).resolve()}), "
-            f"then {BESIDE_CHECKOUT / sub} beside the checkout")
+    """The default's places, for error messages (beside the checkout only where the package runs
+    from one: an installed wheel's would name a folder inside the environment)."""
+    here = f"{RELATIVE / sub} from the working directory ({(RELATIVE / sub).resolve()})"
+    if not _in_checkout():
+        return here
+    return f"{here}, then {BESIDE_CHECKOUT / sub} beside the checkout"
+
+
+def _in_checkout() -> bool:
+    return (Path(__file__).resolve().parents[1] / "pyproject.toml").is_file()
 
 
 __all__ = ["BESIDE_CHECKOUT", "RELATIVE", "default_data", "shipped", "where_looked"]

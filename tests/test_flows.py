@@ -856,8 +856,10 @@ def test_a_run_in_a_process_a_prefect_runner_started_is_told_its_local_pool_is_i
         return current_placement().gpu_id
 
     assert served() == "t4-0"
-    said = [r.getMessage() for r in caplog.records if "do not see each other" in r.getMessage()]
-    assert len(said) == 1 and "GpuCluster(mode='remote'" in said[0]
+    said = [(r.name, r.getMessage()) for r in caplog.records if "do not see each other" in r.getMessage()]
+    # once by gogh, and once in the flow run's log in Prefect
+    assert sorted(name for name, _ in said) == ["gogh_flows", "prefect.flow_runs"], said
+    assert "GpuCluster(mode='remote'" in said[0][1]
 
 
 def test_a_risk_level_plans_with_the_lower_end_of_the_interval(gogh_home):
@@ -1351,3 +1353,79 @@ def test_a_placed_flows_call_gives_prefects_temporary_server_time_to_start(monke
             sync_body()
     assert seen == [WAIT.default(), 180, 180, 33]
     assert WAIT.value() == WAIT.default()  # nothing outside the call changed
+
+
+def _run_logs(flow_run_id: str) -> list[str]:
+    """The messages of a flow run's log (its tasks' too) on the Prefect server."""
+    import uuid
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogWorker
+
+    APILogWorker.drain_all(timeout=10)
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[uuid.UUID(flow_run_id)])))
+    return [entry.message for entry in logs]
+
+
+def test_a_bodys_own_dask_work_stays_on_its_worker_and_gogh_warnings_reach_the_run_log(gogh_home, capsys):
+    """dask.compute in a body ran on the pool's other GPUs, outside their slots (with one slot per
+    GPU it waited for ever); gogh's warnings reached only the process's stderr, never the run's
+    log in Prefect (a Prefect review)."""
+    import builtins
+
+    import dask
+    from distributed.worker import thread_state
+    from prefect.context import FlowRunContext
+    from prefect.logging.loggers import print_as_log
+
+    from gogh_flows.flows.run_logs import route_prints
+
+    def where() -> str | None:
+        # the Dask task this thread runs for a worker (None: a thread of the body's own); get_worker()
+        # would name some worker of this process either way
+        return getattr(thread_state, "key", None)
+
+    @gogh_placed(model="ResNet-50", batch_size=64, min_throughput=1.0, work_steps=50)
+    @flow(log_prints=True)
+    def train() -> dict:
+        ran_on = dask.compute(*[dask.delayed(where)() for _ in range(4)])
+        print("printed in the body")
+        logging.getLogger("gogh_flows").warning("gogh: warned in the body")
+        return {"gpu": current_placement().gpu_id, "ran_on": list(ran_on),
+                "run": str(FlowRunContext.get().flow_run.id)}
+
+    out = train()
+    assert out["ran_on"] == [None] * 4, out
+    messages = _run_logs(out["run"])
+    assert messages.count("gogh: warned in the body") == 1, messages
+    assert "printed in the body" in messages
+    # a worker process routes prints once and for all (in this process Prefect's engine patches and
+    # restores print around each run itself); outside a run, print is print
+    route_prints()
+    assert builtins.print is print_as_log
+    print("outside any run")
+    assert "outside any run" in capsys.readouterr().out
+
+
+def test_flows_whose_body_cannot_be_placed_as_one_run_are_refused_when_decorated():
+    """A generator flow was placed, measured as done, and its body ran later in the caller, after
+    the GPU was freed; a flow with prefect-dask's task runner ran its tasks on the pool's other
+    GPUs (a Prefect review)."""
+    from prefect.task_runners import ThreadPoolTaskRunner
+
+    class DaskTaskRunner(ThreadPoolTaskRunner):  # stands for prefect_dask's, by name
+        pass
+
+    with pytest.raises(TypeError, match="generator flow's body runs only while its caller iterates it"):
+        @gogh_placed(model="ResNet-50", batch_size=64, min_throughput=1.0, work_steps=10)
+        @flow
+        def gen(n: int):
+            yield n
+
+    with pytest.raises(TypeError, match="uses DaskTaskRunner, and @gogh_placed runs its body on a Dask worker"):
+        @gogh_placed(model="ResNet-50", batch_size=64, min_throughput=1.0, work_steps=10)
+        @flow(task_runner=DaskTaskRunner())
+        def parallel() -> None:
+            return None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 import polars as pl
 import pytest
@@ -41,6 +42,7 @@ def test_a_body_that_reports_half_the_work_logs_half(gogh_home):
     @gogh_placed(model="ResNet-18", batch_size=32, min_throughput=1.0, work_steps=400)
     def half() -> None:
         for _ in range(4):
+            time.sleep(0.01)  # some work between reports (reports in a burst are no window)
             current_placement().report(50)
 
     half()

@@ -427,3 +427,24 @@ def test_advanced_and_reported_steps_on_the_emulated_fleet_keep_the_true_rate(ca
     assert t.throughput == pytest.approx(truth_rate)
     assert "both advance()d (50 steps, emulated) and report()ed (50 steps)" in caplog.text
     assert alone.limit_slowdown > 1 and capped.limit_slowdown == pytest.approx(alone.limit_slowdown)
+
+
+def test_reports_in_a_burst_are_measured_over_the_whole_run():
+    """A body that worked 2 s and then reported its ten steps in a row was logged at 98,000
+    steps/s, over a window of microseconds (a Prefect review): such a window is no window."""
+    clock = iter([0.0, 2.0, 2.00001, 2.00002, 2.00003, 2.00004, 2.00005, 2.00006, 2.00007, 2.00008, 2.00009,
+                  2.0001, 2.0001])
+    meter = WallClockMeter(clock=lambda: next(clock), warmup_steps=5)
+    meter.start()
+    for _ in range(10):
+        meter.report(1)
+    reading = meter.stop()
+    assert reading.window == "whole_run" and reading.throughput == pytest.approx(10 / 2.0001)
+    # reports 10 ms apart and more are a window
+    t = iter([0.0] + [1.0 + 0.01 * i for i in range(11)] + [1.1])
+    steady = WallClockMeter(clock=lambda: next(t), warmup_steps=5)
+    steady.start()
+    for _ in range(10):
+        steady.report(1)
+    reading = steady.stop()
+    assert reading.window == "steady" and reading.throughput == pytest.approx(100.0)

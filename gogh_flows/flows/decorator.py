@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import dask
 from prefect import Flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
@@ -44,6 +45,7 @@ from gogh_flows.flows.cancellation import PrefectCancellation
 from gogh_flows.flows.blocks import GpuCluster, PlacementPolicy, PredictorRegistry, check_block_name, load_block
 from gogh_flows.flows.current import _CURRENT, CurrentPlacement
 from gogh_flows.flows.predictors import predictor_source
+from gogh_flows.flows.run_logs import route_prints, send_warnings_to_run_logs
 from gogh_flows.predict.intervals import NoIntervalsError
 from gogh_flows.flows.session import Session, shared_session
 from gogh_flows.flows.lost_runs import crash_flow_run, handling, take_workers_record
@@ -126,6 +128,14 @@ def gogh_placed(
             raise TypeError(f"@gogh_placed decorates a function or a Prefect flow, got {obj!r}")
         if getattr(fn, "__gogh_placed__", None) is not None:
             raise ValueError(f"{fn.__name__} is already @gogh_placed; decorate it once")
+        if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            # its body would run only as the caller iterates it, after the GPU was given back: placed,
+            # measured as done, and nothing run there (a Prefect review)
+            raise TypeError(f"@gogh_placed runs {fn.__name__}'s body once on its GPU and measures it; a generator "
+                            "flow's body runs only while its caller iterates it, after the GPU is freed. Return "
+                            "the results (a list) instead of yielding them")
+        if base is not None:
+            refuse_dask_task_runner(base)
         wrapper = _wrap(fn, job, settings)
         if base is None:
             return PlacedFlow(fn=wrapper)
@@ -135,6 +145,22 @@ def gogh_placed(
         return placed
 
     return decorate(__fn) if __fn is not None else decorate
+
+
+def refuse_dask_task_runner(flow: Flow) -> None:
+    """A placed body runs on a Dask worker of the GPU pool; prefect-dask's task runner there finds
+    the pool's own client and runs the flow's tasks on the pool's other GPUs, outside their slots,
+    unmeasured (with one slot per GPU, waiting for ever behind the body): refused by name."""
+    runner = type(getattr(flow, "task_runner", None))
+    if runner.__name__ == "DaskTaskRunner" or runner.__module__.startswith("prefect_dask"):
+        raise TypeError(
+            f"flow {flow.name!r} uses {runner.__name__}, and @gogh_placed runs its body on a Dask worker of the "
+            "GPU pool, where that runner would run the flow's tasks on the pool's other GPUs, outside their "
+            "slots. Use Prefect's default task runner (tasks then run beside the body, on its GPU), or connect "
+            "to a cluster of your own inside the body with distributed.Client(address)")
+
+
+send_warnings_to_run_logs()
 
 
 #: how long a placed flow's first call waits for Prefect's temporary server, unless set
@@ -449,7 +475,12 @@ def _execute_body(fn: Callable, args: tuple, kwargs: dict, context: dict, placem
     gpu = current_gpu()
     cur = CurrentPlacement(placement=placement, device=gpu.torch_device if gpu else "cpu",
                            mode=gpu.mode if gpu else "unknown", _gpu=gpu)
-    with hydrated_context(context):
+    route_prints()
+    # the body's own Dask work (dask.compute, .persist) runs on its worker's threads, on its GPU: by
+    # default it found the pool's client, ran on other GPUs outside their slots, and with one slot
+    # per GPU waited for ever behind its own body (a Prefect review). A Client the body makes
+    # itself becomes the default over this.
+    with hydrated_context(context), dask.config.set(scheduler="threads"):
         try:
             result = _inside(gpu, cur, fn, args, kwargs)
             meter = gpu.meter if gpu is not None else None
@@ -761,6 +792,8 @@ def run_placed(fn: Callable, job: JobSpec, settings: _Settings, args: tuple, kwa
     ledger = session.pool.ledger
     wait_s = _wait_timeout(settings, policy)
     flow_name = ctx.flow.name if ctx else fn.__name__
+    if ctx is not None:
+        refuse_dask_task_runner(ctx.flow)  # set after decorating, through with_options
     try:
         placement = place_run(quote(job), ledger_id, quote(session), quote(registry), quote(policy), wait_s,
                               flow_name, quote(stop))

@@ -27,6 +27,7 @@ from mlflow.exceptions import MlflowException
 
 from gogh_flows.durable import write_text
 from gogh_flows.flows.blocks import PredictorRegistry, state_dir
+from gogh_flows.flows.run_logs import RUN_LOG
 from gogh_flows.flows.startup import starting
 from gogh_flows.predict.io import ModelFormatError, load_p1, load_p2, models_dir, prior_dir
 from gogh_flows.predict.service import ThroughputPredictor, stored_records
@@ -502,7 +503,7 @@ class PredictorSource:
         message = (f"gogh: {reason}; placing with {using} until it is back (asked again every "
                    f"{self.block.refresh_s:g} s)")
         if message != self.degraded:
-            log.warning(message)
+            log.warning(message, extra={RUN_LOG: False})  # a placement says it in its run's log itself
         self.degraded, self.degraded_reason = message, reason
         return predictor
 

@@ -1,0 +1,68 @@
+"""What a placed run says reaches its Prefect flow-run log, wherever its body runs.
+
+Why: a Prefect user reads a run's log in the UI. Two things never got there (a Prefect
+review): ``print`` in a body run by a worker of another process (Prefect routes prints to
+the log only in the engine's own process, for ``log_prints=True``), and gogh's own warnings
+(``logging.getLogger("gogh_flows")``), which went to the stderr of whichever process said
+them: "these runs do not see each other", "cancelled in Prefect without its process being
+told", "the pool's scheduler has not answered".
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import threading
+
+#: a record logged with ``extra={RUN_LOG: False}`` stays out of the run's log (said there already)
+RUN_LOG = "gogh_run_log"
+
+_installed = threading.Lock()
+
+
+def route_prints() -> None:
+    """Prints of a body go to its run's log when its flow logs prints (``log_prints=True``).
+
+    Prefect's ``print_as_log`` is ``print`` itself outside a run, or in a run that does not log
+    prints, so it is installed once for the process and left: patching around each body, as
+    Prefect's engine does, would undo a concurrent body's patch as the first one ends."""
+    from prefect.logging.loggers import print_as_log
+
+    if builtins.print is not print_as_log:
+        builtins.print = print_as_log
+
+
+class RunLogBridge(logging.Handler):
+    """gogh_flows records said inside a flow or task run go to that run's log too.
+
+    Outside a run (a lease keeper's thread, a CLI) a record goes where it always went. Left out
+    when Prefect already sends the library's records (``PREFECT_LOGGING_EXTRA_LOGGERS`` names
+    ``gogh_flows``), and for records marked ``extra={RUN_LOG: False}``."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, RUN_LOG, True) is False:
+            return
+        try:
+            from prefect.context import FlowRunContext, TaskRunContext
+            from prefect.logging import get_run_logger
+            from prefect.settings import PREFECT_LOGGING_EXTRA_LOGGERS
+
+            if not (FlowRunContext.get() or TaskRunContext.get()):
+                return
+            extra = PREFECT_LOGGING_EXTRA_LOGGERS.value() or []
+            if "gogh_flows" in ([extra] if isinstance(extra, str) else extra):
+                return
+            get_run_logger().log(record.levelno, record.getMessage())
+        except Exception:  # noqa: BLE001 - a log line must never fail what it describes
+            return
+
+
+def send_warnings_to_run_logs() -> None:
+    """Install :class:`RunLogBridge` on the ``gogh_flows`` logger, once per process."""
+    with _installed:
+        lib = logging.getLogger("gogh_flows")
+        if not any(isinstance(h, RunLogBridge) for h in lib.handlers):
+            lib.addHandler(RunLogBridge())
+
+
+__all__ = ["RUN_LOG", "RunLogBridge", "route_prints", "send_warnings_to_run_logs"]
