@@ -49,6 +49,15 @@ def cmd_bench_placement(args: argparse.Namespace) -> int:
 DEMO_WAVES = (3, 8)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gogh-flows")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     if not args.wave_only:
         from gogh_flows.demo import run_product_demo
@@ -193,6 +202,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gogh", description="gogh-flows: energy-aware placement of Prefect flow runs on mixed GPU fleets, "
         "and the tools that evaluate it (simulation, predictors, power limits)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="the whole loop: placed flow runs on an emulated fleet, "

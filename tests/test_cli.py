@@ -26,6 +26,14 @@ def test_a_command_imports_only_its_own_parser_and_an_unknown_one_lists_every_co
     assert "invalid choice: 'simulat'" in err and "'simulate'" in err and "'pool'" in err
 
 
+def test_version_is_the_installed_distributions(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"gogh {version('gogh-flows')}"
+
+
 def test_bench_placement_writes_the_three_figures(tmp_path, capsys):
     out = tmp_path / "b.json"
     rc = main(["bench", "placement", "--gpus", "32", "--running", "40", "--arrivals", "4",
