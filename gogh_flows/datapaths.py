@@ -25,7 +25,9 @@ def shipped(name: str) -> Path:
     package runs from one, else the copy a wheel installs inside the package
     (``gogh_flows/shipped/<name>``, pyproject.toml's package-dir)."""
     checkout = Path(__file__).resolve().parents[1] / name
-    return checkout if checkout.is_dir() else Path(__file__).resolve().parent / "shipped" / name
+    # a checkout only where its pyproject.toml is: installed, parents[1] is site-packages, where
+    # another distribution's top-level models/ package took the place of the priors (a review)
+    return checkout if _in_checkout() and checkout.is_dir() else Path(__file__).resolve().parent / "shipped" / name
 
 
 def default_data(sub: str = "") -> Path:

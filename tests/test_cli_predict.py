@@ -258,7 +258,8 @@ def test_the_footer_names_the_fallback_when_the_registry_is_down(tmp_path, gogh_
     out = capsys.readouterr().out
     # why, in the line itself (a refused champion read "(unavailable)" while the registry answered)
     assert (f"predictors: the built-in prior 'synthetic', not the champion at http://127.0.0.1:{port}: "
-            f"the MLflow registry at http://127.0.0.1:{port} is unreachable") in " ".join(out.split())
+            f"MLflow is unreachable (TrackingUnavailableError: MLflow tracking server at http://127.0.0.1:{port} is "
+            "unreachable") in " ".join(out.split())
     assert "vNone" not in out
 
 

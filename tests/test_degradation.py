@@ -638,3 +638,45 @@ def test_a_prior_that_cannot_be_registered_is_tried_again_after_a_growing_pause(
     source._prior_failed = (0.0, 30.0, source._prior_failed[2])  # the pause is over
     source.get(force=True)
     assert len(calls) == 2 and source._prior_failed[1] == 60.0  # and the next one is twice as long
+
+
+def test_a_copy_another_process_cached_meanwhile_is_kept_not_replaced(gogh_home):
+    """Two processes filling an empty cache together: the later one set the earlier one's copy
+    aside and deleted it, and a process reading it then refused a good champion (a review)."""
+    block = PredictorRegistry(refresh_s=0)
+    first, second = PredictorSource(block), PredictorSource(block)
+    first.ensure_prior()
+    real = second.registry.download
+
+    theirs = []
+
+    def while_the_other_caches(uri, dest):
+        out = real(uri, dest=dest)
+        other = threading.Thread(target=lambda: theirs.append(first._fetch("gogh-p1", 1)))  # own staging folder
+        other.start()  # the other's copy lands while this one downloads
+        other.join()
+        theirs.append((theirs[0] / "config.json").stat().st_ino)
+        return out
+
+    second.registry.download = while_the_other_caches
+    kept = second._fetch("gogh-p1", 1)
+    assert kept == theirs[0] and (kept / "config.json").stat().st_ino == theirs[1]  # the first's copy, untouched
+    assert not [p for p in kept.parent.iterdir() if p.name.startswith(".")]  # no leftovers
+
+
+def test_a_prior_missing_where_the_block_says_falls_back_to_the_cached_versions(gogh_home, tmp_path, monkeypatch):
+    """An empty registry, the prior's folder gone, versions cached here: the placement used to fail
+    (a ValueError) where it had fallen back before (a review)."""
+    from mlflow import MlflowClient
+
+    block = PredictorRegistry(refresh_s=0)
+    PredictorSource(block).get()  # v1 of each cached
+    client = MlflowClient(block.resolved_tracking_uri())
+    for name in ("gogh-p1", "gogh-p2"):
+        client.delete_registered_model(name)
+    empty = tmp_path / "no-models"
+    empty.mkdir()
+    monkeypatch.setenv("GOGH_MODELS_DIR", str(empty))
+    source = PredictorSource(PredictorRegistry(refresh_s=0))
+    source.get()
+    assert "the prior 'synthetic' has no p1/" in source.degraded and "cached locally" in source.degraded

@@ -584,7 +584,7 @@ def test_misspelt_block_fields_and_bad_registry_settings_are_refused(tmp_path):
     doc.write_text(json.dumps({"type": "gpu-cluster", "name": "typo", "data": {"flet": {"v100": 1}}}))
     with pytest.raises(ValueError, match="has no field.*'flet'.*fleet"):
         read_block_document(doc)  # not saved silently with the default fleet
-    with pytest.raises(ValueError, match="not an MLflow tracking URI"):
+    with pytest.raises(ValueError, match="not an MLflow tracking or registry URI"):
         PredictorRegistry(tracking_uri="localhost:5000")
     with pytest.raises(ValueError, match="neither a shipped prior .* nor a folder holding p1"):
         PredictorRegistry(prior="synthetc")

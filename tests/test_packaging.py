@@ -41,6 +41,10 @@ def test_the_wheel_holds_the_shipped_models_and_blocks_and_finds_them_installed(
     # unpacked where no checkout is above it, the package finds its models and blocks inside itself
     site = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(site)
+    # another distribution's top-level models/ and blocks/ packages beside it are not its own (a review)
+    for foreign in ("models", "blocks"):
+        (site / foreign).mkdir()
+        (site / foreign / "__init__.py").write_text("")
     code = ("import gogh_flows.predict.io as io, gogh_flows.flows.blocks as b; "
             "print(io.models_dir()); print(b.REPO_BLOCKS); print(io.prior_dir('synthetic'))")
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(site), "HOME": str(tmp_path)}

@@ -27,7 +27,8 @@ from gogh_flows.runtime.power_cap import check_cap_request
 REPO_BLOCKS = shipped("blocks")
 
 #: URI schemes MLflow can track to (its SQLAlchemy stores, a server, a file store, Databricks)
-TRACKING_SCHEMES = frozenset({"sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks"})
+TRACKING_SCHEMES = frozenset({"sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks",
+                              "databricks-uc"})
 
 #: The embedded default fleet: four generations of the synthetic fleet, two of each.
 DEFAULT_FLEET: dict[str, int] = {"k80": 2, "v100": 2, "t4": 2, "a100": 2}
@@ -295,14 +296,15 @@ def _mlflow_uri(what: str, value: str) -> str:
     scheme = value.split(":", 1)[0].split("+", 1)[0].lower() if ":" in value else ""
     if scheme not in TRACKING_SCHEMES:
         databases = ", ".join(sorted(s for s in TRACKING_SCHEMES if s not in ("http", "https", "file")))
-        raise ValueError(f"{what} {value!r} is not an MLflow tracking URI; use one of "
+        raise ValueError(f"{what} {value!r} is not an MLflow tracking or registry URI; use one of "
                          f"sqlite:///path/mlflow.db, http(s)://host:port, or a database URI ({databases})")
     return _absolute_sqlite(value)
 
 
 def _usable(uri: str) -> str:
     """``uri``, unless it is one MLflow will refuse here: said before anything runs on it."""
-    if uri.lower().startswith("file:") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() != "true":
+    if uri.lower().startswith("file:") and os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() not in (
+            "true", "1"):  # what MLflow reads as true
         raise ValueError(f"{uri} is an MLflow file store, which MLflow 3 keeps in maintenance mode and refuses "
                          "unless MLFLOW_ALLOW_FILE_STORE=true is set in every process that uses it; use "
                          "sqlite:///path/mlflow.db instead (or set that variable)")

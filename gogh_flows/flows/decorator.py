@@ -33,7 +33,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import dask
 from prefect import Flow, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NO_CACHE
@@ -42,6 +41,7 @@ from prefect.logging import get_run_logger
 from prefect.utilities.annotations import quote
 
 from gogh_flows.flows.cancellation import PrefectCancellation
+from gogh_flows.flows.body_dask import bodys_own_dask
 from gogh_flows.flows.blocks import GpuCluster, PlacementPolicy, PredictorRegistry, check_block_name, load_block
 from gogh_flows.flows.current import _CURRENT, CurrentPlacement
 from gogh_flows.flows.predictors import predictor_source
@@ -156,8 +156,8 @@ def refuse_dask_task_runner(flow: Flow) -> None:
         raise TypeError(
             f"flow {flow.name!r} uses {runner.__name__}, and @gogh_placed runs its body on a Dask worker of the "
             "GPU pool, where that runner would run the flow's tasks on the pool's other GPUs, outside their "
-            "slots. Use Prefect's default task runner (tasks then run beside the body, on its GPU), or connect "
-            "to a cluster of your own inside the body with distributed.Client(address)")
+            "slots. Use Prefect's default task runner (tasks then run beside the body, on its GPU), or hand work "
+            "to a cluster of your own inside the body: client = distributed.Client(address); client.compute(...)")
 
 
 send_warnings_to_run_logs()
@@ -476,11 +476,7 @@ def _execute_body(fn: Callable, args: tuple, kwargs: dict, context: dict, placem
     cur = CurrentPlacement(placement=placement, device=gpu.torch_device if gpu else "cpu",
                            mode=gpu.mode if gpu else "unknown", _gpu=gpu)
     route_prints()
-    # the body's own Dask work (dask.compute, .persist) runs on its worker's threads, on its GPU: by
-    # default it found the pool's client, ran on other GPUs outside their slots, and with one slot
-    # per GPU waited for ever behind its own body (a Prefect review). A Client the body makes
-    # itself becomes the default over this.
-    with hydrated_context(context), dask.config.set(scheduler="threads"):
+    with hydrated_context(context), bodys_own_dask():
         try:
             result = _inside(gpu, cur, fn, args, kwargs)
             meter = gpu.meter if gpu is not None else None

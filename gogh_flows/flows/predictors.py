@@ -57,6 +57,11 @@ class PriorRegistrationBusy(Exception):
     """Another process of this machine has held the prior's registration lock too long."""
 
 
+class PriorMissing(ValueError):
+    """The prior to register is not where the block says: the setting's fault, not the registry's.
+    A placement falls back (to the versions cached here) and says so."""
+
+
 #: how long a process waits for another of this machine registering the prior: both halves' waits
 #: for a host elsewhere (``PRIOR_WAIT_S`` each) and their uploads
 _PRIOR_LOCK_WAIT_S = 2 * PRIOR_WAIT_S + 180.0
@@ -172,7 +177,7 @@ class PredictorSource:
             if not (base / sub).is_dir():
                 # a ValueError, not an OSError: it is the setting's fault, not the registry's (a review
                 # read "the MLflow registry ... is unreachable (FileNotFoundError: prior ...)")
-                raise ValueError(
+                raise PriorMissing(
                     f"the prior {self.block.prior!r} has no {sub}/ at {base.resolve()} (the shipped priors are "
                     f"the folders of {models_dir()}); give a shipped prior's name, set GOGH_MODELS_DIR to "
                     "gogh-flows' models/ folder, or give the folder `gogh predictors train --out DIR` wrote")
@@ -293,6 +298,9 @@ class PredictorSource:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        if self._is_cached(name, version) and _cached_identity(dest) == identity:
+            shutil.rmtree(tmp, ignore_errors=True)  # another process cached this same version meanwhile
+            return dest
         if dest.exists():  # another registry's (or an unmarked older) copy of this number: set aside
             stale = dest.parent / f".{dest.name}.stale.{os.getpid()}.{threading.get_ident()}"
             try:
@@ -321,14 +329,16 @@ class PredictorSource:
         def cached() -> set[tuple[str, int | None]]:
             return {(n, v) for n, v in pair if self._is_cached(n, v)}
 
-        before = cached()
         try:
             return self._pair_predictor(v1, v2, self._fetch)
         except LOAD_ERRORS:
             damaged = self._set_aside_broken(pair)
-            # a copy another process set aside while this one read it is gone, not a refusal
-            if not damaged and not (before - cached()):
-                raise  # the registered version itself: it failed its check and never entered the cache
+            # a copy another process set aside (or replaced) while this one read it is gone, not a
+            # refusal: fetched again. A registered version that fails its check never enters the
+            # cache, so it fails the second fetch too, and is refused then.
+            gone = {(n, v) for n, v in pair if v is not None} - cached()
+            if not damaged and not gone:
+                raise
             if damaged:
                 log.warning("gogh: the cached %s did not load any more (changed on disk since it was checked); "
                             "downloaded again", ", ".join(damaged))
@@ -440,10 +450,10 @@ class PredictorSource:
                 self.ensure_prior()
                 v1 = self.registry.version_for(self.block.p1_name, self.block.alias)
                 v2 = self.registry.version_for(self.block.p2_name, self.block.alias)
-            except PriorRegistrationBusy as exc:  # not the registry's fault: said as it is
+            except (PriorRegistrationBusy, PriorMissing) as exc:  # not the registry's fault: said as it is
                 return self._fall_back(str(exc))
-            except TrackingUnavailableError as exc:
-                return self._fall_back(f"the MLflow registry at {uri} is unreachable ({short_error(exc)})")
+            except TrackingUnavailableError as exc:  # the tracking server's or the registry's: the error names it
+                return self._fall_back(f"MLflow is unreachable ({short_error(exc)})")
             except (MlflowException, OSError) as exc:  # it answered, and failed (a review read "unreachable")
                 return self._fall_back(f"the MLflow registry at {uri} failed ({short_error(exc)})")
             if v1 is None:

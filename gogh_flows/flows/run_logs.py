@@ -35,11 +35,16 @@ def route_prints() -> None:
 class RunLogBridge(logging.Handler):
     """gogh_flows records said inside a flow or task run go to that run's log too.
 
-    Outside a run (a lease keeper's thread, a CLI) a record goes where it always went. Left out
+    Outside a run (a lease keeper's thread, a CLI) a record goes where it always went (Python's
+    last-resort stderr included, where no other handler takes it). Left out
     when Prefect already sends the library's records (``PREFECT_LOGGING_EXTRA_LOGGERS`` names
     ``gogh_flows``), and for records marked ``extra={RUN_LOG: False}``."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        if not has_other_handlers(logging.getLogger(record.name)) and record.levelno >= logging.lastResort.level:
+            # Python prints a record no handler takes (its lastResort) only where there is no handler
+            # at all, and this one counts: without it the record went nowhere (a review)
+            logging.lastResort.handle(record)
         if getattr(record, RUN_LOG, True) is False:
             return
         try:
@@ -57,6 +62,17 @@ class RunLogBridge(logging.Handler):
             return
 
 
+def has_other_handlers(logger: logging.Logger) -> bool:
+    """Whether a record of ``logger`` reaches a handler other than :class:`RunLogBridge`
+    (``Logger.hasHandlers`` counts the bridge)."""
+    current: logging.Logger | None = logger
+    while current is not None:
+        if any(not isinstance(h, RunLogBridge) for h in current.handlers):
+            return True
+        current = current.parent if current.propagate else None
+    return False
+
+
 def send_warnings_to_run_logs() -> None:
     """Install :class:`RunLogBridge` on the ``gogh_flows`` logger, once per process."""
     with _installed:
@@ -65,4 +81,4 @@ def send_warnings_to_run_logs() -> None:
             lib.addHandler(RunLogBridge())
 
 
-__all__ = ["RUN_LOG", "RunLogBridge", "route_prints", "send_warnings_to_run_logs"]
+__all__ = ["RUN_LOG", "RunLogBridge", "has_other_handlers", "route_prints", "send_warnings_to_run_logs"]

@@ -12,6 +12,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from gogh_flows.flows.run_logs import has_other_handlers
+
 __all__ = ["starting", "startup_log"]
 
 #: start-up progress: shown on the console by default (see :func:`starting`)
@@ -30,7 +32,7 @@ def _show_startup_lines() -> None:
     if startup_log.level == logging.NOTSET and logging.getLogger("gogh_flows").level == logging.NOTSET \
             and startup_log.getEffectiveLevel() > logging.INFO:
         startup_log.setLevel(logging.INFO)
-    if not startup_log.hasHandlers():
+    if not has_other_handlers(startup_log):  # gogh's bridge to the run log is not one that shows them
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         startup_log.addHandler(handler)
