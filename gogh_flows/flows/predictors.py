@@ -175,8 +175,8 @@ class PredictorSource:
         without a word (a review)."""
         for sub, load in (("p1", load_p1), ("p2", load_p2)):
             if not (base / sub).is_dir():
-                # a ValueError, not an OSError: it is the setting's fault, not the registry's (a review
-                # read "the MLflow registry ... is unreachable (FileNotFoundError: prior ...)")
+                # the setting's fault, not the registry's (a review read "the MLflow registry ... is
+                # unreachable (FileNotFoundError: prior ...)"): said as it is, and fallen back from
                 raise PriorMissing(
                     f"the prior {self.block.prior!r} has no {sub}/ at {base.resolve()} (the shipped priors are "
                     f"the folders of {models_dir()}); give a shipped prior's name, set GOGH_MODELS_DIR to "
@@ -256,7 +256,7 @@ class PredictorSource:
                         self.block.alias)
 
     def _uri_key(self) -> str:
-        """Short name of the tracking URI for the files kept per registry (lock, model cache)."""
+        """Short name of the registry URI for the files kept per registry (lock, model cache)."""
         return hashlib.sha1(self.block.resolved_registry_uri().encode()).hexdigest()[:10]
 
     def _cache_root(self) -> Path:
