@@ -57,7 +57,17 @@ class RunLogBridge(logging.Handler):
             extra = PREFECT_LOGGING_EXTRA_LOGGERS.value() or []
             if "gogh_flows" in ([extra] if isinstance(extra, str) else extra):
                 return
-            get_run_logger().log(record.levelno, record.getMessage())
+            # to the run's API handlers only: through the run logger it also reached the console,
+            # where the library's own record already shows it (each line printed twice)
+            from prefect.logging.handlers import APILogHandler
+
+            run = get_run_logger()
+            msg, kwargs = run.process(record.getMessage(), {})
+            forwarded = run.logger.makeRecord(run.logger.name, record.levelno, record.pathname, record.lineno, msg,
+                                              (), None, record.funcName, kwargs.get("extra"))
+            for handler in run.logger.handlers:
+                if isinstance(handler, APILogHandler) and record.levelno >= handler.level:
+                    handler.handle(forwarded)
         except Exception:  # noqa: BLE001 - a log line must never fail what it describes
             return
 
