@@ -1102,7 +1102,8 @@ def test_a_run_waits_out_a_silent_scheduler_and_returns_its_outcome(caplog):
             pass
 
     placement = types.SimpleNamespace(run_id="r1", gpu_id="a100-0")
-    with caplog.at_level(logging.INFO, logger="gogh_flows"):
+    # the recovery at the warning's level: at INFO it reached neither the run's log nor stderr (a review)
+    with caplog.at_level(logging.WARNING, logger="gogh_flows"):
         assert await_run(Ledger(), future, placement, start_within_s=1.0, check_s=0.01) == "the outcome"
     assert "scheduler has not answered for 0 s; run r1 on a100-0 waits for it (up to 60 s)" in caplog.text
     assert "answers again after 2 s; run r1 goes on" in caplog.text
