@@ -16,15 +16,17 @@ from pathlib import Path
 
 #: the default, relative to the working directory
 RELATIVE = Path("../shared/data")
+#: the folder that holds the package: a checkout's root, or site-packages when installed
+_ABOVE_PACKAGE = Path(__file__).resolve().parents[1]
 #: the same folder beside the checkout this package was installed from (editable installs)
-BESIDE_CHECKOUT = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+BESIDE_CHECKOUT = _ABOVE_PACKAGE.parent / "shared" / "data"
 
 
 def shipped(name: str) -> Path:
     """The repository's top-level ``models/`` or ``blocks/``: the checkout's folder when this
     package runs from one, else the copy a wheel installs inside the package
     (``gogh_flows/shipped/<name>``, pyproject.toml's package-dir)."""
-    checkout = Path(__file__).resolve().parents[1] / name
+    checkout = _ABOVE_PACKAGE / name
     # a checkout only where its pyproject.toml is: installed, parents[1] is site-packages, where
     # another distribution's top-level models/ package took the place of the priors (a review)
     return checkout if _in_checkout() and checkout.is_dir() else Path(__file__).resolve().parent / "shipped" / name
@@ -49,7 +51,7 @@ def where_looked(sub: str = "") -> str:
 
 
 def _in_checkout() -> bool:
-    return (Path(__file__).resolve().parents[1] / "pyproject.toml").is_file()
+    return (_ABOVE_PACKAGE / "pyproject.toml").is_file()
 
 
 __all__ = ["BESIDE_CHECKOUT", "RELATIVE", "default_data", "shipped", "where_looked"]

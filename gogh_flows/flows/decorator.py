@@ -674,7 +674,7 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
             start_by += time.monotonic() - silent_since  # time the scheduler took does not count against the start
             if said_silent:  # at the warning's level: said where the warning was (a review saw only the warning)
                 log.warning("gogh: the pool's scheduler answers again after %.0f s; run %s goes on",
-                         time.monotonic() - silent_since, run_id)
+                            time.monotonic() - silent_since, run_id)
             silent_since, said_silent = None, False
         if lease is None:
             # the body may have just ended (the worker frees the lease first): a moment's grace
@@ -917,7 +917,7 @@ def _keep_asking_to_stop(ledger: PoolLedger, run_id: str, reason: str) -> thread
             try:
                 ledger.cancel(run_id, reason, timeout_s=ledger.lease_timeout_s)
                 log.warning("gogh: the pool's scheduler answers again; run %s's body, given up on, is asked to stop "
-                         "and hand in its measurement", run_id)
+                            "and hand in its measurement", run_id)
                 return
             except SchedulerUnreachable:
                 return  # the connection is gone: the ledger treats the body as a lost placer's

@@ -286,7 +286,11 @@ class PredictorSource:
         place, unsaid (a review)."""
         dest = self._cache_folder(name, version)
         identity = self.registry.version_identity(name, version)
-        if self._is_cached(name, version) and _cached_identity(dest) == identity:
+
+        def current() -> bool:  # a whole copy of the registry's version of this number is in the cache
+            return self._is_cached(name, version) and _cached_identity(dest) == identity
+
+        if current():
             return dest
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.parent / f".{dest.name}.{os.getpid()}.{threading.get_ident()}"
@@ -298,7 +302,7 @@ class PredictorSource:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        if self._is_cached(name, version) and _cached_identity(dest) == identity:
+        if current():
             shutil.rmtree(tmp, ignore_errors=True)  # another process cached this same version meanwhile
             return dest
         if dest.exists():  # another registry's (or an unmarked older) copy of this number: set aside
@@ -325,10 +329,6 @@ class PredictorSource:
         """The champion's versions, from the cache or the registry; a cached copy damaged since it
         was checked (its weights no longer match their hash) is set aside and downloaded again."""
         pair = ((self.block.p1_name, v1), (self.block.p2_name, v2))
-
-        def cached() -> set[tuple[str, int | None]]:
-            return {(n, v) for n, v in pair if self._is_cached(n, v)}
-
         try:
             return self._pair_predictor(v1, v2, self._fetch)
         except LOAD_ERRORS:
@@ -336,7 +336,7 @@ class PredictorSource:
             # a copy another process set aside (or replaced) while this one read it is gone, not a
             # refusal: fetched again. A registered version that fails its check never enters the
             # cache, so it fails the second fetch too, and is refused then.
-            gone = {(n, v) for n, v in pair if v is not None} - cached()
+            gone = [(n, v) for n, v in pair if v is not None and not self._is_cached(n, v)]
             if not damaged and not gone:
                 raise
             if damaged:
