@@ -910,20 +910,23 @@ def test_a_risk_level_outside_the_calibrated_range_is_refused():
         PlacementPolicy(risk_level=0.3)
 
 
-def _hold_a100_then(wait_s: float, release_after_s: float | None) -> tuple:
-    """A run holds the fleet's A100; a second run starts with only the K80 free and may wait
-    ``wait_s`` for the A100 (which runs ResNet-50 for far less energy per step)."""
+def _hold_a100_then(wait_s: float, release_after_s: float | None, holder_steps: int = 10,
+                    within_reach: bool = False) -> tuple:
+    """A run of ``holder_steps`` steps holds the fleet's A100; a second run starts with only the
+    K80 free and may wait ``wait_s`` for the A100 (which runs ResNet-50 for far less energy per
+    step). The holder ends when released, whatever its steps predict."""
     cluster = GpuCluster(fleet={"a100": 1, "k80": 1}, capacity=1)
     gate = threading.Event()
 
-    @gogh_placed(model="ResNet-50", batch_size=64, min_throughput=0.1, work_steps=10, cluster=cluster,
+    @gogh_placed(model="ResNet-50", batch_size=64, min_throughput=0.1, work_steps=holder_steps, cluster=cluster,
                  policy=PlacementPolicy(poll_s=0.05))
     def holder() -> str:
         gate.wait(30)
         return current_placement().gpu_type
 
     @gogh_placed(model="ResNet-50", batch_size=64, min_throughput=0.1, work_steps=10, cluster=cluster,
-                 policy=PlacementPolicy(poll_s=0.05, wait_for_efficiency_s=wait_s, wait_timeout_s=30.0))
+                 policy=PlacementPolicy(poll_s=0.05, wait_for_efficiency_s=wait_s, wait_timeout_s=30.0,
+                                        wait_within_reach=within_reach))
     def patient() -> tuple[str, float, str]:
         placed = current_placement().placement
         return placed.gpu_type, placed.waited_s, placed.explanation_md
@@ -969,6 +972,19 @@ def test_a_run_takes_the_free_gpu_once_its_wait_for_efficiency_runs_out(gogh_hom
     assert "held for an efficient GPU" in why
     assert sum("its wait for an efficient GPU is over" in m for m in said) == 1, said
     assert any("placed on k80-0" in m for m in said), said  # said where it went, once placed
+
+
+def test_within_reach_a_run_is_not_held_for_a_gpu_predicted_busy_past_its_wait(gogh_home):
+    """The holder's 100,000 steps are predicted to keep the A100 for hours: a run that may wait
+    20 s takes the K80 at once, rather than wait 20 s and take it then."""
+    _, (gpu_type, waited, why), said = _hold_a100_then(wait_s=20.0, release_after_s=None, holder_steps=100_000,
+                                                       within_reach=True)
+    assert gpu_type == "k80" and waited < 5.0
+    assert "held for an efficient GPU" not in why
+    assert not any("its wait for an efficient GPU is over" in m for m in said), said
+    # within reach of its wait, it is held, and says when it expects the GPU
+    _, (gpu_type, waited, why), _ = _hold_a100_then(wait_s=20.0, release_after_s=0.5, within_reach=True)
+    assert gpu_type == "a100" and "predicted to free a GPU for it in about" in why
 
 
 def test_limit_levels_on_a_baseline_policy_are_refused_with_what_to_do():

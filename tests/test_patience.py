@@ -6,7 +6,8 @@ import pytest
 
 from gogh_flows.energy import EnergyModel
 from gogh_flows.placement import GoghOptimizer, Gpu, Job, PlacementProblem, get_policy
-from gogh_flows.placement.patience import HELD, Patience, hold_for_efficiency
+from gogh_flows.placement.options import FleetState
+from gogh_flows.placement.patience import HELD, HeldAhead, Patience, _free_times, hold_for_efficiency
 from gogh_flows.placement.problem import TableThroughputs
 from gogh_flows.sim.engine import SimConfig, simulate
 from gogh_flows.sim.run import DEFAULT_LIMIT_LEVELS, WAIT_POLICIES, WAIT_S, make_policy, run_policies
@@ -22,10 +23,10 @@ def _table() -> ThroughputTable:
     return ThroughputTable.from_rows(rows)
 
 
-def _busy_h100() -> tuple[PlacementProblem, object]:
-    """The H100 runs one 'gain' job; a second arrives with only the T4 free."""
+def _busy_h100(first_steps: float = 2e5) -> tuple[PlacementProblem, object]:
+    """The H100 runs one 'gain' job (2e5 steps: free in 1000 s); a second arrives with only the T4 free."""
     gpus = [Gpu("h", "h100", 1), Gpu("t", "t4", 1)]
-    jobs = [Job("first", "gain", 1.0, 1e6, gpus=("h",)), Job("new", "gain", 1.0, 1e6)]
+    jobs = [Job("first", "gain", 1.0, first_steps, gpus=("h",)), Job("new", "gain", 1.0, 1e6)]
     problem = PlacementProblem.build(gpus, jobs, _table())
     placement = GoghOptimizer().place(problem)
     assert placement.assignment("new").gpu_type == "t4"
@@ -67,7 +68,7 @@ def test_a_job_sharing_a_board_is_never_held(running_on_t4):
     rows.append({"job_type": "gain", "gpu_type": "t4", "scale_factor": 1, "partner": "gain", "throughput": 8.0,
                  "partner_throughput": 8.0})
     gpus = [Gpu("h", "h100", 1), Gpu("t", "t4", 2)]
-    jobs = [Job("first", "gain", 1.0, 1e6, gpus=("h",)), Job("new", "gain", 1.0, 1e6),
+    jobs = [Job("first", "gain", 1.0, 2e5, gpus=("h",)), Job("new", "gain", 1.0, 1e6),
             Job("other", "gain", 1.0, 1e6, gpus=("t",) if running_on_t4 else ())]
     problem = PlacementProblem.build(gpus, jobs, ThroughputTable.from_rows(rows))
     placement = GoghOptimizer().place(problem)
@@ -120,6 +121,13 @@ def test_the_simulator_places_a_held_job_when_its_patience_runs_out():
     assert short.summary()["jobs_completed"] == 2
 
 
+def test_within_reach_the_simulator_does_not_hold_a_job_for_a_gpu_that_frees_after_its_patience():
+    """The H100 frees at 5000 s; a job that may wait 1000 s from 100 s would wait for nothing."""
+    now = _run(Patience(1000.0, within_reach=True))
+    second = now.jobs["second"]
+    assert second.gpu_type == "t4" and second.placed_s == pytest.approx(100.0)
+
+
 def test_wait_policies_build_on_the_optimisers_with_the_fixed_patience():
     assert "oracle+limits+fleet+wait" in WAIT_POLICIES and "greedy-fastest+wait" not in WAIT_POLICIES
     p = make_policy("oracle+limits+fleet+wait", _table())
@@ -133,7 +141,8 @@ def test_wait_policies_build_on_the_optimisers_with_the_fixed_patience():
 
 def test_a_wait_policys_patience_can_be_set_per_run():
     gpus = [Gpu("h", "h100", 1), Gpu("t", "t4", 1)]
-    short = run_policies(_stream(), gpus, _table(), ["oracle+wait"], patience=Patience(1000.0))["oracle+wait"]
+    short = run_policies(_stream(), gpus, _table(), ["oracle+wait"],
+                         patience=Patience(1000.0))["oracle+wait"]
     assert short.jobs["second"].gpu_type == "t4" and short.jobs["second"].placed_s == pytest.approx(1100.0)
 
 
@@ -147,11 +156,15 @@ def test_gogh_simulate_sets_the_patience_and_refuses_it_without_a_wait_policy(ga
     out = tmp_path / "s.json"
     assert main([*base, "--policy", "oracle,oracle+wait", "--wait-hours", "0.5", "--json", str(out)]) == 0
     figures = json.loads(out.read_text())
-    assert figures["wait_hours"] == 0.5 and figures["wait_saving"] == 0.1
+    assert figures["wait_hours"] == 0.5 and figures["wait_saving"] == 0.1 and figures["wait_within_reach"] is False
+    assert main([*base, "--policy", "oracle+wait", "--wait-within-reach", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["wait_within_reach"] is True
     assert set(figures["policies"]) == {"oracle", "oracle+wait"}
     capsys.readouterr()
     assert main([*base, "--policy", "oracle", "--wait-hours", "1"]) == 2
     assert "apply to the +wait policies" in capsys.readouterr().err
+    assert main([*base, "--policy", "oracle", "--wait-within-reach"]) == 2
+    assert "--wait-within-reach apply to the +wait policies" in capsys.readouterr().err
     assert main([*base, "--policy", "oracle+wait", "--wait-saving", "1.5"]) == 2
     assert "--wait-saving must be a share of energy in (0, 1)" in capsys.readouterr().err
 
@@ -199,10 +212,77 @@ def test_an_always_on_fleet_holds_for_the_dynamic_saving_only():
         {"job_type": "gain", "gpu_type": g, "scale_factor": 1, "throughput": t, "activity": 0.9}
         for g, t in (("h100", 120.0), ("t4", 10.0))])
     gpus = [Gpu("h", "h100", 1), Gpu("t", "t4", 1)]
-    problem = PlacementProblem.build(gpus, [Job("first", "gain", 1.0, 1e6, gpus=("h",)),
+    problem = PlacementProblem.build(gpus, [Job("first", "gain", 1.0, 2e5, gpus=("h",)),
                                             Job("new", "gain", 1.0, 1e6)], table)
     placement = GoghOptimizer().place(problem)
     patience = Patience(3600.0, min_saving=0.15)
     assert set(hold_for_efficiency(placement, problem, {"new": 0.0}, patience)[1]) == {"new"}
     dynamic = EnergyModel(count_idle=False)
     assert hold_for_efficiency(placement, problem, {"new": 0.0}, patience, energy=dynamic)[1] == {}
+
+
+def test_within_reach_a_job_is_held_only_for_a_type_predicted_to_free_before_its_patience_runs_out():
+    """The H100's job has 5000 s left at 200 steps/s: a run that may wait an hour is not held for
+    it (it would wait the hour and then take what is free); one that may wait two hours is."""
+    problem, placement = _busy_h100(first_steps=1e6)
+    reach = dict(within_reach=True)
+    assert hold_for_efficiency(placement, problem, {"new": 0.0}, Patience(3600.0, **reach))[1] == {}
+    assert set(hold_for_efficiency(placement, problem, {"new": 0.0}, Patience(7200.0, **reach))[1]) == {"new"}
+    # what it has waited already counts against the time left
+    assert hold_for_efficiency(placement, problem, {"new": 3000.0}, Patience(7200.0, **reach))[1] == {}
+    # by default a job is held for any busy type, however long its line
+    assert set(hold_for_efficiency(placement, problem, {"new": 0.0}, Patience(3600.0))[1]) == {"new"}
+
+
+def test_a_board_s_limit_and_a_partner_lengthen_the_wait_for_it():
+    """The predicted end of a GPU's occupants is at its power limit, and a pair runs at its shared
+    rates until one ends, the other then alone."""
+    rows = [{"job_type": "gain", "gpu_type": g, "scale_factor": 1, "throughput": t, "activity": 0.9}
+            for g, t in (("h100", 200.0), ("t4", 10.0))]
+    rows.append({"job_type": "gain", "gpu_type": "h100", "scale_factor": 1, "partner": "gain", "throughput": 100.0,
+                 "partner_throughput": 100.0})
+    table = ThroughputTable.from_rows(rows)
+
+    def ends(*running: Job) -> float:
+        problem = PlacementProblem.build([Gpu("h", "h100", 2), Gpu("t", "t4", 1)], list(running), table)
+        return _free_times(problem, FleetState(problem), "h100")[0]
+
+    full = ends(Job("first", "gain", 1.0, 6e5, gpus=("h",)))
+    assert full == pytest.approx(3000.0)  # 6e5 steps at 200/s
+    assert ends(Job("first", "gain", 1.0, 6e5, gpus=("h",), power_limit_w=200.0)) > 1.05 * full  # H100 at 200 W
+    # 'a' (1e5 steps at 100/s shared) ends at 1000 s; 'b' has 4e5 of its 5e5 left, alone at 200/s
+    assert ends(Job("a", "gain", 1.0, 1e5, gpus=("h",)), Job("b", "gain", 1.0, 5e5, gpus=("h",))) == \
+        pytest.approx(1000.0 + 4e5 / 200.0)
+
+
+def test_a_job_behind_a_line_of_held_jobs_is_not_held_when_the_line_outlasts_its_patience():
+    """Two jobs already held for the one H100 (1000 s each there) put a third, whose patience is
+    2500 s, behind 1000 s (the H100's own job) + 2000 s: it takes the T4 now."""
+    problem, placement = _busy_h100()
+    line = HeldAhead([("h100", 1, 1000.0), ("h100", 1, 1000.0)])
+    patience = Patience(2500.0, within_reach=True)
+    assert hold_for_efficiency(placement, problem, {"new": 0.0}, patience, ahead=line)[1] == {}
+    short_line = HeldAhead([("h100", 1, 1000.0)])
+    assert set(hold_for_efficiency(placement, problem, {"new": 0.0}, patience, ahead=short_line)[1]) == {"new"}
+    assert short_line.jobs[-1][:2] == ("h100", 1)  # the hold joins the line for the next job behind it
+    # a line for another type is not this type's
+    other = HeldAhead([("a100", 1, 1e9)])
+    assert set(hold_for_efficiency(placement, problem, {"new": 0.0}, patience, ahead=other)[1]) == {"new"}
+
+
+def test_within_reach_the_simulator_sees_the_line_of_jobs_it_held_before():
+    """Three jobs arrive behind the H100's job (1000 s left); each would take 5000 s on the H100
+    (1e6 steps at 200/s) and may wait 3 h: the first two are held (the second starts at about
+    6000 s), the third would start after 11000 s, so it starts on a T4 at once (and moves to the
+    H100 when it frees, as any running job may)."""
+    gpus = [Gpu("h", "h100", 1), *(Gpu(f"t{i}", "t4", 1) for i in range(3))]
+    stream = [TraceJob("first", "gain", 2e5, 1, 0.0, required_throughput=5.0),
+              *(TraceJob(f"n{i}", "gain", 1e6, 1, 10.0 + i, required_throughput=5.0) for i in range(3))]
+    res = simulate(stream, gpus, _table(), GoghOptimizer(name="oracle"), planning=TableThroughputs(_table()),
+                   patience=Patience(3 * 3600.0, within_reach=True))
+    assert sorted(res.jobs[f"n{i}"].placed_s for i in range(2)) == pytest.approx([1000.0, 6000.0])
+    assert res.jobs["n2"].placed_s == pytest.approx(12.0)
+    # without the line, all three were held, one until its patience ran out (10 s + 3 h)
+    blind = simulate(stream, gpus, _table(), GoghOptimizer(name="oracle"), planning=TableThroughputs(_table()),
+                     patience=Patience(3 * 3600.0))
+    assert sorted(blind.jobs[f"n{i}"].placed_s for i in range(3)) == pytest.approx([1000.0, 6000.0, 10810.0])

@@ -371,6 +371,10 @@ class PlacementPolicy(Block):
                                          "completion time. Must be below wait_timeout_s")
     efficiency_min_saving: float = Field(default=0.1, gt=0.0, lt=1.0, description="the share of energy a "
                                          "busy GPU type must save, by the predictions, for a run to wait for it")
+    wait_within_reach: bool = Field(default=False, description="wait for an efficient GPU type only when "
+                                    "the runs on it are predicted to end in time (from their declared work "
+                                    "and elapsed time) before wait_for_efficiency_s runs out; else a run "
+                                    "waits the whole time whenever the type is busy")
 
     @field_validator("policy")
     @classmethod

@@ -335,7 +335,8 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
             headroom=policy.headroom, headroom_wait_s=policy.headroom_wait_s,
             placement_timeout_s=policy.placement_timeout_s, power_limit_levels=tuple(policy.power_limit_levels),
             limit_evidence=evidence, limit_trials=policy.limit_trials, measuring=session.measuring,
-            patience=Patience(min(policy.wait_for_efficiency_s, wait_timeout_s), policy.efficiency_min_saving)
+            patience=Patience(min(policy.wait_for_efficiency_s, wait_timeout_s), policy.efficiency_min_saving,
+                              within_reach=policy.wait_within_reach)
             if policy.wait_for_efficiency_s > 0 else None,
         )
     except InfeasibleRequirement as exc:

@@ -131,20 +131,26 @@ def best_alone_limit(energy: EnergyModel, gpu_type: str, occ: Occupant, num_gpus
     return (*pick, e_first)
 
 
-def least_alone_energy(problem: PlacementProblem, energy: EnergyModel, job: Job, gpu_type: str, work: float,
-                       levels: tuple[float | None, ...]) -> tuple[float, float | None]:
+def least_alone(problem: PlacementProblem, energy: EnergyModel, job: Job, gpu_type: str, work: float,
+                levels: tuple[float | None, ...]) -> tuple[float, float | None, float]:
     """Least energy for ``work`` steps alone on (empty) ``gpu_type`` over ``levels`` (highest
-    first) meeting the job's requirement, and that limit: ``(inf, None)`` where the type cannot
-    meet it."""
+    first) meeting the job's requirement, that limit, and the job's rate there: ``(inf, None,
+    0)`` where the type cannot meet it."""
     thr = problem.throughputs
     iso = thr.isolated(job, gpu_type)
     if not iso > 0 or iso < job.required_throughput:
-        return math.inf, None
+        return math.inf, None, 0.0
     occ = Occupant(work, iso, thr.activity(job, gpu_type))
-    e, _, limit, _ = best_alone_limit(energy, gpu_type, occ, job.num_gpus, job.required_throughput, levels,
-                                      lambda w: problem.rate_bound(job, gpu_type, w),
-                                      problem.informed(job, gpu_type))
-    return e, limit
+    e, rate, limit, _ = best_alone_limit(energy, gpu_type, occ, job.num_gpus, job.required_throughput, levels,
+                                         lambda w: problem.rate_bound(job, gpu_type, w),
+                                         problem.informed(job, gpu_type))
+    return e, limit, rate
+
+
+def least_alone_energy(problem: PlacementProblem, energy: EnergyModel, job: Job, gpu_type: str, work: float,
+                       levels: tuple[float | None, ...]) -> tuple[float, float | None]:
+    """:func:`least_alone` without the rate."""
+    return least_alone(problem, energy, job, gpu_type, work, levels)[:2]
 
 
 def pair_figures(
@@ -293,6 +299,6 @@ def waiting_reason(opts: JobOptions) -> str:
 
 
 __all__ = [
-    "FleetState", "JobOptions", "alone_energy", "best_pair", "least_alone_energy", "options_for", "pair_figures",
+    "FleetState", "JobOptions", "alone_energy", "best_pair", "least_alone", "least_alone_energy", "options_for", "pair_figures",
     "waiting_reason",
 ]

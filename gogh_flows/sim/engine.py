@@ -36,7 +36,7 @@ import numpy as np
 
 from gogh_flows.energy import EnergyModel, Occupant, kwh
 from gogh_flows.placement.optimizer import GoghOptimizer
-from gogh_flows.placement.patience import Patience, hold_for_efficiency
+from gogh_flows.placement.patience import HeldAhead, Patience, hold_for_efficiency
 from gogh_flows.placement.problem import Gpu, Job, PlacementProblem, TableThroughputs, Throughputs, level_watts
 from gogh_flows.truth.table import ThroughputTable
 
@@ -482,11 +482,12 @@ def _serve_queue(policy, planning, energy, gpus, running, occupants, queue, reco
     start = 0
     if holds is not None:
         holds.clear()
+    ahead = HeldAhead()  # the line each hold joins: the jobs held before it in this pass
     while start < len(queue):
         before = len(queue)
         m, placed_on, n_held = _decide(policy, planning, energy, gpus, running, occupants, queue, records,
                                        now, decision_ms, config.migration_s, start, config.decision_window,
-                                       limits, patience, holds, hold_energy)
+                                       limits, patience, holds, hold_energy, ahead)
         moved += m
         changed |= placed_on
         if len(queue) == before and not n_held:
@@ -497,7 +498,7 @@ def _serve_queue(policy, planning, energy, gpus, running, occupants, queue, reco
 
 def _decide(policy, planning, energy, gpus, running, occupants, queue, records, now, decision_ms,
             migration_s, start, window, limits, patience=None, holds=None,
-            hold_energy=None) -> tuple[int, set[str], int]:
+            hold_energy=None, ahead: HeldAhead | None = None) -> tuple[int, set[str], int]:
     """Place queue[start:start + window]; returns (migrations, GPUs whose occupants changed,
     jobs held).
 
@@ -528,7 +529,7 @@ def _decide(policy, planning, energy, gpus, running, occupants, queue, records, 
                  for q in chunk if not isinstance(q, _Running)}
         levels = tuple(getattr(policy, "power_limit_levels", ()))
         placement, held = hold_for_efficiency(placement, replace(problem, power_limit_levels=levels), fresh,
-                                              patience, energy=hold_energy)
+                                              patience, energy=hold_energy, ahead=ahead)
         if holds is not None:
             holds.update({j: records[j].arrival_s + patience.max_wait_s for j in held})
     decision_ms.append((time.perf_counter() - t0) * 1e3)
