@@ -356,7 +356,7 @@ def test_each_started_ledger_counts_versions_from_its_own_random_base():
     assert len(bases) == 3
 
 
-def test_a_release_the_scheduler_did_not_answer_is_sent_again_until_it_is(pool, caplog):
+def test_a_release_the_scheduler_did_not_answer_is_sent_again_until_it_is(pool):
     """The placing process's clean-up release timed out (the scheduler stood still): it raised,
     and nothing sent it again, so a claim taken late stayed held. The process's keeper sends it
     again until the scheduler answers."""
@@ -372,16 +372,32 @@ def test_a_release_the_scheduler_did_not_answer_is_sent_again_until_it_is(pool, 
             raise TimeoutError("the scheduler did not answer")
         return real_call(op, **kwargs)
 
+    said: list[str] = []
+
+    # a handler on the library's logger itself: caplog's, on the root logger, missed the keeper's
+    # line when the test ran alone (a logging setup stopped it propagating)
+    class Said(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            said.append(record.getMessage())
+
     ledger._call = stalled
-    with caplog.at_level(logging.INFO, logger="gogh_flows"):
+    said_handler, runtime_log = Said(logging.INFO), logging.getLogger("gogh_flows.runtime")
+    level = runtime_log.level
+    runtime_log.addHandler(said_handler)
+    runtime_log.setLevel(logging.INFO)
+    try:
         with pytest.raises(TimeoutError):
             ledger.release("given-up", if_unstarted=True, timeout_s=0.1)
         assert ledger.pending_releases() == ["given-up"]
         assert ledger.get("given-up") is not None  # still held: the release never reached the ledger
-        until(lambda: ledger.get("given-up") is None and not ledger.pending_releases(), "the release sent again",
+        # the keeper says so after the release has returned: wait for the line too, not only the state
+        until(lambda: ledger.get("given-up") is None and not ledger.pending_releases()
+              and "gogh: the release of run given-up reached the pool's scheduler" in said, "the release sent again",
               timeout_s=10)
+    finally:
+        runtime_log.removeHandler(said_handler)
+        runtime_log.setLevel(level)
     assert failed == ["gogh_ledger_release"]
-    assert "the release of run given-up reached the pool's scheduler" in caplog.text
     assert ledger.state().counts.get("expired", 0) == 0  # released, not lapsed
 
 
@@ -918,3 +934,35 @@ def test_a_workers_lease_keeper_passes_a_stop_on_and_says_when_the_lease_is_gone
     assert calls == ["gogh_ledger_begin"] + ["gogh_ledger_refresh"] * 3
     assert stops[0] == "cancelled in Prefect" and len(stops) == 2 and "lease was dropped" in stops[1], stops
     assert caplog.text.count("the lease of run r1 was dropped while its body runs") == 1
+
+
+def test_a_scheduler_that_never_answers_holds_the_worker_no_longer_than_the_lease():
+    """A scheduler that takes the call and never answers (hung, not gone) kept a worker's
+    release waiting for good: the body's task never ended. Every call of the worker's lease is
+    bounded, the release by the lease timeout (the lease lapses on its own then)."""
+    import asyncio
+
+    from distributed import Client, LocalCluster, get_worker
+
+    from gogh_flows.runtime.leases import WorkerLease
+    from gogh_flows.runtime.worker import _scheduler_call
+
+    async def hang(**_):
+        await asyncio.sleep(3600)
+
+    def run_lease() -> tuple[bool, bool, float]:
+        lease = WorkerLease("r1", _scheduler_call(get_worker()), on_cancel=lambda reason: None)
+        started = lease.begin("w")
+        t0 = time.monotonic()
+        lost = lease.end(("store", {"run_id": "r1"}))
+        return started, lost, time.monotonic() - t0
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster, set_as_default=False) as client:
+        scheduler = cluster.scheduler
+        scheduler.handlers["gogh_ledger_begin"] = lambda **_: {"ok": True, "lease_timeout_s": 1.0}
+        scheduler.handlers["gogh_ledger_refresh"] = lambda **_: {"cancel": {}, "gone": []}
+        scheduler.handlers["gogh_ledger_release"] = hang
+        started, lost, took = client.submit(run_lease, pure=False).result(timeout=60)
+    assert started and lost is False
+    assert 0.9 <= took < 10.0  # the lease timeout (1 s), plus the keeper thread's join

@@ -325,12 +325,20 @@ class WorkerLease:
     this worker, and no stop was asked); a background thread then refreshes it and calls
     ``on_cancel(reason)`` when a stop is asked or the lease is found dropped; :meth:`end` frees the
     slot when the body has stopped.
+
+    Every call to the scheduler is bounded: by ``call_timeout_s`` until the ledger has said its
+    lease timeout, then by that (a lease unheard of for that long lapses on its own, so waiting
+    longer to free it gains nothing), and a refresh by its own period. A scheduler that accepts the
+    connection and never answers held the worker's thread for good: the body's task never ended
+    and its measurement never reached its placing process.
     """
 
-    def __init__(self, run_id: str, call: Callable[..., Any], on_cancel: Callable[[str], None]) -> None:
+    def __init__(self, run_id: str, call: Callable[..., Any], on_cancel: Callable[[str], None],
+                 call_timeout_s: float = 30.0) -> None:
         self.run_id = run_id
         self._call = call
         self._on_cancel = on_cancel
+        self._timeout_s = call_timeout_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.board_limit_known = False  # begin() heard the board's limit from the ledger
@@ -338,9 +346,10 @@ class WorkerLease:
         self.placer_client: str | None = None
 
     def begin(self, worker: str, key: str | None = None) -> bool:
-        d = self._call("gogh_ledger_begin", run_id=self.run_id, worker=worker, key=key)
+        d = self._call("gogh_ledger_begin", run_id=self.run_id, worker=worker, key=key, timeout_s=self._timeout_s)
         if not d["ok"]:
             return False
+        self._timeout_s = float(d["lease_timeout_s"])
         self.board_limit_known = "power_limit_w" in d
         self.board_limit_w = d.get("power_limit_w")  # the board's limit now: the last claim's there
         self.placer_client = d.get("client")  # the placing process's Dask client
@@ -353,7 +362,7 @@ class WorkerLease:
     def _keep(self, every: float) -> None:
         while not self._stop.wait(every):
             try:
-                answer = self._call("gogh_ledger_refresh", run_ids=[self.run_id])
+                answer = self._call("gogh_ledger_refresh", run_ids=[self.run_id], timeout_s=every)
             except Exception as exc:  # noqa: BLE001 - retried at the next tick
                 log.warning("gogh: worker could not refresh the lease of run %s: %s", self.run_id, exc)
                 continue
@@ -387,7 +396,7 @@ class WorkerLease:
     def lift(self, from_w: float) -> None:
         """Tell the ledger the run's board went back to its full limit from ``from_w``."""
         try:
-            self._call("gogh_ledger_lift", run_id=self.run_id, from_w=float(from_w))
+            self._call("gogh_ledger_lift", run_id=self.run_id, from_w=float(from_w), timeout_s=self._timeout_s)
         except Exception as exc:  # noqa: BLE001 - the next claim on the board sets its limit anyway
             log.warning("gogh: could not tell the pool's ledger that run %s's board went back to its full "
                         "limit: %s", self.run_id, exc)
@@ -406,14 +415,16 @@ class WorkerLease:
         try:
             try:
                 released = self._call("gogh_ledger_release", run_id=self.run_id, if_unstarted=False,
-                                      store=store, row=row, client=self.placer_client)
+                                      store=store, row=row, client=self.placer_client, timeout_s=self._timeout_s)
             except TypeError:
                 # a ledger older than this worker takes no record with the release: the slot is
                 # freed as it was, and the record handed in only if the placer is gone
-                released = self._call("gogh_ledger_release", run_id=self.run_id, if_unstarted=False)
+                released = self._call("gogh_ledger_release", run_id=self.run_id, if_unstarted=False,
+                                      timeout_s=self._timeout_s)
                 if released.get("placer_lost") and row is not None:
                     self._call("gogh_ledger_deposit", run_id=self.run_id, store=store, row=row,
-                               client=released.get("client"), gpu_id=released.get("gpu_id"))
+                               client=released.get("client"), gpu_id=released.get("gpu_id"),
+                               timeout_s=self._timeout_s)
             return bool(released.get("placer_lost"))
         except Exception as exc:  # noqa: BLE001 - the lease lapses on its own
             log.warning("gogh: worker could not release the lease of run %s (it lapses on its own): %s%s",
