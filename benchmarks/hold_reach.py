@@ -18,7 +18,7 @@ these runs, it lowers the mean always-on ratio of `oracle+limits+fleet+wait` and
 
 Writes ``benchmarks/results/hold_reach.{json,md}``.
 
-    .venv/bin/python benchmarks/hold_reach.py          # about 40 min on 2 cores
+    .venv/bin/python benchmarks/hold_reach.py          # about 12 min on 2 cores
     .venv/bin/python benchmarks/hold_reach.py report   # the table again from the saved JSON
 """
 

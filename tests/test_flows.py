@@ -1014,6 +1014,11 @@ def test_a_saved_policy_with_a_short_wait_timeout_loads_by_name(gogh_home):
 def test_waiting_for_efficiency_must_end_before_the_wait_timeout():
     from pydantic import ValidationError
 
+    with pytest.raises(ValidationError, match="wait_within_reach=True says when a run waits .* set "
+                                              "wait_for_efficiency_s"):
+        PlacementPolicy(wait_within_reach=True)
+    assert PlacementPolicy(wait_within_reach=True, wait_for_efficiency_s=60.0).wait_within_reach
+
     with pytest.raises(ValidationError, match="must be below wait_timeout_s"):
         PlacementPolicy(wait_for_efficiency_s=600.0)  # the default wait_timeout_s is 600 s
     # the headroom wait is at most half the timeout: said when given, not cut silently

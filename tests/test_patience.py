@@ -286,3 +286,33 @@ def test_within_reach_the_simulator_sees_the_line_of_jobs_it_held_before():
     blind = simulate(stream, gpus, _table(), GoghOptimizer(name="oracle"), planning=TableThroughputs(_table()),
                      patience=Patience(3 * 3600.0))
     assert sorted(blind.jobs[f"n{i}"].placed_s for i in range(3)) == pytest.approx([1000.0, 6000.0, 10810.0])
+
+
+def test_within_reach_a_job_held_leaves_its_gpu_to_the_jobs_after_it():
+    """A is placed on the T4 and held for the H100 (free in 200 s); B, placed on the K80, cannot
+    reach the H100 behind A (200 s + A's 1000 s there, past its 1000 s patience), but the T4 that A
+    leaves is free: B is held for it, not left on the K80 as if A still ran there for 20,000 s."""
+    from gogh_flows.placement.result import Assignment, Placement
+
+    rows = [{"job_type": "gain", "gpu_type": g, "scale_factor": 1, "throughput": t, "activity": 0.9}
+            for g, t in (("h100", 1000.0), ("t4", 50.0), ("k80", 5.0))]
+    table = ThroughputTable.from_rows(rows)
+    gpus = [Gpu("h", "h100", 1), Gpu("t", "t4", 1), Gpu("k", "k80", 1)]
+    jobs = [Job("first", "gain", 1.0, 2e5, gpus=("h",)), Job("A", "gain", 1.0, 1e6), Job("B", "gain", 1.0, 1e6)]
+    problem = PlacementProblem.build(gpus, jobs, table)
+    placement = Placement("test", (Assignment("A", "t4", ("t",), 50.0, 1.0), Assignment("B", "k80", ("k",), 5.0, 1.0)),
+                          (), "heuristic", float("nan"), 0.0)
+    _, held = hold_for_efficiency(placement, problem, {"A": 0.0, "B": 0.0}, Patience(1000.0, within_reach=True))
+    assert held["A"].startswith("h100 would use") and held["B"].startswith("t4 would use"), held
+
+
+def test_within_reach_the_line_spans_the_simulator_s_decision_windows():
+    """With one job per decision window, the jobs held in earlier windows of the same pass are
+    still ahead in the line: the third of three jobs for the one H100 is not held."""
+    gpus = [Gpu("h", "h100", 1), *(Gpu(f"t{i}", "t4", 1) for i in range(3))]
+    stream = [TraceJob("first", "gain", 2e5, 1, 0.0, required_throughput=5.0),
+              *(TraceJob(f"n{i}", "gain", 1e6, 1, 10.0, required_throughput=5.0) for i in range(3))]
+    res = simulate(stream, gpus, _table(), GoghOptimizer(name="oracle"), planning=TableThroughputs(_table()),
+                   config=SimConfig(decision_window=1), patience=Patience(3 * 3600.0, within_reach=True))
+    starts = sorted(res.jobs[f"n{i}"].placed_s for i in range(3))
+    assert starts == pytest.approx([10.0, 1000.0, 6000.0])  # one on a T4 at once, two held for the H100

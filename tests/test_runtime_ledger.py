@@ -494,6 +494,31 @@ def test_a_body_whose_lease_is_gone_is_not_started(pool):
         outcome.unwrap()
 
 
+def test_a_body_whose_start_the_scheduler_never_answers_is_not_started(pool, monkeypatch):
+    """The worker asks the scheduler whether the body may start; one that never answers made the
+    task wait for good. Asked with a bound (60 s or two lease timeouts; 1 s here), the run comes
+    back not started, saying why, rather than failing with a bare TimeoutError."""
+    import asyncio
+    import functools
+
+    import gogh_flows.runtime.worker as worker_module
+    from gogh_flows.runtime.leases import WorkerLease
+
+    async def hang(**_):
+        await asyncio.sleep(3600)
+
+    ledger = pool.ledger  # registers the ledger's handlers on the scheduler first
+    monkeypatch.setattr(worker_module, "WorkerLease", functools.partial(WorkerLease, call_timeout_s=1.0))
+    monkeypatch.setitem(pool.cluster.scheduler.handlers, "gogh_ledger_begin", hang)
+    assert _claim(ledger, "unanswered").ok
+    _STEPS.clear()
+    t0 = time.monotonic()
+    outcome = pool.run(_STEPS.append, 1, gpu_id="v100-0", job_type="a", run_id="unanswered", hold_lease=True)
+    assert time.monotonic() - t0 < 20
+    assert not _STEPS and isinstance(outcome.exception, RunNotStarted)
+    assert "did not answer whether it may start" in str(outcome.exception)
+
+
 def test_cancel_stops_the_body_at_its_next_report_and_then_frees_the_slot(pool):
     from gogh_flows.runtime.context import RunCancelled
 

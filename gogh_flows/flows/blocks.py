@@ -372,9 +372,10 @@ class PlacementPolicy(Block):
     efficiency_min_saving: float = Field(default=0.1, gt=0.0, lt=1.0, description="the share of energy a "
                                          "busy GPU type must save, by the predictions, for a run to wait for it")
     wait_within_reach: bool = Field(default=False, description="wait for an efficient GPU type only when "
-                                    "the runs on it are predicted to end in time (from their declared work "
-                                    "and elapsed time) before wait_for_efficiency_s runs out; else a run "
-                                    "waits the whole time whenever the type is busy")
+                                    "a run on it is predicted to end before wait_for_efficiency_s runs out "
+                                    "(its steps left estimated from its declared work_steps, its requirement "
+                                    "and its elapsed time); each run decides alone, not seeing other runs "
+                                    "waiting for the same type. Else a run waits whenever the type is busy")
 
     @field_validator("policy")
     @classmethod
@@ -404,6 +405,11 @@ class PlacementPolicy(Block):
                 f"wait_for_efficiency_s={self.wait_for_efficiency_s:g} s must be below wait_timeout_s="
                 f"{self.wait_timeout_s:g} s: no run waits longer than wait_timeout_s, so the rest of that wait "
                 "would never happen. Raise wait_timeout_s, or lower wait_for_efficiency_s")
+        if self.wait_within_reach and self.wait_for_efficiency_s <= 0:
+            raise ValueError(
+                "wait_within_reach=True says when a run waits for an efficient GPU, and "
+                "wait_for_efficiency_s=0 lets no run wait: set wait_for_efficiency_s (seconds), or leave "
+                "wait_within_reach out")
         # a headroom wait given outright is checked; the default's is cut to fit a short wait_timeout_s.
         # "Given" is a value other than the default: a saved block loads with every field set, and
         # the default it was saved with must load as it was saved

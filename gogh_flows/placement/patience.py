@@ -100,20 +100,24 @@ def _free_times(problem: PlacementProblem, state: FleetState, gpu_type: str) -> 
     return out
 
 
-def _expected_start(free: list[float], ahead: list[tuple[int, float]], num_gpus: int) -> float:
-    """Seconds until ``num_gpus`` GPUs are free for a job behind ``ahead`` ((GPUs, seconds) each,
-    served first come, first served on the earliest GPUs to free)."""
+def _reserve(heap: list[float], n: int, seconds: float) -> float:
+    """Take the ``n`` earliest-free GPUs of ``heap`` for a job of ``seconds`` (first come, first
+    served; they are busy again until it ends); when it starts, ``inf`` if there are too few."""
+    if len(heap) < n:
+        return math.inf
+    start = max(heapq.heappop(heap) for _ in range(n))
+    for _ in range(n):
+        heapq.heappush(heap, start + seconds)
+    return start
+
+
+def _line(free: list[float], ahead: list[tuple[int, float]]) -> list[float]:
+    """When each GPU is free again once the jobs ``ahead`` ((GPUs, seconds) each) have had theirs."""
     heap = list(free)
     heapq.heapify(heap)
     for n, seconds in ahead:
-        if len(heap) < n:
-            return math.inf
-        start = max(heapq.heappop(heap) for _ in range(n))
-        for _ in range(n):
-            heapq.heappush(heap, start + seconds)
-    if len(heap) < num_gpus:
-        return math.inf
-    return max(heapq.nsmallest(num_gpus, heap)[-1], 0.0)
+        _reserve(heap, n, seconds)
+    return heap
 
 
 def hold_for_efficiency(placement: Placement, problem: PlacementProblem, waited_s: Mapping[str, float],
@@ -148,7 +152,7 @@ def hold_for_efficiency(placement: Placement, problem: PlacementProblem, waited_
         state.add(jobs[a.job_id], a.gpus, a.power_limit_w)
     free = state.free_by_class()
     size: dict[tuple[str, int], int] = Counter((g.gpu_type, g.capacity) for g in problem.gpus)
-    free_times: dict[str, list[float]] = {}
+    lines: dict[str, list[float]] = {}  # per type: when each GPU frees, behind the line (within_reach)
     keep, held, left = [], {}, {}
     for a in placement.assignments:
         waited = waited_s.get(a.job_id)
@@ -162,17 +166,19 @@ def hold_for_efficiency(placement: Placement, problem: PlacementProblem, waited_
             not asked, ``within_reach`` off)."""
             if not patience.within_reach:
                 return 0.0
-            if gpu_type not in free_times:
-                free_times[gpu_type] = _free_times(problem, state, gpu_type)
-            line = [(n, s) for t, n, s in ahead.jobs if t == gpu_type]
-            return _expected_start(free_times[gpu_type], line, job.num_gpus)
+            if gpu_type not in lines:
+                lines[gpu_type] = _line(_free_times(problem, state, gpu_type),
+                                        [(n, s) for t, n, s in ahead.jobs if t == gpu_type])
+            heap = lines[gpu_type]
+            return max(heapq.nsmallest(job.num_gpus, heap)[-1], 0.0) if len(heap) >= job.num_gpus else math.inf
 
         busy = {t for (t, _), n in size.items() if n >= job.num_gpus} - {
             t for (t, _), ids in free.items() if len(ids) >= job.num_gpus}
         here = _alone(problem, energy, job, a.gpu_type)[0]
         time_left = patience.max_wait_s - waited
-        options = sorted((_alone(problem, energy, job, t), t) for t in sorted(busy - {a.gpu_type}))
-        worth = ((e, s, t) for (e, s), t in options if math.isfinite(here) and e <= (1 - patience.min_saving) * here)
+        options = sorted(((*_alone(problem, energy, job, t), t) for t in busy - {a.gpu_type}),
+                         key=lambda o: (o[0], o[2]))  # least energy first, ties by type name
+        worth = ((e, s, t) for e, s, t in options if math.isfinite(here) and e <= (1 - patience.min_saving) * here)
         pick = next(((e, s, t, start) for e, s, t in worth if (start := expected_start(t)) <= time_left), None)
         if pick is not None:
             best, seconds, where, start = pick
@@ -180,6 +186,13 @@ def hold_for_efficiency(placement: Placement, problem: PlacementProblem, waited_
             held[a.job_id] = f"{where} would use {1 - best / here:.0%} less energy than {a.gpu_type} now{when}"
             left[a.job_id] = time_left
             ahead.jobs.append((where, job.num_gpus, seconds))
+            if patience.within_reach:
+                if where in lines:
+                    _reserve(lines[where], job.num_gpus, seconds)
+                # the GPU it was placed on is not taken after all: the jobs after it see it free
+                for gid in a.gpus:
+                    state.occupants[gid].remove(job)
+                lines.pop(a.gpu_type, None)
         else:
             keep.append(a)
     if not held:

@@ -18,7 +18,7 @@ from typing import Any
 
 from distributed import Client
 
-from gogh_flows.runtime.ledger import PLUGIN_NAME, LedgerPlugin
+from gogh_flows.runtime.ledger import PLUGIN_NAME, LedgerPlugin, lease_timeout_from_env
 from gogh_flows.runtime.probe import SchedulerUnreachable
 
 __all__ = ["Claim", "Lease", "LedgerState", "LostRun", "PoolLedger", "WorkerLease", "ensure_ledger"]
@@ -326,19 +326,20 @@ class WorkerLease:
     ``on_cancel(reason)`` when a stop is asked or the lease is found dropped; :meth:`end` frees the
     slot when the body has stopped.
 
-    Every call to the scheduler is bounded: by ``call_timeout_s`` until the ledger has said its
-    lease timeout, then by that (a lease unheard of for that long lapses on its own, so waiting
+    Every call to the scheduler is bounded: :meth:`begin` by ``call_timeout_s`` (60 s, or two lease
+    timeouts if longer: how long a placing process waits for a silent scheduler), the rest by the
+    lease timeout the ledger gave (a lease unheard of for that long lapses on its own, so waiting
     longer to free it gains nothing), and a refresh by its own period. A scheduler that accepts the
     connection and never answers held the worker's thread for good: the body's task never ended
     and its measurement never reached its placing process.
     """
 
     def __init__(self, run_id: str, call: Callable[..., Any], on_cancel: Callable[[str], None],
-                 call_timeout_s: float = 30.0) -> None:
+                 call_timeout_s: float | None = None) -> None:
         self.run_id = run_id
         self._call = call
         self._on_cancel = on_cancel
-        self._timeout_s = call_timeout_s
+        self._timeout_s = call_timeout_s if call_timeout_s is not None else max(60.0, 2 * lease_timeout_from_env())
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.board_limit_known = False  # begin() heard the board's limit from the ledger

@@ -380,12 +380,17 @@ def execute(fn: Callable[..., Any], args: tuple, kwargs: dict, spec: RunSpec) ->
     lease = None
     if spec.hold_lease:
         lease = WorkerLease(str(spec.run_id), _scheduler_call(worker), on_cancel=ctx.request_stop)
-        if not lease.begin(str(worker_name), key=worker.get_current_task()):
+        try:
+            why_not = None if lease.begin(str(worker_name), key=worker.get_current_task()) else (
+                "its slot lease was no longer held (it lapsed, was released by its placing process, or was "
+                "dropped when the worker was replaced)")
+        except TimeoutError as exc:  # asyncio's too, since Python 3.11
+            why_not = (f"the pool's scheduler did not answer whether it may start ({exc or 'timed out'}); "
+                       "its lease lapses on its own")
+        if why_not is not None:
             meter = _start_meter(meter, device, spec)
-            not_started = RunNotStarted(
-                f"run {spec.run_id} was not started on {device.id}: its slot lease was no longer held "
-                "(it lapsed, was released by its placing process, or was dropped when the worker was "
-                "replaced); place the run again")
+            not_started = RunNotStarted(f"run {spec.run_id} was not started on {device.id}: {why_not}; "
+                                        "place the run again")
             return RunOutcome(value=None, telemetry=meter.stop(), partners=(), error=f"RunNotStarted: {not_started}",
                               gpu_id=device.id, gpu_type=device.gpu_type, job_type=spec.job_type,
                               run_id=spec.run_id, worker=worker_name, exception=not_started)
