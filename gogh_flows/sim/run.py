@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gogh_flows.catalog import get_gpu_type
+from gogh_flows.energy import EnergyModel
 from gogh_flows.placement import POLICIES, GoghOptimizer, Gpu, get_policy
 from gogh_flows.placement.baselines import CappedGreedyFastest
 from gogh_flows.placement.patience import Patience
@@ -238,6 +239,7 @@ def run_policies(
     rltune_model=None,
     patience: Patience | None = None,
     limit_levels: Sequence[float] | None = None,
+    energy: EnergyModel | None = None,
 ) -> dict[str, SimResult]:
     """Simulate each named policy on the identical stream; results keyed by policy name.
 
@@ -245,7 +247,9 @@ def run_policies(
     ``gogh-p1``); each of their runs starts from the predictors alone. ``risk_level``: ``gogh``
     plans with the lower end of the refiner's interval at that level (``gogh-p1`` with P1's points).
     ``patience``: how long the ``+wait`` policies let a new job wait, for what saving;
-    ``limit_levels``: the levels the ``+limits`` policies choose among (default ``DEFAULT_LIMIT_LEVELS``).
+    ``limit_levels``: the levels the ``+limits`` policies choose among (default ``DEFAULT_LIMIT_LEVELS``);
+    ``energy``: the energy model the policies decide with (``simulate``'s; the boards' draw is the
+    same whatever its idle accounting).
     """
     if not names:
         raise ValueError(f"name at least one policy: {', '.join(ALL_POLICIES)}")
@@ -264,7 +268,7 @@ def run_policies(
                                           progress=cb)
         else:
             out[p.name] = simulate(jobs, gpus, truth, p.policy, planning=p.planning, config=config,
-                                   progress=cb, reoptimize_s=p.reoptimize_s, patience=p.patience)
+                                   progress=cb, reoptimize_s=p.reoptimize_s, patience=p.patience, energy=energy)
     return out
 
 
