@@ -147,3 +147,25 @@ def test_the_floor_may_use_the_limit_levels_when_the_capped_baseline_runs():
 
     assert _floor_levels(["greedy-fastest", "greedy-fastest+cap"]) == DEFAULT_LIMIT_LEVELS
     assert _floor_levels(["greedy-fastest", "oracle"]) == ()
+
+
+def test_the_policies_decide_with_the_energy_model_given_and_the_boards_draw_the_same():
+    """``energy`` is what the policies decide with (an always-on fleet's draw above idle, say);
+    the boards' draw, and so every figure of a policy that decides without it, is the same."""
+    import gogh_flows.sim.run as run_module
+    from gogh_flows.energy import EnergyModel
+
+    jobs, gpus = _random_stream(12, seed=3), parse_cluster("v100=2,t4=2")
+    above_idle = EnergyModel(count_idle=False)
+    plain = run_policies(jobs, gpus, _table(), ["greedy-fastest"])["greedy-fastest"]
+    given = run_policies(jobs, gpus, _table(), ["greedy-fastest"], energy=above_idle)["greedy-fastest"]
+    untimed = [{k: v for k, v in r.summary().items() if "_ms" not in k} for r in (plain, given)]  # decision times vary
+    assert given.energy_j == pytest.approx(plain.energy_j) and untimed[0] == untimed[1]
+    seen = []
+    real = run_module.simulate
+    run_module.simulate = lambda *a, **kw: seen.append(kw["energy"]) or real(*a, **kw)
+    try:
+        run_policies(jobs, gpus, _table(), ["oracle+limits"], energy=above_idle)
+    finally:
+        run_module.simulate = real
+    assert seen == [above_idle]
