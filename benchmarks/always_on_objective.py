@@ -26,39 +26,29 @@ Writes ``benchmarks/results/always_on_objective.{json,md}``.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evaluate_policies import P1_EPOCHS, P2_EPOCHS, SEED, scenarios  # noqa: E402
+from variant_runs import report as variant_report  # noqa: E402
+from variant_runs import side_by_side as run_both  # noqa: E402
 
 from gogh_flows.energy import EnergyModel  # noqa: E402
 from gogh_flows.predict.data import MeasuredSet  # noqa: E402
-from gogh_flows.sim.account import energy_accounts  # noqa: E402
-from gogh_flows.sim.engine import SimConfig  # noqa: E402
 from gogh_flows.sim.holdout import train_each_unseen  # noqa: E402
-from gogh_flows.sim.run import parse_cluster, run_policies  # noqa: E402
 
 SEEDS = (10, 11, 12)
 OUT = Path(__file__).resolve().parent / "results"
 ORACLES = ("oracle+limits", "oracle+limits+fleet+wait")
 LEARNED = ("gogh+limits+fleet+wait", "oracle+limits+fleet+wait")
-OBJECTIVES = {"parked": EnergyModel(), "above idle": EnergyModel(count_idle=False)}
+#: the objective as it is (the parked account), then the draw above idle (the saved runs' labels)
+VARIANTS = {"parked": {"energy": EnergyModel()}, "above idle": {"energy": EnergyModel(count_idle=False)}}
 
 
 def side_by_side(jobs, cluster: str, truth, policies, seed: int, noise: float, predictors=None) -> dict:
-    gpus = parse_cluster(cluster)
-    config = SimConfig(seed=seed, noise=noise)
-    results = dict(run_policies(jobs, gpus, truth, ("greedy-fastest",), config=config))
-    for label, energy in OBJECTIVES.items():
-        runs = run_policies(jobs, gpus, truth, policies, config=config, predictors=predictors, energy=energy)
-        results |= {f"{name} [{label}]": r for name, r in runs.items()}
-    acc = energy_accounts(results, references=("greedy-fastest",))
-    return {name: {"on": acc[name].always_on_vs["greedy-fastest"], "sla": r.summary()["sla_attainment"],
-                   "makespan_h": r.summary()["makespan_s"] / 3600, "jct_h": r.summary()["avg_jct_s"] / 3600}
-            for name, r in results.items()}
+    return run_both(jobs, cluster, truth, policies, seed, noise, VARIANTS, predictors)
 
 
 def main() -> dict:
@@ -85,49 +75,11 @@ def main() -> dict:
 
 
 def report(d: dict) -> list[str]:
-    labels = list(OBJECTIVES)
-    lines = [f"Seeds {', '.join(map(str, d['seeds']))} (`benchmarks/always_on_objective.py`, {d['wall_s'] / 60:.0f} min): "
-             "always on against greedy-fastest over each run's common window, mean [min, max] over the seeds; "
-             "SLA attainment, the lowest seed; makespan and average JCT, the mean. Deciding with the energy of "
-             "the occupied boards, idle draw included (parked: as now), or with the draw above idle.", "",
-             f"| run | policy | {labels[0]} | {labels[1]} | SLA {' / '.join(labels)} | makespan h | avg JCT h |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
-    means: dict[str, dict[str, list[float]]] = {}
-    worse_sla = []
-    for key, seeds in d["runs"].items():
-        names = sorted({n.rsplit(" [", 1)[0] for n in next(iter(seeds.values())) if " [" in n})
-        for name in names:
-            col = {lab: [seeds[s][f"{name} [{lab}]"] for s in seeds] for lab in labels}
-
-            def spread(lab: str) -> str:
-                v = [x["on"] for x in col[lab]]
-                return f"{statistics.fmean(v):.3f} [{min(v):.3f}, {max(v):.3f}]"
-
-            def mean(field: str) -> str:
-                return " / ".join(f"{statistics.fmean(x[field] for x in col[lab]):.1f}" for lab in labels)
-
-            sla = " / ".join(f"{min(x['sla'] for x in col[lab]):.4f}" for lab in labels)
-            lines.append(f"| {key} | {name} | {spread(labels[0])} | {spread(labels[1])} | {sla} | "
-                         f"{mean('makespan_h')} | {mean('jct_h')} |")
-            for lab in labels:
-                means.setdefault(name, {}).setdefault(lab, []).extend(x["on"] for x in col[lab])
-            worse_sla += [f"{key} {name} seed {s}" for s in seeds
-                          if seeds[s][f"{name} [{labels[1]}]"]["sla"] < 0.98 <= seeds[s][f"{name} [{labels[0]}]"]["sla"]]
-    lines.append("")
-    verdict = []
-    for name in ("oracle+limits+fleet+wait", "gogh+limits+fleet+wait"):
-        old, new = (statistics.fmean(means[name][lab]) for lab in labels)
-        verdict.append(new < old)
-        lines.append(f"- {name}: mean always-on ratio {old:.4f} deciding with the parked objective, {new:.4f} with the "
-                     f"draw above idle, over {len(means[name][labels[0]])} runs.")
-    if "oracle+limits" in means:
-        old, new = (statistics.fmean(means["oracle+limits"][lab]) for lab in labels)
-        lines.append(f"- oracle+limits (not part of the rule): {old:.4f} and {new:.4f}.")
-    lines.append(f"- Runs whose SLA attainment fell under 0.98 only with the draw above idle: {', '.join(worse_sla) or 'none'}.")
-    keep = all(verdict) and not worse_sla
-    lines.append(f"- By the rule fixed before the run, the draw above idle {'becomes' if keep else 'does not become'} "
-                 "the simulator's always-on objective.")
-    return lines
+    head = (f"Seeds {', '.join(map(str, d['seeds']))} (`benchmarks/always_on_objective.py`, {d['wall_s'] / 60:.0f} "
+            "min): always on against greedy-fastest over each run's common window, mean [min, max] over the seeds; "
+            "SLA attainment, the lowest seed; makespan and average JCT, the mean. Deciding with the energy of the "
+            "occupied boards, idle draw included (parked: as now), or with the draw above idle.")
+    return variant_report(d["runs"], list(VARIANTS), head, "the draw above idle as the simulator's always-on objective")
 
 
 if __name__ == "__main__":

@@ -25,20 +25,19 @@ Writes ``benchmarks/results/hold_reach.{json,md}``.
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evaluate_policies import HOLDOUTS, NOISE, P1_EPOCHS, P2_EPOCHS, SEED, holdout_jobs, scenarios  # noqa: E402
+from variant_runs import report as variant_report  # noqa: E402
+from variant_runs import side_by_side as run_both  # noqa: E402
 
 from gogh_flows.placement.patience import Patience  # noqa: E402
 from gogh_flows.predict.data import MeasuredSet  # noqa: E402
-from gogh_flows.sim.account import energy_accounts  # noqa: E402
-from gogh_flows.sim.engine import SimConfig  # noqa: E402
 from gogh_flows.sim.holdout import train_each_unseen, train_holdout  # noqa: E402
-from gogh_flows.sim.run import WAIT_S, WAIT_SAVING, parse_cluster, run_policies  # noqa: E402
+from gogh_flows.sim.run import WAIT_S, WAIT_SAVING  # noqa: E402
 from gogh_flows.sim.traces import read_trace  # noqa: E402
 from gogh_flows.truth.gavel import gavel_dir, read_gavel_json  # noqa: E402
 
@@ -46,22 +45,13 @@ SEEDS = (10, 11, 12)
 OUT = Path(__file__).resolve().parent / "results"
 ORACLE = ("oracle+limits+fleet+wait",)
 LEARNED = ("gogh+limits+wait", "gogh+limits+fleet+wait", *ORACLE)
-RULES = {"old": False, "reach": True}
+#: the old rule, then within reach (the saved runs' labels)
+VARIANTS = {"old": {"patience": Patience(WAIT_S, WAIT_SAVING)},
+            "reach": {"patience": Patience(WAIT_S, WAIT_SAVING, within_reach=True)}}
 
 
 def side_by_side(jobs, cluster: str, truth, policies, seed: int, noise: float, predictors=None) -> dict:
-    """Each policy with the old rule and with ``within_reach``, and greedy-fastest, over one window."""
-    gpus = parse_cluster(cluster)
-    config = SimConfig(seed=seed, noise=noise)
-    results = dict(run_policies(jobs, gpus, truth, ("greedy-fastest",), config=config))
-    for rule, reach in RULES.items():
-        runs = run_policies(jobs, gpus, truth, policies, config=config, predictors=predictors,
-                            patience=Patience(WAIT_S, WAIT_SAVING, within_reach=reach))
-        results |= {f"{name} [{rule}]": r for name, r in runs.items()}
-    acc = energy_accounts(results, references=("greedy-fastest",))
-    return {name: {"on": acc[name].always_on_vs["greedy-fastest"], "sla": r.summary()["sla_attainment"],
-                   "makespan_h": r.summary()["makespan_s"] / 3600, "jct_h": r.summary()["avg_jct_s"] / 3600}
-            for name, r in results.items()}
+    return run_both(jobs, cluster, truth, policies, seed, noise, VARIANTS, predictors)
 
 
 def main() -> dict:
@@ -75,9 +65,7 @@ def main() -> dict:
     by_seed = {seed: {sc.key: sc for sc in scenarios(seed)} for seed in SEEDS}
     for key, letter in (("gavel-physical", "(b)"), ("synthetic", "(a)"), ("modern-mixed", "(f)")):
         for seed in SEEDS:
-            sc, t0 = by_seed[seed].get(key), time.perf_counter()
-            if sc is None:
-                raise SystemExit(f"no scenario {key!r}: have {', '.join(by_seed[seed])}")
+            sc, t0 = by_seed[seed][key], time.perf_counter()
             record(letter, seed, side_by_side(sc.jobs, sc.cluster, sc.truth, ORACLE, seed, sc.noise), t0)
     first = by_seed[SEEDS[0]]["gavel-physical"]
     family_of = MeasuredSet.from_table(first.truth).family
@@ -105,45 +93,11 @@ def main() -> dict:
 
 
 def report(d: dict) -> list[str]:
-    lines = [f"Seeds {', '.join(map(str, d['seeds']))} (`benchmarks/hold_reach.py`, {d['wall_s'] / 60:.0f} min): "
-             "always on against greedy-fastest over each run's common window, mean [min, max] over the seeds; "
-             "SLA attainment, the lowest seed; makespan and average JCT, the mean.", "",
-             "| run | policy | old rule | within reach | SLA old / reach | makespan h old / reach | avg JCT h old / reach |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
-    means: dict[str, dict[str, list[float]]] = {}
-    worse_sla = []
-    for key, seeds in d["runs"].items():
-        names = sorted({n.rsplit(" [", 1)[0] for n in next(iter(seeds.values())) if " [" in n})
-        for name in names:
-            col = {rule: [seeds[s][f"{name} [{rule}]"] for s in seeds] for rule in RULES}
-
-            def spread(rule: str) -> str:
-                v = [x["on"] for x in col[rule]]
-                return f"{statistics.fmean(v):.3f} [{min(v):.3f}, {max(v):.3f}]"
-
-            def mean(rule: str, field: str) -> str:
-                return f"{statistics.fmean(x[field] for x in col[rule]):.1f}"
-
-            sla = {rule: min(x["sla"] for x in col[rule]) for rule in RULES}
-            lines.append(f"| {key} | {name} | {spread('old')} | {spread('reach')} | {sla['old']:.4f} / "
-                         f"{sla['reach']:.4f} | {mean('old', 'makespan_h')} / {mean('reach', 'makespan_h')} | "
-                         f"{mean('old', 'jct_h')} / {mean('reach', 'jct_h')} |")
-            for rule in RULES:
-                means.setdefault(name, {}).setdefault(rule, []).extend(x["on"] for x in col[rule])
-            worse_sla += [f"{key} {name} seed {s}" for s in seeds
-                          if seeds[s][f"{name} [reach]"]["sla"] < 0.98 <= seeds[s][f"{name} [old]"]["sla"]]
-    lines.append("")
-    verdict = []
-    for name in ("oracle+limits+fleet+wait", "gogh+limits+fleet+wait"):
-        old, reach = (statistics.fmean(means[name][r]) for r in RULES)
-        verdict.append(reach < old)
-        lines.append(f"- {name}: mean always-on ratio {old:.4f} with the old rule, {reach:.4f} within reach, "
-                     f"over {len(means[name]['old'])} runs.")
-    lines.append(f"- Runs whose SLA attainment fell under 0.98 only within reach: {', '.join(worse_sla) or 'none'}.")
-    keep = all(verdict) and not worse_sla
-    lines.append(f"- By the rule fixed before the run, `within_reach` {'becomes' if keep else 'does not become'} "
-                 "the default.")
-    return lines
+    head = (f"Seeds {', '.join(map(str, d['seeds']))} (`benchmarks/hold_reach.py`, {d['wall_s'] / 60:.0f} min): "
+            "always on against greedy-fastest over each run's common window, mean [min, max] over the seeds; "
+            "SLA attainment, the lowest seed; makespan and average JCT, the mean; each `+wait` policy with "
+            "the old rule and within reach.")
+    return variant_report(d["runs"], list(VARIANTS), head, "`within_reach` as the default")
 
 
 if __name__ == "__main__":
