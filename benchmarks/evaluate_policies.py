@@ -351,11 +351,15 @@ HOLDOUT_INTRO = [
     "restart each). `gogh-p1` plans with P1 alone and ignores observations in the predictor",
     "(like every policy, it still remembers each job's exact measured entries). Both apply a",
     "feasibility floor: a job predicted below its requirement everywhere is tried on its most",
-    "promising type rather than queued forever",
+    "promising type (among the types the fleet has enough GPUs of for its gang) rather than queued forever",
     "(docs/simulation.md). `+limits`, `+fleet` and `+wait` modify the learned policy as they do",
     "`oracle` (above); the simulator's `+fleet` moves running jobs, which the Prefect product does",
     "not do (a placed flow run stays where it started). `oracle` plans with the true throughputs. Same trace, fleet, truth",
-    "and seed for every policy, in one run. Energy relative to oracle (negative = less):",
+    "and seed for every policy, in one run. Energy relative to oracle (negative = less); always on, over",
+    "the run's common window (the ratio of the two policies' always-on figures in the family's own",
+    "table below; until 2026-12-07 this column divided each policy's energy to its own last completion,",
+    "which charged a policy that finished later for idle draw the other was not charged for: gogh-p1 on",
+    "ResNet-50 read +8.8% there, -3.0% over the common window):",
     "",
 ]
 HOLDOUT_READING = [
@@ -515,9 +519,9 @@ def main() -> None:
         "(\"by greedy-fastest\"); then how far the best of ours is from it, and whether the 0.80",
         "bar is within reach of any schedule (docs/simulation.md has how the floor is built).",
         "`greedy-fastest+cap` is the simple baseline for limits: greedy-fastest with every board at "
-        f"{CAP_FRACTION:g} of its type's limit range (each type's lowest limit; chosen by `benchmarks/static_cap.py` "
-        "on seeds 10-12), a job measured short of its requirement lifted to the lowest level that meets it "
-        "(the last section below).",
+        f"{CAP_FRACTION:g} of its type's limit range (each type's lowest limit: `benchmarks/static_cap.py`'s choice "
+        "on seeds 10-12 for three of its four scenarios, (f)'s own being 0.125), a job measured short of its "
+        "requirement lifted to the lowest level that meets it (the last section below).",
         "",
         "Reading the results: `oracle` solves each decision optimally with perfect knowledge, but",
         "it is not optimal over a whole trace. It does not anticipate later arrivals, and it moves",
