@@ -32,7 +32,6 @@ policies with both objectives beside the cap, seeds 10-12, noise 0, and adopts n
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import time
@@ -41,14 +40,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evaluate_policies import HOLDOUTS, P1_EPOCHS, P2_EPOCHS, SEED, holdout_jobs, scenarios  # noqa: E402
 from variant_runs import report as variant_report  # noqa: E402
+from variant_runs import heading, run_or_report, unseen_predictors  # noqa: E402
 from variant_runs import side_by_side as run_both  # noqa: E402
 
 from gogh_flows.energy import EnergyModel  # noqa: E402
-from gogh_flows.predict.data import MeasuredSet  # noqa: E402
 from gogh_flows.sim.account import energy_accounts  # noqa: E402
 from gogh_flows.sim.engine import SimConfig  # noqa: E402
 from gogh_flows.sim.run import parse_cluster, run_policies  # noqa: E402
-from gogh_flows.sim.holdout import train_each_unseen, train_holdout  # noqa: E402
+from gogh_flows.sim.holdout import train_holdout  # noqa: E402
 from gogh_flows.sim.traces import read_trace  # noqa: E402
 from gogh_flows.truth.gavel import gavel_dir, read_gavel_json  # noqa: E402
 
@@ -74,11 +73,7 @@ def main() -> dict:
             sc, t0 = by_seed[seed][key], time.perf_counter()
             out.setdefault(letter, {})[str(seed)] = side_by_side(sc.jobs, sc.cluster, sc.truth, ORACLES, seed, sc.noise)
             print(f"{letter} seed {seed}: {time.perf_counter() - t0:.0f} s", flush=True)
-    first = by_seed[SEEDS[0]]["gavel-physical"]
-    family_of = MeasuredSet.from_table(first.truth).family
-    families = sorted({family_of[j.job_type] for s in SEEDS for j in by_seed[s]["gavel-physical"].jobs})
-    pred = train_each_unseen(first.truth, families, p1_epochs=P1_EPOCHS, p2_epochs=P2_EPOCHS, seed=SEED,
-                             intervals=True)
+    pred = unseen_predictors(by_seed, P1_EPOCHS, P2_EPOCHS, SEED)
     for seed in SEEDS:
         sc, t0 = by_seed[seed]["gavel-physical"], time.perf_counter()
         out.setdefault("(b) every family unseen, noise 0", {})[str(seed)] = side_by_side(
@@ -138,29 +133,13 @@ def heldout_report(d: dict) -> list[str]:
 
 
 def report(d: dict) -> list[str]:
-    head = (f"Seeds {', '.join(map(str, d['seeds']))} (`benchmarks/always_on_objective.py`, {d['wall_s'] / 60:.0f} "
-            "min): always on against greedy-fastest over each run's common window, mean [min, max] over the seeds; "
-            "SLA attainment, the lowest seed; makespan and average JCT, the mean. Deciding with the energy of the "
-            "occupied boards, idle draw included (parked: as now), or with the draw above idle.")
+    head = heading("always_on_objective.py", d, "Deciding with the energy of the occupied boards, idle draw "
+                   "included (parked: as now), or with the draw above idle.")
     return variant_report(d["runs"], list(VARIANTS), head, "the draw above idle as the simulator's always-on objective")
 
 
-if __name__ == "__main__" and sys.argv[1:2] == ["heldout"]:
-    OUT.mkdir(exist_ok=True)
-    where = OUT / "always_on_objective_heldout.json"
-    saved = json.loads(where.read_text()) if sys.argv[2:] == ["report"] else heldout()
-    where.write_text(json.dumps(saved, indent=1) + "\n")
-    text = "\n".join(heldout_report(saved))
-    (OUT / "always_on_objective_heldout.md").write_text(text + "\n")
-    print(text)
-elif __name__ == "__main__":
-    OUT.mkdir(exist_ok=True)
-    path = OUT / "always_on_objective.json"
-    if sys.argv[1:] == ["report"]:
-        saved = json.loads(path.read_text())
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["heldout"]:
+        run_or_report(OUT, "always_on_objective_heldout", sys.argv[2:] == ["report"], heldout, heldout_report)
     else:
-        saved = main()
-        path.write_text(json.dumps(saved, indent=1) + "\n")
-    text = "\n".join(report(saved))
-    (OUT / "always_on_objective.md").write_text(text + "\n")
-    print(text)
+        run_or_report(OUT, "always_on_objective", sys.argv[1:] == ["report"], main, report)

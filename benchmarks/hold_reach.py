@@ -24,7 +24,6 @@ Writes ``benchmarks/results/hold_reach.{json,md}``.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -32,11 +31,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from evaluate_policies import HOLDOUTS, NOISE, P1_EPOCHS, P2_EPOCHS, SEED, holdout_jobs, scenarios  # noqa: E402
 from variant_runs import report as variant_report  # noqa: E402
+from variant_runs import heading, run_or_report, unseen_predictors  # noqa: E402
 from variant_runs import side_by_side as run_both  # noqa: E402
 
 from gogh_flows.placement.patience import Patience  # noqa: E402
-from gogh_flows.predict.data import MeasuredSet  # noqa: E402
-from gogh_flows.sim.holdout import train_each_unseen, train_holdout  # noqa: E402
+from gogh_flows.sim.holdout import train_holdout  # noqa: E402
 from gogh_flows.sim.run import WAIT_S, WAIT_SAVING  # noqa: E402
 from gogh_flows.sim.traces import read_trace  # noqa: E402
 from gogh_flows.truth.gavel import gavel_dir, read_gavel_json  # noqa: E402
@@ -67,11 +66,7 @@ def main() -> dict:
         for seed in SEEDS:
             sc, t0 = by_seed[seed][key], time.perf_counter()
             record(letter, seed, side_by_side(sc.jobs, sc.cluster, sc.truth, ORACLE, seed, sc.noise), t0)
-    first = by_seed[SEEDS[0]]["gavel-physical"]
-    family_of = MeasuredSet.from_table(first.truth).family
-    families = sorted({family_of[j.job_type] for s in SEEDS for j in by_seed[s]["gavel-physical"].jobs})
-    pred = train_each_unseen(first.truth, families, p1_epochs=P1_EPOCHS, p2_epochs=P2_EPOCHS, seed=SEED,
-                             intervals=True)
+    pred = unseen_predictors(by_seed, P1_EPOCHS, P2_EPOCHS, SEED)
     for seed in SEEDS:
         sc = by_seed[seed]["gavel-physical"]
         for nz in (0.0, NOISE):
@@ -93,21 +88,9 @@ def main() -> dict:
 
 
 def report(d: dict) -> list[str]:
-    head = (f"Seeds {', '.join(map(str, d['seeds']))} (`benchmarks/hold_reach.py`, {d['wall_s'] / 60:.0f} min): "
-            "always on against greedy-fastest over each run's common window, mean [min, max] over the seeds; "
-            "SLA attainment, the lowest seed; makespan and average JCT, the mean; each `+wait` policy with "
-            "the old rule and within reach.")
+    head = heading("hold_reach.py", d, "Each `+wait` policy with the old rule and within reach.")
     return variant_report(d["runs"], list(VARIANTS), head, "`within_reach` as the default")
 
 
 if __name__ == "__main__":
-    OUT.mkdir(exist_ok=True)
-    path = OUT / "hold_reach.json"
-    if sys.argv[1:] == ["report"]:
-        saved = json.loads(path.read_text())
-    else:
-        saved = main()
-        path.write_text(json.dumps(saved, indent=1) + "\n")
-    text = "\n".join(report(saved))
-    (OUT / "hold_reach.md").write_text(text + "\n")
-    print(text)
+    run_or_report(OUT, "hold_reach", sys.argv[1:] == ["report"], main, report)

@@ -7,8 +7,10 @@ the variant by a rule fixed before the run.
 
 from __future__ import annotations
 
+import json
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 from gogh_flows.sim.account import energy_accounts
 from gogh_flows.sim.engine import SimConfig
@@ -32,6 +34,13 @@ def side_by_side(jobs, cluster: str, truth, policies: Sequence[str], seed: int, 
     return {name: {"on": acc[name].always_on_vs["greedy-fastest"], "sla": r.summary()["sla_attainment"],
                    "makespan_h": r.summary()["makespan_s"] / 3600, "jct_h": r.summary()["avg_jct_s"] / 3600}
             for name, r in results.items()}
+
+
+def heading(script: str, d: dict, what: str) -> str:
+    """The table's first line: the seeds, the script and its time, what the figures are, then ``what``."""
+    return (f"Seeds {', '.join(map(str, d['seeds']))} (`benchmarks/{script}`, {d['wall_s'] / 60:.0f} min): always on "
+            "against greedy-fastest over each run's common window, mean [min, max] over the seeds; SLA attainment, "
+            f"the lowest seed; makespan and average JCT, the mean. {what}")
 
 
 def report(runs: dict, labels: Sequence[str], head: str, adopted: str) -> list[str]:
@@ -76,3 +85,30 @@ def report(runs: dict, labels: Sequence[str], head: str, adopted: str) -> list[s
     keep = all(verdict) and not worse_sla
     lines.append(f"- By the rule fixed before the run, {adopted} {'is' if keep else 'is not'} adopted.")
     return lines
+
+
+def run_or_report(results: Path, stem: str, again: bool, run: Callable[[], dict],
+                  table: Callable[[dict], list[str]]) -> None:
+    """``run()`` and save ``<stem>.json`` under ``results`` (or, with ``again``, read the saved one),
+    then write and print the table of it as ``<stem>.md``."""
+    results.mkdir(exist_ok=True)
+    path = results / f"{stem}.json"
+    saved = json.loads(path.read_text()) if again else run()
+    if not again:
+        path.write_text(json.dumps(saved, indent=1) + "\n")
+    text = "\n".join(table(saved))
+    (results / f"{stem}.md").write_text(text + "\n")
+    print(text)
+
+
+def unseen_predictors(by_seed: Mapping[int, Mapping], p1_epochs: int, p2_epochs: int, seed: int):
+    """Predictors for scenario (b) with every family unseen: one training per family of the seeds'
+    jobs, on the first seed's truth (as ``energy_seeds.py unseen`` trains them)."""
+    from gogh_flows.predict.data import MeasuredSet
+    from gogh_flows.sim.holdout import train_each_unseen
+
+    runs = [scs["gavel-physical"] for scs in by_seed.values()]
+    family_of = MeasuredSet.from_table(runs[0].truth).family
+    families = sorted({family_of[j.job_type] for sc in runs for j in sc.jobs})
+    return train_each_unseen(runs[0].truth, families, p1_epochs=p1_epochs, p2_epochs=p2_epochs, seed=seed,
+                             intervals=True)
