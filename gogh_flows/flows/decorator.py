@@ -40,9 +40,9 @@ from prefect.context import FlowRunContext, hydrated_context, serialize_context
 from prefect.logging import get_run_logger
 from prefect.utilities.annotations import quote
 
-from gogh_flows.flows.cancellation import PrefectCancellation
-from gogh_flows.flows.body_dask import bodys_own_dask
 from gogh_flows.flows.blocks import GpuCluster, PlacementPolicy, PredictorRegistry, check_block_name, load_block
+from gogh_flows.flows.body_dask import bodys_own_dask
+from gogh_flows.flows.cancellation import PrefectCancellation
 from gogh_flows.flows.current import _CURRENT, CurrentPlacement
 from gogh_flows.flows.predictors import predictor_source
 from gogh_flows.flows.run_logs import route_prints, send_warnings_to_run_logs

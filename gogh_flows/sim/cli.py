@@ -555,8 +555,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                          "drop it or add gogh")
     waits = any(n.endswith(WAIT_SUFFIX) for n in names)
     if (args.wait_hours is not None or args.wait_saving is not None or args.wait_within_reach) and not waits:
-        raise ValueError(f"--wait-hours, --wait-saving and --wait-within-reach apply to the +wait policies (e.g. oracle+limits+wait) and "
-                         f"none is among {names}; drop them or add one")
+        raise ValueError(f"--wait-hours, --wait-saving and --wait-within-reach apply to the +wait policies (e.g. "
+                         f"oracle+limits+wait) and none is among {names}; drop them or add one")
     patience = _patience(args) if waits else None  # bad values stop here, before anything runs
     per_seed: dict[int, dict[str, dict]] = {}
     # every seed's jobs first, then the predictors once (the first seed's training) for all of them, as
