@@ -326,6 +326,15 @@ def test_a_folder_given_as_an_output_file_is_refused_with_a_file_name_to_use(tmp
      r"--holdout-family each trains the predictors of the learned policies .*none of \['oracle'\]"),
     (["--trace", "generate:5", "--policy", "gogh", "--holdout-family", "eahc"],
      r"--holdout-family: unknown model family 'eahc'.*or 'each' to keep the jobs' own types"),
+    # options no policy of the run reads were accepted and recorded in the JSON (a review)
+    (["--trace", "generate:5", "--policy", "oracle", "--predictors", "{tmp}/nope"],
+     r"--predictors '.*nope' serves the learned policies .*none of \['oracle'\] is one"),
+    (["--trace", "generate:5", "--policy", "oracle", "--rltune-model", "{tmp}/nope"],
+     r"--rltune-model '.*nope' is the rltune peer's agent, and rltune is not among \['oracle'\]"),
+    (["--trace", "generate:5", "--no-rebalance", "--rebalance-gain", "0.5"],
+     "--rebalance-gain 0.5 sets when a running job moves to a freed GPU, and --no-rebalance never moves one"),
+    (["--trace", "generate:5", "--policy", "gogh", "--predictors", "{tmp}/nope"],
+     r"--predictors '.*nope' is neither a shipped prior \(gavel, synthetic\) nor a folder holding a p1/"),
 ])
 def test_simulate_says_which_option_is_wrong_before_anything_runs(extra, match, gavel_dir, tmp_path, capsys):
     from pathlib import Path
@@ -348,8 +357,9 @@ def test_simulate_names_the_truth_and_what_to_do_for_job_types_it_lacks(gavel_di
     assert "give a --truth that measures them" in err
 
 
-def test_calibrate_uses_the_data_the_refiner_was_trained_on(gavel_dir, capsys):
+def test_calibrate_uses_the_data_the_refiner_was_trained_on(gavel_dir, tmp_path, capsys):
     """Intervals from other data would be stored as the refiner's own."""
+    import shutil
     from pathlib import Path
 
     model = str(Path(__file__).resolve().parent.parent / "models" / "gavel")
@@ -365,13 +375,23 @@ def test_calibrate_uses_the_data_the_refiner_was_trained_on(gavel_dir, capsys):
     assert not _same_table("synthetic", "../elsewhere/simulation_throughputs.json")
     import os
 
+    # a recorded truth that cannot be found from here (the shipped one's Gavel file is found by its
+    # name wherever the data lives): refused before anything is written
+    ours = tmp_path / "ours"
+    shutil.copytree(model, ours)
+    config = ours / "p2" / "config.json"
+    data = json.loads(config.read_text())
+    data["trained_on"]["truth"] = "../elsewhere/ours.json"
+    config.write_text(json.dumps(data))
+    before = config.read_bytes()
     here = os.getcwd()
     try:
-        os.chdir(Path(model).anchor)  # '../shared' does not resolve from /: refused before anything is written
-        assert main(["predictors", "calibrate", "--model", model]) == 2
+        os.chdir(tmp_path)
+        assert main(["predictors", "calibrate", "--model", str(ours)]) == 2
         assert "which cannot be read from here" in capsys.readouterr().err
     finally:
         os.chdir(here)
+    assert config.read_bytes() == before
     assert main(["predictors", "train", "--out", __file__]) == 2  # before training, not after
     assert "is a file; it names a folder to write into" in capsys.readouterr().err
 
@@ -407,7 +427,9 @@ def test_the_usage_line_lists_every_command_whichever_was_given(capsys):
 
 
 def test_checks_do_not_refuse_what_works(gavel_dir, tmp_path, capsys, monkeypatch):
-    """Predictors no learned policy uses, a plot without a suffix (a PNG), a trace under ~."""
+    """A held-out family's jobs for a policy that learns nothing, a plot without a suffix (a PNG), a
+    trace under ~; predictors no learned policy would use are refused for that, not for having
+    seen the family."""
     import argparse
     from pathlib import Path
 
@@ -415,9 +437,13 @@ def test_checks_do_not_refuse_what_works(gavel_dir, tmp_path, capsys, monkeypatc
 
     repo = Path(__file__).resolve().parent.parent
     trace = gavel_dir / "traces" / "physical_cluster" / "max_min_fairness.trace"
-    assert main(["simulate", "--truth", str(gavel_dir / "simulation_throughputs.json"), "--cluster", "v100=2,k80=2",
-                 "--trace", str(trace), "--policy", "greedy-fastest", "--predictors", str(repo / "models" / "gavel"),
-                 "--holdout-family", "LM", "--json", str(tmp_path / "out.json")]) == 0
+    common = ["simulate", "--truth", str(gavel_dir / "simulation_throughputs.json"), "--cluster", "v100=2,k80=2",
+              "--trace", str(trace), "--policy", "greedy-fastest", "--holdout-family", "LM"]
+    assert main([*common, "--json", str(tmp_path / "out.json")]) == 0
+    capsys.readouterr()
+    assert main([*common, "--predictors", str(repo / "models" / "gavel")]) == 2
+    err = capsys.readouterr().err
+    assert "serves the learned policies" in err and "trained with family" not in err
     check_outputs_writable(argparse.Namespace(plot=str(tmp_path / "figure")))
     monkeypatch.setenv("HOME", str(gavel_dir))  # a quoted ~ passed the check and then failed to load
     assert main(["simulate", "--truth", str(gavel_dir / "simulation_throughputs.json"), "--cluster", "v100=2,k80=2",
@@ -485,3 +511,14 @@ def test_commands_given_wrong_things_say_what_and_run_nothing(gavel_dir, tmp_pat
     err = capsys.readouterr().err
     assert "cannot create the folder /proc/gogh-nope" in err and "give a path where this user can write" in err
     assert "mlflow server" not in err and "Traceback" not in err
+
+
+def test_simulate_takes_a_shipped_prior_by_its_name_as_predict_does(gavel_dir, tmp_path, capsys, monkeypatch):
+    """`gogh predict --predictors gavel` took the shipped prior; `gogh simulate --predictors gavel` said
+    it had "no p1/ model directory" (a review)."""
+    monkeypatch.chdir(tmp_path)  # no ./gavel folder here: the name is the shipped prior's
+    out = tmp_path / "s.json"
+    assert main(["simulate", "--truth", str(gavel_dir / "simulation_throughputs.json"), "--cluster", "v100=2,k80=2",
+                 "--trace", "generate:5", "--policy", "gogh,oracle", "--predictors", "gavel", "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert set(data["policies"]) == {"gogh", "oracle"} and "gavel" in data["predictors"]

@@ -144,3 +144,25 @@ def test_evaluate_names_the_families_when_one_is_unknown(capsys):
     assert main(["predictors", "evaluate", *TINY, "--holdout-family", "VGG"]) == 2
     err = capsys.readouterr().err
     assert "VGG" in err and "ResNet-50" in err
+
+
+def test_a_truth_given_as_a_relative_path_is_recorded_so_calibrate_reads_it_from_anywhere(gavel_dir, tmp_path,
+                                                                                          monkeypatch, capsys):
+    """The path was recorded as typed: `gogh predictors calibrate --model DIR` from another folder
+    refused it ("cannot be read from here"), and a retraining there learned from its runs alone."""
+    import shutil
+
+    shutil.copy(gavel_dir / "physical_cluster_throughputs.json", tmp_path / "ours.json")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "prior"
+    args = ["--truth", "ours.json", "--gpu-types", "k80,v100", "--p1-epochs", "2", "--p2-epochs", "2",
+            "--exclude-family", "A3C", "--exclude-family", "Recommendation", "--exclude-family", "CycleGAN"]
+    assert main(["predictors", "train", *args, "--out", str(out)]) == 0
+    for kind in ("p1", "p2"):
+        assert (load_p1 if kind == "p1" else load_p2)(out / kind).trained_on["truth"] == str(tmp_path / "ours.json")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    capsys.readouterr()
+    assert main(["predictors", "calibrate", "--model", str(out)]) == 0, capsys.readouterr().err
+    assert load_p2(out / "p2").trained_on["intervals"]

@@ -573,6 +573,29 @@ def test_a_teams_own_trained_predictors_serve_flow_runs_and_retrain(gogh_home, g
     assert PredictorRegistry(prior="synthetic").prior == "synthetic"  # the shipped one; ./synthetic for the folder
 
 
+def test_a_prior_trained_on_a_relative_gavel_path_retrains_on_it_from_any_folder(gavel_dir, tmp_path, monkeypatch):
+    """The shipped Gavel prior records its truth as `../shared/data/gavel/simulation_throughputs.json`,
+    typed where it was trained: a retraining started from any other folder (a `gogh serve`
+    process, a Prefect worker) logged that it could not read it and learned from the logged runs
+    alone. It is found by its file name in the Gavel data folder."""
+    import json
+    from pathlib import Path
+
+    from gogh_flows.flows.retrain import base_measurements
+    from gogh_flows.predict.data import MeasuredSet
+    from gogh_flows.truth import load_truth
+
+    shutil.copytree(Path(__file__).resolve().parent.parent / "models" / "gavel", tmp_path / "ours")
+    recorded = json.loads((tmp_path / "ours" / "p2" / "config.json").read_text())["trained_on"]["truth"]
+    assert not Path(recorded).is_absolute() and recorded != "gavel"  # the case: a path as typed
+    monkeypatch.setenv("GOGH_GAVEL_DIR", str(gavel_dir))
+    monkeypatch.chdir(tmp_path)  # where that relative path leads nowhere
+    assert not Path(recorded).exists()
+    base = base_measurements("prior", str(tmp_path / "ours"), ["k80", "p100", "v100"])
+    assert base is not None
+    assert base.iso.height == MeasuredSet.from_table(load_truth("gavel")).iso.height
+
+
 def test_a_retraining_that_could_not_load_the_registrys_champion_judges_nothing(gogh_home, tmp_path, caplog):
     """A registry blip as the retraining read its champion left this process with the version
     it had loaded before (v2), while the registry's champion was v1: the challenger was judged

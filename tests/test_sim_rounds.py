@@ -324,7 +324,11 @@ def test_rltune_train_command_refuses_bad_settings_in_one_line(tmp_path, capsys,
 
     monkeypatch.setenv("GOGH_GAVEL_DIR", str(gavel_dir))
     assert main(["rltune", "train", "--out", str(tmp_path / "a"), "--episodes", "0"]) == 2
-    assert "episodes must be >= 1" in capsys.readouterr().err
+    assert "--episodes must be a whole number >= 1, got 0" in capsys.readouterr().err
+    assert main(["rltune", "train", "--out", str(tmp_path / "a"), "--jobs", "-2"]) == 2
+    assert "--jobs must be a whole number >= 1, got -2" in capsys.readouterr().err
+    assert main(["rltune", "train", "--out", str(tmp_path / "a"), "--rate", "0"]) == 2
+    assert "--rate must be arrivals per hour > 0" in capsys.readouterr().err
     assert main(["rltune", "train", "--out", str(tmp_path / "a"), "--truth", str(tmp_path / "none.json")]) == 2
     assert "none.json" in capsys.readouterr().err
     assert not (tmp_path / "a").exists()

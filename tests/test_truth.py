@@ -261,3 +261,34 @@ def test_a_job_an_emulated_worker_learns_runs_on_the_tables_own_boards():
 def test_a_wrong_board_variant_is_named(boards, match):
     with pytest.raises(ValueError, match=match):
         SyntheticFleet(gpu_types=("v100", "a100"), boards=boards)
+
+
+def test_a_trained_models_truth_is_recorded_so_any_folder_can_read_it(gavel_dir, tmp_path, monkeypatch):
+    """`gogh predictors train --truth ../shared/data/gavel/...` recorded the path as typed: a
+    retraining run from another folder (a `gogh serve` process) could not read it and learned from
+    its logged runs alone, and `gogh predictors calibrate` was refused. Gavel's file is recorded
+    as `gavel`, any other as an absolute path; a relative path recorded before is still read."""
+    import shutil
+
+    from gogh_flows.truth import load_truth, readable_truth, recorded_truth
+
+    monkeypatch.setenv("GOGH_GAVEL_DIR", str(gavel_dir))
+    sim = gavel_dir / "simulation_throughputs.json"
+    assert recorded_truth(str(sim)) == "gavel"
+    assert recorded_truth("synthetic") == "synthetic" and recorded_truth("gavel") == "gavel"
+    ours = tmp_path / "data" / "ours.json"
+    ours.parent.mkdir()
+    shutil.copy(gavel_dir / "physical_cluster_throughputs.json", ours)
+    monkeypatch.chdir(tmp_path)
+    assert recorded_truth("data/ours.json") == str(ours)  # absolute: readable from anywhere
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    # a path recorded relative to another folder (the shipped Gavel prior's) is found by its name
+    assert readable_truth("../shared/data/gavel/simulation_throughputs.json") == "gavel"
+    physical = readable_truth("../shared/data/gavel/physical_cluster_throughputs.json")
+    assert physical == str(gavel_dir / "physical_cluster_throughputs.json")
+    assert load_truth(physical).job_types == load_truth("gavel").job_types
+    # what cannot be found is returned as recorded, so the error that follows names it
+    assert readable_truth("../data/ours.json") == "../data/ours.json"
+    assert readable_truth(str(ours)) == str(ours)

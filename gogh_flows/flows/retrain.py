@@ -51,7 +51,7 @@ from gogh_flows.predict.service import (
     fit_site_offsets,
 )
 from gogh_flows.tracking.measurements import MeasurementLog
-from gogh_flows.truth import load_truth
+from gogh_flows.truth import load_truth, readable_truth
 
 log = logging.getLogger("gogh_flows")
 CHALLENGER = "challenger"
@@ -129,14 +129,15 @@ def base_measurements(base_data: str, prior: str | None, gpu_types: list[str]) -
 
 def _folder_prior_truth(prior: str) -> str:
     """What a prior folder's refiner was trained on (``trained_on.truth`` in its config: 'synthetic',
-    'gavel' or a Gavel JSON's path), so a challenger keeps learning from it; 'none' if unrecorded."""
+    'gavel' or a Gavel JSON's path, as it can be read from this process's folder), so a challenger
+    keeps learning from it; 'none' if unrecorded."""
     from gogh_flows.predict.io import load_p2, prior_dir
 
     try:
         truth = load_p2(prior_dir(prior) / "p2").trained_on.get("truth")
     except (OSError, ValueError):  # ModelFormatError is a ValueError
         return "none"
-    return str(truth) if truth else "none"
+    return readable_truth(str(truth)) if truth else "none"
 
 
 #: what a challenger keeps of the champion's record: the ensemble's weights, reaches, baseline

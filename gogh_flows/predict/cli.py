@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from gogh_flows.truth import TRUTH_HELP
+from gogh_flows.truth import TRUTH_HELP, readable_truth, recorded_truth
 
 __all__ = ["add_parser", "check_epochs", "cmd_calibrate", "cmd_evaluate", "cmd_train", "format_report"]
 
@@ -69,7 +69,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     e = ps.add_parser("evaluate", help="leave-one-family-out errors of P1, P2 and the baselines")
     common(e, choose_encoder=True)
-    e.add_argument("--holdout-family", default="all", help="a family name, or 'all' (every family in turn)")
+    e.add_argument("--holdout-family", default="all", help="a family name, or 'all' (every family in turn; the default)")
     e.add_argument("--repeats", type=int, default=5,
                    help="random draws for the siblings metric (the other protocols reveal every entry in turn)")
     e.add_argument("--exclude-anomalies", action="store_true",
@@ -289,8 +289,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"## Configuration\n\n```json\n{json.dumps(p2.config_dict()['p2'], indent=2)}\n```\n\n"
         "Load with `gogh_flows.predict.io.load_p2(path)` (safetensors + JSON, no pickle).\n"
     )
-    p1.trained_on.update({"truth": args.truth, "excluded_families": list(args.exclude_family)})
-    p2.trained_on.update({"truth": args.truth, "excluded_families": list(args.exclude_family),
+    truth = recorded_truth(args.truth)  # readable from any folder a retraining or calibration runs in
+    p1.trained_on.update({"truth": truth, "excluded_families": list(args.exclude_family)})
+    p2.trained_on.update({"truth": truth, "excluded_families": list(args.exclude_family),
                           "p1_encoder": p1_cfg.encoder,
                           "metrics": {k: v for k, v in metrics.items() if math.isfinite(v)}})
     save_model(p1, out / "p1", p1_card)
@@ -309,7 +310,7 @@ def _same_table(given: str, recorded: str) -> bool:
     except (OSError, ValueError):
         return False
     try:
-        b = load_truth(recorded)
+        b = load_truth(readable_truth(recorded))
     except (OSError, ValueError):
         # a path recorded relative to where training ran: the file's name is the evidence left
         return Path(a.source).name == Path(recorded).name
@@ -323,7 +324,7 @@ def _same_data_as_trained(args: argparse.Namespace, trained_on: dict) -> None:
 
     truth, excluded = trained_on.get("truth"), trained_on.get("excluded_families")
     if args.truth is None:
-        args.truth = truth or "synthetic"
+        args.truth = readable_truth(truth) if truth else "synthetic"
         try:
             load_truth(args.truth)
         except (OSError, ValueError) as exc:

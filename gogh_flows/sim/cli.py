@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from gogh_flows.sim.engine import attainment_text
+from gogh_flows.sim.engine import SimConfig, attainment_text
 from gogh_flows.sim.run import (
     ALL_POLICIES,
     CAP_POLICIES,
@@ -102,10 +102,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="LOW,HIGH: requirement = q * best isolated throughput, q ~ U(LOW, HIGH) (default 0.2,0.9)")
     p.add_argument("--no-rebalance", action="store_true",
                    help="never move a running job to a freed, clearly better GPU")
-    p.add_argument("--rebalance-gain", type=float, default=0.2,
-                   help="a move must cut the job's predicted remaining time (or energy) by this fraction")
-    p.add_argument("--migration-s", type=float, default=60.0,
-                   help="seconds without progress after a running job moves")
+    p.add_argument("--rebalance-gain", type=float, default=None,
+                   help=f"a move must cut the job's predicted remaining time (or energy) by this fraction "
+                        f"(default {SimConfig.rebalance_gain:g})")
+    p.add_argument("--migration-s", type=float, default=SimConfig.migration_s,
+                   help=f"seconds without progress after a running job moves (default {SimConfig.migration_s:g})")
     p.add_argument("--floor", action="store_true",
                    help="add the least energy any schedule could spend on these jobs (a linear relaxation with "
                         "the fleet's capacity and hindsight; with the limit levels when a +limits policy runs): "
@@ -256,7 +257,6 @@ def _seeded(args: argparse.Namespace, seed: int) -> argparse.Namespace:
 def _run_one(args: argparse.Namespace, truth: ThroughputTable, gpus: list, names: list[str], seed: int,
              jobs: list, predictors, patience=None):
     from gogh_flows.sim.account import busy_gpu_hours, energy_accounts
-    from gogh_flows.sim.engine import SimConfig
 
     config = SimConfig(seed=seed, noise=args.noise, rebalance=not args.no_rebalance,
                        rebalance_gain=args.rebalance_gain, migration_s=args.migration_s)
@@ -455,7 +455,7 @@ def _check_arguments(args: argparse.Namespace, truth: ThroughputTable, names: li
     if not 0 <= args.noise < 1:
         raise ValueError(f"--noise must be a log-normal sigma in [0, 1) (0.1: about 10% run-to-run spread), "
                          f"got {args.noise:g}")
-    if not 0 <= args.rebalance_gain < 1:
+    if args.rebalance_gain is not None and not 0 <= args.rebalance_gain < 1:
         raise ValueError(f"--rebalance-gain must be a fraction in [0, 1) (the share of a job's predicted "
                          f"remaining time, or energy, that a move must save), got {args.rebalance_gain:g}")
     if args.seed < 0 and not args.seeds:  # --seeds, when given, replaces --seed
@@ -471,6 +471,9 @@ def _check_arguments(args: argparse.Namespace, truth: ThroughputTable, names: li
         raise ValueError("--p1-epochs and --p2-epochs set the training of --holdout-family F; without it nothing is "
                          "trained here (--predictors DIR loads trained models). Add --holdout-family or drop them")
     learned = any(base_policy(n) in LEARNED_POLICIES for n in names)
+    _check_unused(args, names, learned)
+    if args.rebalance_gain is None:  # None until here: whether it was given is what _check_unused asks
+        args.rebalance_gain = SimConfig.rebalance_gain
     if args.holdout_family == EACH:
         from gogh_flows.predict.data import MeasuredSet
 
@@ -491,6 +494,20 @@ def _check_arguments(args: argparse.Namespace, truth: ThroughputTable, names: li
         _check_holdout_predictors(args.predictors, args.holdout_family)
 
 
+def _check_unused(args: argparse.Namespace, names: list[str], learned: bool) -> None:
+    """An option no policy of the run reads would be recorded in the JSON as if it had shaped the
+    figures (a review: ``--no-rebalance --rebalance-gain 0.5`` wrote both), so it is refused."""
+    if args.predictors and not learned:
+        raise ValueError(f"--predictors {args.predictors!r} serves the learned policies (gogh, gogh-p1 and their "
+                         f"+limits, +fleet, +wait variants), and none of {names} is one: add one, or drop --predictors")
+    if args.rltune_model is not None and "rltune" not in names:
+        raise ValueError(f"--rltune-model {args.rltune_model!r} is the rltune peer's agent, and rltune is not among "
+                         f"{names}: add it to --policy, or drop --rltune-model")
+    if args.no_rebalance and args.rebalance_gain is not None:
+        raise ValueError(f"--rebalance-gain {args.rebalance_gain:g} sets when a running job moves to a freed GPU, and "
+                         "--no-rebalance never moves one: drop one of them")
+
+
 def _truth_name(spec: str) -> str:
     """The truth a ``--truth`` value (or a model's recorded one) names: ``synthetic``, or a file's name."""
     return "simulation_throughputs.json" if spec == "gavel" else "synthetic" if spec == "synthetic" else Path(spec).name
@@ -509,9 +526,9 @@ def _note_other_truth(args: argparse.Namespace, predictors) -> None:
 
 def _check_holdout_predictors(directory: str, family: str) -> None:
     """Loaded predictors that saw the held-out family would make its figures in-sample."""
-    from gogh_flows.predict.io import load_p1
+    from gogh_flows.predict.io import load_p1, prior_dir
 
-    p1_dir = Path(directory) / "p1"
+    p1_dir = prior_dir(directory) / "p1"
     if not p1_dir.is_dir():
         return  # load_predictors says what is missing
     excluded = load_p1(p1_dir).trained_on.get("excluded_families") or []

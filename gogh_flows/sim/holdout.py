@@ -114,18 +114,19 @@ def train_each_unseen(truth: ThroughputTable, families: Sequence[str] | None = N
 
 
 def load_predictors(directory: str | Path, truth: ThroughputTable) -> Predictors:
-    """``DIR/p1`` and ``DIR/p2`` as written by ``gogh predictors train --out DIR``.
+    """``DIR/p1`` and ``DIR/p2`` as written by ``gogh predictors train --out DIR``, or a shipped
+    prior by its name (``gavel``, ``synthetic``), as ``gogh predict --predictors`` takes them.
 
     The gang scaling comes from the truth's job types of the families the models were
     trained on (their ``excluded_families`` are left out).
     """
     from gogh_flows.predict.data import MeasuredSet
-    from gogh_flows.predict.io import load_p1, load_p2
+    from gogh_flows.predict.io import load_p1, load_p2, prior_dir
 
-    d = Path(directory)
+    d = prior_dir(str(directory))
     if not (d / "p1").is_dir():
-        raise ValueError(f"--predictors {str(d)!r} has no p1/ model directory; write one with "
-                         "`gogh predictors train --out DIR`")
+        raise ValueError(f"--predictors {str(directory)!r} is neither a shipped prior (gavel, synthetic) nor a "
+                         "folder holding a p1/ model directory; write one with `gogh predictors train --out DIR`")
     p1 = load_p1(d / "p1")
     p2 = load_p2(d / "p2") if (d / "p2").is_dir() else None
     excluded = set(p1.trained_on.get("excluded_families", []) or [])

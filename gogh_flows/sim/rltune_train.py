@@ -239,6 +239,11 @@ def cmd_train(args: argparse.Namespace) -> int:
                          "Gavel throughput JSON (the synthetic fleet is not offered here)")
     truth_path = data / "simulation_throughputs.json" if args.truth == "gavel" else Path(args.truth)
     truth = read_gavel_json(truth_path)
+    for flag, value in (("--episodes", args.episodes), ("--jobs", args.jobs)):
+        if value < 1:  # TrainConfig's own message names its field, not the option the user typed
+            raise ValueError(f"{flag} must be a whole number >= 1, got {value}")
+    if not args.rate > 0:
+        raise ValueError(f"--rate must be arrivals per hour > 0, got {args.rate:g}")
     cfg = TrainConfig(episodes=args.episodes, jobs_per_episode=args.jobs, seed=args.seed,
                       cluster=args.cluster, rate_per_hour=args.rate)
     check_training_fleet(cfg, truth)
