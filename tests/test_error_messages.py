@@ -41,6 +41,43 @@ def test_a_model_that_reads_tensor_values_is_traced_where_it_is():
     assert sum(layer.flops for layer in feats.layers) > 0
 
 
+class Transformer(nn.Module):
+    """A user's own model whose class is named like a zoo family."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def test_a_job_of_ones_own_under_a_zoo_job_types_name_is_refused():
+    """A model of one's own named like a zoo job type ran at the zoo model's speed on the emulated
+    fleet and was logged into the zoo model's records (a review); so was a zoo model given another
+    zoo job type's name. A name of its own, or the zoo model's own name, is taken."""
+    x = torch.zeros(64, 16)
+    with pytest.raises(ValueError, match=r"class is named like a zoo model.*'Transformer \(batch size 64\)'.*"
+                                         r"job_name='...', or pass the zoo model by name \(model='Transformer'\)"):
+        _features_of(Transformer(), 64, "training", x, None)
+    with pytest.raises(ValueError, match=r"job_name='ResNet-50 \(batch size 64\)'\) is the zoo's job type.*"
+                                         r"e.g. job_name='my ResNet-50 \(batch size 64\)'"):
+        _features_of(Transformer(), 64, "training", x, "ResNet-50 (batch size 64)")
+    with pytest.raises(ValueError, match=r"another zoo job type than this model's own \('ResNet-50 \(batch size 64\)'\)"):
+        _features_of("ResNet-50", 64, "training", None, "LM (batch size 20)")
+    with pytest.raises(ValueError, match="must be a non-empty name, got ''"):
+        _features_of("ResNet-50", 64, "training", None, "")
+    from gogh_flows.workloads.zoo import zoo_features
+
+    with pytest.raises(ValueError, match="is the zoo's job type"):
+        _features_of(zoo_features("LM", 20), 20, "training", None, "LM (batch size 20)")
+    assert _features_of(Transformer(), 64, "training", x, "my Transformer (batch size 64)")[2] == \
+        "my Transformer (batch size 64)"
+    assert _features_of("ResNet-50", 64, "training", None, "ResNet-50 (batch size 64)")[1:] == \
+        ("ResNet-50", "ResNet-50 (batch size 64)")
+    assert _features_of("ResNet-50", 64, "inference", None, None)[2] == "ResNet-50 (batch size 64) [inference]"
+
+
 def test_the_registry_honours_mlflow_tracking_uri_and_the_block_overrides_it(monkeypatch, tmp_path):
     from gogh_flows.flows.blocks import PredictorRegistry
 

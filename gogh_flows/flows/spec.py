@@ -50,14 +50,45 @@ def _family_named(model: str) -> str:
                      f"model={family!r}, batch_size={bs}{extra}") from None
 
 
+def _zoo_job_type(name: str) -> bool:
+    """Whether ``name`` is spelled exactly as a zoo job type ("Transformer (batch size 64)").
+
+    Measurements, predictions and the emulated fleet all key a job by its job type: a model of
+    one's own under a zoo job type's name was run at the zoo model's speed on the emulated fleet
+    and logged into the zoo model's records, skewing every later placement of it (a review).
+    """
+    try:
+        family, bs, kind = parse_job_kind(name)
+    except ValueError:
+        return False
+    return job_type_name(family, bs, kind) == name
+
+
+def _own_name(name: str, *, given: bool, what: str) -> str:
+    """``name`` for a job of the user's own (``what``), or an error if it is a zoo job type's."""
+    if not _zoo_job_type(name):
+        return name
+    if given:
+        raise ValueError(f"@gogh_placed(job_name={name!r}) is the zoo's job type of that name, and {what} is not "
+                         "that model: its measurements would be mixed with the zoo model's (and the emulated fleet "
+                         f"would run it at the zoo model's speed). Give a name of its own, e.g. job_name={'my ' + name!r}")
+    raise ValueError(f"@gogh_placed(model=...): your model's class is named like a zoo model, so its job type would "
+                     f"be {name!r}, the zoo's job type of that name: its measurements would be mixed with the zoo "
+                     "model's (and the emulated fleet would run it at the zoo model's speed). Give it a name of its "
+                     "own with job_name='...', or pass the zoo model by name (model='" + name.split(" (")[0] + "')")
+
+
 def _features_of(model: Any, batch_size: int, kind: str, example_inputs: Any,
                  job_name: str | None) -> tuple[WorkloadFeatures, str | None, str]:
     """(features, zoo family or None, job type) of whatever the user passed as ``model``."""
+    if job_name is not None and (not isinstance(job_name, str) or not job_name.strip()):
+        raise ValueError(f"@gogh_placed(job_name=...) must be a non-empty name, got {job_name!r}; leave it out to "
+                         "use the model's own (a zoo model's job type, your model's class name and batch size)")
     if isinstance(model, WorkloadFeatures):
         if not job_name:
             raise ValueError("@gogh_placed(model=WorkloadFeatures(...)) also needs job_name='...': "
                              "measurements of this job are grouped under that name")
-        return model, None, job_name
+        return model, None, _own_name(job_name, given=True, what="WorkloadFeatures(...)")
     family = None
     if isinstance(model, str):
         family = _family_named(model)
@@ -69,7 +100,12 @@ def _features_of(model: Any, batch_size: int, kind: str, example_inputs: Any,
                              f"{family!r} is a zoo model, whose layers are traced on its own inputs at batch_size; "
                              "example_inputs is for a torch model of your own (model=MyModule()): drop it, or pass "
                              "your own module")
-        return zoo_features(family, batch_size, kind), family, job_name or job_type_name(family, batch_size, kind)
+        own = job_type_name(family, batch_size, kind)
+        if job_name and job_name != own and _zoo_job_type(job_name):
+            raise ValueError(f"@gogh_placed(job_name={job_name!r}) is another zoo job type than this model's own "
+                             f"({own!r}): its measurements would be logged as that model's. Drop job_name to use "
+                             f"{own!r}, or give a name that is no zoo job type")
+        return zoo_features(family, batch_size, kind), family, job_name or own
     if isinstance(model, nn.Module) or callable(model):
         if example_inputs is None:
             raise ValueError(
@@ -80,7 +116,8 @@ def _features_of(model: Any, batch_size: int, kind: str, example_inputs: Any,
         if not isinstance(module, nn.Module):
             raise ValueError(f"@gogh_placed(model=...) callable returned {type(module).__name__}, "
                              "not a torch.nn.Module")
-        name = job_name or f"{type(module).__name__} (batch size {batch_size})"
+        name = _own_name(job_name or f"{type(module).__name__} (batch size {batch_size})",
+                         given=bool(job_name), what="your own model")
         try:
             check_example_batch(example_inputs, batch_size)
         except ValueError as exc:
