@@ -573,6 +573,32 @@ def test_a_teams_own_trained_predictors_serve_flow_runs_and_retrain(gogh_home, g
     assert PredictorRegistry(prior="synthetic").prior == "synthetic"  # the shipped one; ./synthetic for the folder
 
 
+def test_a_prior_given_to_a_registry_with_another_priors_champion_is_said_not_to_be_used(
+        gogh_home, gogh_models, tmp_path, monkeypatch, caplog):
+    """PredictorRegistry(prior=DIR) on a registry that already had the synthetic prior's champion was
+    ignored without a word: runs were placed with the champion while the user believed their own
+    prior in use (a review). Said once; the champion's own prior says nothing."""
+    import logging
+
+    from gogh_flows.flows.blocks import PredictorRegistry
+    from gogh_flows.flows.predictors import PredictorSource
+
+    monkeypatch.setenv("GOGH_MODELS_DIR", str(gogh_models))
+    first = PredictorSource(PredictorRegistry(prior="synthetic"))
+    first.ensure_prior()
+    shutil.copytree(gogh_models / "gavel", tmp_path / "ours")
+    with caplog.at_level(logging.WARNING, logger="gogh_flows"):
+        PredictorSource(PredictorRegistry(prior="synthetic")).ensure_prior()
+        assert "is not what runs are placed with" not in caplog.text
+        other = PredictorSource(PredictorRegistry(prior=str(tmp_path / "ours")))
+        other.ensure_prior()
+        other.ensure_prior()
+    said = [r.getMessage() for r in caplog.records if "is not what runs are placed with" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "already has a champion under @" in said[0] and "another alias" in said[0]
+    assert other.registry.version_for(other.block.p1_name, other.block.alias) == 1  # nothing registered
+
+
 def test_a_prior_trained_on_a_relative_gavel_path_retrains_on_it_from_any_folder(gavel_dir, tmp_path, monkeypatch):
     """The shipped Gavel prior records its truth as `../shared/data/gavel/simulation_throughputs.json`,
     typed where it was trained: a retraining started from any other folder (a `gogh serve`

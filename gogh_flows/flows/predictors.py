@@ -106,6 +106,8 @@ class PredictorSource:
     _doing: str | None = None
     #: the last failed registration of the prior: (not again before, pause, the error)
     _prior_failed: tuple[float, float, BaseException] | None = None
+    #: whether the champion's prior was compared with the block's (said once, not every refresh)
+    _prior_compared: bool = False
 
     def __post_init__(self) -> None:
         self.registry = ModelRegistry(self.block.resolved_tracking_uri(), self.block.resolved_registry_uri())
@@ -116,6 +118,7 @@ class PredictorSource:
             return
         base = prior_dir(self.block.prior)
         if not self._unset():
+            self._say_if_the_champion_is_another_priors(base)
             return
         pair = self._check_prior_loads(base)
         failed = self._prior_failed
@@ -161,6 +164,28 @@ class PredictorSource:
                 "if none is running, remove that file") from None
         finally:
             self._doing = None
+
+    def _say_if_the_champion_is_another_priors(self, base: Path) -> None:
+        """A block's prior is registered only where its alias is empty: given to a registry whose
+        champion came from another prior, it was ignored without a word, and the user believed it
+        in use (a review). Said once per source; a champion of unknown lineage is not judged."""
+        if self._prior_compared:
+            return
+        self._prior_compared = True
+        try:
+            version = self.registry.version_for(self.block.p1_name, self.block.alias)
+            theirs = (self.registry.version_tags(self.block.p1_name, version).get(PRIOR_ID_TAG)
+                      if version is not None else None)
+            ours = prior_id(base)
+        except (MlflowException, OSError, ValueError, KeyError):
+            return  # the registry or the prior cannot be read: the placement's own checks say so
+        if theirs and theirs != ours:
+            log.warning("gogh: PredictorRegistry(prior=%r) is not what runs are placed with: %s already has a champion "
+                        "under @%s (%s v%s), from another prior or a retraining of one, and a prior is registered only "
+                        "where there is none. To place with this prior, give the block another alias or model names "
+                        "(p1_name, p2_name) or another registry; to keep the champion, drop prior= or give the one it "
+                        "came from", self.block.prior, self.block.resolved_registry_uri(), self.block.alias,
+                        self.block.p1_name, version)
 
     def _unset(self) -> list[str]:
         """The model names whose alias is not set in the registry."""
