@@ -125,11 +125,29 @@ def test_a_type_whose_run_met_its_requirement_at_a_limit_tries_one_level_lower_n
         p = current_placement()
         return p.power_limit_w, p.explanation_md
 
-    first, explained = train()
-    assert first is not None and "trying a lower limit" not in explained
-    second, explained = train()
+    import logging
+
+    said: list[str] = []
+
+    class Said(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("placed "):
+                said.append(record.getMessage())
+
+    handler = Said()
+    logging.getLogger("prefect.task_runs").addHandler(handler)
+    try:
+        first, explained = train()
+        assert first is not None and "trying a lower limit" not in explained
+        second, explained = train()
+    finally:
+        logging.getLogger("prefect.task_runs").removeHandler(handler)
     assert second is not None and second < first, (first, second)
     assert f"| trying a lower limit | {second:g} W is one level below" in explained
+    # the log line says it is a trial too (it did only at a risk level: a review read the rate measured a
+    # level up as a prediction of this one)
+    assert len(said) == 2 and "trial" not in said[0], said
+    assert f"at a {second:g} W power limit" in said[1] and "a trial one level below the best limit measured" in said[1]
     assert f"{first:g} W: " in explained and "W drawn" in explained  # what the first run measured there
     frame = list(open_sessions().values())[0].measurements.read()
     extras = [json.loads(e) if isinstance(e, str) else e for e in frame.sort("logged_at")["extra"]]

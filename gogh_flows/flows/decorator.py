@@ -355,11 +355,12 @@ def place_run(job: JobSpec, run_id: str, session: Session, registry: PredictorRe
         logger.warning("could not publish the placement artifacts: %s", exc)
     # the power limit chosen with the GPU is part of the decision: said where the GPU is
     limit = "" if placement.power_limit_w is None else f" at a {placement.power_limit_w:g} W power limit"
-    if placement.risk_level is None:
-        predicted = f"predicted {placement.predicted_throughput:.4g} steps/s"
-    elif placement.limit_trial:  # a trial is offered at the rate measured one level up, without margin
+    if placement.limit_trial:  # offered at the rate measured one level up, without margin (at any risk level)
         predicted = (f"predicted {placement.predicted_throughput:.4g} steps/s (a trial one level below the best "
-                     "limit measured, offered at the rate measured there)")
+                     "limit measured, offered at the rate measured there: the run measures what the lower limit "
+                     "costs, and its board is lifted if it falls short)")
+    elif placement.risk_level is None:
+        predicted = f"predicted {placement.predicted_throughput:.4g} steps/s"
     elif placement.point_throughput is not None and math.isclose(placement.point_throughput,
                                                                  placement.predicted_throughput, rel_tol=1e-9):
         # a measured entry has no interval: the figure is the run's own measurement
