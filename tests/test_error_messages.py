@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -142,6 +143,49 @@ def test_a_saved_block_that_does_not_validate_says_what_is_wrong_without_its_sav
     monkeypatch.setattr(PredictorRegistry, "load", classmethod(broken))
     with pytest.raises(RuntimeError, match="unreachable"):
         load_block(PredictorRegistry, "prod", PredictorRegistry())
+
+
+def test_a_second_process_with_a_local_pool_of_the_same_gpus_is_told_they_do_not_see_each_other(
+        tmp_path, monkeypatch, caplog):
+    """Two processes each with a process-local pool (two terminals on one GPU box) placed onto one
+    GPU at once, each measured as if alone, without a word (a review). A process holding the mark
+    is named; sessions of one process share it; the mark goes with its process, however it ends."""
+    import logging
+    import subprocess
+    import sys
+
+    from gogh_flows.flows.blocks import GpuCluster
+    from gogh_flows.flows.session import local_pool_mark
+
+    monkeypatch.setenv("GOGH_HOME", str(tmp_path / "home"))
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys\n"
+         "from gogh_flows.flows.blocks import GpuCluster\n"
+         "from gogh_flows.flows.session import local_pool_mark\n"
+         "with local_pool_mark(GpuCluster(fleet={'v100': 1})):\n"
+         "    print('held', flush=True)\n"
+         "    sys.stdin.readline()\n"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with caplog.at_level(logging.WARNING, logger="gogh_flows"):
+            with local_pool_mark(GpuCluster(fleet={"v100": 1})):
+                pass
+            with local_pool_mark(GpuCluster(fleet={"a100": 2})):  # another fleet: no GPU in common
+                pass
+        said = [r.getMessage() for r in caplog.records if "already has a process-local pool" in r.getMessage()]
+        assert len(said) == 1 and f"process {holder.pid} of this machine" in said[0], said
+        assert "GpuCluster(mode='remote'" in said[0]
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gogh_flows"):
+        with local_pool_mark(GpuCluster(fleet={"v100": 1})):  # the holder was killed: its mark went with it
+            with local_pool_mark(GpuCluster(fleet={"v100": 1})):  # this process's second session shares it
+                pass
+    assert "already has a process-local pool" not in caplog.text
 
 
 def test_a_pool_in_other_processes_needs_a_prefect_server_the_workers_can_reach(monkeypatch):
@@ -386,3 +430,19 @@ def test_site_offsets_beyond_a_factor_of_ten_are_applied_at_it_and_said(caplog):
     assert "beyond a factor of 10 are kept at it" in caplog.text
     with pytest.raises(ValueError, match="site offsets must be finite log factors"):
         SiteOffsets.from_dict({"unmeasured": {"t4": float("nan")}})
+
+
+def test_a_models_folder_that_does_not_exist_is_named_as_such(tmp_path, monkeypatch):
+    """GOGH_MODELS_DIR=/nope read as "the prior 'synthetic' has no p1/ at <cwd>/synthetic (the shipped
+    priors are the folders of /nope)", with the advice to set GOGH_MODELS_DIR given twice (a review)."""
+    from gogh_flows.flows.blocks import PredictorRegistry
+    from gogh_flows.flows.predictors import PredictorSource, PriorMissing
+
+    monkeypatch.setenv("GOGH_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("GOGH_MODELS_DIR", str(tmp_path / "nope"))
+    with pytest.raises(PriorMissing) as info:
+        PredictorSource(PredictorRegistry(prior="synthetic")).ensure_prior()
+    message = str(info.value)
+    assert f"GOGH_MODELS_DIR='{tmp_path / 'nope'}' is not a folder" in message
+    assert message.count("GOGH_MODELS_DIR") == 1

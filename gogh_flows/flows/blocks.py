@@ -493,8 +493,9 @@ def apply_block_documents(folder: Path, *, overwrite: bool = True) -> list[tuple
                              "them, e.g. blocks/")
         paths = [Path(folder)]
     elif not Path(folder).is_dir():
-        raise FileNotFoundError(f"{folder} does not exist; give the folder that holds the *.json block "
-                                "documents (e.g. blocks/) or one of them (e.g. blocks/demo-fleet.json)")
+        raise FileNotFoundError(f"{folder} does not exist; give the folder that holds your *.json block "
+                                "documents or one of them, or run `gogh blocks apply` with no folder for the "
+                                f"documents gogh-flows ships ({REPO_BLOCKS})")
     else:
         paths = sorted(Path(folder).glob("*.json"))
     if not paths:

@@ -29,7 +29,7 @@ from gogh_flows.durable import write_text
 from gogh_flows.flows.blocks import PredictorRegistry, state_dir
 from gogh_flows.flows.run_logs import RUN_LOG
 from gogh_flows.flows.startup import starting
-from gogh_flows.predict.io import ModelFormatError, load_p1, load_p2, models_dir, prior_dir
+from gogh_flows.predict.io import ModelFormatError, load_p1, load_p2, models_dir, models_dir_problem, prior_dir
 from gogh_flows.predict.service import ThroughputPredictor, stored_records
 from gogh_flows.tracking.backend import check_reachable, is_http
 from gogh_flows.tracking.errors import TrackingUnavailableError, UnsafeArtifactError, short_error
@@ -202,10 +202,13 @@ class PredictorSource:
             if not (base / sub).is_dir():
                 # the setting's fault, not the registry's (a review read "the MLflow registry ... is
                 # unreachable (FileNotFoundError: prior ...)"): said as it is, and fallen back from
+                problem = models_dir_problem()
                 raise PriorMissing(
-                    f"the prior {self.block.prior!r} has no {sub}/ at {base.resolve()} (the shipped priors are "
-                    f"the folders of {models_dir()}); give a shipped prior's name, set GOGH_MODELS_DIR to "
-                    "gogh-flows' models/ folder, or give the folder `gogh predictors train --out DIR` wrote")
+                    f"the prior {self.block.prior!r} has no {sub}/ at {base.resolve()}; " + (
+                        problem if problem else
+                        f"the shipped priors are the folders of {models_dir()}: give a shipped prior's name, set "
+                        "GOGH_MODELS_DIR to gogh-flows' models/ folder, or give the folder `gogh predictors train "
+                        "--out DIR` wrote"))
             try:
                 load(base / sub)
             except (ModelFormatError, UnsafeArtifactError, ValueError, OSError) as exc:
@@ -528,8 +531,9 @@ class PredictorSource:
             return predictor, (v1, v2), f"the versions cached locally (P1 v{v1}, P2 v{v2})"
         base = prior_dir(self.block.prior or "synthetic")
         if not (base / "p1").is_dir():
+            advice = "" if "GOGH_MODELS_DIR" in reason else "; set GOGH_MODELS_DIR to gogh-flows' models/"
             raise RuntimeError(f"{reason}, and there is no cached version nor built-in prior at "
-                               f"{base} to place with; set GOGH_MODELS_DIR to gogh-flows' models/")
+                               f"{base} to place with{advice}")
         p2 = load_p2(base / "p2") if (base / "p2").is_dir() else None
         return ThroughputPredictor(load_p1(base / "p1"), p2), (None, None), f"the built-in prior {base.name!r}"
 

@@ -11,15 +11,20 @@ from __future__ import annotations
 import atexit
 import contextvars
 import functools
+import hashlib
 import logging
 import os
 import re
+import tempfile
 import threading
 from collections import Counter
-from collections.abc import Mapping
-from contextlib import ExitStack
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from filelock import FileLock
+from filelock import Timeout as FileLockTimeout
 
 from gogh_flows.flows.blocks import GpuCluster, state_dir
 from gogh_flows.flows.features import FeatureStore
@@ -99,6 +104,7 @@ class Session:
                 pool = contextvars.Context().run(opened)
             stack.callback(pool.close)
             _say_if_alone(cluster)
+            stack.enter_context(local_pool_mark(cluster))
             _say_if_shared_without_a_server(cluster)
             with starting("the MLflow measurement store", _safe_uri(tracking_uri)):
                 measurements = MeasurementLog(tracking_uri, root / "measurements")
@@ -257,7 +263,7 @@ def open_sessions() -> Mapping[str, Session]:
     return dict(_SESSIONS)
 
 
-__all__ = ["Session", "close_all", "open_sessions", "shared_session", "starting"]
+__all__ = ["Session", "close_all", "local_pool_mark", "open_sessions", "shared_session", "starting"]
 
 
 def _say_if_shared_without_a_server(cluster: GpuCluster) -> None:
@@ -274,6 +280,95 @@ def _say_if_shared_without_a_server(cluster: GpuCluster) -> None:
                     "to a temporary Prefect server of its own, which the other hosts and your Prefect UI do not see. "
                     "Set PREFECT_API_URL to the team's server (docs/runtime.md, 'A team on three machines')",
                     cluster.address)
+
+
+#: this process's marks of its process-local pools: lock path -> (the lock, how many sessions hold it)
+_MARKS: dict[str, tuple[FileLock, int]] = {}
+_MARKS_LOCK = threading.Lock()
+
+
+def _mark_path(cluster: GpuCluster) -> Path:
+    """One mark per set of GPUs two processes could both place onto: a local-cuda pool's are this
+    machine's (whatever the processes' GOGH_HOME: one per user, in the temp folder); an emulated
+    fleet is per fleet and state folder, where both processes' measurements go."""
+    if cluster.mode == "local-cuda":
+        uid = os.getuid() if hasattr(os, "getuid") else 0
+        return Path(tempfile.gettempdir()) / f"gogh-flows-{uid}-local-cuda.lock"
+    digest = hashlib.sha256(cluster.key().encode()).hexdigest()[:12]
+    return state_dir() / "locks" / f"local-pool-{digest}.lock"
+
+
+@contextmanager
+def local_pool_mark(cluster: GpuCluster) -> Iterator[None]:
+    """Hold a mark while this process has a process-local pool open, and warn when another
+    process already holds one for the same GPUs.
+
+    Two processes each with a local pool (two terminals, two cron jobs on one GPU box) placed
+    onto the same GPU at once, each with a ledger of its own, and each run was measured as if
+    alone, without a word; on ``local-cuda`` both used the same real boards (a review). Not
+    refused: processes may split a machine's GPUs between them (``CUDA_VISIBLE_DEVICES``).
+    The mark is an OS file lock, released when the process ends however it ends.
+    """
+    if cluster.mode == "remote":
+        yield
+        return
+    path = _mark_path(cluster)
+    key = str(path)
+    with _MARKS_LOCK:
+        held = _MARKS.get(key)
+        if held is not None:  # another session of this process: the mark is ours already
+            _MARKS[key] = (held[0], held[1] + 1)
+            lock = None
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(key, timeout=0, thread_local=False)  # a session may close in another thread
+            try:
+                lock.acquire()
+            except (FileLockTimeout, OSError):
+                lock = None
+                _say_another_process_has_it(cluster, path)
+            else:
+                _MARKS[key] = (lock, 1)
+                _write_owner(path)
+    try:
+        yield
+    finally:
+        with _MARKS_LOCK:
+            held = _MARKS.get(key)
+            if held is not None:
+                if held[1] <= 1:
+                    del _MARKS[key]
+                    held[0].release()
+                else:
+                    _MARKS[key] = (held[0], held[1] - 1)
+
+
+def _owner_file(path: Path) -> Path:
+    return path.with_suffix(".pid")
+
+
+def _write_owner(path: Path) -> None:
+    try:
+        _owner_file(path).write_text(f"{os.getpid()}\n")
+    except OSError:  # the warning names the process where it can; the mark works without it
+        pass
+
+
+def _say_another_process_has_it(cluster: GpuCluster, path: Path) -> None:
+    try:
+        pid = _owner_file(path).read_text().strip()
+    except OSError:
+        pid = ""
+    who = f"process {pid}" if pid else "another process"
+    same = ("the same GPUs of this machine" if cluster.mode == "local-cuda"
+            else "the same emulated fleet, with measurements in the same state folder")
+    log.warning(
+        "gogh: %s of this machine already has a process-local pool (%s) open for %s: the two processes place onto "
+        "it with ledgers of their own, so their runs do not see each other (two runs may share one GPU beyond its "
+        "capacity) and each is measured as if alone. To place from more than one process, start a shared pool "
+        "(dask scheduler --preload gogh_flows.runtime.ledger, one dask worker per GPU) and use "
+        "GpuCluster(mode='remote', address=...): docs/user-guide.md, 'Modes' (its lock: %s)",
+        who, cluster.mode, same, path)
 
 
 def _say_if_alone(cluster: GpuCluster) -> None:

@@ -28,7 +28,7 @@ _ZOO_BY_BUILDER = {builder: family for family, builder in _BUILDERS.items()}
 def _positive_number(name: str, value: Any, *, integer: bool = False) -> float:
     ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok_type or not math.isfinite(value) or value <= 0:
-        kind = "an integer" if integer else "a number"
+        kind = "an integer" if integer else "a finite number"
         raise ValueError(f"@gogh_placed({name}=...) must be {kind} > 0, got {value!r}")
     return value
 

@@ -43,6 +43,15 @@ def models_dir() -> Path:
     return Path(env) if env else shipped("models")
 
 
+def models_dir_problem() -> str | None:
+    """What is wrong with ``$GOGH_MODELS_DIR``, for an error about a missing prior (None: unset or
+    a folder). A mistyped one was reported as the prior missing from a folder the user never named."""
+    env = os.environ.get("GOGH_MODELS_DIR", "").strip()
+    if env and not Path(env).expanduser().is_dir():
+        return f"GOGH_MODELS_DIR={env!r} is not a folder: unset it to use the shipped models/, or point it at one"
+    return None
+
+
 def prior_dir(prior: str) -> Path:
     """A shipped prior's folder under :func:`models_dir`, else ``prior`` read as a path (the folder
     `gogh predictors train --out DIR` wrote), so a team's own predictors can serve flow runs.

@@ -11,6 +11,7 @@ tells these apart, in time, and says which it was.
 from __future__ import annotations
 
 import asyncio
+import socket
 from concurrent.futures import ThreadPoolExecutor
 
 #: where a client's TLS settings come from (what ``Security()`` reads)
@@ -44,6 +45,11 @@ def probe_scheduler(address: str, timeout: float) -> None:
         raise SchedulerUnreachable(
             f"{address!r} is a TLS address, but this process has no TLS client settings: set {TLS_SETTINGS} "
             "to the team CA's files, as docs/runtime.md ('A pool that is safe to expose') shows")
+
+    refused = _refused(address, timeout)
+    if refused is not None:  # Dask's own connect retries a refusal until the timeout, then says only "timed out"
+        raise SchedulerUnreachable(f"nothing listens at {address!r} ({refused}): no scheduler is running there; "
+                                   f"{HINT}")
 
     async def identity() -> object:
         remote = rpc(address, timeout=timeout, connection_args=args)
@@ -79,6 +85,29 @@ def probe_scheduler(address: str, timeout: float) -> None:
     if not isinstance(who, dict) or who.get("type") != "Scheduler":
         kind = who.get("type") if isinstance(who, dict) else type(who).__name__
         raise SchedulerUnreachable(f"{address!r} is a Dask {kind}, not the scheduler; {HINT}")
+
+
+def _refused(address: str, timeout: float) -> str | None:
+    """The refusal of a plain TCP connection to ``address``'s host and port, said at once (a
+    review waited out ``gogh pool status``'s 10 s for a port where nothing listened); None for
+    anything else (it connected, timed out, or the address is not TCP), which the identity
+    question then tells apart."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    try:
+        scheme, location = parse_address(str(address))
+        if scheme not in ("tcp", "tls"):
+            return None
+        host, port = parse_host_port(location)
+    except (ValueError, TypeError):
+        return None  # the identity question says what is wrong with it
+    try:
+        with socket.create_connection((host, port), timeout=min(timeout, 2.0)):
+            return None
+    except ConnectionRefusedError as exc:
+        return exc.strerror or "connection refused"
+    except OSError:
+        return None
 
 
 __all__ = ["HINT", "TLS_SETTINGS", "SchedulerUnreachable", "probe_scheduler"]
