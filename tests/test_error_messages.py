@@ -446,3 +446,44 @@ def test_a_models_folder_that_does_not_exist_is_named_as_such(tmp_path, monkeypa
     message = str(info.value)
     assert f"GOGH_MODELS_DIR='{tmp_path / 'nope'}' is not a folder" in message
     assert message.count("GOGH_MODELS_DIR") == 1
+
+
+def test_flow_runs_started_together_from_threads_start_one_temporary_server(monkeypatch):
+    """Prefect starts its temporary server from each thread's first client without a lock: runs
+    started together from a thread pool started several (ports taken, "Server process did not
+    start", one left running after the script exited) or found it marked running before its
+    process existed (a review). The first placed call starts it under a lock; the others wait."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import prefect.server.api.server as server_mod
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from gogh_flows.flows.decorator import _start_temporary_server
+
+    class SlowServer:  # Prefect's start, slowed: it marks itself running before its process exists
+        running = False
+        server_process = None
+        started = 0
+
+        def start(self) -> None:
+            if self.running:
+                return
+            type(self).running = True
+            type(self).started += 1
+            time.sleep(0.3)
+            type(self).server_process = object()
+
+    monkeypatch.setattr(server_mod, "SubprocessASGIServer", SlowServer)
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):
+        def call() -> bool:
+            _start_temporary_server()
+            return SlowServer.server_process is not None  # what Prefect's client then asserts
+
+        with ThreadPoolExecutor(8) as pool:
+            ready = list(pool.map(lambda _: call(), range(8)))
+    assert SlowServer.started == 1 and all(ready), (SlowServer.started, ready)
+    with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
+        SlowServer.running, SlowServer.server_process = False, None
+        _start_temporary_server()  # a configured server: nothing started
+        assert SlowServer.started == 1

@@ -184,6 +184,31 @@ def _patient_ephemeral_server() -> Any:
     return temporary_settings(set_defaults={PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS: EPHEMERAL_STARTUP_S})
 
 
+_TEMPORARY_SERVER_LOCK = threading.Lock()
+
+
+def _start_temporary_server() -> None:
+    """Start Prefect's temporary server once, under a lock, when no server is configured.
+
+    Prefect starts it from the first client of each thread without a lock: flow runs started
+    together from threads (a thread pool fanning out, a review) each saw it not yet running and
+    started one of their own (ports taken, "Server process did not start", and a server left
+    running after the script exited, its stop registered for another), or saw it marked running
+    before its process existed and failed on Prefect's own assertion. Started here, under a lock
+    and with the patient start-up wait, the threads after the first find it running.
+    """
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
+
+    if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
+        return
+    server = SubprocessASGIServer()  # Prefect's own instance, the one its clients use
+    if server.running and server.server_process is not None:
+        return
+    with _TEMPORARY_SERVER_LOCK:
+        server.start()
+
+
 class PlacedFlow(Flow):
     """What ``@gogh_placed`` returns: a Prefect ``Flow``, which refuses to be wrapped by ``@flow``.
 
@@ -199,9 +224,11 @@ class PlacedFlow(Flow):
         if self.isasync:
             async def call() -> Any:
                 with _patient_ephemeral_server():
+                    await asyncio.to_thread(_start_temporary_server)  # its start-up wait blocks
                     return await super(PlacedFlow, self).__call__(*args, **kwargs)
             return call()
         with _patient_ephemeral_server():
+            _start_temporary_server()
             return super().__call__(*args, **kwargs)
 
     def with_options(self, **options: Any) -> PlacedFlow:
