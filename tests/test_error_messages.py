@@ -480,10 +480,31 @@ def test_flow_runs_started_together_from_threads_start_one_temporary_server(monk
             _start_temporary_server()
             return SlowServer.server_process is not None  # what Prefect's client then asserts
 
-        with ThreadPoolExecutor(8) as pool:
-            ready = list(pool.map(lambda _: call(), range(8)))
+        import contextvars
+
+        with ThreadPoolExecutor(8) as pool:  # each thread with these settings (a thread starts with none)
+            ready = [f.result() for f in [pool.submit(contextvars.copy_context().run, call) for _ in range(8)]]
     assert SlowServer.started == 1 and all(ready), (SlowServer.started, ready)
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
         SlowServer.running, SlowServer.server_process = False, None
         _start_temporary_server()  # a configured server: nothing started
         assert SlowServer.started == 1
+
+
+def test_a_job_type_of_ones_own_declared_again_with_other_layers_is_warned():
+    """Two different nn.Sequential models at one batch size became one job type without a word: the
+    second was predicted and run as the first (a review). Warned; the same layers again are not."""
+    import warnings
+
+    from gogh_flows.flows.spec import placed_job
+
+    x = torch.zeros(16, 8)
+    small, large = nn.Sequential(nn.Linear(8, 8)), nn.Sequential(nn.Linear(8, 512), nn.Linear(512, 512))
+    common = dict(batch_size=16, min_throughput=1, work_steps=10, example_inputs=x, job_name="two-models-one-name")
+    placed_job(model=small, **common)
+    with pytest.warns(UserWarning, match=r"'two-models-one-name' was declared before in this process with other "
+                                         r"layer features .* Give each model a job_name of its own"):
+        placed_job(model=large, **common)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        placed_job(model=nn.Sequential(nn.Linear(8, 512), nn.Linear(512, 512)), **common)  # the same layers

@@ -9,7 +9,11 @@ the CLI and the simulator use.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import threading
+import warnings
 from typing import Any
 
 from pydantic import ValidationError
@@ -139,6 +143,31 @@ def _features_of(model: Any, batch_size: int, kind: str, example_inputs: Any,
         f"builder, a torch.nn.Module or a function returning one, or WorkloadFeatures; got {model!r}")
 
 
+#: the layer features each job type of a model of one's own was declared with in this process
+_DECLARED: dict[str, str] = {}
+_DECLARED_LOCK = threading.Lock()
+
+
+def _say_if_declared_otherwise(job_type: str, features: WorkloadFeatures) -> None:
+    """Warn when a job type of one's own is declared again with other layer features.
+
+    Two different models of one class (two ``nn.Sequential`` at one batch size) became one job
+    type without a word: the second was predicted, and on the emulated fleet run, as the first,
+    and their measurements were mixed (a review). Warned, not refused: a notebook cell run again
+    after editing its model declares the same name with new layers, which is legitimate (its
+    measurements of the old layers still count toward it: a new name starts afresh).
+    """
+    mark = hashlib.sha256(json.dumps(features.to_dict(), sort_keys=True).encode()).hexdigest()
+    with _DECLARED_LOCK:
+        before = _DECLARED.setdefault(job_type, mark)
+        _DECLARED[job_type] = mark
+    if before != mark:
+        warnings.warn(f"@gogh_placed: the job type {job_type!r} was declared before in this process with other layer "
+                      "features (a different model under the same name): placements, measurements and the refiner "
+                      "know one job type by its name, so the two would be predicted and learned as one. Give each "
+                      "model a job_name of its own", UserWarning, stacklevel=4)
+
+
 def check_wait_timeout(wait_timeout_s: Any) -> float | None:
     """``@gogh_placed(wait_timeout_s=...)``: how long a run may wait for a GPU, overriding the policy's."""
     if wait_timeout_s is None:
@@ -180,6 +209,8 @@ def placed_job(
     except ValueError as exc:
         raise ValueError(f"@gogh_placed(kind=...): {exc}") from exc
     features, family, job_type = _features_of(model, bs, kind, example_inputs, job_name)
+    if family is None:
+        _say_if_declared_otherwise(job_type, features)
     try:
         return JobSpec(name=job_type, family=family, batch_size=bs, kind=kind, required_throughput=rho,
                        work_steps=work, features=features, job_type=job_type)
