@@ -508,3 +508,24 @@ def test_a_job_type_of_ones_own_declared_again_with_other_layers_is_warned():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         placed_job(model=nn.Sequential(nn.Linear(8, 512), nn.Linear(512, 512)), **common)  # the same layers
+
+
+def test_a_database_store_without_its_driver_says_which_package_to_install(tmp_path, monkeypatch):
+    """PredictorRegistry(tracking_uri="postgresql://...") raised a bare ModuleNotFoundError for psycopg2
+    (a review), with the password in the URI nowhere masked."""
+    from gogh_flows.flows.blocks import PredictorRegistry
+    from gogh_flows.flows.predictors import PredictorSource
+    from gogh_flows.tracking.errors import TrackingUnavailableError
+
+    pytest.importorskip("sqlalchemy")
+    try:
+        import psycopg2  # noqa: F401
+    except ModuleNotFoundError:
+        pass
+    else:
+        pytest.skip("psycopg2 is installed here")
+    monkeypatch.setenv("GOGH_HOME", str(tmp_path))
+    with pytest.raises(TrackingUnavailableError, match=r"postgresql://u:\*\*\*@127.0.0.1:1/db needs the Python "
+                                                       r"package 'psycopg2'.*pip install psycopg2-binary") as info:
+        PredictorSource(PredictorRegistry(tracking_uri="postgresql://u:secret@127.0.0.1:1/db"))
+    assert "secret" not in str(info.value)

@@ -394,7 +394,7 @@ def test_first_session_says_what_it_starts_and_later_ones_say_nothing(gogh_home,
 
 
 def test_start_up_lines_mask_a_password_in_the_tracking_uri():
-    from gogh_flows.flows.session import _safe_uri
+    from gogh_flows.tracking.backend import masked_uri as _safe_uri
 
     assert _safe_uri("postgresql://gogh:s3cret@db:5432/mlflow") == "postgresql://gogh:***@db:5432/mlflow"
     assert _safe_uri("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"

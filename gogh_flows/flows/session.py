@@ -14,7 +14,6 @@ import functools
 import hashlib
 import logging
 import os
-import re
 import tempfile
 import threading
 from collections import Counter
@@ -35,15 +34,11 @@ from gogh_flows.flows.predictors import forget_predictor_sources
 from gogh_flows.flows.startup import starting
 from gogh_flows.runtime.pool import GpuPool, open_pool
 from gogh_flows.runtime.probe import probe_scheduler
+from gogh_flows.tracking.backend import masked_uri
 from gogh_flows.tracking.measurements import MeasurementLog
 from gogh_flows.truth import load_truth
 
 log = logging.getLogger("gogh_flows")
-def _safe_uri(uri: str) -> str:
-    """A tracking URI fit for a log line: a password in it is masked."""
-    return re.sub(r"//([^/@:]*):[^/@]*@", r"//\1:***@", uri)
-
-
 def _pool_detail(cluster: GpuCluster) -> str:
     if cluster.mode == "emulated":
         fleet = ", ".join(f"{t}={n}" for t, n in cluster.fleet.items())
@@ -106,7 +101,7 @@ class Session:
             _say_if_alone(cluster)
             stack.enter_context(local_pool_mark(cluster))
             _say_if_shared_without_a_server(cluster)
-            with starting("the MLflow measurement store", _safe_uri(tracking_uri)):
+            with starting("the MLflow measurement store", masked_uri(tracking_uri)):
                 measurements = MeasurementLog(tracking_uri, root / "measurements")
             stack.callback(measurements.flush_spool)  # what is left at exit, after the mirror stopped
             # a shared pool outlives its placing processes: a lost one's runs (and what they

@@ -8,6 +8,7 @@ look at the file system) and fail fast with a message that says what to do.
 
 from __future__ import annotations
 
+import re
 import threading
 import urllib.error
 import urllib.request
@@ -109,7 +110,19 @@ def mlflow_client(tracking_uri: str, registry_uri: str | None = None) -> MlflowC
         if db is not None:
             _make_folder(uri, db)
             initialise_sqlite(uri, db)
-    return MlflowClient(tracking_uri=tracking_uri, registry_uri=registry_uri or tracking_uri)
+    try:
+        return MlflowClient(tracking_uri=tracking_uri, registry_uri=registry_uri or tracking_uri)
+    except ModuleNotFoundError as exc:  # a database store's driver: SQLAlchemy imports it on first use
+        raise TrackingUnavailableError(
+            f"the MLflow store {masked_uri(tracking_uri)} needs the Python package {exc.name!r}, which is not installed "
+            f"here: install its driver (for postgresql://, pip install psycopg2-binary; for mysql://, pip install "
+            "pymysql with a mysql+pymysql:// address) in this environment, or use an MLflow server's http:// address"
+        ) from None
+
+
+def masked_uri(uri: str) -> str:
+    """A store's address fit for a message: a password in it is masked."""
+    return re.sub(r"//([^/@:]*):[^/@]*@", r"//\1:***@", uri)
 
 
 _INITIALISED: set[str] = set()
