@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -53,29 +54,34 @@ class Transformer(nn.Module):
         return self.fc(x)
 
 
-def test_a_job_of_ones_own_under_a_zoo_job_types_name_is_refused():
+def test_a_job_of_ones_own_is_kept_apart_from_a_zoo_job_types_name():
     """A model of one's own named like a zoo job type ran at the zoo model's speed on the emulated
     fleet and was logged into the zoo model's records (a review); so was a zoo model given another
-    zoo job type's name. A name of its own, or the zoo model's own name, is taken."""
+    zoo job type's name. A name the user gave is refused (any spelling the zoo reads as its own);
+    one derived from a common class name is prefixed with "my ", and said."""
     x = torch.zeros(64, 16)
-    with pytest.raises(ValueError, match=r"class is named like a zoo model.*'Transformer \(batch size 64\)'.*"
-                                         r"job_name='...', or pass the zoo model by name \(model='Transformer'\)"):
-        _features_of(Transformer(), 64, "training", x, None)
-    with pytest.raises(ValueError, match=r"job_name='ResNet-50 \(batch size 64\)'\) is the zoo's job type.*"
-                                         r"e.g. job_name='my ResNet-50 \(batch size 64\)'"):
-        _features_of(Transformer(), 64, "training", x, "ResNet-50 (batch size 64)")
+    with pytest.warns(UserWarning, match=r"class is named like a zoo model, and 'Transformer \(batch size 64\)' is "
+                                         r"the zoo's job type: it is placed and measured as 'my Transformer"):
+        assert _features_of(Transformer(), 64, "training", x, None)[1:] == (None, "my Transformer (batch size 64)")
+    for name in ("ResNet-50 (batch size 64)", "lm (batch size 20)", "LM"):
+        with pytest.raises(ValueError, match=rf"job_name={re.escape(repr(name))}\) is read as the zoo's job type .* this is not that "
+                                             rf"model.*e.g. job_name='my {re.escape(name)}'"):
+            _features_of(Transformer(), 64, "training", x, name)
     with pytest.raises(ValueError, match=r"another zoo job type than this model's own \('ResNet-50 \(batch size 64\)'\)"):
         _features_of("ResNet-50", 64, "training", None, "LM (batch size 20)")
     with pytest.raises(ValueError, match="must be a non-empty name, got ''"):
         _features_of("ResNet-50", 64, "training", None, "")
     from gogh_flows.workloads.zoo import zoo_features
 
-    with pytest.raises(ValueError, match="is the zoo's job type"):
-        _features_of(zoo_features("LM", 20), 20, "training", None, "LM (batch size 20)")
+    # the zoo model's own features under its own name are that model; under another size, not
+    assert _features_of(zoo_features("LM", 20), 20, "training", None, "LM (batch size 20)")[2] == "LM (batch size 20)"
+    with pytest.raises(ValueError, match="is read as the zoo's job type 'LM \\(batch size 40\\)'"):
+        _features_of(zoo_features("LM", 20), 20, "training", None, "LM (batch size 40)")
     assert _features_of(Transformer(), 64, "training", x, "my Transformer (batch size 64)")[2] == \
         "my Transformer (batch size 64)"
     assert _features_of("ResNet-50", 64, "training", None, "ResNet-50 (batch size 64)")[1:] == \
         ("ResNet-50", "ResNet-50 (batch size 64)")
+    assert _features_of("ResNet-50", 64, "training", None, "resnet-50 (batch size 64)")[1] == "ResNet-50"
     assert _features_of("ResNet-50", 64, "inference", None, None)[2] == "ResNet-50 (batch size 64) [inference]"
 
 
@@ -177,6 +183,23 @@ def test_a_second_process_with_a_local_pool_of_the_same_gpus_is_told_they_do_not
         said = [r.getMessage() for r in caplog.records if "already has a process-local pool" in r.getMessage()]
         assert len(said) == 1 and f"process {holder.pid} of this machine" in said[0], said
         assert "GpuCluster(mode='remote'" in said[0]
+        # a session that warned holds no mark, and closing it must not take the mark of a later one
+        # of this process (a review: it released it, and a third process then opened unwarned)
+        from contextlib import ExitStack
+
+        from filelock import FileLock, Timeout
+
+        from gogh_flows.flows.session import _mark_path
+
+        with ExitStack() as first:
+            first.enter_context(local_pool_mark(GpuCluster(fleet={"v100": 1})))  # warns: the holder has it
+            holder.kill()
+            holder.wait(timeout=30)
+            with local_pool_mark(GpuCluster(fleet={"v100": 1})):  # the holder is gone: this one takes it
+                first.close()
+                with pytest.raises(Timeout):  # still held by the session that took it
+                    FileLock(str(_mark_path(GpuCluster(fleet={"v100": 1}))), timeout=0,
+                             thread_local=False).acquire()
     finally:
         holder.kill()
         holder.wait(timeout=30)
@@ -451,43 +474,48 @@ def test_a_models_folder_that_does_not_exist_is_named_as_such(tmp_path, monkeypa
 def test_flow_runs_started_together_from_threads_start_one_temporary_server(monkeypatch):
     """Prefect starts its temporary server from each thread's first client without a lock: runs
     started together from a thread pool started several (ports taken, "Server process did not
-    start", one left running after the script exited) or found it marked running before its
-    process existed (a review). The first placed call starts it under a lock; the others wait."""
+    start", one left running after the script exited) or found it marked running before it
+    answered (a review). The first placed call starts it under a lock; the others wait until it
+    answers."""
+    import contextvars
+    import threading
     import time
     from concurrent.futures import ThreadPoolExecutor
 
     import prefect.server.api.server as server_mod
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from gogh_flows.flows.decorator import _start_temporary_server
+    from gogh_flows.flows import decorator
 
-    class SlowServer:  # Prefect's start, slowed: it marks itself running before its process exists
+    class SlowServer:  # Prefect's order: marked running and its process started at once, answering later
         running = False
         server_process = None
+        answering = False
         started = 0
 
         def start(self) -> None:
             if self.running:
                 return
             type(self).running = True
+            type(self).server_process = object()
             type(self).started += 1
             time.sleep(0.3)
-            type(self).server_process = object()
+            type(self).answering = True
 
     monkeypatch.setattr(server_mod, "SubprocessASGIServer", SlowServer)
+    monkeypatch.setattr(decorator, "_TEMPORARY_SERVER_READY", threading.Event())
     with temporary_settings(restore_defaults={PREFECT_API_URL}):
         def call() -> bool:
-            _start_temporary_server()
-            return SlowServer.server_process is not None  # what Prefect's client then asserts
-
-        import contextvars
+            decorator._start_temporary_server()
+            return SlowServer.answering  # what a flow call then needs: a server that answers
 
         with ThreadPoolExecutor(8) as pool:  # each thread with these settings (a thread starts with none)
             ready = [f.result() for f in [pool.submit(contextvars.copy_context().run, call) for _ in range(8)]]
     assert SlowServer.started == 1 and all(ready), (SlowServer.started, ready)
+    monkeypatch.setattr(decorator, "_TEMPORARY_SERVER_READY", threading.Event())
     with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
-        SlowServer.running, SlowServer.server_process = False, None
-        _start_temporary_server()  # a configured server: nothing started
+        SlowServer.running = False
+        decorator._start_temporary_server()  # a configured server: nothing started
         assert SlowServer.started == 1
 
 
@@ -529,3 +557,7 @@ def test_a_database_store_without_its_driver_says_which_package_to_install(tmp_p
                                                        r"package 'psycopg2'.*pip install psycopg2-binary") as info:
         PredictorSource(PredictorRegistry(tracking_uri="postgresql://u:secret@127.0.0.1:1/db"))
     assert "secret" not in str(info.value)
+    # a registry store of its own is checked too, and named (it failed at the registry's first call)
+    with pytest.raises(TrackingUnavailableError, match=r"the MLflow store postgresql://u:\*\*\*@127.0.0.1:2/reg"):
+        PredictorSource(PredictorRegistry(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
+                                          registry_uri="postgresql://u:secret@127.0.0.1:2/reg"))

@@ -289,6 +289,8 @@ def test_a_trained_models_truth_is_recorded_so_any_folder_can_read_it(gavel_dir,
     physical = readable_truth("../shared/data/gavel/physical_cluster_throughputs.json")
     assert physical == str(gavel_dir / "physical_cluster_throughputs.json")
     assert load_truth(physical).job_types == load_truth("gavel").job_types
-    # what cannot be found is returned as recorded, so the error that follows names it
+    # what cannot be found is returned as recorded, so the error that follows names it; a file of one's
+    # own that shares a name with Gavel's, outside a gavel/ folder, is not taken for Gavel's
     assert readable_truth("../data/ours.json") == "../data/ours.json"
+    assert readable_truth("../mine/simulation_throughputs.json") == "../mine/simulation_throughputs.json"
     assert readable_truth(str(ours)) == str(ours)

@@ -494,8 +494,8 @@ def apply_block_documents(folder: Path, *, overwrite: bool = True) -> list[tuple
         paths = [Path(folder)]
     elif not Path(folder).is_dir():
         raise FileNotFoundError(f"{folder} does not exist; give the folder that holds your *.json block "
-                                "documents or one of them, or run `gogh blocks apply` with no folder for the "
-                                f"documents gogh-flows ships ({REPO_BLOCKS})")
+                                "documents or one of them, or run `gogh blocks apply` with no folder (./blocks if "
+                                f"there is one, else the documents gogh-flows ships: {REPO_BLOCKS})")
     else:
         paths = sorted(Path(folder).glob("*.json"))
     if not paths:

@@ -185,28 +185,56 @@ def _patient_ephemeral_server() -> Any:
 
 
 _TEMPORARY_SERVER_LOCK = threading.Lock()
+#: set once this process's temporary Prefect server answered (read without the lock)
+_TEMPORARY_SERVER_READY = threading.Event()
 
 
 def _start_temporary_server() -> None:
-    """Start Prefect's temporary server once, under a lock, when no server is configured.
+    """Start Prefect's temporary server once, under a lock, when no server is configured, and
+    return when it answers.
 
     Prefect starts it from the first client of each thread without a lock: flow runs started
     together from threads (a thread pool fanning out, a review) each saw it not yet running and
     started one of their own (ports taken, "Server process did not start", and a server left
     running after the script exited, its stop registered for another), or saw it marked running
-    before its process existed and failed on Prefect's own assertion. Started here, under a lock
-    and with the patient start-up wait, the threads after the first find it running.
+    (which Prefect does before its process answers) and failed to connect. Here the first call
+    starts it and every other waits, under the lock, until its health check answers.
     """
-    from prefect.server.api.server import SubprocessASGIServer
+    if _TEMPORARY_SERVER_READY.is_set():
+        return
     from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_ENABLED
 
     if PREFECT_API_URL.value() or not PREFECT_SERVER_EPHEMERAL_ENABLED.value():
         return
-    server = SubprocessASGIServer()  # Prefect's own instance, the one its clients use
-    if server.running and server.server_process is not None:
-        return
+    from prefect.server.api.server import SubprocessASGIServer
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+
     with _TEMPORARY_SERVER_LOCK:
-        server.start()
+        if _TEMPORARY_SERVER_READY.is_set():
+            return
+        server = SubprocessASGIServer()  # Prefect's own instance, the one its clients use
+        if not server.running:
+            server.start()  # returns once its health check answered
+        else:  # started by Prefect itself (a client in another thread): wait until it answers
+            _wait_until_healthy(server.api_url, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
+        _TEMPORARY_SERVER_READY.set()
+
+
+def _wait_until_healthy(api_url: str, timeout_s: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=5.0) as client:
+        while True:
+            try:
+                if client.get(f"{api_url}/health").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Prefect's temporary server at {api_url} did not answer within {timeout_s:g} s; "
+                                   "set PREFECT_API_URL to a running server (prefect server start)")
+            time.sleep(0.1)
 
 
 class PlacedFlow(Flow):

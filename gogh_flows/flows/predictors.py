@@ -31,7 +31,7 @@ from gogh_flows.flows.run_logs import RUN_LOG
 from gogh_flows.flows.startup import starting
 from gogh_flows.predict.io import ModelFormatError, load_p1, load_p2, models_dir, models_dir_problem, prior_dir
 from gogh_flows.predict.service import ThroughputPredictor, stored_records
-from gogh_flows.tracking.backend import check_reachable, is_http
+from gogh_flows.tracking.backend import check_reachable, is_http, masked_uri
 from gogh_flows.tracking.errors import TrackingUnavailableError, UnsafeArtifactError, short_error
 from gogh_flows.tracking.registry import PRIOR_WAIT_S, ModelRegistry
 
@@ -171,20 +171,20 @@ class PredictorSource:
         in use (a review). Said once per source; a champion of unknown lineage is not judged."""
         if self._prior_compared:
             return
-        self._prior_compared = True
         try:
             version = self.registry.version_for(self.block.p1_name, self.block.alias)
             theirs = (self.registry.version_tags(self.block.p1_name, version).get(PRIOR_ID_TAG)
                       if version is not None else None)
             ours = prior_id(base)
         except (MlflowException, OSError, ValueError, KeyError):
-            return  # the registry or the prior cannot be read: the placement's own checks say so
+            return  # the registry or the prior cannot be read: asked again at the next refresh
+        self._prior_compared = True
         if theirs and theirs != ours:
             log.warning("gogh: PredictorRegistry(prior=%r) is not what runs are placed with: %s already has a champion "
                         "under @%s (%s v%s), from another prior or a retraining of one, and a prior is registered only "
                         "where there is none. To place with this prior, give the block another alias or model names "
                         "(p1_name, p2_name) or another registry; to keep the champion, drop prior= or give the one it "
-                        "came from", self.block.prior, self.block.resolved_registry_uri(), self.block.alias,
+                        "came from", self.block.prior, masked_uri(self.block.resolved_registry_uri()), self.block.alias,
                         self.block.p1_name, version)
 
     def _unset(self) -> list[str]:

@@ -109,7 +109,10 @@ def base_measurements(base_data: str, prior: str | None, gpu_types: list[str]) -
     if base_data not in BASE_DATA:
         raise ValueError(f"base_data must be one of {BASE_DATA}, got {base_data!r}")
     source = (prior or "none") if base_data == "prior" else base_data
-    if source not in BASE_DATA:  # a team's own prior: the truth its refiner was trained on
+    # a base the user named ("gavel", the shipped prior "gavel") must be read; the truth a folder
+    # prior records may be missing where this retraining runs, which is said and learned without
+    named = source in BASE_DATA
+    if not named:  # a team's own prior: the truth its refiner was trained on
         source = _folder_prior_truth(source)
     if source == "none":
         return None
@@ -120,7 +123,7 @@ def base_measurements(base_data: str, prior: str | None, gpu_types: list[str]) -
     try:
         return MeasuredSet.from_table(load_truth(source))
     except (OSError, ValueError) as exc:
-        if base_data != "prior" or source == "gavel":
+        if base_data != "prior" or named:
             raise
         log.warning("gogh: the truth %s that the prior %s was trained on cannot be read (%s); the challenger "
                     "learns from the logged runs alone", source, prior, exc)

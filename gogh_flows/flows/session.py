@@ -283,12 +283,15 @@ _MARKS_LOCK = threading.Lock()
 
 
 def _mark_path(cluster: GpuCluster) -> Path:
-    """One mark per set of GPUs two processes could both place onto: a local-cuda pool's are this
-    machine's (whatever the processes' GOGH_HOME: one per user, in the temp folder); an emulated
-    fleet is per fleet and state folder, where both processes' measurements go."""
-    if cluster.mode == "local-cuda":
+    """One mark per set of GPUs two processes could both place onto: a local-cuda pool's are the
+    boards this process sees (whatever its GOGH_HOME: per user and ``CUDA_VISIBLE_DEVICES``, in
+    the temp folder; processes given different ones, or different temp folders, are not compared);
+    an emulated fleet's are per fleet and state folder, where both processes' measurements go."""
+    if cluster.mode == "local-cuda":  # the GPUs this process sees: split by CUDA_VISIBLE_DEVICES, none shared
         uid = os.getuid() if hasattr(os, "getuid") else 0
-        return Path(tempfile.gettempdir()) / f"gogh-flows-{uid}-local-cuda.lock"
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "all").replace(" ", "")
+        digest = hashlib.sha256(visible.encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"gogh-flows-{uid}-local-cuda-{digest}.lock"
     digest = hashlib.sha256(cluster.key().encode()).hexdigest()[:12]
     return state_dir() / "locks" / f"local-pool-{digest}.lock"
 
@@ -309,27 +312,30 @@ def local_pool_mark(cluster: GpuCluster) -> Iterator[None]:
         return
     path = _mark_path(cluster)
     key = str(path)
+    counted = False  # whether this session holds a count of the mark (one that warned holds none)
     with _MARKS_LOCK:
         held = _MARKS.get(key)
         if held is not None:  # another session of this process: the mark is ours already
             _MARKS[key] = (held[0], held[1] + 1)
-            lock = None
+            counted = True
         else:
-            path.parent.mkdir(parents=True, exist_ok=True)
             lock = FileLock(key, timeout=0, thread_local=False)  # a session may close in another thread
             try:
+                path.parent.mkdir(parents=True, exist_ok=True)
                 lock.acquire()
-            except (FileLockTimeout, OSError):
-                lock = None
+            except FileLockTimeout:
                 _say_another_process_has_it(cluster, path)
+            except OSError as exc:  # a folder that cannot be written, a file system without locks
+                log.debug("gogh: no mark for this process-local pool (%s): another process's is not looked for", exc)
             else:
                 _MARKS[key] = (lock, 1)
+                counted = True
                 _write_owner(path)
     try:
         yield
     finally:
         with _MARKS_LOCK:
-            held = _MARKS.get(key)
+            held = _MARKS.get(key) if counted else None
             if held is not None:
                 if held[1] <= 1:
                     del _MARKS[key]

@@ -54,32 +54,41 @@ def _family_named(model: str) -> str:
                      f"model={family!r}, batch_size={bs}{extra}") from None
 
 
-def _zoo_job_type(name: str) -> bool:
-    """Whether ``name`` is spelled exactly as a zoo job type ("Transformer (batch size 64)").
+def _zoo_job_type(name: str) -> tuple[str, int, str] | None:
+    """The zoo job (family, batch size, kind) that ``name`` is read as, or None for a name of one's own.
 
-    Measurements, predictions and the emulated fleet all key a job by its job type: a model of
-    one's own under a zoo job type's name was run at the zoo model's speed on the emulated fleet
-    and logged into the zoo model's records, skewing every later placement of it (a review).
+    Measurements, predictions, the shared features and the emulated fleet all know a job by its
+    job type, and read any name the zoo's parser takes ("LM", "lm (batch size 20)") as the zoo
+    model's: a model of one's own under such a name was run at the zoo model's speed on the
+    emulated fleet and logged into the zoo model's records, skewing every later placement of it
+    (a review).
     """
     try:
-        family, bs, kind = parse_job_kind(name)
-    except ValueError:
-        return False
-    return job_type_name(family, bs, kind) == name
+        return parse_job_kind(name)
+    except (KeyError, ValueError):
+        return None
 
 
-def _own_name(name: str, *, given: bool, what: str) -> str:
-    """``name`` for a job of the user's own (``what``), or an error if it is a zoo job type's."""
-    if not _zoo_job_type(name):
+def _own_name(name: str, *, given: bool, features: WorkloadFeatures) -> str:
+    """``name`` for a job of one's own; one the zoo would read as its own is refused where the user
+    gave it, and where it was derived from a class's name (``class Transformer``) is prefixed with
+    "my ", with a warning that says so (a common class name is no mistake of the user's)."""
+    zoo = _zoo_job_type(name)
+    if zoo is None:
         return name
     if given:
-        raise ValueError(f"@gogh_placed(job_name={name!r}) is the zoo's job type of that name, and {what} is not "
-                         "that model: its measurements would be mixed with the zoo model's (and the emulated fleet "
-                         f"would run it at the zoo model's speed). Give a name of its own, e.g. job_name={'my ' + name!r}")
-    raise ValueError(f"@gogh_placed(model=...): your model's class is named like a zoo model, so its job type would "
-                     f"be {name!r}, the zoo's job type of that name: its measurements would be mixed with the zoo "
-                     "model's (and the emulated fleet would run it at the zoo model's speed). Give it a name of its "
-                     "own with job_name='...', or pass the zoo model by name (model='" + name.split(" (")[0] + "')")
+        family, bs, kind = zoo
+        if features.to_dict() == zoo_features(family, bs, kind).to_dict():
+            return name  # the zoo model's own features, under its own name: it is that model
+        raise ValueError(f"@gogh_placed(job_name={name!r}) is read as the zoo's job type "
+                         f"{job_type_name(family, bs, kind)!r}, and this is not that model: its measurements would be "
+                         "mixed with the zoo model's (and the emulated fleet would run it at the zoo model's speed). "
+                         f"Give it a name of its own, e.g. job_name={'my ' + name!r}")
+    own = "my " + name
+    warnings.warn(f"@gogh_placed: your model's class is named like a zoo model, and {name!r} is the zoo's job type: "
+                  f"it is placed and measured as {own!r} instead, apart from the zoo model's data. Give "
+                  "job_name='...' to choose the name", UserWarning, stacklevel=5)
+    return own
 
 
 def _features_of(model: Any, batch_size: int, kind: str, example_inputs: Any,
@@ -92,7 +101,7 @@ def _features_of(model: Any, batch_size: int, kind: str, example_inputs: Any,
         if not job_name:
             raise ValueError("@gogh_placed(model=WorkloadFeatures(...)) also needs job_name='...': "
                              "measurements of this job are grouped under that name")
-        return model, None, _own_name(job_name, given=True, what="WorkloadFeatures(...)")
+        return model, None, _own_name(job_name, given=True, features=model)
     family = None
     if isinstance(model, str):
         family = _family_named(model)
@@ -105,7 +114,8 @@ def _features_of(model: Any, batch_size: int, kind: str, example_inputs: Any,
                              "example_inputs is for a torch model of your own (model=MyModule()): drop it, or pass "
                              "your own module")
         own = job_type_name(family, batch_size, kind)
-        if job_name and job_name != own and _zoo_job_type(job_name):
+        read_as = _zoo_job_type(job_name) if job_name else None
+        if read_as is not None and read_as != (family, batch_size, kind):
             raise ValueError(f"@gogh_placed(job_name={job_name!r}) is another zoo job type than this model's own "
                              f"({own!r}): its measurements would be logged as that model's. Drop job_name to use "
                              f"{own!r}, or give a name that is no zoo job type")
@@ -120,8 +130,6 @@ def _features_of(model: Any, batch_size: int, kind: str, example_inputs: Any,
         if not isinstance(module, nn.Module):
             raise ValueError(f"@gogh_placed(model=...) callable returned {type(module).__name__}, "
                              "not a torch.nn.Module")
-        name = _own_name(job_name or f"{type(module).__name__} (batch size {batch_size})",
-                         given=bool(job_name), what="your own model")
         try:
             check_example_batch(example_inputs, batch_size)
         except ValueError as exc:
@@ -137,6 +145,8 @@ def _features_of(model: Any, batch_size: int, kind: str, example_inputs: Any,
                 raise ValueError(f"@gogh_placed could not trace {type(module).__name__} on example_inputs, "
                                  f"neither on 'meta' nor where they are: {exc}. Check that "
                                  "model(example_inputs) runs as written") from exc
+        name = _own_name(job_name or f"{type(module).__name__} (batch size {batch_size})",
+                         given=bool(job_name), features=feats)
         return feats, None, name
     raise ValueError(
         f"@gogh_placed(model=...) must be a zoo family name ({', '.join(FAMILIES)}), a zoo "

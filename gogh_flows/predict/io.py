@@ -40,7 +40,7 @@ def models_dir() -> Path:
     """Shipped models (data, not code): ``$GOGH_MODELS_DIR`` or the repository's models/ (in a
     checkout, or installed inside the package)."""
     env = os.environ.get("GOGH_MODELS_DIR", "").strip()
-    return Path(env) if env else shipped("models")
+    return Path(env).expanduser() if env else shipped("models")
 
 
 def models_dir_problem() -> str | None:

@@ -11,7 +11,9 @@ tells these apart, in time, and says which it was.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 #: where a client's TLS settings come from (what ``Security()`` reads)
@@ -46,10 +48,12 @@ def probe_scheduler(address: str, timeout: float) -> None:
             f"{address!r} is a TLS address, but this process has no TLS client settings: set {TLS_SETTINGS} "
             "to the team CA's files, as docs/runtime.md ('A pool that is safe to expose') shows")
 
+    started = time.monotonic()
     refused = _refused(address, timeout)
     if refused is not None:  # Dask's own connect retries a refusal until the timeout, then says only "timed out"
         raise SchedulerUnreachable(f"nothing listens at {address!r} ({refused}): no scheduler is running there; "
                                    f"{HINT}")
+    asked, timeout = timeout, max(timeout - (time.monotonic() - started), 0.5)  # the whole probe within it
 
     async def identity() -> object:
         remote = rpc(address, timeout=timeout, connection_args=args)
@@ -67,7 +71,7 @@ def probe_scheduler(address: str, timeout: float) -> None:
             with ThreadPoolExecutor(1) as pool:
                 who = pool.submit(lambda: asyncio.run(identity())).result()
     except (asyncio.TimeoutError, TimeoutError):
-        raise SchedulerUnreachable(f"nothing at {address!r} answered as a Dask scheduler within {timeout:g} s "
+        raise SchedulerUnreachable(f"nothing at {address!r} answered as a Dask scheduler within {asked:g} s "
                                    f"(a scheduler that is down or hung, another service, or a scheduler that "
                                    f"speaks TLS: its address starts with tls://); {HINT}") from None
     except OSError as exc:
@@ -90,17 +94,24 @@ def probe_scheduler(address: str, timeout: float) -> None:
 def _refused(address: str, timeout: float) -> str | None:
     """The refusal of a plain TCP connection to ``address``'s host and port, said at once (a
     review waited out ``gogh pool status``'s 10 s for a port where nothing listened); None for
-    anything else (it connected, timed out, or the address is not TCP), which the identity
-    question then tells apart."""
+    anything else (it connected, timed out, or the address is not asked), which the identity
+    question then tells apart.
+
+    Asked only of a ``tcp://`` address whose host is an IP address or ``localhost``: a name's
+    lookup has no bound here, and a ``tls://`` scheduler logs a failed handshake for every bare
+    connection.
+    """
     from distributed.comm.addressing import parse_address, parse_host_port
 
     try:
         scheme, location = parse_address(str(address))
-        if scheme not in ("tcp", "tls"):
+        if scheme != "tcp":
             return None
         host, port = parse_host_port(location)
+        if host != "localhost":
+            ipaddress.ip_address(host)
     except (ValueError, TypeError):
-        return None  # the identity question says what is wrong with it
+        return None  # a name, or what the identity question says is wrong with it
     try:
         with socket.create_connection((host, port), timeout=min(timeout, 2.0)):
             return None

@@ -110,14 +110,32 @@ def mlflow_client(tracking_uri: str, registry_uri: str | None = None) -> MlflowC
         if db is not None:
             _make_folder(uri, db)
             initialise_sqlite(uri, db)
+        else:
+            _check_driver(uri)
+    return MlflowClient(tracking_uri=tracking_uri, registry_uri=registry_uri or tracking_uri)
+
+
+#: MLflow's database stores (its SQLAlchemy ones): their driver is imported on first use
+_DATABASES = ("postgresql", "mysql", "mssql")
+
+
+def _check_driver(uri: str) -> None:
+    """A database store's driver, imported now: SQLAlchemy imports it on the store's first use, a
+    bare ModuleNotFoundError from deep inside MLflow (a review), the registry's at its first call."""
+    if urlparse(uri).scheme.split("+")[0] not in _DATABASES:
+        return
+    from sqlalchemy.engine.url import make_url
+
     try:
-        return MlflowClient(tracking_uri=tracking_uri, registry_uri=registry_uri or tracking_uri)
-    except ModuleNotFoundError as exc:  # a database store's driver: SQLAlchemy imports it on first use
+        make_url(uri).get_dialect().import_dbapi()
+    except ModuleNotFoundError as exc:
         raise TrackingUnavailableError(
-            f"the MLflow store {masked_uri(tracking_uri)} needs the Python package {exc.name!r}, which is not installed "
-            f"here: install its driver (for postgresql://, pip install psycopg2-binary; for mysql://, pip install "
-            "pymysql with a mysql+pymysql:// address) in this environment, or use an MLflow server's http:// address"
+            f"the MLflow store {masked_uri(uri)} needs the Python package {exc.name!r}, which is not installed here: "
+            "install its driver in this environment (for postgresql://, pip install psycopg2-binary; for mysql://, "
+            "pip install pymysql with a mysql+pymysql:// address), or use an MLflow server's http:// address"
         ) from None
+    except Exception:  # noqa: BLE001 - a malformed address: MLflow's own error says what is wrong with it
+        return
 
 
 def masked_uri(uri: str) -> str:

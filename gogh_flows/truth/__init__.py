@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from gogh_flows.truth.table import ThroughputTable
@@ -40,7 +41,7 @@ def recorded_truth(spec: str) -> str:
 
     if spec in ("synthetic", "gavel"):
         return spec
-    path = Path(spec).expanduser().resolve()
+    path = Path(os.path.abspath(Path(spec).expanduser()))  # absolute, its links kept (data/current -> v3)
     try:
         if path.samefile(gavel_dir() / GAVEL_FILES["simulation"]):
             return "gavel"
@@ -54,7 +55,7 @@ def readable_truth(recorded: str) -> str:
 
     Models trained before :func:`recorded_truth` (the shipped Gavel prior among them) hold the
     path as typed, relative to wherever training ran: one that does not exist from here but names
-    a Gavel file is read from the Gavel data folder. Anything else is returned as recorded, so its
+    a Gavel file in a ``gavel/`` folder is read from the Gavel data folder. Anything else is returned as recorded, so its
     error still names it.
     """
     from gogh_flows.truth.gavel import GAVEL_FILES, gavel_dir
@@ -62,11 +63,11 @@ def readable_truth(recorded: str) -> str:
     path = Path(recorded)
     if recorded in ("synthetic", "gavel") or path.is_absolute() or path.exists():
         return recorded
+    if path.parent.name != "gavel" or path.name not in GAVEL_FILES.values():
+        return recorded  # a file of one's own that happens to share a name with Gavel's is not Gavel's
     if path.name == GAVEL_FILES["simulation"]:
         return "gavel"
-    if path.name in GAVEL_FILES.values() and (gavel_dir() / path.name).is_file():
-        return str(gavel_dir() / path.name)
-    return recorded
+    return str(gavel_dir() / path.name) if (gavel_dir() / path.name).is_file() else recorded
 
 
 __all__ = ["TRUTH_HELP", "ThroughputTable", "load_truth", "readable_truth", "recorded_truth"]
