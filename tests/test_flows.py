@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import math
+import re
 import threading
 import time
 from collections import defaultdict
@@ -138,6 +139,9 @@ def test_placement_artifacts_and_tags_say_where_a_run_went(gogh_home):
     assert rows[0]["rank"] == "chosen" and rows[0]["where"].startswith(gpu)
     assert rows[0]["predicted_steps_per_s"] >= rows[0]["required_steps_per_s"] == 0.5
     assert all(r["rank"].startswith("runner-up") and r["not_chosen_because"] for r in rows[1:])
+    for r in rows[1:]:  # a costlier runner-up says by how much ("no less energy" read oddly at twice as much)
+        if r["predicted_kwh"] > rows[0]["predicted_kwh"] * 1.01 and r["not_chosen_because"].startswith("predicted"):
+            assert re.fullmatch(r"predicted to use \d+% more energy", r["not_chosen_because"]), r
     assert {f"gogh.gpu:{gpu}", f"gogh.gpu_type:{gpu_type}", "gogh.job_type:LM (batch size 20)",
             "gogh.policy:optimizer"} <= set(run.tags)
 

@@ -376,8 +376,16 @@ def explain_rows(job: JobSpec, run_id: str, placement: Placement, gpu_id: str) -
 
     rows = [row("chosen", f"{gpu_id} ({a.gpu_type})" + (f" with {a.partner}" if a.partner else ", alone"),
                 a.gpu_type, a.throughput, a.energy_j, a.power_limit_w, "")]
+    def costlier(energy_j: float) -> str:
+        """Why an option the decision did not take lost, by the figure it lost on."""
+        if a.energy_j > 0 and energy_j > a.energy_j * (1 + 1e-6):
+            return f"predicted to use {energy_j / a.energy_j - 1:.0%} more energy"
+        if a.energy_j > 0 and energy_j < a.energy_j * (1 - 1e-6):  # reasons cover these; said if one did not
+            return "predicted to use less energy, not taken in the decision for every arrival at once"
+        return "predicted to use as much energy (a tie, broken by the solver)"
+
     rows += [row(f"runner-up {i + 1}", c.where, c.gpu_type, c.throughput, c.energy_j, c.power_limit_w,
-                 placement.runner_up_reason(run_id, c) or "predicted to use no less energy")
+                 placement.runner_up_reason(run_id, c) or costlier(c.energy_j))
              for i, c in enumerate(ex.alternatives[:3] if ex is not None else ())]
     return tuple(rows)
 
