@@ -64,10 +64,11 @@ def test_a_job_of_ones_own_is_kept_apart_from_a_zoo_job_types_name():
                                          r"the zoo's job type: it is placed and measured as 'my Transformer"):
         assert _features_of(Transformer(), 64, "training", x, None)[1:] == (None, "my Transformer (batch size 64)")
     for name in ("ResNet-50 (batch size 64)", "lm (batch size 20)", "LM"):
-        with pytest.raises(ValueError, match=rf"job_name={re.escape(repr(name))}\) is read as the zoo's job type .* this is not that "
-                                             rf"model.*e.g. job_name='my {re.escape(name)}'"):
+        with pytest.raises(ValueError, match=rf"job_name={re.escape(repr(name))}\) is read as the zoo's job type "
+                                             rf".* this is not that model.*e.g. job_name='my {re.escape(name)}'"):
             _features_of(Transformer(), 64, "training", x, name)
-    with pytest.raises(ValueError, match=r"another zoo job type than this model's own \('ResNet-50 \(batch size 64\)'\)"):
+    with pytest.raises(ValueError, match=r"another zoo job type than this model's own "
+                                         r"\('ResNet-50 \(batch size 64\)'\)"):
         _features_of("ResNet-50", 64, "training", None, "LM (batch size 20)")
     with pytest.raises(ValueError, match="must be a non-empty name, got ''"):
         _features_of("ResNet-50", 64, "training", None, "")

@@ -39,6 +39,8 @@ from gogh_flows.tracking.measurements import MeasurementLog
 from gogh_flows.truth import load_truth
 
 log = logging.getLogger("gogh_flows")
+
+
 def _pool_detail(cluster: GpuCluster) -> str:
     if cluster.mode == "emulated":
         fleet = ", ".join(f"{t}={n}" for t, n in cluster.fleet.items())

@@ -69,7 +69,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     e = ps.add_parser("evaluate", help="leave-one-family-out errors of P1, P2 and the baselines")
     common(e, choose_encoder=True)
-    e.add_argument("--holdout-family", default="all", help="a family name, or 'all' (every family in turn; the default)")
+    e.add_argument("--holdout-family", default="all",
+                   help="a family name, or 'all' (every family in turn; the default)")
     e.add_argument("--repeats", type=int, default=5,
                    help="random draws for the siblings metric (the other protocols reveal every entry in turn)")
     e.add_argument("--exclude-anomalies", action="store_true",

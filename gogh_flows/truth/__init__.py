@@ -55,8 +55,8 @@ def readable_truth(recorded: str) -> str:
 
     Models trained before :func:`recorded_truth` (the shipped Gavel prior among them) hold the
     path as typed, relative to wherever training ran: one that does not exist from here but names
-    a Gavel file in a ``gavel/`` folder is read from the Gavel data folder. Anything else is returned as recorded, so its
-    error still names it.
+    a Gavel file in a ``gavel/`` folder is read from the Gavel data folder. Anything else is
+    returned as recorded, so its error still names it.
     """
     from gogh_flows.truth.gavel import GAVEL_FILES, gavel_dir
 
