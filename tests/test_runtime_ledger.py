@@ -145,6 +145,33 @@ def test_a_lease_lapses_only_when_unrefreshed_and_dask_shows_its_holder_gone():
     assert plugin.why_dropped(["queued-dead-client"]) == {"queued-dead-client": None}
 
 
+def test_a_lease_kept_by_its_workers_heartbeat_lapses_a_timeout_after_that_heartbeat():
+    """A lease whose refresh missed its turn is kept while Dask shows its worker heard; it was renewed
+    to *now*, so a worker stopped just after its last heartbeat held its GPU for up to two lease
+    timeouts (a review: 61 s for a 30 s lease). It counts from when the worker was last heard."""
+    import types
+
+    plugin = LedgerPlugin(1.0)
+    plugin.scheduler = sched = _FakeScheduler()
+    plugin.names = {"tcp://w": "v100-0"}
+    assert plugin.claim("running", "v100-0", "v100-0", 9, "a", 1.0, 1.0, plugin.version_of("v100-0"),
+                        client="c1")["ok"]
+    plugin.begin("running", "v100-0", key="k-run")
+    now = time.time()
+    worker = types.SimpleNamespace(name="v100-0", last_seen=now - 0.5)  # heard half a timeout ago
+    sched.tasks["k-run"] = types.SimpleNamespace(state="processing", processing_on=worker)
+    plugin.leases["running"]["seen_at"] = now - 1.5  # its refreshes stopped
+    plugin.awake_since = now - 10.0
+    plugin._expire()
+    assert "running" in plugin.leases  # the worker was heard: kept ...
+    assert abs(plugin.leases["running"]["seen_at"] - (now - 0.5)) < 1e-6  # ... as of that heartbeat
+    # the worker stopped after that heartbeat: 0.6 s on, a full timeout since it was last heard
+    worker.last_seen -= 0.6
+    plugin.leases["running"]["seen_at"] -= 0.6
+    plugin._expire()
+    assert "running" not in plugin.leases and plugin.counts["expired"] == 1
+
+
 def test_the_ledgers_own_stall_restarts_every_leases_clock():
     """A scheduler that stood still (stopped, its event loop blocked) heard no refresh and no
     heartbeat meanwhile; its first expiry check on waking must not count that against the holders,

@@ -327,6 +327,15 @@ class LedgerPlugin(SchedulerPlugin):
         return (ws is not None and str(ws.name) == lease["worker"]
                 and time() - max(ws.last_seen, self.awake_since) <= self.lease_timeout_s)
 
+    def _worker_heard_at(self, lease: dict[str, Any]) -> float | None:
+        """When the worker running a started lease's body last sent the scheduler a heartbeat (None:
+        not started, or not running there)."""
+        if self.scheduler is None or lease["started_at"] is None or not lease["key"]:
+            return None
+        ts = self.scheduler.tasks.get(lease["key"])
+        ws = ts.processing_on if ts is not None and ts.state == "processing" else None
+        return float(ws.last_seen) if ws is not None and str(ws.name) == lease["worker"] else None
+
     def _client_heard(self, client: str | None) -> bool:
         """Whether the claiming process's Dask client is connected and has sent a heartbeat lately.
 
@@ -381,7 +390,10 @@ class LedgerPlugin(SchedulerPlugin):
             if max(lease["seen_at"], self.awake_since) >= now - self.lease_timeout_s:
                 continue
             if self._holder_alive(lease):
-                lease["seen_at"] = now  # a refresh missed its turn; Dask shows the holder alive and heard
+                # a refresh missed its turn; Dask shows the holder alive and heard: seen when it was last
+                # heard, not now, so a worker stopped right after its last heartbeat loses the lease
+                # within the timeout of it (renewed to now, it held the slot for up to two: a review)
+                lease["seen_at"] = max(lease["seen_at"], self._worker_heard_at(lease) or now)
             else:
                 self._drop(run_id, "expired")
 
