@@ -431,6 +431,26 @@ def test_remote_worker_advertisement_errors():
     d = _remote_device("tcp://h:1", "box", {"resources": {"slot": 1}, "host": "h"},
                        {"gpu_type": "A100", "cuda_visible_devices": "3,0"})
     assert (d.id, d.gpu_type, d.capacity, d.cuda_index, d.host) == ("box", "a100", 1, 3, "h")
+    # a slot count that is no whole number, or above what a GPU takes, names the worker and the option
+    for bad in (1.5, 0, "two"):
+        with pytest.raises(ValueError, match=rf"worker 'v100-0' \(tcp://h:1\) advertises slot={bad!r}.*slot=2"):
+            _remote_device("tcp://h:1", "v100-0", {"resources": {"slot": bad}}, {})
+    with pytest.raises(ValueError, match=r"worker 'v100-0' \(tcp://h:1\): .*capacity.*--resources slot=2"):
+        _remote_device("tcp://h:1", "v100-0", {"resources": {"slot": 3}}, {})
+
+
+def test_a_worker_with_fewer_threads_than_slots_is_counted_by_its_threads(caplog):
+    """`--nthreads 1 --resources slot=2`: the second run placed there as a pair queued behind the
+    first and ran alone after it, measured as if paired, without a word (a review)."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="gogh_flows"):
+        one = _remote_device("tcp://h:9", "a100-2", {"resources": {"slot": 2}, "nthreads": 1}, {})
+        _remote_device("tcp://h:9", "a100-2", {"resources": {"slot": 2}, "nthreads": 1}, {})
+    assert one.capacity == 1
+    said = [r.getMessage() for r in caplog.records if "thread(s) for slot=2" in r.getMessage()]
+    assert len(said) == 1 and "--nthreads 2" in said[0], said  # once per worker, with the fix
+    assert _remote_device("tcp://h:9", "a100-3", {"resources": {"slot": 2}, "nthreads": 2}, {}).capacity == 2
 
 
 def test_remote_pool_unreachable_scheduler_is_a_clear_error():

@@ -720,6 +720,7 @@ def _remote_device(address: str, name: Any, info: Mapping[str, Any], env: Mappin
             f"worker {label!r} ({address}) advertises no 'slot' resource; start it with "
             "--resources slot=2 (or slot=1 for an exclusive GPU)"
         )
+    capacity = _worker_slots(label, address, slots, info.get("nthreads"))
     visible = (env.get("cuda_visible_devices") or "").split(",")[0].strip()
     note = env.get("pin_note")
     if note and (label, note) not in _PIN_NOTES_SAID:
@@ -727,10 +728,39 @@ def _remote_device(address: str, name: Any, info: Mapping[str, Any], env: Mappin
         log.warning("gogh: worker %s (%s): %s", label, address, note)
     # the board's NVML UUID as the worker resolved it (its CUDA index is not NVML's numbering)
     uuid = env.get("nvml_uuid") or (visible if visible.startswith("GPU-") else None)
-    return GpuDevice(
-        id=label, gpu_type=gpu_type, worker=label, capacity=int(slots),
-        cuda_index=int(visible) if visible.isdigit() else None, uuid=uuid, host=info.get("host"),
-    )
+    try:
+        return GpuDevice(
+            id=label, gpu_type=gpu_type, worker=label, capacity=capacity,
+            cuda_index=int(visible) if visible.isdigit() else None, uuid=uuid, host=info.get("host"),
+        )
+    except ValueError as exc:  # said with the worker it is about and the option that sets it
+        raise ValueError(f"worker {label!r} ({address}): {exc}; start it with --resources slot=2 (or slot=1 for "
+                         "an exclusive GPU)") from None
+
+
+def _worker_slots(label: str, address: str, slots: Any, nthreads: Any) -> int:
+    """How many bodies a worker can run at once: its ``slot`` resource, but no more than its threads.
+
+    A worker started with ``--nthreads 1 --resources slot=2`` was counted as two slots: the second
+    run placed there as a pair queued behind the first and ran alone after it, measured as if
+    paired, with nothing said (a review). Counted as its threads, and said once."""
+    try:
+        declared = float(slots)
+    except (TypeError, ValueError):
+        declared = math.nan
+    if not (declared >= 1 and declared == int(declared)):
+        raise ValueError(f"worker {label!r} ({address}) advertises slot={slots!r}: a whole number of bodies at once; "
+                         "start it with --resources slot=2 (or slot=1 for an exclusive GPU)")
+    capacity = int(declared)
+    if isinstance(nthreads, int) and 0 < nthreads < capacity:
+        said = (label, f"nthreads {nthreads} < slot {capacity}")
+        if said not in _PIN_NOTES_SAID:
+            _PIN_NOTES_SAID.add(said)
+            log.warning("gogh: worker %s (%s) has %d thread(s) for slot=%d: only %d body can run there at a time, so "
+                        "it is counted as %d slot(s); start it with --nthreads %d to share its GPU (docs/runtime.md)",
+                        label, address, nthreads, capacity, nthreads, nthreads, capacity)
+        capacity = nthreads
+    return capacity
 
 
 #: (worker, warning) pairs already said about how a worker's board was identified
