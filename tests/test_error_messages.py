@@ -562,3 +562,22 @@ def test_a_database_store_without_its_driver_says_which_package_to_install(tmp_p
     with pytest.raises(TrackingUnavailableError, match=r"the MLflow store postgresql://u:\*\*\*@127.0.0.1:2/reg"):
         PredictorSource(PredictorRegistry(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db",
                                           registry_uri="postgresql://u:secret@127.0.0.1:2/reg"))
+
+
+def test_a_block_asking_another_lease_timeout_than_the_pools_ledger_keeps_is_warned(gogh_home, caplog):
+    """A shared pool's ledger keeps the lease timeout it was started with (on the scheduler); a
+    block's lease_timeout_s then has no effect, and nothing said so (a review)."""
+    import logging
+
+    from gogh_flows.flows.blocks import GpuCluster
+    from gogh_flows.flows.session import Session
+    from gogh_flows.runtime import emulated_pool
+
+    with emulated_pool("a100=1", lease_timeout_s=7.0) as pool:
+        with caplog.at_level(logging.WARNING, logger="gogh_flows"):
+            for asked in (7.0, 30.0):
+                session = Session.open(GpuCluster(mode="remote", address=pool.address, lease_timeout_s=asked),
+                                       f"sqlite:///{gogh_home}/mlflow.db")
+                session.close()
+    said = [r.getMessage() for r in caplog.records if "frees a silent holder's GPU after" in r.getMessage()]
+    assert len(said) == 1 and "after 7 s" in said[0] and "lease_timeout_s=30" in said[0], said

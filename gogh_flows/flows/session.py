@@ -103,6 +103,7 @@ class Session:
             _say_if_alone(cluster)
             stack.enter_context(local_pool_mark(cluster))
             _say_if_shared_without_a_server(cluster)
+            _say_if_the_ledger_keeps_another_lease(cluster, pool)
             with starting("the MLflow measurement store", masked_uri(tracking_uri)):
                 measurements = MeasurementLog(tracking_uri, root / "measurements")
             stack.callback(measurements.flush_spool)  # what is left at exit, after the mirror stopped
@@ -372,6 +373,25 @@ def _say_another_process_has_it(cluster: GpuCluster, path: Path) -> None:
         "(dask scheduler --preload gogh_flows.runtime.ledger, one dask worker per GPU) and use "
         "GpuCluster(mode='remote', address=...): docs/user-guide.md, 'Modes' (its lock: %s)",
         who, cluster.mode, same, path)
+
+
+def _say_if_the_ledger_keeps_another_lease(cluster: GpuCluster, pool: GpuPool) -> None:
+    """Warn when a shared pool's ledger frees a silent holder's GPU after another time than the block
+    asks: the ledger lives on the scheduler, with the timeout its ``--preload`` read there
+    (``GOGH_LEASE_TIMEOUT_S``) or that the first client to register it asked, and a block's
+    ``lease_timeout_s`` has no effect on it afterwards; this went unsaid (a review)."""
+    if cluster.mode != "remote":
+        return
+    try:
+        kept = float(pool.ledger.state(timeout_s=10.0).lease_timeout_s)
+    except Exception:  # noqa: BLE001 - a placement asks again, and says what is wrong there
+        return
+    if abs(kept - cluster.lease_timeout_s) > 1e-9:
+        log.warning("gogh: the pool's ledger at %s frees a silent holder's GPU after %g s, and this block asks for "
+                    "lease_timeout_s=%g, which has no effect on it: the ledger keeps the timeout it was started with "
+                    "(GOGH_LEASE_TIMEOUT_S where the scheduler runs with --preload gogh_flows.runtime.ledger, or the "
+                    "first client's when it was started without). Set the block's to %g, or restart the scheduler "
+                    "with the one you want", cluster.address, kept, cluster.lease_timeout_s, kept)
 
 
 def _say_if_alone(cluster: GpuCluster) -> None:
