@@ -247,6 +247,27 @@ def test_a_pool_in_other_processes_needs_a_prefect_server_the_workers_can_reach(
         assert _workers_prefect_url("tcp://10.0.0.5:8786", run) is None  # the workers get this one
 
 
+def test_a_loopback_prefect_api_url_sent_to_workers_on_other_machines_is_warned(caplog):
+    """The bodies report to the placing process's Prefect server (its settings go with each run): a
+    loopback PREFECT_API_URL (an ssh tunnel) named the workers' own machines (a review)."""
+    import logging
+
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from gogh_flows.flows.decorator import _workers_prefect_url
+
+    run = object()
+    with caplog.at_level(logging.WARNING, logger="gogh_flows"):
+        with temporary_settings({PREFECT_API_URL: "http://127.0.0.1:4200/api"}):
+            for _ in range(2):
+                assert _workers_prefect_url("tcp://10.0.0.5:8786", run) is None
+            assert _workers_prefect_url("tcp://127.0.0.1:8786", run) is None  # workers on this machine
+        with temporary_settings({PREFECT_API_URL: "http://10.0.0.2:4200/api"}):
+            assert _workers_prefect_url("tcp://10.0.0.5:8786", run) is None
+    said = [r.getMessage() for r in caplog.records if "a loopback address" in r.getMessage()]
+    assert len(said) == 1 and "tcp://10.0.0.5:8786" in said[0], said
+
+
 def test_a_served_flow_run_on_a_process_local_pool_is_told_its_runs_do_not_see_each_other(monkeypatch, caplog):
     """serve/deploy run each flow run in a process of its own: an emulated or local-cuda pool opened
     there has its own ledger, so overlapping runs of the deployment would not see each other."""

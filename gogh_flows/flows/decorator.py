@@ -780,7 +780,11 @@ def _workers_prefect_url(pool_address: str, flow_run: Any) -> str | None:
 
     from prefect.settings import PREFECT_API_URL
 
-    if flow_run is None or pool_address.startswith("inproc://") or PREFECT_API_URL.value():
+    if flow_run is None or pool_address.startswith("inproc://"):
+        return None
+    configured = PREFECT_API_URL.value()
+    if configured:
+        _say_if_loopback_for_elsewhere(str(configured), pool_address)
         return None
     from prefect.server.api.server import SubprocessASGIServer
 
@@ -791,7 +795,31 @@ def _workers_prefect_url(pool_address: str, flow_run: Any) -> str | None:
         f"this flow run's GPU pool ({pool_address}) runs bodies in processes on other machines, which report "
         "to the flow run's Prefect server, but PREFECT_API_URL is not set: this process uses a temporary "
         "Prefect server that they cannot reach. Start a server (`prefect server start`) and set "
-        "PREFECT_API_URL to it here and in the workers' environment (docs/user-guide.md, remote pools)")
+        "PREFECT_API_URL to it here, at an address the workers' machines can reach (docs/user-guide.md, remote pools)")
+
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+#: (Prefect API, pool) pairs already warned about
+_LOOPBACK_SAID: set[tuple[str, str]] = set()
+
+
+def _say_if_loopback_for_elsewhere(api_url: str, pool_address: str) -> None:
+    """Warn when a loopback ``PREFECT_API_URL`` is sent to workers on other machines.
+
+    The bodies report to the Prefect server this process names (its settings go with each run;
+    the workers' own ``PREFECT_API_URL`` is not read), and on another machine 127.0.0.1 is that
+    machine (an ssh tunnel here, a review noticed): their logs and states would go nowhere.
+    Warned, not refused: each worker machine may forward the same port."""
+    from urllib.parse import urlparse
+
+    if urlparse(api_url).hostname not in _LOOPBACK or urlparse(pool_address).hostname in _LOOPBACK:
+        return
+    if (api_url, pool_address) in _LOOPBACK_SAID:
+        return
+    _LOOPBACK_SAID.add((api_url, pool_address))
+    log.warning("gogh: PREFECT_API_URL here is %s, a loopback address, and it is sent with each run to the pool's "
+                "workers at %s, where 127.0.0.1 is their own machine: unless each of them forwards that port to your "
+                "Prefect server, set PREFECT_API_URL to an address the workers can reach", api_url, pool_address)
 
 
 def _context_for_workers(api_url: str | None) -> dict:
