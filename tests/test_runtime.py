@@ -432,7 +432,7 @@ def test_remote_worker_advertisement_errors():
                        {"gpu_type": "A100", "cuda_visible_devices": "3,0"})
     assert (d.id, d.gpu_type, d.capacity, d.cuda_index, d.host) == ("box", "a100", 1, 3, "h")
     # a slot count that is no whole number, or above what a GPU takes, names the worker and the option
-    for bad in (1.5, 0, "two"):
+    for bad in (1.5, 0, "two", float("inf")):
         with pytest.raises(ValueError, match=rf"worker 'v100-0' \(tcp://h:1\) advertises slot={bad!r}.*slot=2"):
             _remote_device("tcp://h:1", "v100-0", {"resources": {"slot": bad}}, {})
     with pytest.raises(ValueError, match=r"worker 'v100-0' \(tcp://h:1\): .*capacity.*--resources slot=2"):

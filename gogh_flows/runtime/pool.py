@@ -748,7 +748,7 @@ def _worker_slots(label: str, address: str, slots: Any, nthreads: Any) -> int:
         declared = float(slots)
     except (TypeError, ValueError):
         declared = math.nan
-    if not (declared >= 1 and declared == int(declared)):
+    if not (math.isfinite(declared) and declared >= 1 and declared == int(declared)):
         raise ValueError(f"worker {label!r} ({address}) advertises slot={slots!r}: a whole number of bodies at once; "
                          "start it with --resources slot=2 (or slot=1 for an exclusive GPU)")
     capacity = int(declared)
@@ -763,7 +763,7 @@ def _worker_slots(label: str, address: str, slots: Any, nthreads: Any) -> int:
     return capacity
 
 
-#: (worker, warning) pairs already said about how a worker's board was identified
+#: (worker, warning) pairs already said about a worker (how its board was identified, its threads)
 _PIN_NOTES_SAID: set[tuple[str, str]] = set()
 
 
