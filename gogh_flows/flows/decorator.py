@@ -764,6 +764,10 @@ def await_run(ledger: PoolLedger, future: Any, placement: RunPlacement, *, start
                 "raise wait_timeout_s, or check the worker's slot resource")
 
 
+#: the host names of this machine: a pool or server there is reachable only from here
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
 def _workers_prefect_url(pool_address: str, flow_run: Any) -> str | None:
     """The Prefect API a body on this pool's workers must be told to report to, or None.
 
@@ -789,7 +793,7 @@ def _workers_prefect_url(pool_address: str, flow_run: Any) -> str | None:
     from prefect.server.api.server import SubprocessASGIServer
 
     server = SubprocessASGIServer()  # this process's temporary server (one per process)
-    if server.running and urlparse(pool_address).hostname in ("127.0.0.1", "localhost", "::1"):
+    if server.running and urlparse(pool_address).hostname in _LOOPBACK:
         return server.api_url
     raise RuntimeError(
         f"this flow run's GPU pool ({pool_address}) runs bodies in processes on other machines, which report "
@@ -798,7 +802,6 @@ def _workers_prefect_url(pool_address: str, flow_run: Any) -> str | None:
         "PREFECT_API_URL to it here, at an address the workers' machines can reach (docs/user-guide.md, remote pools)")
 
 
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
 #: (Prefect API, pool) pairs already warned about
 _LOOPBACK_SAID: set[tuple[str, str]] = set()
 

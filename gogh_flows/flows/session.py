@@ -280,8 +280,9 @@ def _say_if_shared_without_a_server(cluster: GpuCluster) -> None:
                     cluster.address)
 
 
-#: this process's marks of its process-local pools: lock path -> (the lock, how many sessions hold it)
-_MARKS: dict[str, tuple[FileLock, int]] = {}
+#: this process's marks of its process-local pools, one lock per path: a FileLock is recursive, so
+#: each session of this process that holds the mark holds one count of it
+_MARKS: dict[str, FileLock] = {}
 _MARKS_LOCK = threading.Lock()
 
 
@@ -314,37 +315,28 @@ def local_pool_mark(cluster: GpuCluster) -> Iterator[None]:
         yield
         return
     path = _mark_path(cluster)
-    key = str(path)
     counted = False  # whether this session holds a count of the mark (one that warned holds none)
     with _MARKS_LOCK:
-        held = _MARKS.get(key)
-        if held is not None:  # another session of this process: the mark is ours already
-            _MARKS[key] = (held[0], held[1] + 1)
-            counted = True
+        # a session may close in another thread; this process's other sessions hold the same lock
+        lock = _MARKS.setdefault(str(path), FileLock(str(path), timeout=0, thread_local=False))
+        first = not lock.is_locked
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock.acquire()  # counted again if this process holds it already; refused if another does
+        except FileLockTimeout:
+            _say_another_process_has_it(cluster, path)
+        except OSError as exc:  # a folder that cannot be written, a file system without locks
+            log.debug("gogh: no mark for this process-local pool (%s): another process's is not looked for", exc)
         else:
-            lock = FileLock(key, timeout=0, thread_local=False)  # a session may close in another thread
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                lock.acquire()
-            except FileLockTimeout:
-                _say_another_process_has_it(cluster, path)
-            except OSError as exc:  # a folder that cannot be written, a file system without locks
-                log.debug("gogh: no mark for this process-local pool (%s): another process's is not looked for", exc)
-            else:
-                _MARKS[key] = (lock, 1)
-                counted = True
+            counted = True
+            if first:
                 _write_owner(path)
     try:
         yield
     finally:
-        with _MARKS_LOCK:
-            held = _MARKS.get(key) if counted else None
-            if held is not None:
-                if held[1] <= 1:
-                    del _MARKS[key]
-                    held[0].release()
-                else:
-                    _MARKS[key] = (held[0], held[1] - 1)
+        if counted:
+            with _MARKS_LOCK:
+                lock.release()
 
 
 def _owner_file(path: Path) -> Path:
@@ -382,10 +374,7 @@ def _say_if_the_ledger_keeps_another_lease(cluster: GpuCluster, pool: GpuPool) -
     ``lease_timeout_s`` has no effect on it afterwards; this went unsaid (a review)."""
     if cluster.mode != "remote":
         return
-    try:
-        kept = float(pool.ledger.state(timeout_s=10.0).lease_timeout_s)
-    except Exception:  # noqa: BLE001 - a placement asks again, and says what is wrong there
-        return
+    kept = float(pool.ledger.lease_timeout_s)  # what the ledger answered when the pool opened
     if abs(kept - cluster.lease_timeout_s) > 1e-9:
         log.warning("gogh: the pool's ledger at %s frees a silent holder's GPU after %g s, and this block asks for "
                     "lease_timeout_s=%g, which has no effect on it: the ledger keeps the timeout it was started with "

@@ -322,19 +322,17 @@ class LedgerPlugin(SchedulerPlugin):
             refreshed = max(lease["refreshed_at"], self.awake_since)
             return (time() - refreshed <= UNSTARTED_GRACE * self.lease_timeout_s
                     and self._client_heard(lease["client"]))
-        ts = self.scheduler.tasks.get(lease["key"]) if lease["key"] else None
-        ws = ts.processing_on if ts is not None and ts.state == "processing" else None
-        return (ws is not None and str(ws.name) == lease["worker"]
-                and time() - max(ws.last_seen, self.awake_since) <= self.lease_timeout_s)
+        ws = self._processing_worker(lease)
+        return ws is not None and time() - max(ws.last_seen, self.awake_since) <= self.lease_timeout_s
 
-    def _worker_heard_at(self, lease: dict[str, Any]) -> float | None:
-        """When the worker running a started lease's body last sent the scheduler a heartbeat (None:
-        not started, or not running there)."""
+    def _processing_worker(self, lease: dict[str, Any]) -> Any:
+        """The scheduler's state of the worker Dask shows running a started lease's body, if it is
+        the lease's worker (None: not started, or not running there)."""
         if self.scheduler is None or lease["started_at"] is None or not lease["key"]:
             return None
         ts = self.scheduler.tasks.get(lease["key"])
         ws = ts.processing_on if ts is not None and ts.state == "processing" else None
-        return float(ws.last_seen) if ws is not None and str(ws.name) == lease["worker"] else None
+        return ws if ws is not None and str(ws.name) == lease["worker"] else None
 
     def _client_heard(self, client: str | None) -> bool:
         """Whether the claiming process's Dask client is connected and has sent a heartbeat lately.
@@ -393,7 +391,8 @@ class LedgerPlugin(SchedulerPlugin):
                 # a refresh missed its turn; Dask shows the holder alive and heard: seen when it was last
                 # heard, not now, so a worker stopped right after its last heartbeat loses the lease
                 # within the timeout of it (renewed to now, it held the slot for up to two: a review)
-                lease["seen_at"] = max(lease["seen_at"], self._worker_heard_at(lease) or now)
+                ws = self._processing_worker(lease)
+                lease["seen_at"] = max(lease["seen_at"], float(ws.last_seen) if ws is not None else now)
             else:
                 self._drop(run_id, "expired")
 
